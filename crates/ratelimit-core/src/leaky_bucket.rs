@@ -1,15 +1,221 @@
-//! TODO(helper): see the crate docs.
+//! Leaky bucket: nginx's `limit_req`, decided with nanoseconds instead of milliseconds.
+//!
+//! The state is a GCRA theoretical arrival time (`TAT`, ns; 0 for a fresh key): the time at
+//! which the bucket would be empty again. `limit_req` keeps `excess` instead, the requests
+//! queued beyond the current one; the two are the same thing seen from `now`:
+//! `excess = (TAT - now) / T - 1` after charging, with `T` the emission interval. A request of
+//! cost `c` moves `TAT` to `max(TAT, now) + c * T` and is
+//!
+//! * rejected when `excess > burst` (nothing is charged),
+//! * delayed by `(excess - d) * T` when `excess > d`, where `d` is 0 by default, `N` for
+//!   `delay=N`, and infinite for `nodelay`,
+//! * passed otherwise.
+//!
+//! A request costing more than `burst + 1` never passes; its `retry_after_ns` is then the
+//! time after which it would have passed were the bucket that large.
 
-use crate::{Decision, Limits, Policy};
+use crate::gcra::{self, Gcra};
+use crate::{Decision, DelayMode, Limits, Outcome, Policy};
 
 /// Decide one request; `state` 0 is a fresh key. See [`crate::decide_word`].
 pub fn decide(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Option<u64>) {
-    let _ = (state, now_ns, policy);
-    unimplemented!()
+    let burst = u128::from(policy.limits.burst);
+    let gcra = Gcra::new(state, now_ns, &policy.limits.rate, policy.cost);
+    // A cost-1 request passes while `TAT - now <= burst * T` before charging.
+    let capacity_ns = (burst + 1) * gcra.interval_ns;
+
+    if gcra.ahead_after_ns > capacity_ns {
+        let decision = Decision {
+            remaining: gcra::saturate(
+                capacity_ns.saturating_sub(gcra.ahead_before_ns) / gcra.interval_ns,
+            ),
+            ..Decision::rejected(
+                gcra::saturate(gcra.ahead_after_ns - capacity_ns),
+                gcra::saturate(gcra.ahead_before_ns),
+                gcra.excess_milli(),
+            )
+        };
+        return (decision, None);
+    }
+
+    let delay_threshold = match policy.delay {
+        DelayMode::Delay => Some(0),
+        DelayMode::NoDelay => None,
+        DelayMode::Threshold(delay) => Some(u128::from(delay)),
+    };
+    let delay_ns = match delay_threshold {
+        Some(delay) => gcra
+            .ahead_after_ns
+            .saturating_sub((delay + 1) * gcra.interval_ns),
+        None => 0,
+    };
+    let decision = Decision {
+        outcome: if delay_ns > 0 {
+            Outcome::Delayed
+        } else {
+            Outcome::Passed
+        },
+        delay_ns: gcra::saturate(delay_ns),
+        retry_after_ns: 0,
+        remaining: gcra::saturate((capacity_ns - gcra.ahead_after_ns) / gcra.interval_ns),
+        reset_ns: gcra::saturate(gcra.ahead_after_ns),
+        excess_milli: gcra.excess_milli(),
+    };
+    (decision, Some(gcra.arrival_ns))
 }
 
-/// The earliest time at which `state` is equivalent to a fresh key.
+/// The earliest time at which `state` is equivalent to a fresh key: its `TAT`, when the
+/// bucket is empty.
 pub fn idle_at_ns(state: u64, limits: &Limits) -> u64 {
-    let _ = (state, limits);
-    unimplemented!()
+    let _ = limits;
+    state
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Algorithm, Rate, RateUnit};
+    use Outcome::{Delayed as D, Passed as P, Rejected as R};
+
+    const MS: u64 = 1_000_000;
+
+    fn policy(per_second: u64, burst: u64, delay: DelayMode) -> Policy {
+        Policy {
+            algorithm: Algorithm::LeakyBucket,
+            limits: Limits {
+                rate: Rate {
+                    milli_requests: per_second * 1000,
+                    unit: RateUnit::Second,
+                },
+                burst,
+            },
+            delay,
+            cost: 1,
+        }
+    }
+
+    /// Rows `(now_ms, outcome, delay_ms, retry_after_ms, remaining, excess_milli)`, computed by
+    /// hand with limit_req's rule: `excess = max(excess - rate * elapsed + 1, 0)` (in requests),
+    /// rejected if `excess > burst`, delayed by `(excess - d) / rate` if `excess > d`.
+    fn check(policy: &Policy, rows: &[(u64, Outcome, u64, u64, u64, u64)]) -> u64 {
+        let mut state = 0;
+        for (i, &(now_ms, outcome, delay_ms, retry_ms, remaining, excess)) in
+            rows.iter().enumerate()
+        {
+            let (decision, new_state) = decide(state, now_ms * MS, policy);
+            assert_eq!(
+                (decision.outcome, decision.delay_ns, decision.retry_after_ns),
+                (outcome, delay_ms * MS, retry_ms * MS),
+                "row {i}"
+            );
+            assert_eq!(
+                (decision.remaining, decision.excess_milli),
+                (remaining, excess),
+                "row {i}"
+            );
+            assert_eq!(new_state.is_some(), outcome != R, "row {i}");
+            state = new_state.unwrap_or(state);
+        }
+        state
+    }
+
+    #[test]
+    fn burst_zero_rejects_a_second_request_at_the_same_instant() {
+        #[rustfmt::skip]
+        let state = check(&policy(1, 0, DelayMode::Delay), &[
+            (0,    P, 0, 0,    0, 0),
+            (0,    R, 0, 1000, 0, 1000), // excess 1 > burst 0
+            (999,  R, 0, 1,    0, 1),    // limit_req in ms: excess 0.001 > 0
+            (1000, P, 0, 0,    0, 0),
+            (1500, R, 0, 500,  0, 500),
+            (3000, P, 0, 0,    0, 0),
+        ]);
+        assert_eq!(
+            idle_at_ns(state, &policy(1, 0, DelayMode::Delay).limits),
+            4000 * MS
+        );
+    }
+
+    /// 2 r/s (T = 500 ms), burst=5: each excess request waits one more T.
+    #[test]
+    fn burst_five_delays_grow_by_one_interval() {
+        #[rustfmt::skip]
+        check(&policy(2, 5, DelayMode::Delay), &[
+            (0,    P, 0,    0,   5, 0),
+            (0,    D, 500,  0,   4, 1000),
+            (0,    D, 1000, 0,   3, 2000),
+            (0,    D, 1500, 0,   2, 3000),
+            (0,    D, 2000, 0,   1, 4000),
+            (0,    D, 2500, 0,   0, 5000),
+            (0,    R, 0,    500, 0, 6000), // excess 6 > 5; one request leaks out in 500 ms
+            (500,  D, 2500, 0,   0, 5000),
+            (600,  R, 0,    400, 0, 5800),
+            (3500, P, 0,    0,   5, 0),    // bucket empty again at 3500
+            (3600, D, 400,  0,   4, 800),  // excess 0.8: delayed 0.8 * 500 ms
+        ]);
+    }
+
+    #[test]
+    fn nodelay_serves_the_burst_at_once() {
+        #[rustfmt::skip]
+        check(&policy(2, 5, DelayMode::NoDelay), &[
+            (0,   P, 0, 0,   5, 0),
+            (0,   P, 0, 0,   4, 1000),
+            (0,   P, 0, 0,   3, 2000),
+            (0,   P, 0, 0,   2, 3000),
+            (0,   P, 0, 0,   1, 4000),
+            (0,   P, 0, 0,   0, 5000),
+            (0,   R, 0, 500, 0, 6000),
+            (250, R, 0, 250, 0, 5500),
+            (500, P, 0, 0,   0, 5000),
+        ]);
+    }
+
+    /// `burst=5 delay=2`: two excess requests go at once, the next ones are delayed.
+    #[test]
+    fn delay_two_is_two_stage() {
+        #[rustfmt::skip]
+        check(&policy(2, 5, DelayMode::Threshold(2)), &[
+            (0,    P, 0,    0,   5, 0),
+            (0,    P, 0,    0,   4, 1000),
+            (0,    P, 0,    0,   3, 2000),
+            (0,    D, 500,  0,   2, 3000),
+            (0,    D, 1000, 0,   1, 4000),
+            (0,    D, 1500, 0,   0, 5000),
+            (0,    R, 0,    500, 0, 6000),
+            (1000, D, 1000, 0,   1, 4000), // excess 6 - 2 leaked = 4
+            (2750, P, 0,    0,   3, 1500),
+        ]);
+    }
+
+    #[test]
+    fn cost_counts_as_several_requests() {
+        let policy = Policy {
+            cost: 3,
+            ..policy(2, 5, DelayMode::NoDelay)
+        };
+        let (first, state) = decide(0, 0, &policy);
+        assert_eq!(
+            (first.outcome, first.remaining, first.excess_milli),
+            (P, 3, 2000)
+        );
+        let (second, state) = decide(state.unwrap(), 0, &policy);
+        assert_eq!(
+            (second.outcome, second.remaining, second.excess_milli),
+            (P, 0, 5000)
+        );
+        let (third, _) = decide(state.unwrap(), 0, &policy);
+        assert_eq!(
+            (third.outcome, third.retry_after_ns, third.reset_ns),
+            (R, 1500 * MS, 3000 * MS)
+        );
+    }
+
+    #[test]
+    fn an_earlier_clock_is_no_time_passed() {
+        let policy = policy(2, 5, DelayMode::NoDelay);
+        let (_, state) = decide(0, 10_000 * MS, &policy);
+        let (decision, _) = decide(state.unwrap(), 9_000 * MS, &policy);
+        assert_eq!((decision.outcome, decision.excess_milli), (P, 1000 + 2000));
+    }
 }

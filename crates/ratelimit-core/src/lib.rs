@@ -10,13 +10,15 @@
 //! time stored in a state (two workers reading the clock in a different order) is treated as
 //! "no time has passed".
 
+mod gcra;
+
 pub mod decision;
-pub mod rate;
-pub mod spec;
 pub mod leaky_bucket;
-pub mod token_bucket;
-pub mod sliding_window;
+pub mod rate;
 pub mod sliding_log;
+pub mod sliding_window;
+pub mod spec;
+pub mod token_bucket;
 
 pub use decision::{Decision, Outcome};
 pub use rate::{Rate, RateUnit};

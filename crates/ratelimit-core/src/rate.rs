@@ -51,15 +51,53 @@ impl Rate {
 
     /// Parse `10r/s`, `0.5r/m`, `100r/h`, `2r/d` (at most three decimals, greater than zero).
     /// Errors quote the whole text: `invalid rate "abc"`.
+    ///
+    /// ```
+    /// use ratelimit_core::{Rate, RateUnit};
+    ///
+    /// let rate = Rate::parse("0.5r/m").unwrap();
+    /// assert_eq!(rate, Rate { milli_requests: 500, unit: RateUnit::Minute });
+    /// assert_eq!(rate.to_string(), "0.5r/m");
+    /// assert_eq!(Rate::parse("10r/s").unwrap().interval_ns(), 100_000_000);
+    /// assert_eq!(Rate::parse("abc").unwrap_err().to_string(), "invalid rate \"abc\"");
+    /// ```
     pub fn parse(text: &str) -> Result<Rate, SpecError> {
-        let _ = text;
-        unimplemented!()
+        let invalid = || SpecError::InvalidRate(text.to_string());
+        let (number, unit) = text.split_once("r/").ok_or_else(invalid)?;
+        let unit = match unit {
+            "s" => RateUnit::Second,
+            "m" => RateUnit::Minute,
+            "h" => RateUnit::Hour,
+            "d" => RateUnit::Day,
+            _ => return Err(invalid()),
+        };
+        let (whole, fraction) = match number.split_once('.') {
+            Some((whole, fraction)) => (whole, fraction),
+            None => (number, "0"),
+        };
+        let all_digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if !all_digits(whole) || !all_digits(fraction) || fraction.len() > 3 {
+            return Err(invalid());
+        }
+        // "0.5" is read as the digits "0500": the whole part, then exactly three decimals.
+        let digits = format!("{whole}{fraction:0<3}");
+        let milli_requests = digits.parse::<u64>().map_err(|_| invalid())?;
+        if milli_requests == 0 || milli_requests > Rate::MAX_MILLI_REQUESTS {
+            return Err(invalid());
+        }
+        Ok(Rate {
+            milli_requests,
+            unit,
+        })
     }
 
     /// Time between two requests at this rate (the GCRA emission interval), in nanoseconds,
     /// rounded to the nearest nanosecond and at least 1.
     pub fn interval_ns(&self) -> u64 {
-        unimplemented!()
+        let milli = u128::from(self.milli_requests.max(1));
+        let numerator = u128::from(self.unit.nanos()) * 1000;
+        let rounded = (numerator + milli / 2) / milli;
+        u64::try_from(rounded).unwrap_or(u64::MAX).max(1)
     }
 
     /// The unit's length in nanoseconds: the window of the sliding algorithms.
@@ -69,14 +107,114 @@ impl Rate {
 
     /// `Some(N)` when the rate is a whole number of requests per unit.
     pub fn whole_requests(&self) -> Option<u64> {
-        (self.milli_requests % 1000 == 0).then_some(self.milli_requests / 1000)
+        // Not `is_multiple_of`: the workspace supports Rust 1.81.
+        let thousandths = self.milli_requests % 1000;
+        (thousandths == 0).then_some(self.milli_requests / 1000)
     }
 }
 
 impl fmt::Display for Rate {
     /// The shortest text `parse` reads back to the same rate: `10r/s`, `0.5r/m`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let _ = f;
-        unimplemented!()
+        let whole = self.milli_requests / 1000;
+        let fraction = self.milli_requests % 1000;
+        if fraction == 0 {
+            write!(f, "{whole}r/{}", self.unit.suffix())
+        } else {
+            let decimals = format!("{fraction:03}");
+            write!(
+                f,
+                "{whole}.{}r/{}",
+                decimals.trim_end_matches('0'),
+                self.unit.suffix()
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_displays() {
+        #[rustfmt::skip]
+        let rows: &[(&str, u64, RateUnit, &str, u64)] = &[
+            ("10r/s",    10_000, RateUnit::Second, "10r/s",   100_000_000),
+            ("0.5r/s",   500,    RateUnit::Second, "0.5r/s",  2_000_000_000),
+            ("0.5r/m",   500,    RateUnit::Minute, "0.5r/m",  120_000_000_000),
+            ("100r/h",   100_000, RateUnit::Hour,  "100r/h",  36_000_000_000),
+            ("2r/d",     2_000,  RateUnit::Day,    "2r/d",    43_200_000_000_000),
+            ("0.001r/d", 1,      RateUnit::Day,    "0.001r/d", 86_400_000_000_000_000),
+            ("1.250r/s", 1_250,  RateUnit::Second, "1.25r/s", 800_000_000),
+            ("3r/s",     3_000,  RateUnit::Second, "3r/s",    333_333_333),
+            ("6r/s",     6_000,  RateUnit::Second, "6r/s",    166_666_667), // rounded
+        ];
+        for &(text, milli_requests, unit, shown, interval_ns) in rows {
+            let rate = Rate::parse(text).unwrap();
+            assert_eq!(
+                rate,
+                Rate {
+                    milli_requests,
+                    unit
+                },
+                "{text}"
+            );
+            assert_eq!(rate.to_string(), shown, "{text}");
+            assert_eq!(Rate::parse(shown), Ok(rate), "{text}");
+            assert_eq!(rate.interval_ns(), interval_ns, "{text}");
+        }
+    }
+
+    #[test]
+    fn rejects_bad_rates() {
+        for text in [
+            "",
+            "abc",
+            "10",
+            "10r",
+            "10r/",
+            "10r/x",
+            "r/s",
+            "0r/s",
+            "0.0r/s",
+            "0.0001r/s",
+            "-1r/s",
+            "1.r/s",
+            ".5r/s",
+            "1e3r/s",
+            " 1r/s",
+            "1r/s ",
+            "99999999999999999999r/s",
+            "1099511628r/s",
+        ] {
+            assert_eq!(
+                Rate::parse(text),
+                Err(SpecError::InvalidRate(text.into())),
+                "{text:?}"
+            );
+        }
+        let largest = Rate {
+            milli_requests: Rate::MAX_MILLI_REQUESTS,
+            unit: RateUnit::Second,
+        };
+        assert_eq!(Rate::parse(&largest.to_string()), Ok(largest));
+    }
+
+    #[test]
+    fn interval_is_at_least_one_nanosecond() {
+        let rate = Rate {
+            milli_requests: Rate::MAX_MILLI_REQUESTS,
+            unit: RateUnit::Second,
+        };
+        assert_eq!(rate.interval_ns(), 1);
+        assert_eq!(
+            Rate {
+                milli_requests: 0,
+                unit: RateUnit::Second
+            }
+            .interval_ns(),
+            1_000_000_000_000
+        );
     }
 }

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::rate::Rate;
+use crate::rate::{Rate, RateUnit};
 
 /// A configuration error; the text follows nginx's wording and quotes the bad token.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -98,14 +98,40 @@ impl Limits {
 
     /// One `u64` (40 bits of `milli_requests`, 2 of unit, 22 of burst) so that shared memory
     /// can swap a zone's whole limit atomically. `0` never results from a valid `Limits`.
+    ///
+    /// Out-of-range fields (not produced by the parsers) are clamped: `milli_requests` to
+    /// `1..=Rate::MAX_MILLI_REQUESTS`, `burst` to `MAX_BURST`.
     pub fn pack(&self) -> u64 {
-        unimplemented!()
+        let milli = self.rate.milli_requests.clamp(1, Rate::MAX_MILLI_REQUESTS);
+        let unit = match self.rate.unit {
+            RateUnit::Second => 0,
+            RateUnit::Minute => 1,
+            RateUnit::Hour => 2,
+            RateUnit::Day => 3,
+        };
+        let burst = self.burst.min(Limits::MAX_BURST);
+        (milli << 24) | (unit << 22) | burst
     }
 
     /// Inverse of [`Limits::pack`]; `None` for a word that no valid `Limits` packs to.
     pub fn unpack(word: u64) -> Option<Limits> {
-        let _ = word;
-        unimplemented!()
+        let milli_requests = word >> 24;
+        if milli_requests == 0 {
+            return None;
+        }
+        let unit = match (word >> 22) & 0b11 {
+            0 => RateUnit::Second,
+            1 => RateUnit::Minute,
+            2 => RateUnit::Hour,
+            _ => RateUnit::Day,
+        };
+        Some(Limits {
+            rate: Rate {
+                milli_requests,
+                unit,
+            },
+            burst: word & Limits::MAX_BURST,
+        })
     }
 }
 
@@ -153,14 +179,91 @@ impl ZoneSpec {
 
     /// Parse the words; checks a sliding algorithm's rate (whole, within its maximum) and
     /// that `burst` is not given for one.
+    ///
+    /// ```
+    /// use ratelimit_core::{Algorithm, ZoneSpec};
+    ///
+    /// let spec = ZoneSpec::parse_words(&["zone=api:10m", "rate=2r/s", "burst=5"]).unwrap();
+    /// assert_eq!(spec.zone, Some(("api".to_string(), 10 * 1024 * 1024)));
+    /// assert_eq!(spec.algorithm, Algorithm::LeakyBucket);
+    /// assert_eq!(spec.limits().burst, 5);
+    /// ```
     pub fn parse_words(words: &[&str]) -> Result<ZoneSpec, SpecError> {
-        let _ = words;
-        unimplemented!()
+        let mut zone = None;
+        let mut rate = None;
+        let mut burst = None;
+        let mut algorithm = Algorithm::LeakyBucket;
+
+        for &word in words {
+            if let Some(value) = word.strip_prefix("zone=") {
+                let (name, size) = value
+                    .split_once(':')
+                    .ok_or_else(|| SpecError::InvalidZoneSize(word.into()))?;
+                if name.is_empty() {
+                    return Err(SpecError::InvalidZoneName(word.into()));
+                }
+                let size = parse_size(size)
+                    .filter(|&size| size > 0)
+                    .ok_or_else(|| SpecError::InvalidZoneSize(word.into()))?;
+                zone = Some((name.to_string(), size));
+            } else if let Some(value) = word.strip_prefix("rate=") {
+                // nginx quotes the whole word: invalid rate "rate=abc"
+                rate = Some(Rate::parse(value).map_err(|_| SpecError::InvalidRate(word.into()))?);
+            } else if let Some(value) = word.strip_prefix("burst=") {
+                burst = Some(parse_burst(word, value)?);
+            } else if let Some(value) = word.strip_prefix("algorithm=") {
+                algorithm = Algorithm::parse(value)?;
+            } else {
+                return Err(SpecError::InvalidParameter(word.into()));
+            }
+        }
+
+        let rate = rate.ok_or(SpecError::MissingParameter("rate"))?;
+        let spec = ZoneSpec {
+            zone,
+            rate,
+            burst,
+            algorithm,
+        };
+        spec.check_sliding()?;
+        Ok(spec)
+    }
+
+    /// The sliding algorithms count whole requests per window, up to their maximum, and have
+    /// no burst.
+    fn check_sliding(&self) -> Result<(), SpecError> {
+        let maximum = match self.algorithm {
+            Algorithm::SlidingLog => ZoneSpec::MAX_SLIDING_LOG_REQUESTS,
+            Algorithm::SlidingWindow => ZoneSpec::MAX_SLIDING_WINDOW_REQUESTS,
+            Algorithm::LeakyBucket | Algorithm::TokenBucket => return Ok(()),
+        };
+        let algorithm = self.algorithm;
+        let rate = self.rate;
+        let requests = rate.whole_requests().ok_or_else(|| {
+            SpecError::UnsupportedRate(format!(
+                "rate \"{rate}\" is not a whole number of requests for {algorithm}"
+            ))
+        })?;
+        if requests > maximum {
+            return Err(SpecError::UnsupportedRate(format!(
+                "rate \"{rate}\" is more than {maximum} requests per window, \
+                 the largest {algorithm} keeps"
+            )));
+        }
+        if self.burst.is_some() {
+            return Err(SpecError::Conflict(format!(
+                "\"burst\" is not used by {algorithm}"
+            )));
+        }
+        Ok(())
     }
 
     /// The limits this spec configures (burst defaults to 0).
     pub fn limits(&self) -> Limits {
-        Limits { rate: self.rate, burst: self.burst.unwrap_or(0) }
+        Limits {
+            rate: self.rate,
+            burst: self.burst.unwrap_or(0),
+        }
     }
 }
 
@@ -176,14 +279,242 @@ pub struct LimitSpec {
 }
 
 impl LimitSpec {
+    /// Parse the words; `cost` defaults to 1 and `nodelay` excludes `delay=`.
+    ///
+    /// ```
+    /// use ratelimit_core::{DelayMode, LimitSpec};
+    ///
+    /// let spec = LimitSpec::parse_words(&["zone=api", "burst=10", "delay=4"]).unwrap();
+    /// assert_eq!(spec.delay, DelayMode::Threshold(4));
+    /// assert_eq!(spec.cost, 1);
+    /// ```
     pub fn parse_words(words: &[&str]) -> Result<LimitSpec, SpecError> {
-        let _ = words;
-        unimplemented!()
+        let mut spec = LimitSpec {
+            zone: None,
+            burst: None,
+            delay: DelayMode::Delay,
+            global: None,
+            cost: 1,
+        };
+        let mut nodelay = false;
+        let mut delay = None;
+
+        for &word in words {
+            if let Some(name) = word.strip_prefix("zone=") {
+                if name.is_empty() {
+                    return Err(SpecError::InvalidZoneName(word.into()));
+                }
+                spec.zone = Some(name.to_string());
+            } else if let Some(value) = word.strip_prefix("burst=") {
+                spec.burst = Some(parse_burst(word, value)?);
+            } else if word == "nodelay" {
+                nodelay = true;
+            } else if let Some(value) = word.strip_prefix("delay=") {
+                delay =
+                    Some(parse_integer(value).ok_or_else(|| SpecError::InvalidDelay(word.into()))?);
+            } else if let Some(name) = word.strip_prefix("global=") {
+                if name.is_empty() {
+                    return Err(SpecError::InvalidZoneName(word.into()));
+                }
+                spec.global = Some(name.to_string());
+            } else if let Some(value) = word.strip_prefix("cost=") {
+                spec.cost = parse_integer(value)
+                    .filter(|&cost| cost >= 1)
+                    .ok_or_else(|| SpecError::InvalidCost(word.into()))?;
+            } else {
+                return Err(SpecError::InvalidParameter(word.into()));
+            }
+        }
+
+        spec.delay = match (nodelay, delay) {
+            (true, Some(_)) => {
+                return Err(SpecError::Conflict(
+                    "\"nodelay\" and \"delay\" cannot be used together".to_string(),
+                ))
+            }
+            (true, None) => DelayMode::NoDelay,
+            (false, Some(threshold)) => DelayMode::Threshold(threshold),
+            (false, None) => DelayMode::Delay,
+        };
+        Ok(spec)
     }
 }
 
+/// `burst=N`: a non-negative integer no larger than [`Limits::MAX_BURST`].
+fn parse_burst(word: &str, value: &str) -> Result<u64, SpecError> {
+    parse_integer(value)
+        .filter(|&burst| burst <= Limits::MAX_BURST)
+        .ok_or_else(|| SpecError::InvalidBurst(word.into()))
+}
+
+/// A non-negative decimal integer, digits only (no sign, no spaces), like nginx's `ngx_atoi`.
+fn parse_integer(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
 /// Parse an nginx size: `1024`, `64k`/`64K`, `10m`/`10M`, `1g`/`1G`.
+/// `None` for anything else, including a value that overflows `u64`.
+///
+/// ```
+/// use ratelimit_core::spec::parse_size;
+///
+/// assert_eq!(parse_size("10m"), Some(10 * 1024 * 1024));
+/// assert_eq!(parse_size("10x"), None);
+/// ```
 pub fn parse_size(text: &str) -> Option<u64> {
-    let _ = text;
-    unimplemented!()
+    let (digits, scale) = if let Some(digits) = text.strip_suffix(['k', 'K']) {
+        (digits, 1 << 10)
+    } else if let Some(digits) = text.strip_suffix(['m', 'M']) {
+        (digits, 1 << 20)
+    } else if let Some(digits) = text.strip_suffix(['g', 'G']) {
+        (digits, 1 << 30)
+    } else {
+        (text, 1)
+    };
+    parse_integer(digits)?.checked_mul(scale)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn zone(words: &str) -> Result<ZoneSpec, String> {
+        let words: Vec<&str> = words.split_whitespace().collect();
+        ZoneSpec::parse_words(&words).map_err(|e| e.to_string())
+    }
+
+    fn limit(words: &str) -> Result<LimitSpec, String> {
+        let words: Vec<&str> = words.split_whitespace().collect();
+        LimitSpec::parse_words(&words).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn zone_words() {
+        let spec = zone("zone=one:10m rate=0.5r/s burst=20 algorithm=token_bucket").unwrap();
+        assert_eq!(spec.zone, Some(("one".to_string(), 10 << 20)));
+        assert_eq!(
+            spec.rate,
+            Rate {
+                milli_requests: 500,
+                unit: RateUnit::Second
+            }
+        );
+        assert_eq!(spec.burst, Some(20));
+        assert_eq!(spec.algorithm, Algorithm::TokenBucket);
+
+        let spec = zone("rate=100r/m algorithm=sliding_log").unwrap();
+        assert_eq!((&spec.zone, spec.burst), (&None, None));
+        assert_eq!(spec.limits().burst, 0);
+        assert!(zone("rate=4096r/s algorithm=sliding_log").is_ok());
+        assert!(zone("rate=1048575r/s algorithm=sliding_window").is_ok());
+    }
+
+    #[test]
+    fn zone_errors_quote_the_word() {
+        #[rustfmt::skip]
+        let rows = [
+            ("zone=one:10m", "must have \"rate\" parameter"),
+            ("rate=abc", "invalid rate \"rate=abc\""),
+            ("rate=0r/s", "invalid rate \"rate=0r/s\""),
+            ("rate=1r/s zone=one", "invalid zone size \"zone=one\""),
+            ("rate=1r/s zone=one:abc", "invalid zone size \"zone=one:abc\""),
+            ("rate=1r/s zone=one:0", "invalid zone size \"zone=one:0\""),
+            ("rate=1r/s zone=:1m", "invalid zone name \"zone=:1m\""),
+            ("rate=1r/s burst=x", "invalid burst value \"burst=x\""),
+            ("rate=1r/s burst=-1", "invalid burst value \"burst=-1\""),
+            ("rate=1r/s burst=4194304", "invalid burst value \"burst=4194304\""),
+            ("rate=1r/s algorithm=fast", "unknown algorithm \"fast\""),
+            ("rate=1r/s foo", "invalid parameter \"foo\""),
+            ("rate=0.5r/s algorithm=sliding_log",
+             "rate \"0.5r/s\" is not a whole number of requests for sliding_log"),
+            ("rate=5000r/s algorithm=sliding_log",
+             "rate \"5000r/s\" is more than 4096 requests per window, the largest sliding_log keeps"),
+            ("rate=1048576r/s algorithm=sliding_window",
+             "rate \"1048576r/s\" is more than 1048575 requests per window, \
+              the largest sliding_window keeps"),
+            ("rate=10r/s burst=5 algorithm=sliding_window",
+             "\"burst\" is not used by sliding_window"),
+        ];
+        for (words, message) in rows {
+            assert_eq!(zone(words), Err(message.to_string()), "{words}");
+        }
+    }
+
+    #[test]
+    fn limit_words() {
+        let spec = limit("zone=one burst=5 nodelay global=all cost=3").unwrap();
+        assert_eq!(
+            spec,
+            LimitSpec {
+                zone: Some("one".into()),
+                burst: Some(5),
+                delay: DelayMode::NoDelay,
+                global: Some("all".into()),
+                cost: 3,
+            }
+        );
+        let spec = limit("").unwrap();
+        assert_eq!(
+            (spec.delay, spec.cost, spec.burst),
+            (DelayMode::Delay, 1, None)
+        );
+        assert_eq!(limit("delay=0").unwrap().delay, DelayMode::Threshold(0));
+
+        #[rustfmt::skip]
+        let rows = [
+            ("nodelay delay=2", "\"nodelay\" and \"delay\" cannot be used together"),
+            ("delay=x", "invalid delay value \"delay=x\""),
+            ("cost=0", "invalid cost value \"cost=0\""),
+            ("burst=1.5", "invalid burst value \"burst=1.5\""),
+            ("zone=", "invalid zone name \"zone=\""),
+            ("rate=1r/s", "invalid parameter \"rate=1r/s\""),
+        ];
+        for (words, message) in rows {
+            assert_eq!(limit(words), Err(message.to_string()), "{words}");
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        #[rustfmt::skip]
+        let rows = [
+            ("1024", Some(1024)), ("64k", Some(64 << 10)), ("64K", Some(64 << 10)),
+            ("10m", Some(10 << 20)), ("10M", Some(10 << 20)), ("1g", Some(1 << 30)),
+            ("1G", Some(1 << 30)), ("0", Some(0)), ("", None), ("k", None), ("1x", None),
+            ("-1", None), ("1 k", None), ("1kk", None), ("18446744073709551615", Some(u64::MAX)),
+            ("18446744073709551616", None), ("17179869184g", None),
+        ];
+        for (text, size) in rows {
+            assert_eq!(parse_size(text), size, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn limits_pack_round_trips() {
+        for unit in [
+            RateUnit::Second,
+            RateUnit::Minute,
+            RateUnit::Hour,
+            RateUnit::Day,
+        ] {
+            for milli_requests in [1, 500, 10_000, Rate::MAX_MILLI_REQUESTS] {
+                for burst in [0, 1, 20, Limits::MAX_BURST] {
+                    let limits = Limits {
+                        rate: Rate {
+                            milli_requests,
+                            unit,
+                        },
+                        burst,
+                    };
+                    assert_ne!(limits.pack(), 0);
+                    assert_eq!(Limits::unpack(limits.pack()), Some(limits));
+                }
+            }
+        }
+        assert_eq!(Limits::unpack(0), None);
+        assert_eq!(Limits::unpack(Limits::MAX_BURST), None);
+    }
 }
