@@ -1,28 +1,331 @@
-//! TODO(helper): sliding window log.
+//! Sliding window log: at most N requests in any window of one rate unit, exactly.
+//!
+//! Each key keeps the timestamps of the requests it let through (a request of cost `c`
+//! records `c` entries). An entry at `t` counts while `now < t + W`; a request passes iff the
+//! entries still counting plus its cost are at most `N`. So in any half-open interval
+//! `[a, a + W)` at most `N` requests pass.
+//!
+//! # Log layout
+//!
+//! `log[0]` is a header: the ring's head (index of the oldest entry) in bits 32..64 and the
+//! entry count in bits 0..32. `log[1..]` is a ring of timestamps, oldest first from the head;
+//! its capacity is `log.len() - 1`, which must be at least `N`. All zeros is a fresh key (a
+//! count of zero, so a timestamp of 0 is a valid entry). A header out of range (a worker died
+//! mid-update) is clamped into range rather than trusted.
+//!
+//! A `now_ns` earlier than the newest entry counts as the newest entry's time, which also
+//! keeps the ring sorted.
 
-use crate::{Decision, Limits, Policy};
+use crate::{Decision, Limits, Outcome, Policy, Rate};
 
-/// Number of `u64` words a key's log needs for a zone allowing `max_requests` per window.
+const COUNT_MASK: u64 = u32::MAX as u64;
+
+/// Number of `u64` words a key's log needs for a zone allowing `max_requests` per window:
+/// one header word and one timestamp per request.
 pub fn words_for(max_requests: u64) -> usize {
-    let _ = max_requests;
-    unimplemented!()
+    usize::try_from(max_requests)
+        .unwrap_or(usize::MAX)
+        .saturating_add(1)
+}
+
+/// The requests per window, `N`: the rate's whole number of requests per unit (rounded down).
+pub fn window_limit(rate: &Rate) -> u64 {
+    rate.milli_requests / 1000
+}
+
+/// The ring as read from its header.
+struct Ring<'a> {
+    entries: &'a [u64],
+    head: usize,
+    count: usize,
+}
+
+impl<'a> Ring<'a> {
+    /// `None` when the log has no room for a single entry.
+    fn read(log: &'a [u64]) -> Option<Ring<'a>> {
+        let (&header, entries) = log.split_first()?;
+        let (head, count) = Ring::read_header(header, entries.len())?;
+        Some(Ring {
+            entries,
+            head,
+            count,
+        })
+    }
+
+    /// `(head, count)` clamped into a ring of `capacity` entries; `None` for no capacity.
+    fn read_header(header: u64, capacity: usize) -> Option<(usize, usize)> {
+        if capacity == 0 {
+            return None;
+        }
+        let head = usize::try_from(header >> 32).unwrap_or(0) % capacity;
+        let count = usize::try_from(header & COUNT_MASK)
+            .unwrap_or(capacity)
+            .min(capacity);
+        Some((head, count))
+    }
+
+    /// The `n`-th oldest entry (0-based); 0 if out of range, which callers never ask for.
+    fn entry(&self, n: usize) -> u64 {
+        let position = self.head.saturating_add(n) % self.entries.len();
+        self.entries.get(position).copied().unwrap_or(0)
+    }
+
+    fn newest(&self) -> Option<u64> {
+        self.count.checked_sub(1).map(|last| self.entry(last))
+    }
+}
+
+/// What a request would do to a log: entries to drop, and whether to record it.
+struct Plan {
+    decision: Decision,
+    /// Oldest entries that no longer count.
+    expired: usize,
+    /// The time to record the request's entries at, if it passes.
+    record_at: Option<u64>,
+}
+
+fn plan(log: &[u64], now_ns: u64, policy: &Policy) -> Plan {
+    let window_ns = policy.limits.rate.window_ns().max(1);
+    let limit = window_limit(&policy.limits.rate);
+    let cost = policy.cost.max(1);
+    let bad_log = Plan {
+        decision: Decision::rejected(window_ns, 0, 0),
+        expired: 0,
+        record_at: None,
+    };
+    let Some(ring) = Ring::read(log) else {
+        return bad_log;
+    };
+    // The header keeps a 32-bit count.
+    if limit > COUNT_MASK || usize::try_from(limit).map_or(true, |limit| limit > ring.entries.len())
+    {
+        return bad_log;
+    }
+
+    // Entries expire as seen from the newest one; waits are reported on the caller's clock.
+    let effective_ns = ring.newest().map_or(now_ns, |newest| newest.max(now_ns));
+    let mut expired = 0;
+    while expired < ring.count && ring.entry(expired).saturating_add(window_ns) <= effective_ns {
+        expired += 1;
+    }
+    // Within u64: count <= capacity <= usize::MAX.
+    let count = (ring.count - expired) as u64;
+    let newest = if count > 0 { ring.newest() } else { None };
+    let reset_ns = |newest: Option<u64>| {
+        newest.map_or(0, |newest| {
+            newest.saturating_add(window_ns).saturating_sub(now_ns)
+        })
+    };
+
+    let after = count.saturating_add(cost);
+    if after > limit {
+        let retry_after_ns = if cost > limit {
+            window_ns
+        } else {
+            // The (after - limit)-th oldest counting entry must stop counting.
+            let must_expire = expired.saturating_add((after - limit - 1) as usize);
+            ring.entry(must_expire)
+                .saturating_add(window_ns)
+                .saturating_sub(now_ns)
+        };
+        let decision = Decision {
+            remaining: limit.saturating_sub(count),
+            ..Decision::rejected(
+                retry_after_ns,
+                reset_ns(newest),
+                (after - limit).saturating_mul(1000),
+            )
+        };
+        return Plan {
+            decision,
+            expired,
+            record_at: None,
+        };
+    }
+
+    let decision = Decision {
+        outcome: Outcome::Passed,
+        delay_ns: 0,
+        retry_after_ns: 0,
+        remaining: limit - after,
+        reset_ns: reset_ns(Some(effective_ns)),
+        excess_milli: 0,
+    };
+    Plan {
+        decision,
+        expired,
+        record_at: Some(effective_ns),
+    }
 }
 
 /// Decide one request against `log` (length `words_for(N)`, all zeros for a fresh key);
 /// the log is changed only when the request passes.
+///
+/// `remaining` is `N` minus the entries counting after the request; `reset_ns` the time until
+/// the newest entry stops counting. A request costing more than `N` never passes; its
+/// `retry_after_ns` is `W`. A log too short for `N` (a caller bug) rejects every request.
+///
+/// ```
+/// use ratelimit_core::{sliding_log, Algorithm, DelayMode, Limits, Outcome, Policy, Rate};
+///
+/// let policy = Policy {
+///     algorithm: Algorithm::SlidingLog,
+///     limits: Limits { rate: Rate::parse("2r/s").unwrap(), burst: 0 },
+///     delay: DelayMode::NoDelay,
+///     cost: 1,
+/// };
+/// let mut log = vec![0; sliding_log::words_for(2)];
+/// assert_eq!(sliding_log::decide(&mut log, 0, &policy).outcome, Outcome::Passed);
+/// assert_eq!(sliding_log::decide(&mut log, 100, &policy).outcome, Outcome::Passed);
+/// let third = sliding_log::decide(&mut log, 200, &policy);
+/// assert_eq!(third.outcome, Outcome::Rejected);
+/// assert_eq!(third.retry_after_ns, 1_000_000_000 - 200);
+/// ```
 pub fn decide(log: &mut [u64], now_ns: u64, policy: &Policy) -> Decision {
-    let _ = (log, now_ns, policy);
-    unimplemented!()
+    let Plan {
+        decision,
+        expired,
+        record_at,
+    } = plan(log, now_ns, policy);
+    let Some(time) = record_at else {
+        return decision;
+    };
+    let Some((header, entries)) = log.split_first_mut() else {
+        return decision;
+    };
+    let Some((head, count)) = Ring::read_header(*header, entries.len()) else {
+        return decision;
+    };
+    let capacity = entries.len();
+    let head = (head + expired) % capacity;
+    let mut count = count - expired;
+    for _ in 0..policy.cost.max(1) {
+        if let Some(slot) = entries.get_mut((head + count) % capacity) {
+            *slot = time;
+        }
+        count += 1;
+    }
+    *header = ((head as u64) << 32) | count as u64;
+    decision
 }
 
 /// Like `decide` but changes nothing.
 pub fn inspect(log: &[u64], now_ns: u64, policy: &Policy) -> Decision {
-    let _ = (log, now_ns, policy);
-    unimplemented!()
+    plan(log, now_ns, policy).decision
 }
 
-/// The earliest time at which `log` is equivalent to a fresh key.
+/// The earliest time at which `log` is equivalent to a fresh key: when its newest entry stops
+/// counting (0 for an empty log).
 pub fn idle_at_ns(log: &[u64], limits: &Limits) -> u64 {
-    let _ = (log, limits);
-    unimplemented!()
+    Ring::read(log)
+        .and_then(|ring| ring.newest())
+        .map_or(0, |newest| newest.saturating_add(limits.rate.window_ns()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Algorithm, DelayMode, RateUnit};
+    use Outcome::{Passed as P, Rejected as R};
+
+    const MS: u64 = 1_000_000;
+
+    fn policy(per_second: u64, cost: u64) -> Policy {
+        Policy {
+            algorithm: Algorithm::SlidingLog,
+            limits: Limits {
+                rate: Rate {
+                    milli_requests: per_second * 1000,
+                    unit: RateUnit::Second,
+                },
+                burst: 0,
+            },
+            delay: DelayMode::NoDelay,
+            cost,
+        }
+    }
+
+    /// 5 requests per 1 s. Rows `(now_ms, cost, outcome, remaining, retry_after_ms, reset_ms)`,
+    /// computed by hand from the list of passed timestamps `t` still counting (`t > now - 1000`).
+    #[test]
+    fn five_per_second() {
+        #[rustfmt::skip]
+        let rows: &[(u64, u64, Outcome, u64, u64, u64)] = &[
+            (0,    1, P, 4, 0,    1000),
+            (100,  1, P, 3, 0,    1000),
+            (200,  2, P, 1, 0,    1000), // two entries at 200
+            (300,  1, P, 0, 0,    1000),
+            (300,  1, R, 0, 700,  1000), // the entry at 0 stops counting at 1000
+            (400,  1, R, 0, 600,  900),
+            (999,  1, R, 0, 1,    301),
+            (1000, 1, P, 0, 0,    1000), // 0 dropped: the window is half-open
+            (1000, 1, R, 0, 100,  1000),
+            (1050, 1, R, 0, 50,   950),
+            (1100, 1, P, 0, 0,    1000),
+            (1150, 2, R, 0, 50,   950),  // needs both entries at 200 gone
+            (1250, 6, R, 2, 1000, 850),  // more than 5: never; reports the window
+            (1300, 1, P, 2, 0,    1000),
+            (2000, 1, P, 2, 0,    1000),
+            (2300, 3, P, 1, 0,    1000),
+            (2300, 1, P, 0, 0,    1000),
+            (2400, 1, R, 0, 600,  900),
+            (3300, 1, P, 4, 0,    1000),
+            (3400, 5, R, 4, 900,  900),
+        ];
+        let mut log = vec![0; words_for(5)];
+        for (i, &(now_ms, cost, outcome, remaining, retry_ms, reset_ms)) in rows.iter().enumerate()
+        {
+            let policy = policy(5, cost);
+            let inspected = inspect(&log, now_ms * MS, &policy);
+            let before = log.clone();
+            let decision = decide(&mut log, now_ms * MS, &policy);
+            assert_eq!(inspected, decision, "row {i}");
+            let row = (
+                decision.outcome,
+                decision.remaining,
+                decision.retry_after_ns,
+                decision.reset_ns,
+            );
+            assert_eq!(
+                row,
+                (outcome, remaining, retry_ms * MS, reset_ms * MS),
+                "row {i}"
+            );
+            assert_eq!(log != before, outcome == P, "row {i}");
+        }
+        assert_eq!(idle_at_ns(&log, &policy(5, 1).limits), 4300 * MS);
+    }
+
+    #[test]
+    fn time_zero_is_a_timestamp() {
+        let policy = policy(1, 1);
+        let mut log = vec![0; words_for(1)];
+        assert_eq!(decide(&mut log, 0, &policy).outcome, P);
+        assert_eq!(decide(&mut log, 0, &policy).outcome, R);
+        assert_eq!(idle_at_ns(&log, &policy.limits), 1000 * MS);
+        assert_eq!(decide(&mut log, 1000 * MS, &policy).outcome, P);
+    }
+
+    #[test]
+    fn a_log_too_short_rejects() {
+        let policy = policy(3, 1);
+        for length in 0..words_for(3) {
+            let mut log = vec![0; length];
+            assert_eq!(decide(&mut log, 5, &policy).outcome, R, "length {length}");
+            assert!(log.iter().all(|&word| word == 0));
+        }
+        let mut longer = vec![0; words_for(3) + 2];
+        assert_eq!(decide(&mut longer, 5, &policy).outcome, P);
+    }
+
+    #[test]
+    fn an_earlier_clock_is_no_time_passed() {
+        let policy = policy(2, 1);
+        let mut log = vec![0; words_for(2)];
+        assert_eq!(decide(&mut log, 5000 * MS, &policy).outcome, P);
+        let early = decide(&mut log, 4000 * MS, &policy);
+        assert_eq!((early.outcome, early.reset_ns), (P, 2000 * MS));
+        let rejected = decide(&mut log, 4500 * MS, &policy);
+        assert_eq!((rejected.outcome, rejected.retry_after_ns), (R, 1500 * MS));
+    }
 }
