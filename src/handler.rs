@@ -1,0 +1,552 @@
+//! The request path: the preaccess handler, delays, response headers and `$rate_limit_status`.
+
+use core::ptr;
+
+use ngx::core::Status;
+use ngx::ffi::{
+    ngx_conf_t, ngx_handle_read_event, ngx_handle_write_event, ngx_http_add_variable,
+    ngx_http_block_reading, ngx_http_complex_value, ngx_http_core_run_phases,
+    ngx_http_finalize_request, ngx_http_request_t, ngx_http_test_reading,
+    ngx_http_variable_value_t, ngx_int_t, ngx_list_push, ngx_pnalloc, ngx_pool_cleanup_add,
+    ngx_pool_t, ngx_posted_events, ngx_str_t, ngx_table_elt_t, ngx_uint_t,
+    NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_ERR, NGX_LOG_WARN,
+};
+use ngx::http::HttpModuleLocationConf;
+use ngx::ngx_log_error;
+use ratelimit_core::{Decision, Limits, Outcome, Policy, NANOS_PER_SEC};
+
+use crate::conf::{LimitConf, LocConf, ZoneConf};
+use crate::zone::{Counter, SlotIndex, Zone};
+use crate::RateLimitModule;
+
+/// `$rate_limit_status` values; 0 means no limit applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum LimitStatus {
+    Passed = 1,
+    Delayed = 2,
+    Rejected = 3,
+    DelayedDryRun = 4,
+    RejectedDryRun = 5,
+}
+
+impl LimitStatus {
+    fn as_str(self) -> &'static str {
+        match self {
+            LimitStatus::Passed => "PASSED",
+            LimitStatus::Delayed => "DELAYED",
+            LimitStatus::Rejected => "REJECTED",
+            LimitStatus::DelayedDryRun => "DELAYED_DRY_RUN",
+            LimitStatus::RejectedDryRun => "REJECTED_DRY_RUN",
+        }
+    }
+}
+
+/// What the module remembers about a request: kept in a cleanup entry of the request pool,
+/// which internal redirects keep (unlike module contexts) and subrequests share, so limits
+/// apply once per main request.
+#[derive(Clone, Copy)]
+struct RequestState {
+    /// Always `REQUEST_STATE_MAGIC`: together with the handler, identifies our entry.
+    magic: u64,
+    status: Option<LimitStatus>,
+}
+
+const REQUEST_STATE_MAGIC: u64 = 0x726c_7265_7173_7461;
+
+/// Marks our cleanup entry in the pool's cleanup list; there is nothing to free.
+unsafe extern "C" fn request_state_marker(data: *mut core::ffi::c_void) {
+    // SAFETY: called by nginx with the entry's data, a `RequestState`, when the pool dies.
+    unsafe { (*data.cast::<RequestState>()).magic = 0 };
+}
+
+fn find_request_state(pool: *mut ngx_pool_t) -> Option<*mut RequestState> {
+    // SAFETY: `pool` is a live request pool; its cleanup list is a NULL-terminated chain.
+    let mut cleanup = unsafe { (*pool).cleanup };
+    while !cleanup.is_null() {
+        // SAFETY: every element of the chain is a valid ngx_pool_cleanup_t.
+        let entry = unsafe { &*cleanup };
+        let ours = entry.handler.is_some_and(|handler| {
+            ptr::fn_addr_eq(handler, request_state_marker as unsafe extern "C" fn(_))
+        });
+        // SAFETY: an entry with our handler carries a `RequestState`.
+        if ours && unsafe { (*entry.data.cast::<RequestState>()).magic } == REQUEST_STATE_MAGIC {
+            return Some(entry.data.cast());
+        }
+        cleanup = entry.next;
+    }
+    None
+}
+
+fn add_request_state(pool: *mut ngx_pool_t) -> Option<*mut RequestState> {
+    // SAFETY: `pool` is a live request pool.
+    let cleanup = unsafe { ngx_pool_cleanup_add(pool, core::mem::size_of::<RequestState>()) };
+    if cleanup.is_null() {
+        return None;
+    }
+    // SAFETY: ngx_pool_cleanup_add returned an entry with `size` bytes of data.
+    unsafe {
+        (*cleanup).handler = Some(request_state_marker);
+        let state = (*cleanup).data.cast::<RequestState>();
+        state.write(RequestState {
+            magic: REQUEST_STATE_MAGIC,
+            status: None,
+        });
+        Some(state)
+    }
+}
+
+/// Monotonic nanoseconds: the same clock in every worker, unaffected by wall-clock changes.
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(NANOS_PER_SEC)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// The limits for one request in one zone: the zone's live limits, the location's `burst=`,
+/// then a per-key override, which wins over both.
+pub fn effective_policy(zone: &Zone, limit: &LimitConf, hash: u64) -> Option<Policy> {
+    let mut limits = zone.limits()?;
+    if let Some(burst) = limit.burst {
+        limits.burst = burst;
+    }
+    if let Some(overridden) = zone.override_for(hash) {
+        limits = overridden;
+    }
+    Some(Policy {
+        algorithm: zone.algorithm(),
+        limits,
+        delay: limit.delay,
+        cost: limit.cost,
+    })
+}
+
+/// One zone applied to the request.
+struct Applied<'a> {
+    zone_conf: &'a ZoneConf,
+    zone: Zone,
+    slot: SlotIndex,
+    policy: Policy,
+    decision: Decision,
+}
+
+impl Applied<'_> {
+    fn decide(&mut self, now_ns: u64, commit: bool) {
+        self.decision = self.zone.decide(self.slot, now_ns, &self.policy, commit);
+    }
+}
+
+/// A `rate_limit` line resolved for a request: its zone and, with `global=`, the global one.
+struct AppliedLimit<'a> {
+    own: Applied<'a>,
+    global: Option<Applied<'a>>,
+}
+
+impl AppliedLimit<'_> {
+    /// Peek (commit = false) or charge. With a global bucket, a token is taken from each
+    /// bucket that has one and the request passes if either had one.
+    fn decide(&mut self, now_ns: u64, commit: bool) -> Decision {
+        let Some(global) = &mut self.global else {
+            self.own.decide(now_ns, commit);
+            return self.own.decision;
+        };
+        self.own.decide(now_ns, false);
+        global.decide(now_ns, false);
+        if commit {
+            if self.own.decision.outcome != Outcome::Rejected {
+                self.own.decide(now_ns, true);
+            }
+            if global.decision.outcome != Outcome::Rejected {
+                global.decide(now_ns, true);
+            }
+        }
+        ratelimit_core::token_bucket::compose_global(&self.own.decision, &global.decision)
+    }
+
+    fn applied(&self) -> impl Iterator<Item = &Applied<'_>> {
+        core::iter::once(&self.own).chain(self.global.iter())
+    }
+}
+
+fn zone_conf_of(shm_zone: *mut ngx::ffi::ngx_shm_zone_t) -> Option<&'static ZoneConf> {
+    // SAFETY: `shm_zone` was returned by ngx_shared_memory_add for this cycle; its `data` is a
+    // `ZoneConf` in the cycle's pool (checked non-null), alive while requests run.
+    unsafe { shm_zone.as_ref()?.data.cast::<ZoneConf>().as_ref() }
+}
+
+fn resolve<'a>(
+    r: &mut ngx_http_request_t,
+    shm_zone: *mut ngx::ffi::ngx_shm_zone_t,
+    limit: &LimitConf,
+    now_ns: u64,
+) -> Option<Applied<'a>> {
+    let zone_conf = zone_conf_of(shm_zone)?;
+    let zone = zone_conf.zone?;
+    let mut key = ngx_str_t {
+        len: 0,
+        data: ptr::null_mut(),
+    };
+    let key_cv = ptr::addr_of!(zone_conf.key).cast_mut();
+    // SAFETY: `r` is the live request; the complex value was compiled at configuration time.
+    if unsafe { ngx_http_complex_value(r, key_cv, &mut key) } != 0 {
+        return None;
+    }
+    let key = key.as_bytes();
+    if key.is_empty() {
+        return None;
+    }
+    if key.len() > 65535 {
+        ngx_log_error!(
+            NGX_LOG_ERR,
+            connection_log(r),
+            "the value of the \"{}\" key is more than 65535 bytes",
+            zone_conf.key_text
+        );
+        return None;
+    }
+    let hash = zone.hash_key(key);
+    let policy = effective_policy(&zone, limit, hash)?;
+    let (slot, evicted) = zone.find_or_claim(hash, now_ns);
+    if evicted && zone.should_log_full(now_ns) {
+        ngx_log_error!(
+            NGX_LOG_WARN,
+            connection_log(r),
+            "rate_limit zone \"{}\" is full: evicted the key nearest to its fresh state",
+            zone_conf.name
+        );
+    }
+    Some(Applied {
+        zone_conf,
+        zone,
+        slot,
+        policy,
+        decision: Decision::rejected(0, 0, 0),
+    })
+}
+
+fn connection_log(r: &ngx_http_request_t) -> *mut ngx::ffi::ngx_log_t {
+    // SAFETY: a live request always has a connection with a log.
+    unsafe { (*r.connection).log }
+}
+
+/// The preaccess phase handler.
+pub unsafe extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: nginx calls phase handlers with the live request.
+    let r = unsafe { &mut *r };
+    if !ptr::eq(r.main, r) {
+        return Status::NGX_DECLINED.into();
+    }
+    let Some(lcf) = RateLimitModule::location_conf(r) else {
+        return Status::NGX_DECLINED.into();
+    };
+    if lcf.limits().is_empty() || find_request_state(r.pool).is_some() {
+        return Status::NGX_DECLINED.into();
+    }
+    limit_request(r, lcf)
+}
+
+fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf) -> ngx_int_t {
+    let now = now_ns();
+    let mut applied: Vec<AppliedLimit> = Vec::with_capacity(lcf.limits().len());
+    for limit in lcf.limits() {
+        let Some(own) = resolve(r, limit.shm_zone, limit, now) else {
+            continue;
+        };
+        let global = limit
+            .global
+            .and_then(|global| resolve(r, global, limit, now));
+        applied.push(AppliedLimit { own, global });
+    }
+    if applied.is_empty() {
+        return Status::NGX_DECLINED.into();
+    }
+
+    // All limits must pass and a request rejected by one is charged to none: with several,
+    // look first, then charge.
+    let mut rejected_by = None;
+    if applied.len() > 1 {
+        rejected_by = applied
+            .iter_mut()
+            .position(|limit| limit.decide(now, false).outcome == Outcome::Rejected);
+    }
+    let mut decisions = Vec::with_capacity(applied.len());
+    if rejected_by.is_none() {
+        for (index, limit) in applied.iter_mut().enumerate() {
+            let decision = limit.decide(now, true);
+            decisions.push(decision);
+            if decision.outcome == Outcome::Rejected {
+                rejected_by = Some(index);
+                break;
+            }
+        }
+    }
+
+    let Some(state) = add_request_state(r.pool) else {
+        return nginx_sys::NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t;
+    };
+    let dry_run = lcf.dry_run();
+    let dry = if dry_run { ", dry run" } else { "" };
+
+    if let Some(index) = rejected_by {
+        let limit = &applied[index];
+        let decision = if decisions.len() > index {
+            decisions[index]
+        } else {
+            limit.decide_cached()
+        };
+        let zone_name = &limit.own.zone_conf.name;
+        ngx_log_error!(
+            lcf.log_level(),
+            connection_log(r),
+            "limiting requests{dry}, excess: {} by zone \"{zone_name}\"",
+            format_excess(decision.excess_milli)
+        );
+        for applied in limit.applied() {
+            applied.zone.count(if dry_run {
+                Counter::RejectedDryRun
+            } else {
+                Counter::Rejected
+            });
+        }
+        if lcf.headers() {
+            add_rate_limit_headers(r, &applied);
+        }
+        // SAFETY: `state` was just added to the request pool.
+        unsafe {
+            (*state).status = Some(if dry_run {
+                LimitStatus::RejectedDryRun
+            } else {
+                LimitStatus::Rejected
+            })
+        };
+        if dry_run {
+            return Status::NGX_DECLINED.into();
+        }
+        let retry_after = decision.retry_after_ns.div_ceil(NANOS_PER_SEC).max(1);
+        add_header(r, "Retry-After", retry_after.to_string().as_bytes());
+        return lcf.status() as ngx_int_t;
+    }
+
+    // Passed or delayed: the delay is the longest any zone asks for.
+    let mut delay_ns = 0;
+    let mut delayed_by = None;
+    for (limit, decision) in applied.iter().zip(&decisions) {
+        let delayed = decision.outcome == Outcome::Delayed;
+        let counter = match (delayed, dry_run) {
+            (false, _) => Counter::Passed,
+            (true, false) => Counter::Delayed,
+            (true, true) => Counter::DelayedDryRun,
+        };
+        for applied in limit.applied() {
+            applied.zone.count(counter);
+        }
+        if delayed && decision.delay_ns > delay_ns {
+            delay_ns = decision.delay_ns;
+            delayed_by = Some((limit.own.zone_conf, *decision));
+        }
+    }
+    if lcf.headers() {
+        add_rate_limit_headers(r, &applied);
+    }
+
+    let Some((zone_conf, decision)) = delayed_by else {
+        // SAFETY: `state` lives in the request pool.
+        unsafe { (*state).status = Some(LimitStatus::Passed) };
+        return Status::NGX_DECLINED.into();
+    };
+    ngx_log_error!(
+        lcf.delay_log_level(),
+        connection_log(r),
+        "delaying request{dry}, excess: {}, by zone \"{}\"",
+        format_excess(decision.excess_milli),
+        zone_conf.name
+    );
+    if dry_run {
+        // SAFETY: as above.
+        unsafe { (*state).status = Some(LimitStatus::DelayedDryRun) };
+        return Status::NGX_DECLINED.into();
+    }
+    // SAFETY: as above.
+    unsafe { (*state).status = Some(LimitStatus::Delayed) };
+    start_delay(r, delay_ns)
+}
+
+impl AppliedLimit<'_> {
+    /// The decision a peek recorded (used when the peek rejected).
+    fn decide_cached(&self) -> Decision {
+        match &self.global {
+            None => self.own.decision,
+            Some(global) => {
+                ratelimit_core::token_bucket::compose_global(&self.own.decision, &global.decision)
+            }
+        }
+    }
+}
+
+/// limit_req's "excess: 1.500": whole requests and thousandths.
+fn format_excess(excess_milli: u64) -> String {
+    format!("{}.{:03}", excess_milli / 1000, excess_milli % 1000)
+}
+
+/// Hold the request on a timer, as limit_req does: the worker keeps serving others, and a
+/// client that goes away meanwhile is noticed by `ngx_http_test_reading`.
+fn start_delay(r: &mut ngx_http_request_t, delay_ns: u64) -> ngx_int_t {
+    // SAFETY: the request's connection and its events are live while the request is.
+    unsafe {
+        let connection = &mut *r.connection;
+        let read = connection.read;
+        if (*read).ready() != 0 {
+            nginx_sys::ngx_post_event(read, ptr::addr_of_mut!(ngx_posted_events));
+        } else if ngx_handle_read_event(read, 0) != 0 {
+            return nginx_sys::NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t;
+        }
+        r.read_event_handler = Some(ngx_http_test_reading);
+        r.write_event_handler = Some(delay_expired);
+        let write = connection.write;
+        (*write).set_delayed(1);
+        let delay_ms = delay_ns.div_ceil(1_000_000).max(1);
+        nginx_sys::ngx_add_timer(write, delay_ms as ngx::ffi::ngx_msec_t);
+    }
+    Status::NGX_AGAIN.into()
+}
+
+/// The write handler while delayed: when the timer fires, resume the phases (our handler
+/// then declines, the request state being set).
+unsafe extern "C" fn delay_expired(r: *mut ngx_http_request_t) {
+    // SAFETY: nginx calls request event handlers with the live request.
+    let r = unsafe { &mut *r };
+    // SAFETY: the connection and its events are live while the request is.
+    unsafe {
+        let write = (*r.connection).write;
+        if (*write).delayed() != 0 {
+            if ngx_handle_write_event(write, 0) != 0 {
+                ngx_http_finalize_request(
+                    r,
+                    nginx_sys::NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t,
+                );
+            }
+            return;
+        }
+        if ngx_handle_read_event((*r.connection).read, 0) != 0 {
+            ngx_http_finalize_request(r, nginx_sys::NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
+            return;
+        }
+        r.read_event_handler = Some(ngx_http_block_reading);
+        r.write_event_handler = Some(ngx_http_core_run_phases);
+        ngx_http_core_run_phases(r);
+    }
+}
+
+/// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10), one item per
+/// zone applied to the request.
+fn add_rate_limit_headers(r: &mut ngx_http_request_t, applied: &[AppliedLimit]) {
+    let mut policy = String::new();
+    let mut state = String::new();
+    for applied in applied.iter().flat_map(AppliedLimit::applied) {
+        if !policy.is_empty() {
+            policy.push_str(", ");
+            state.push_str(", ");
+        }
+        let (quota, window) = quota_and_window(&applied.policy.limits);
+        let name = &applied.zone_conf.name;
+        policy.push_str(&format!("\"{name}\";q={quota};w={window}"));
+        let decision = &applied.decision;
+        let reset = decision.reset_ns.div_ceil(NANOS_PER_SEC);
+        state.push_str(&format!("\"{name}\";r={};t={reset}", decision.remaining));
+    }
+    add_header(r, "RateLimit-Policy", policy.as_bytes());
+    add_header(r, "RateLimit", state.as_bytes());
+}
+
+/// The rate as whole requests `q` per `w` seconds: `10r/s` is q=10 w=1, `0.5r/s` is q=1 w=2.
+pub fn quota_and_window(limits: &Limits) -> (u64, u64) {
+    let milli = limits.rate.milli_requests.max(1);
+    let unit_secs = limits.rate.unit.nanos() / NANOS_PER_SEC;
+    let divisor = gcd(milli, 1000);
+    (milli / divisor, unit_secs * 1000 / divisor)
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// Append a response header; values are copied into the request pool.
+pub fn add_header(r: &mut ngx_http_request_t, name: &'static str, value: &[u8]) {
+    // SAFETY: the request pool and its output header list are live; the element is fully
+    // initialized before nginx sees it.
+    unsafe {
+        let data = ngx_pnalloc(r.pool, value.len().max(1)).cast::<u8>();
+        if data.is_null() {
+            return;
+        }
+        ptr::copy_nonoverlapping(value.as_ptr(), data, value.len());
+        let header = ngx_list_push(&mut r.headers_out.headers).cast::<ngx_table_elt_t>();
+        if header.is_null() {
+            return;
+        }
+        header.write(ngx_table_elt_t {
+            hash: 1,
+            key: ngx_str_t {
+                len: name.len(),
+                data: name.as_ptr().cast_mut(),
+            },
+            value: ngx_str_t {
+                len: value.len(),
+                data,
+            },
+            lowcase_key: ptr::null_mut(),
+            next: ptr::null_mut(),
+        });
+    }
+}
+
+/// Register `$rate_limit_status`.
+pub fn add_variables(cf: &mut ngx_conf_t) -> Result<(), ()> {
+    let mut name = ngx_str_t {
+        len: "rate_limit_status".len(),
+        data: c"rate_limit_status".as_ptr().cast_mut().cast(),
+    };
+    // SAFETY: `cf` is valid; the name is static.
+    let var =
+        unsafe { ngx_http_add_variable(cf, &mut name, NGX_HTTP_VAR_NOCACHEABLE as ngx_uint_t) };
+    if var.is_null() {
+        return Err(());
+    }
+    // SAFETY: ngx_http_add_variable returned a live variable definition.
+    unsafe { (*var).get_handler = Some(status_variable) };
+    Ok(())
+}
+
+unsafe extern "C" fn status_variable(
+    r: *mut ngx_http_request_t,
+    v: *mut ngx_http_variable_value_t,
+    _data: usize,
+) -> ngx_int_t {
+    // SAFETY: nginx calls variable handlers with a live request and a value to fill.
+    let (r, v) = unsafe { (&mut *r, &mut *v) };
+    let status = find_request_state(r.pool).and_then(|state| {
+        // SAFETY: the state lives in the request pool.
+        unsafe { (*state).status }
+    });
+    match status {
+        Some(status) => {
+            let text = status.as_str();
+            v.data = text.as_ptr().cast_mut();
+            v.set_len(text.len() as u32);
+            v.set_valid(1);
+            v.set_no_cacheable(0);
+            v.set_not_found(0);
+        }
+        None => v.set_not_found(1),
+    }
+    Status::NGX_OK.into()
+}

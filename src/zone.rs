@@ -1,0 +1,683 @@
+//! The shared-memory store behind one `rate_limit_zone`.
+//!
+//! Layout of the block the zone allocates from its slab pool (one allocation, page aligned):
+//!
+//! ```text
+//! ZoneShared header | padding to 64 bytes | slot table
+//! slot table = buckets of SLOTS_PER_BUCKET slots; slot = [hash: u64, state: u64 × slot_words]
+//! ```
+//!
+//! A key is identified by a 64-bit SipHash-1-3 of its bytes under a random per-zone seed; the
+//! key bytes themselves are not stored, so every key costs the same whatever its length (16
+//! bytes for the single-word algorithms). A key lives in one of the `PROBE_BUCKETS × SLOTS_PER_BUCKET`
+//! slots starting at its home bucket.
+//!
+//! Concurrency: every worker maps the same memory. The single-word algorithms update a slot's
+//! state by compare-and-swap and never lock. The zone's slab mutex (which the master releases
+//! when a worker dies holding it) is taken only to claim a slot for a new key, to evict, for
+//! the multi-word sliding log, and for admin writes. A slot is published by storing its hash
+//! last (Release), after its state was reset, so a worker killed mid-claim leaves either an
+//! empty slot or a complete one.
+
+use core::ffi::c_void;
+use core::mem;
+use core::ptr;
+use core::sync::atomic::{AtomicU64, Ordering};
+use std::hash::Hasher;
+
+use nginx_sys::{
+    ngx_shmtx_lock, ngx_shmtx_unlock, ngx_slab_alloc_locked, ngx_slab_free_locked, ngx_slab_pool_t,
+};
+use ratelimit_core::{sliding_log, Algorithm, Decision, Limits, Policy};
+use siphasher::sip::SipHasher13;
+
+/// Identifies the layout below; a zone inherited over a reload with another magic is reformatted.
+const MAGIC: u64 = 0x726c_7a6f_6e65_0001;
+
+pub const SLOTS_PER_BUCKET: usize = 4;
+pub const PROBE_BUCKETS: usize = 2;
+/// Per-key overrides a zone holds (open addressing, linear probing).
+pub const OVERRIDE_CAPACITY: usize = 512;
+/// Smallest table a zone may have: one probe window.
+const MIN_SLOTS: usize = SLOTS_PER_BUCKET * PROBE_BUCKETS;
+
+/// Per-zone decision counters, in the order of [`Counter`].
+pub const COUNTERS: usize = 5;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    Passed = 0,
+    Delayed = 1,
+    Rejected = 2,
+    DelayedDryRun = 3,
+    RejectedDryRun = 4,
+}
+
+impl Counter {
+    pub const ALL: [Counter; COUNTERS] = [
+        Counter::Passed,
+        Counter::Delayed,
+        Counter::Rejected,
+        Counter::DelayedDryRun,
+        Counter::RejectedDryRun,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Counter::Passed => "passed",
+            Counter::Delayed => "delayed",
+            Counter::Rejected => "rejected",
+            Counter::DelayedDryRun => "delayed_dry_run",
+            Counter::RejectedDryRun => "rejected_dry_run",
+        }
+    }
+}
+
+/// One per-key override: `hash == 0` never used; `limits == 0` removed (a tombstone that keeps
+/// probe chains intact). The key bytes live in a slab chunk at `key_offset` from the header,
+/// prefixed by their length as a `u64`, so the admin API can list overrides by key.
+#[repr(C)]
+pub struct OverrideSlot {
+    pub hash: AtomicU64,
+    pub limits: AtomicU64,
+    pub key_offset: AtomicU64,
+}
+
+/// The header at the start of a zone's block. Every field is either written once while the
+/// zone is created (before workers exist) or is an atomic.
+#[repr(C)]
+pub struct ZoneShared {
+    magic: u64,
+    seed: [u64; 2],
+    /// Hash of the zone's KEY text and algorithm: a reload that changes either starts afresh.
+    pub fingerprint: AtomicU64,
+    algorithm: AtomicU64,
+    slot_words: AtomicU64,
+    bucket_count: AtomicU64,
+    /// Bytes available for the table after the header.
+    table_bytes: u64,
+    /// The limits requests use now (packed [`Limits`]); the admin API swaps it atomically.
+    pub limits: AtomicU64,
+    /// The limits the configuration file said at the last (re)load, to notice when it changes.
+    pub config_limits: AtomicU64,
+    pub counters: [AtomicU64; COUNTERS],
+    pub evictions: AtomicU64,
+    /// Seconds (monotonic) of the last "zone is full" log line, to log it once a second.
+    pub full_logged_sec: AtomicU64,
+    pub override_count: AtomicU64,
+    pub overrides: [OverrideSlot; OVERRIDE_CAPACITY],
+}
+
+/// Offset of the slot table from the header, rounded to a cache line.
+const TABLE_OFFSET: usize = (mem::size_of::<ZoneShared>() + 63) & !63;
+
+/// What the configuration says about a zone, as the store needs it.
+#[derive(Clone, Copy, Debug)]
+pub struct ZoneLayout {
+    pub algorithm: Algorithm,
+    pub limits: Limits,
+    pub fingerprint: u64,
+}
+
+impl ZoneLayout {
+    /// State words per slot: one for the single-word algorithms, the log for `sliding_log`.
+    fn slot_words(&self) -> usize {
+        match self.algorithm {
+            Algorithm::SlidingLog => {
+                sliding_log::words_for(self.limits.rate.whole_requests().unwrap_or(1))
+            }
+            _ => 1,
+        }
+    }
+}
+
+pub fn algorithm_code(algorithm: Algorithm) -> u64 {
+    match algorithm {
+        Algorithm::LeakyBucket => 1,
+        Algorithm::TokenBucket => 2,
+        Algorithm::SlidingLog => 3,
+        Algorithm::SlidingWindow => 4,
+    }
+}
+
+fn algorithm_from_code(code: u64) -> Algorithm {
+    match code {
+        2 => Algorithm::TokenBucket,
+        3 => Algorithm::SlidingLog,
+        4 => Algorithm::SlidingWindow,
+        _ => Algorithm::LeakyBucket,
+    }
+}
+
+/// Why a zone could not be set up.
+#[derive(Debug)]
+pub enum ZoneInitError {
+    TooSmall,
+    NoMemory,
+}
+
+/// Holds the zone's slab mutex; released on drop.
+pub struct ZoneLock<'a> {
+    pool: &'a Zone,
+}
+
+impl Drop for ZoneLock<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the lock was taken by `Zone::lock` on this same, live, slab pool.
+        unsafe { ngx_shmtx_unlock(ptr::addr_of_mut!((*self.pool.shpool).mutex)) };
+    }
+}
+
+/// A process-local view of a zone: pointers into the shared mapping, which has the same
+/// address in every worker (it is mapped by the master before fork) and lives as long as the
+/// cycle that created this view.
+#[derive(Clone, Copy)]
+pub struct Zone {
+    shpool: *mut ngx_slab_pool_t,
+    shared: *mut ZoneShared,
+}
+
+/// Where a key's state is: the index of its slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotIndex(usize);
+
+impl Zone {
+    /// Set up the zone in a fresh slab pool, or adopt the block a previous cycle left in it.
+    ///
+    /// On adoption the keys' states are kept when the algorithm, key and slot size are
+    /// unchanged; the zone limits follow the configuration only if the configuration's value
+    /// changed since the last load (a runtime change survives a plain reload).
+    ///
+    /// # Safety
+    /// `shpool` is the initialized slab pool at the start of this zone's shared memory, and no
+    /// worker is running yet (zone init runs in the master).
+    pub unsafe fn init(
+        shpool: *mut ngx_slab_pool_t,
+        layout: &ZoneLayout,
+    ) -> Result<(Zone, bool), ZoneInitError> {
+        let existing = (*shpool).data.cast::<ZoneShared>();
+        if !existing.is_null() && (*existing).magic == MAGIC {
+            let zone = Zone {
+                shpool,
+                shared: existing,
+            };
+            let kept = zone.adopt(layout);
+            return Ok((zone, kept));
+        }
+
+        let pagesize = nginx_sys::ngx_pagesize;
+        // Leave a few pages for the slab allocator's own use and the override keys.
+        let pages = (*shpool).pfree;
+        let reserve = if pages > 64 { 8 } else { 1 };
+        let block_pages = pages.saturating_sub(reserve);
+        let block_bytes = block_pages * pagesize;
+        if block_bytes < TABLE_OFFSET + 64 {
+            return Err(ZoneInitError::TooSmall);
+        }
+
+        let _lock = PoolLock::take(shpool);
+        let block = ngx_slab_alloc_locked(shpool, block_bytes).cast::<u8>();
+        if block.is_null() {
+            return Err(ZoneInitError::NoMemory);
+        }
+        ptr::write_bytes(block, 0, TABLE_OFFSET);
+        let shared = block.cast::<ZoneShared>();
+        (*shared).magic = MAGIC;
+        (*shared).seed = random_seed();
+        (*shared).table_bytes = (block_bytes - TABLE_OFFSET) as u64;
+        let zone = Zone { shpool, shared };
+        if !zone.format(layout) {
+            ngx_slab_free_locked(shpool, block.cast());
+            return Err(ZoneInitError::TooSmall);
+        }
+        zone.header()
+            .limits
+            .store(layout.limits.pack(), Ordering::Relaxed);
+        zone.header()
+            .config_limits
+            .store(layout.limits.pack(), Ordering::Relaxed);
+        (*shpool).data = shared.cast::<c_void>();
+        Ok((zone, false))
+    }
+
+    /// Re-create a process-local view from the pointer a previous `init` stored in the pool.
+    ///
+    /// # Safety
+    /// `shpool` is a slab pool on which `init` succeeded in this cycle.
+    pub unsafe fn from_pool(shpool: *mut ngx_slab_pool_t) -> Option<Zone> {
+        let shared = (*shpool).data.cast::<ZoneShared>();
+        (!shared.is_null()).then_some(Zone { shpool, shared })
+    }
+
+    /// Lay the slot table out for `layout` and clear it. False if not even one probe window fits.
+    fn format(&self, layout: &ZoneLayout) -> bool {
+        let header = self.header();
+        let slot_words = layout.slot_words();
+        let slot_bytes = 8 * (1 + slot_words);
+        let bucket_bytes = slot_bytes * SLOTS_PER_BUCKET;
+        let buckets = header.table_bytes as usize / bucket_bytes;
+        if buckets * SLOTS_PER_BUCKET < MIN_SLOTS {
+            return false;
+        }
+        // SAFETY: the table lies inside the block allocated for this zone (table_bytes was
+        // computed from that allocation) and nobody reads it during (re)formatting: this runs
+        // in the master before workers start.
+        unsafe { ptr::write_bytes(self.table_base().cast::<u8>(), 0, buckets * bucket_bytes) };
+        header
+            .slot_words
+            .store(slot_words as u64, Ordering::Relaxed);
+        header.bucket_count.store(buckets as u64, Ordering::Relaxed);
+        header
+            .algorithm
+            .store(algorithm_code(layout.algorithm), Ordering::Relaxed);
+        header
+            .fingerprint
+            .store(layout.fingerprint, Ordering::Relaxed);
+        true
+    }
+
+    /// Take over a zone from the previous cycle. Returns whether the keys' states were kept.
+    fn adopt(&self, layout: &ZoneLayout) -> bool {
+        let header = self.header();
+        let same_shape = header.fingerprint.load(Ordering::Relaxed) == layout.fingerprint
+            && header.slot_words.load(Ordering::Relaxed) == layout.slot_words() as u64;
+        let kept = same_shape || !self.format(layout);
+        let configured = layout.limits.pack();
+        if !same_shape || header.config_limits.load(Ordering::Relaxed) != configured {
+            header.limits.store(configured, Ordering::Relaxed);
+            header.config_limits.store(configured, Ordering::Relaxed);
+        }
+        kept
+    }
+
+    pub fn header(&self) -> &ZoneShared {
+        // SAFETY: `shared` points at the header written by `init`, inside the zone's mapping,
+        // which outlives every request and admin call that holds a `Zone`.
+        unsafe { &*self.shared }
+    }
+
+    pub fn algorithm(&self) -> Algorithm {
+        algorithm_from_code(self.header().algorithm.load(Ordering::Relaxed))
+    }
+
+    /// The zone-wide limits in force now.
+    pub fn limits(&self) -> Option<Limits> {
+        Limits::unpack(self.header().limits.load(Ordering::Relaxed))
+    }
+
+    pub fn slot_count(&self) -> usize {
+        self.header().bucket_count.load(Ordering::Relaxed) as usize * SLOTS_PER_BUCKET
+    }
+
+    fn slot_words(&self) -> usize {
+        self.header().slot_words.load(Ordering::Relaxed) as usize
+    }
+
+    fn table_base(&self) -> *mut AtomicU64 {
+        // SAFETY: the block is at least TABLE_OFFSET bytes long (checked in `init`).
+        unsafe {
+            self.shared
+                .cast::<u8>()
+                .add(TABLE_OFFSET)
+                .cast::<AtomicU64>()
+        }
+    }
+
+    /// The words of slot `index`: `[0]` is the key hash, the rest its state.
+    fn slot(&self, index: usize) -> &[AtomicU64] {
+        let words = 1 + self.slot_words();
+        let index = index.min(self.slot_count().saturating_sub(1));
+        // SAFETY: `index` is clamped to the table, whose slots are `words` u64 each, 8-byte
+        // aligned inside the zone's mapping; AtomicU64 accepts any bit pattern.
+        unsafe { core::slice::from_raw_parts(self.table_base().add(index * words), words) }
+    }
+
+    /// Hash a key with the zone's seed; never 0 (0 marks an empty slot).
+    pub fn hash_key(&self, key: &[u8]) -> u64 {
+        let seed = self.header().seed;
+        let mut hasher = SipHasher13::new_with_keys(seed[0], seed[1]);
+        hasher.write(key);
+        hasher.finish().max(1)
+    }
+
+    fn probe_window(&self, hash: u64) -> impl Iterator<Item = usize> {
+        let buckets = self.header().bucket_count.load(Ordering::Relaxed).max(1);
+        // Multiply-shift maps the hash onto the buckets without a division.
+        let home = ((u128::from(hash) * u128::from(buckets)) >> 64) as u64;
+        let slots = (buckets as usize) * SLOTS_PER_BUCKET;
+        let first = home as usize * SLOTS_PER_BUCKET;
+        (0..PROBE_BUCKETS * SLOTS_PER_BUCKET).map(move |offset| (first + offset) % slots)
+    }
+
+    /// The slot holding `hash`, if the key is tracked. Lock-free.
+    pub fn find(&self, hash: u64) -> Option<SlotIndex> {
+        self.probe_window(hash)
+            .find(|&index| self.slot(index)[0].load(Ordering::Acquire) == hash)
+            .map(SlotIndex)
+    }
+
+    pub fn lock(&self) -> ZoneLock<'_> {
+        // SAFETY: the slab pool's mutex is initialized by nginx with the pool; the master
+        // force-unlocks it if a worker dies holding it.
+        unsafe { ngx_shmtx_lock(ptr::addr_of_mut!((*self.shpool).mutex)) };
+        ZoneLock { pool: self }
+    }
+
+    /// The slot for `hash`, claiming one (and evicting if the window is full) for a new key.
+    /// Returns the index and whether an eviction happened.
+    pub fn find_or_claim(&self, hash: u64, now_ns: u64) -> (SlotIndex, bool) {
+        if let Some(index) = self.find(hash) {
+            return (index, false);
+        }
+        let _lock = self.lock();
+        self.claim_locked(hash, now_ns)
+    }
+
+    /// As `find_or_claim`, with the zone lock already held.
+    pub fn claim_locked(&self, hash: u64, now_ns: u64) -> (SlotIndex, bool) {
+        if let Some(index) = self.find(hash) {
+            return (index, false);
+        }
+        let limits = self.limits();
+        let mut victim = None;
+        let mut victim_idle_at = u64::MAX;
+        let mut evicted = false;
+        for index in self.probe_window(hash) {
+            let slot = self.slot(index);
+            if slot[0].load(Ordering::Relaxed) == 0 {
+                victim = Some(index);
+                victim_idle_at = 0;
+                break;
+            }
+            let idle_at = limits.map_or(0, |limits| self.idle_at_ns(slot, &limits));
+            if idle_at < victim_idle_at {
+                victim = Some(index);
+                victim_idle_at = idle_at;
+            }
+        }
+        let index = victim.unwrap_or(0);
+        let slot = self.slot(index);
+        if slot[0].load(Ordering::Relaxed) != 0 && victim_idle_at > now_ns {
+            evicted = true;
+            self.header().evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        for word in &slot[1..] {
+            word.store(0, Ordering::Relaxed);
+        }
+        slot[0].store(hash, Ordering::Release);
+        (SlotIndex(index), evicted)
+    }
+
+    /// When a slot's state becomes equivalent to a fresh key's (0 for an empty slot).
+    fn idle_at_ns(&self, slot: &[AtomicU64], limits: &Limits) -> u64 {
+        match self.algorithm() {
+            // Sliding log states are only touched under the zone lock, which callers hold.
+            Algorithm::SlidingLog => sliding_log::idle_at_ns(log_words_mut(&slot[1..]), limits),
+            algorithm => {
+                ratelimit_core::word_idle_at_ns(slot[1].load(Ordering::Relaxed), limits, algorithm)
+            }
+        }
+    }
+
+    /// Decide a request for the key in `index`. With `commit`, a passing decision is stored
+    /// (compare-and-swap for single-word states, under the lock for the log); without it
+    /// nothing changes. A rejected request never changes the state.
+    pub fn decide(&self, index: SlotIndex, now_ns: u64, policy: &Policy, commit: bool) -> Decision {
+        let slot = self.slot(index.0);
+        if policy.algorithm == Algorithm::SlidingLog {
+            let _lock = self.lock();
+            let log = log_words_mut(&slot[1..]);
+            if !commit {
+                return sliding_log::inspect(log, now_ns, policy);
+            }
+            return sliding_log::decide(log, now_ns, policy);
+        }
+
+        let state = &slot[1];
+        let mut current = state.load(Ordering::Acquire);
+        loop {
+            let (decision, next) = ratelimit_core::decide_word(current, now_ns, policy);
+            let Some(next) = next.filter(|_| commit) else {
+                return decision;
+            };
+            match state.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return decision,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Forget a key's state. Returns whether it was tracked.
+    pub fn forget(&self, hash: u64) -> bool {
+        let _lock = self.lock();
+        let Some(index) = self.find(hash) else {
+            return false;
+        };
+        let slot = self.slot(index.0);
+        slot[0].store(0, Ordering::Release);
+        for word in &slot[1..] {
+            word.store(0, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// Keys whose state differs from a fresh key's at `now_ns` (a full scan: admin use only).
+    pub fn tracked_keys(&self, now_ns: u64) -> u64 {
+        let Some(limits) = self.limits() else {
+            return 0;
+        };
+        let _lock = self.lock();
+        (0..self.slot_count())
+            .map(|index| self.slot(index))
+            .filter(|slot| slot[0].load(Ordering::Relaxed) != 0)
+            .filter(|slot| self.idle_at_ns(slot, &limits) > now_ns)
+            .count() as u64
+    }
+
+    pub fn count(&self, counter: Counter) {
+        self.header().counters[counter as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn counter(&self, counter: Counter) -> u64 {
+        self.header().counters[counter as usize].load(Ordering::Relaxed)
+    }
+
+    /// True at most once a second (per zone, across workers): when to log that it is full.
+    pub fn should_log_full(&self, now_ns: u64) -> bool {
+        let second = now_ns / 1_000_000_000;
+        let last = self.header().full_logged_sec.load(Ordering::Relaxed);
+        last != second
+            && self
+                .header()
+                .full_logged_sec
+                .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    // --- per-key overrides ---------------------------------------------------------------
+
+    fn override_probe(&self, hash: u64) -> impl Iterator<Item = &OverrideSlot> {
+        let start = (hash as usize) % OVERRIDE_CAPACITY;
+        let overrides = &self.header().overrides;
+        (0..OVERRIDE_CAPACITY).map(move |i| &overrides[(start + i) % OVERRIDE_CAPACITY])
+    }
+
+    /// The override for a key hash, if any. Lock-free; costs nothing when there are none.
+    pub fn override_for(&self, hash: u64) -> Option<Limits> {
+        if self.header().override_count.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        for slot in self.override_probe(hash) {
+            match slot.hash.load(Ordering::Acquire) {
+                0 => return None,
+                h if h == hash => return Limits::unpack(slot.limits.load(Ordering::Acquire)),
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// Set a key's override. Returns Ok(true) when it is new, Ok(false) when replaced, Err when
+    /// the override table or the zone's memory is full.
+    pub fn set_override(&self, key: &[u8], limits: Limits) -> Result<bool, ()> {
+        let hash = self.hash_key(key);
+        let _lock = self.lock();
+        let mut free = None;
+        for slot in self.override_probe(hash) {
+            let h = slot.hash.load(Ordering::Relaxed);
+            if h == hash {
+                let was_live = slot.limits.load(Ordering::Relaxed) != 0;
+                slot.limits.store(limits.pack(), Ordering::Release);
+                if !was_live {
+                    self.header().override_count.fetch_add(1, Ordering::Relaxed);
+                }
+                return Ok(!was_live);
+            }
+            if h == 0 {
+                free = free.or(Some(slot));
+                break;
+            }
+            if free.is_none() && slot.limits.load(Ordering::Relaxed) == 0 {
+                free = Some(slot);
+            }
+        }
+        let slot = free.ok_or(())?;
+        let key_offset = self.store_key_locked(key).ok_or(())?;
+        let old_offset = slot.key_offset.swap(key_offset, Ordering::Relaxed);
+        self.free_key_locked(old_offset);
+        slot.limits.store(limits.pack(), Ordering::Relaxed);
+        slot.hash.store(hash, Ordering::Release);
+        self.header().override_count.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// Remove a key's override. Returns whether there was one.
+    pub fn remove_override(&self, key: &[u8]) -> bool {
+        let hash = self.hash_key(key);
+        let _lock = self.lock();
+        for slot in self.override_probe(hash) {
+            match slot.hash.load(Ordering::Relaxed) {
+                0 => return false,
+                h if h == hash => {
+                    if slot.limits.swap(0, Ordering::Release) == 0 {
+                        return false;
+                    }
+                    self.header().override_count.fetch_sub(1, Ordering::Relaxed);
+                    return true;
+                }
+                _ => {}
+            }
+        }
+        false
+    }
+
+    /// Every live override as (key bytes, limits).
+    pub fn overrides(&self) -> Vec<(Vec<u8>, Limits)> {
+        let _lock = self.lock();
+        self.header()
+            .overrides
+            .iter()
+            .filter(|slot| slot.hash.load(Ordering::Relaxed) != 0)
+            .filter_map(|slot| {
+                let limits = Limits::unpack(slot.limits.load(Ordering::Relaxed))?;
+                Some((
+                    self.key_at(slot.key_offset.load(Ordering::Relaxed))?,
+                    limits,
+                ))
+            })
+            .collect()
+    }
+
+    fn store_key_locked(&self, key: &[u8]) -> Option<u64> {
+        // SAFETY: the zone lock is held (callers are `_locked`); the chunk is ours until freed.
+        let chunk = unsafe { ngx_slab_alloc_locked(self.shpool, 8 + key.len()) }.cast::<u8>();
+        if chunk.is_null() {
+            return None;
+        }
+        // SAFETY: `chunk` has room for the length word and the key bytes.
+        unsafe {
+            chunk.cast::<u64>().write_unaligned(key.len() as u64);
+            ptr::copy_nonoverlapping(key.as_ptr(), chunk.add(8), key.len());
+        }
+        Some(chunk as u64 - self.shared as u64)
+    }
+
+    fn free_key_locked(&self, offset: u64) {
+        if offset != 0 {
+            // SAFETY: a non-zero offset was returned by `store_key_locked` for this zone and is
+            // freed once, here, under the lock.
+            unsafe {
+                ngx_slab_free_locked(
+                    self.shpool,
+                    self.shared.cast::<u8>().add(offset as usize).cast(),
+                )
+            };
+        }
+    }
+
+    fn key_at(&self, offset: u64) -> Option<Vec<u8>> {
+        if offset == 0 {
+            return None;
+        }
+        // SAFETY: offsets come from `store_key_locked` (a chunk with a length prefix inside
+        // the zone's mapping) and are read under the zone lock.
+        unsafe {
+            let chunk = self.shared.cast::<u8>().add(offset as usize);
+            let len = chunk.cast::<u64>().read_unaligned() as usize;
+            Some(core::slice::from_raw_parts(chunk.add(8), len).to_vec())
+        }
+    }
+}
+
+/// The slab mutex held during `init`, before a `Zone` view exists.
+struct PoolLock(*mut ngx_slab_pool_t);
+
+impl PoolLock {
+    /// # Safety
+    /// `shpool` is an initialized slab pool.
+    unsafe fn take(shpool: *mut ngx_slab_pool_t) -> PoolLock {
+        ngx_shmtx_lock(ptr::addr_of_mut!((*shpool).mutex));
+        PoolLock(shpool)
+    }
+}
+
+impl Drop for PoolLock {
+    fn drop(&mut self) {
+        // SAFETY: locked by `ZoneLock::take` on this pool.
+        unsafe { ngx_shmtx_unlock(ptr::addr_of_mut!((*self.0).mutex)) };
+    }
+}
+
+/// A sliding log's words as plain integers.
+///
+/// Callers hold the zone lock: sliding-log state words are read and written only under it, so
+/// no other access to these words overlaps the returned borrow.
+#[allow(clippy::mut_from_ref)]
+fn log_words_mut(words: &[AtomicU64]) -> &mut [u64] {
+    let Some(first) = words.first() else {
+        return &mut [];
+    };
+    // SAFETY: AtomicU64 has the size and alignment of u64; exclusivity comes from the zone lock
+    // (see above), and the words stay inside the zone's mapping.
+    unsafe { core::slice::from_raw_parts_mut(AtomicU64::as_ptr(first), words.len()) }
+}
+
+/// 128 random bits for the zone's hash key, so clients cannot pick colliding keys.
+fn random_seed() -> [u64; 2] {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    if read.is_err() {
+        // Fall back to the clock and the pid: weaker, but the zone still works.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        bytes[..8].copy_from_slice(&nanos.to_le_bytes());
+        bytes[8..].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+    }
+    let (low, high) = bytes.split_at(8);
+    [
+        u64::from_le_bytes(low.try_into().unwrap_or_default()),
+        u64::from_le_bytes(high.try_into().unwrap_or_default()),
+    ]
+}
