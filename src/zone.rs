@@ -201,7 +201,7 @@ impl Zone {
                 shpool,
                 shared: existing,
             };
-            let kept = zone.adopt(layout);
+            let kept = zone.adopt(layout)?;
             return Ok((zone, kept));
         }
 
@@ -277,17 +277,19 @@ impl Zone {
     }
 
     /// Take over a zone from the previous cycle. Returns whether the keys' states were kept.
-    fn adopt(&self, layout: &ZoneLayout) -> bool {
+    fn adopt(&self, layout: &ZoneLayout) -> Result<bool, ZoneInitError> {
         let header = self.header();
         let same_shape = header.fingerprint.load(Ordering::Relaxed) == layout.fingerprint
             && header.slot_words.load(Ordering::Relaxed) == layout.slot_words() as u64;
-        let kept = same_shape || !self.format(layout);
+        if !same_shape && !self.format(layout) {
+            return Err(ZoneInitError::TooSmall);
+        }
         let configured = layout.limits.pack();
         if !same_shape || header.config_limits.load(Ordering::Relaxed) != configured {
             header.limits.store(configured, Ordering::Relaxed);
             header.config_limits.store(configured, Ordering::Relaxed);
         }
-        kept
+        Ok(same_shape)
     }
 
     pub fn header(&self) -> &ZoneShared {
