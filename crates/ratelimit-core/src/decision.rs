@@ -25,6 +25,7 @@ impl Outcome {
 /// Everything a caller needs after one decision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Decision {
+    /// Passed, delayed or rejected.
     pub outcome: Outcome,
     /// How long to hold the request before serving it; non-zero only for `Delayed`.
     pub delay_ns: u64,

@@ -8,9 +8,13 @@ use crate::NANOS_PER_SEC;
 /// The unit after `r/`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RateUnit {
+    /// `r/s`
     Second,
+    /// `r/m`
     Minute,
+    /// `r/h`
     Hour,
+    /// `r/d`
     Day,
 }
 
@@ -42,6 +46,7 @@ impl RateUnit {
 pub struct Rate {
     /// Requests per unit, times 1000 (`10r/s` is 10_000). Always at least 1.
     pub milli_requests: u64,
+    /// The period the requests are counted over.
     pub unit: RateUnit,
 }
 

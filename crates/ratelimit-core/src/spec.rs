@@ -48,9 +48,14 @@ pub enum SpecError {
 /// Which algorithm a zone runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {
+    /// `leaky_bucket` (the default): nginx's `limit_req`, with delays. See [`crate::leaky_bucket`].
     LeakyBucket,
+    /// `token_bucket`: bursts of up to `burst` tokens, never delays. See [`crate::token_bucket`].
     TokenBucket,
+    /// `sliding_log`: exactly N per sliding window, N timestamps per key.
+    /// See [`crate::sliding_log`].
     SlidingLog,
+    /// `sliding_window`: about N per sliding window in one word. See [`crate::sliding_window`].
     SlidingWindow,
 }
 
@@ -66,6 +71,7 @@ impl Algorithm {
         }
     }
 
+    /// The name [`Algorithm::parse`] reads.
     pub fn as_str(self) -> &'static str {
         match self {
             Algorithm::LeakyBucket => "leaky_bucket",
@@ -85,6 +91,7 @@ impl fmt::Display for Algorithm {
 /// A zone's adjustable limit: what the admin API changes and what per-key overrides set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Limits {
+    /// The rate: emission interval of the buckets, N per window of the sliding algorithms.
     pub rate: Rate,
     /// leaky_bucket: excess requests allowed (limit_req's burst, default 0);
     /// token_bucket: bucket capacity (used as at least 1);
@@ -150,8 +157,11 @@ pub enum DelayMode {
 /// or per-key override), the delay mode and the request's cost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Policy {
+    /// The zone's algorithm.
     pub algorithm: Algorithm,
+    /// The limits in force for this key.
     pub limits: Limits,
+    /// How excess within the burst is treated (leaky bucket only).
     pub delay: DelayMode,
     /// How many requests this request counts as (`cost=N`, default 1, at least 1).
     pub cost: u64,
@@ -165,8 +175,11 @@ pub struct Policy {
 pub struct ZoneSpec {
     /// `NAME` and `SIZE` in bytes (nginx size syntax: `10m`, `512k`, `65536`).
     pub zone: Option<(String, u64)>,
+    /// `rate=`, required.
     pub rate: Rate,
+    /// `burst=`, if given (never for a sliding algorithm).
     pub burst: Option<u64>,
+    /// `algorithm=`, `leaky_bucket` when not given.
     pub algorithm: Algorithm,
 }
 
@@ -271,10 +284,15 @@ impl ZoneSpec {
 /// `zone` is optional for the replay tool's `--limit`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LimitSpec {
+    /// `zone=NAME`: the zone whose keys this limit counts in.
     pub zone: Option<String>,
+    /// `burst=N`: overrides the zone's burst.
     pub burst: Option<u64>,
+    /// `nodelay`, `delay=N`, or neither (`Delay`).
     pub delay: DelayMode,
+    /// `global=NAME`: a zone shared by all keys, used when the key's own bucket is empty.
     pub global: Option<String>,
+    /// `cost=N`: how many requests each request counts as (default 1).
     pub cost: u64,
 }
 
@@ -431,7 +449,8 @@ mod tests {
             ("rate=0.5r/s algorithm=sliding_log",
              "rate \"0.5r/s\" is not a whole number of requests for sliding_log"),
             ("rate=5000r/s algorithm=sliding_log",
-             "rate \"5000r/s\" is more than 4096 requests per window, the largest sliding_log keeps"),
+             "rate \"5000r/s\" is more than 4096 requests per window, \
+              the largest sliding_log keeps"),
             ("rate=1048576r/s algorithm=sliding_window",
              "rate \"1048576r/s\" is more than 1048575 requests per window, \
               the largest sliding_window keeps"),
