@@ -14,6 +14,7 @@ use ngx::ffi::{
 use ngx::http::HttpModuleLocationConf;
 use ngx::ngx_log_error;
 use ratelimit_core::{Decision, Limits, Outcome, Policy, NANOS_PER_SEC};
+use smallvec::SmallVec;
 
 use crate::conf::{LimitConf, LocConf, ZoneConf};
 use crate::zone::{Counter, SlotIndex, Zone};
@@ -253,7 +254,8 @@ pub unsafe extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_in
 
 fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf) -> ngx_int_t {
     let now = now_ns();
-    let mut applied: Vec<AppliedLimit> = Vec::with_capacity(lcf.limits().len());
+    // Inline storage: the common configurations (one or two limits) never touch the heap.
+    let mut applied: SmallVec<[AppliedLimit; 2]> = SmallVec::new();
     for limit in lcf.limits() {
         let Some(own) = resolve(r, limit.shm_zone, limit, now) else {
             continue;
@@ -275,7 +277,7 @@ fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf) -> ngx_int_t {
             .iter_mut()
             .position(|limit| limit.decide(now, false).outcome == Outcome::Rejected);
     }
-    let mut decisions = Vec::with_capacity(applied.len());
+    let mut decisions: SmallVec<[Decision; 2]> = SmallVec::new();
     if rejected_by.is_none() {
         for (index, limit) in applied.iter_mut().enumerate() {
             let decision = limit.decide(now, true);
@@ -329,7 +331,11 @@ fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf) -> ngx_int_t {
             return Status::NGX_DECLINED.into();
         }
         let retry_after = decision.retry_after_ns.div_ceil(NANOS_PER_SEC).max(1);
-        add_header(r, "Retry-After", retry_after.to_string().as_bytes());
+        add_header(
+            r,
+            "Retry-After",
+            itoa::Buffer::new().format(retry_after).as_bytes(),
+        );
         return lcf.status() as ngx_int_t;
     }
 
@@ -444,24 +450,42 @@ unsafe extern "C" fn delay_expired(r: *mut ngx_http_request_t) {
 }
 
 /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10), one item per
-/// zone applied to the request.
+/// zone applied to the request. Built in stack buffers without `format!`: this runs on every
+/// limited request.
 fn add_rate_limit_headers(r: &mut ngx_http_request_t, applied: &[AppliedLimit]) {
-    let mut policy = String::new();
-    let mut state = String::new();
+    let mut policy: SmallVec<[u8; 128]> = SmallVec::new();
+    let mut state: SmallVec<[u8; 128]> = SmallVec::new();
+    let mut numbers = itoa::Buffer::new();
     for applied in applied.iter().flat_map(AppliedLimit::applied) {
         if !policy.is_empty() {
-            policy.push_str(", ");
-            state.push_str(", ");
+            policy.extend_from_slice(b", ");
+            state.extend_from_slice(b", ");
         }
         let (quota, window) = quota_and_window(&applied.policy.limits);
-        let name = &applied.zone_conf.name;
-        policy.push_str(&format!("\"{name}\";q={quota};w={window}"));
+        let name = applied.zone_conf.name.as_bytes();
         let decision = &applied.decision;
         let reset = decision.reset_ns.div_ceil(NANOS_PER_SEC);
-        state.push_str(&format!("\"{name}\";r={};t={reset}", decision.remaining));
+        for (out, first, second, first_value, second_value) in [
+            (&mut policy, &b";q="[..], &b";w="[..], quota, window),
+            (
+                &mut state,
+                &b";r="[..],
+                &b";t="[..],
+                decision.remaining,
+                reset,
+            ),
+        ] {
+            out.push(b'"');
+            out.extend_from_slice(name);
+            out.push(b'"');
+            out.extend_from_slice(first);
+            out.extend_from_slice(numbers.format(first_value).as_bytes());
+            out.extend_from_slice(second);
+            out.extend_from_slice(numbers.format(second_value).as_bytes());
+        }
     }
-    add_header(r, "RateLimit-Policy", policy.as_bytes());
-    add_header(r, "RateLimit", state.as_bytes());
+    add_header(r, "RateLimit-Policy", &policy);
+    add_header(r, "RateLimit", &state);
 }
 
 /// The rate as whole requests `q` per `w` seconds: `10r/s` is q=10 w=1, `0.5r/s` is q=1 w=2.
