@@ -206,7 +206,13 @@ pub(crate) extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, _data: *mut c_
                 zone::ZoneInitError::TooSmall => "is too small",
                 zone::ZoneInitError::NoMemory => "could not be allocated",
             };
-            ngx_log_error!(NGX_LOG_EMERG, log, "zone \"{}\" {reason}", zone_conf.name);
+            let hint = zone::size_hint(&zone_conf.layout());
+            ngx_log_error!(
+                NGX_LOG_EMERG,
+                log,
+                "zone \"{}\" {reason}{hint}",
+                zone_conf.name
+            );
             Status::NGX_ERROR.into()
         }
     }

@@ -149,6 +149,22 @@ fn algorithm_from_code(code: u64) -> Algorithm {
     }
 }
 
+/// For an error message: what a zone of this layout needs at the least, when that is more than
+/// the general minimum (a `sliding_log` keeps N timestamps per key).
+pub fn size_hint(layout: &ZoneLayout) -> String {
+    if layout.algorithm != Algorithm::SlidingLog {
+        return String::new();
+    }
+    let slot_bytes = 8 * (1 + layout.slot_words());
+    let needed = TABLE_OFFSET + MIN_SLOTS * slot_bytes;
+    format!(
+        " for sliding_log with {} requests per window: each key takes {slot_bytes} bytes, \
+         the zone needs more than {} KiB",
+        layout.limits.rate.whole_requests().unwrap_or(0),
+        needed.div_ceil(1024)
+    )
+}
+
 /// Why a zone could not be set up.
 #[derive(Debug)]
 pub enum ZoneInitError {
