@@ -407,7 +407,7 @@ impl Zone {
                 victim_idle_at = 0;
                 break;
             }
-            let idle_at = limits.map_or(0, |limits| self.idle_at_ns(slot, &limits));
+            let idle_at = limits.map_or(0, |limits| self.idle_at_ns(slot, &limits, now_ns));
             if idle_at < victim_idle_at {
                 victim = Some(index);
                 victim_idle_at = idle_at;
@@ -427,13 +427,16 @@ impl Zone {
     }
 
     /// When a slot's state becomes equivalent to a fresh key's (0 for an empty slot).
-    fn idle_at_ns(&self, slot: &[AtomicU64], limits: &Limits) -> u64 {
+    fn idle_at_ns(&self, slot: &[AtomicU64], limits: &Limits, now_ns: u64) -> u64 {
         match self.algorithm() {
             // Sliding log states are only touched under the zone lock, which callers hold.
             Algorithm::SlidingLog => sliding_log::idle_at_ns(log_words_mut(&slot[1..]), limits),
-            algorithm => {
-                ratelimit_core::word_idle_at_ns(slot[1].load(Ordering::Relaxed), limits, algorithm)
-            }
+            algorithm => ratelimit_core::word_idle_at_ns_near(
+                slot[1].load(Ordering::Relaxed),
+                limits,
+                algorithm,
+                now_ns,
+            ),
         }
     }
 
@@ -488,7 +491,7 @@ impl Zone {
         (0..self.slot_count())
             .map(|index| self.slot(index))
             .filter(|slot| slot[0].load(Ordering::Relaxed) != 0)
-            .filter(|slot| self.idle_at_ns(slot, &limits) > now_ns)
+            .filter(|slot| self.idle_at_ns(slot, &limits, now_ns) > now_ns)
             .count() as u64
     }
 
