@@ -17,6 +17,7 @@ mod gcra;
 pub mod decision;
 pub mod leaky_bucket;
 pub mod rate;
+pub mod replay;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod spec;
