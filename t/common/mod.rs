@@ -1,0 +1,21 @@
+//! Harness shared by the integration tests in `t/`: start a real nginx with a config, talk
+//! HTTP/1.1 to it, send timelines of requests.
+//!
+//! - [`nginx`]: [`Nginx`] runs one nginx (master + workers) in a fresh prefix on free loopback
+//!   ports, and kills it on drop; [`check_config`] runs `nginx -t`.
+//! - [`http`]: a small HTTP/1.1 client on `std::net::TcpStream`.
+//! - [`timeline`]: requests sent at fixed offsets from one start instant.
+//!
+//! Every test binary compiles this module but uses only part of it, hence the `allow`s.
+#![allow(dead_code)]
+
+pub mod http;
+pub mod nginx;
+pub mod timeline;
+
+#[allow(unused_imports)]
+pub use http::{get, send, start_request, Connection, PendingRequest, Request, Response};
+#[allow(unused_imports)]
+pub use nginx::{check_config, is_running, module_path, nginx_binary, Nginx};
+#[allow(unused_imports)]
+pub use timeline::{describe, run_timeline, Outcome, Step};
