@@ -1,0 +1,97 @@
+//! The example configs in `nginx-conf/` start, serve, and limit as their comments say.
+//! They load the rate limit module: `cargo build` must have built it.
+
+mod common;
+
+use std::fs;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{get, Connection, Nginx, Response};
+
+fn examples_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("nginx-conf")
+}
+
+fn example(name: &str) -> String {
+    let path = examples_dir().join(name);
+    fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+/// Sends `count` GETs on one keep-alive connection, as fast as it can.
+fn burst(port: u16, path: &str, count: usize) -> Vec<Response> {
+    let mut connection = Connection::open(port);
+    (0..count).map(|_| connection.get(path)).collect()
+}
+
+fn statuses(responses: &[Response]) -> Vec<u16> {
+    responses.iter().map(|r| r.status).collect()
+}
+
+fn total_elapsed(responses: &[Response]) -> Duration {
+    responses.iter().map(|r| r.elapsed).sum()
+}
+
+#[test]
+fn every_example_config_starts_and_serves() {
+    let mut names: Vec<String> = fs::read_dir(examples_dir())
+        .expect("cannot read nginx-conf/")
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter(|name| name.ends_with(".conf"))
+        .collect();
+    names.sort();
+    assert!(
+        names.len() >= 2,
+        "examples missing from nginx-conf/: {names:?}"
+    );
+    for name in names {
+        let nginx = Nginx::try_start(&example(&name))
+            .unwrap_or_else(|report| panic!("nginx-conf/{name} does not start:\n{report}"));
+        let response = get(nginx.port(), "/");
+        assert_eq!(response.status, 200, "nginx-conf/{name}: {response:?}");
+    }
+}
+
+#[test]
+fn basic_conf_passes_the_burst_then_answers_429() {
+    let nginx = Nginx::start(&example("basic.conf"));
+    // 5r/s burst=10 nodelay: 11 requests pass at once, the 12th is rejected, as long as the
+    // twelve take less than the 200 ms in which one request drains.
+    let responses = burst(nginx.port(), "/", 12);
+    let took = total_elapsed(&responses);
+    assert!(took < Duration::from_millis(150), "the burst took {took:?}");
+    let mut expected = vec![200; 11];
+    expected.push(429);
+    assert_eq!(statuses(&responses), expected);
+
+    assert_eq!(responses[0].header("X-Rate-Limit-Status"), Some("PASSED"));
+    assert_eq!(responses[0].text(), "ok\n");
+    let rejected = &responses[11];
+    assert_eq!(rejected.header("X-Rate-Limit-Status"), Some("REJECTED"));
+    let retry_after: u64 = rejected
+        .header("Retry-After")
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no whole-second Retry-After: {rejected:?}"));
+    assert_eq!(
+        retry_after, 1,
+        "one request drains in 200 ms, rounded up to 1 s"
+    );
+}
+
+#[test]
+fn limit_req_twin_conf_sides_answer_alike() {
+    let nginx = Nginx::start(&example("limit_req_twin.conf"));
+    // 10r/s burst=5 nodelay: 6 pass at once, the 7th is rejected (one drains in 100 ms).
+    let mut expected = vec![200; 6];
+    expected.push(429);
+    for path in ["/limit_req", "/rate_limit"] {
+        let responses = burst(nginx.port(), path, 7);
+        let took = total_elapsed(&responses);
+        assert!(
+            took < Duration::from_millis(70),
+            "{path}: the burst took {took:?}"
+        );
+        assert_eq!(statuses(&responses), expected, "{path}");
+    }
+    assert_eq!(get(nginx.port(), "/").status, 200);
+}
