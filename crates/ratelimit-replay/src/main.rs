@@ -1,1 +1,301 @@
-fn main() {}
+//! `ratelimit-replay`: run a timeline or an nginx access log through a zone's algorithm and
+//! show, request by request, what the module would have decided; then per-key totals and the
+//! smallest limit that would have rejected nothing.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, BufWriter, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, ValueEnum};
+use ratelimit_core::replay::{
+    policy_from_specs, InputFormat, KeySummary, LineReader, Needed, Replay, Request,
+};
+use ratelimit_core::{Algorithm, Decision, DelayMode, LimitSpec, Policy, ZoneSpec};
+use serde_json::json;
+
+/// Exit status for bad arguments, a bad spec or bad input.
+const EXIT_BAD_INPUT: u8 = 2;
+/// Exit status when the output cannot be written.
+const EXIT_OUTPUT: u8 = 1;
+
+/// Replay requests through a rate limit, deciding each as the nginx module would.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// The zone's words after KEY, as in `rate_limit_zone` (zone= may be left out):
+    /// 'rate=2r/s burst=5 algorithm=token_bucket'
+    #[arg(long)]
+    zone: String,
+
+    /// The words of `rate_limit` (zone= may be left out): 'burst=3 nodelay', 'cost=2'
+    #[arg(long)]
+    limit: Option<String>,
+
+    /// What the input lines are
+    #[arg(long, value_enum, default_value_t = Format::Timeline)]
+    format: Format,
+
+    /// access-log: the whitespace-separated field (1-based) holding the key
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    key_field: usize,
+
+    /// One JSON object per request, then one with "summary"
+    #[arg(long)]
+    json: bool,
+
+    /// Input file; standard input when absent or `-`
+    input: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Format {
+    /// `SECONDS [KEY]` a line, `#` comments
+    Timeline,
+    /// nginx access log with a format starting `$msec $remote_addr`
+    AccessLog,
+}
+
+/// Why the replay stopped.
+enum Failure {
+    /// Bad spec or input: the message is shown, exit status 2.
+    Input(String),
+    /// Writing the output failed.
+    Output(io::Error),
+}
+
+impl From<io::Error> for Failure {
+    fn from(error: io::Error) -> Failure {
+        Failure::Output(error)
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Input(message)) => {
+            eprintln!("ratelimit-replay: {message}");
+            ExitCode::from(EXIT_BAD_INPUT)
+        }
+        // `ratelimit-replay ... | head` is not an error.
+        Err(Failure::Output(error)) if error.kind() == io::ErrorKind::BrokenPipe => {
+            ExitCode::SUCCESS
+        }
+        Err(Failure::Output(error)) => {
+            eprintln!("ratelimit-replay: cannot write the output: {error}");
+            ExitCode::from(EXIT_OUTPUT)
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<(), Failure> {
+    let policy = parse_policy(args).map_err(Failure::Input)?;
+    let format = match args.format {
+        Format::Timeline => InputFormat::Timeline,
+        Format::AccessLog => InputFormat::AccessLog {
+            key_field: args.key_field,
+        },
+    };
+    if args.key_field == 0 {
+        return Err(Failure::Input("--key-field counts from 1".to_string()));
+    }
+    let input: Box<dyn BufRead> = match &args.input {
+        Some(path) if path.as_os_str() != "-" => {
+            let file = File::open(path).map_err(|error| {
+                Failure::Input(format!("cannot open \"{}\": {error}", path.display()))
+            })?;
+            Box::new(BufReader::new(file))
+        }
+        _ => Box::new(io::stdin().lock()),
+    };
+
+    let mut out = BufWriter::new(io::stdout().lock());
+    let output = if args.json {
+        Output::Json
+    } else {
+        Output::Table
+    };
+    output.header(&mut out)?;
+
+    let mut reader = LineReader::new(format);
+    let mut replay = Replay::new(policy);
+    for (index, line) in input.split(b'\n').enumerate() {
+        let number = index + 1;
+        let line = line.map_err(|error| Failure::Input(format!("line {number}: {error}")))?;
+        // Access logs may hold bytes that are not UTF-8 in fields we never read.
+        let text = String::from_utf8_lossy(&line);
+        let text = text.strip_suffix('\r').unwrap_or(&text);
+        let request = match reader.read(number, text) {
+            Ok(Some(request)) => request,
+            Ok(None) => continue,
+            Err(error) => {
+                out.flush()?;
+                return Err(Failure::Input(error.to_string()));
+            }
+        };
+        let decision = replay.decide(&request.key, request.time_ns);
+        output.request(&mut out, &request, &decision)?;
+    }
+    output.summary(&mut out, replay.policy(), &replay.summary())?;
+    out.flush()?;
+    Ok(())
+}
+
+/// `--zone` and `--limit` as the module would read them; the message is the spec error.
+fn parse_policy(args: &Args) -> Result<Policy, String> {
+    let zone_words: Vec<&str> = args.zone.split_whitespace().collect();
+    let zone = ZoneSpec::parse_words(&zone_words).map_err(|error| format!("--zone: {error}"))?;
+    let limit = match &args.limit {
+        Some(words) => {
+            let words: Vec<&str> = words.split_whitespace().collect();
+            Some(LimitSpec::parse_words(&words).map_err(|error| format!("--limit: {error}"))?)
+        }
+        None => None,
+    };
+    policy_from_specs(&zone, limit.as_ref()).map_err(|error| format!("--limit: {error}"))
+}
+
+#[derive(Clone, Copy)]
+enum Output {
+    Table,
+    Json,
+}
+
+impl Output {
+    fn header(self, out: &mut impl Write) -> io::Result<()> {
+        match self {
+            Output::Table => writeln!(
+                out,
+                "{:<16} {:<16} {:<9} {:>10} {:>14} {:>9}",
+                "t", "key", "decision", "delay_ms", "retry_after_ms", "remaining"
+            ),
+            Output::Json => Ok(()),
+        }
+    }
+
+    fn request(
+        self,
+        out: &mut impl Write,
+        request: &Request,
+        decision: &Decision,
+    ) -> io::Result<()> {
+        match self {
+            Output::Table => writeln!(
+                out,
+                "{:<16} {:<16} {:<9} {:>10} {:>14} {:>9}",
+                request.time_text,
+                request.key,
+                decision.outcome.as_str(),
+                millis_text(decision.delay_ns),
+                millis_text(decision.retry_after_ns),
+                decision.remaining
+            ),
+            Output::Json => {
+                let object = json!({
+                    "line": request.line,
+                    "t": request.time_ns as f64 / 1e9,
+                    "key": request.key,
+                    "decision": decision.outcome.as_str(),
+                    "delay_ms": millis(decision.delay_ns),
+                    "retry_after_ms": millis(decision.retry_after_ns),
+                    "remaining": decision.remaining,
+                    "reset_ms": millis(decision.reset_ns),
+                    "excess": decision.excess_milli as f64 / 1000.0,
+                });
+                writeln!(out, "{object}")
+            }
+        }
+    }
+
+    fn summary(self, out: &mut impl Write, policy: &Policy, keys: &[KeySummary]) -> io::Result<()> {
+        match self {
+            Output::Table => {
+                let needed_column = match keys.first().map(|key| key.needed) {
+                    Some(Needed::RequestsPerWindow(_)) => "min_requests_per_window",
+                    _ => "min_burst",
+                };
+                writeln!(out)?;
+                writeln!(out, "summary: {}", describe(policy))?;
+                let width = needed_column.len();
+                writeln!(
+                    out,
+                    "{:<16} {:>9} {:>9} {:>9} {needed_column:>width$}",
+                    "key", "passed", "delayed", "rejected"
+                )?;
+                for key in keys {
+                    let needed = match key.needed {
+                        Needed::Burst(n) | Needed::RequestsPerWindow(n) => n,
+                    };
+                    writeln!(
+                        out,
+                        "{:<16} {:>9} {:>9} {:>9} {needed:>width$}",
+                        key.key, key.passed, key.delayed, key.rejected
+                    )?;
+                }
+                Ok(())
+            }
+            Output::Json => {
+                let keys: Vec<_> = keys
+                    .iter()
+                    .map(|key| {
+                        let mut object = json!({
+                            "key": key.key,
+                            "passed": key.passed,
+                            "delayed": key.delayed,
+                            "rejected": key.rejected,
+                        });
+                        let (name, value) = match key.needed {
+                            Needed::Burst(n) => ("min_burst", n),
+                            Needed::RequestsPerWindow(n) => ("min_requests_per_window", n),
+                        };
+                        object[name] = json!(value);
+                        object
+                    })
+                    .collect();
+                let summary = json!({
+                    "summary": {
+                        "policy": describe(policy),
+                        "algorithm": policy.algorithm.as_str(),
+                        "rate": policy.limits.rate.to_string(),
+                        "burst": policy.limits.burst,
+                        "cost": policy.cost,
+                        "keys": keys,
+                    }
+                });
+                writeln!(out, "{summary}")
+            }
+        }
+    }
+}
+
+/// `rate=2r/s burst=5 nodelay algorithm=leaky_bucket cost=1`: the words that matter for the
+/// zone's algorithm.
+fn describe(policy: &Policy) -> String {
+    let mut words = vec![format!("rate={}", policy.limits.rate)];
+    match policy.algorithm {
+        Algorithm::LeakyBucket => {
+            words.push(format!("burst={}", policy.limits.burst));
+            match policy.delay {
+                DelayMode::Delay => {}
+                DelayMode::NoDelay => words.push("nodelay".to_string()),
+                DelayMode::Threshold(n) => words.push(format!("delay={n}")),
+            }
+        }
+        Algorithm::TokenBucket => words.push(format!("burst={}", policy.limits.burst)),
+        Algorithm::SlidingLog | Algorithm::SlidingWindow => {}
+    }
+    words.push(format!("algorithm={}", policy.algorithm));
+    words.push(format!("cost={}", policy.cost));
+    words.join(" ")
+}
+
+/// Milliseconds with three decimals (microseconds, rounded down): `1500.000`.
+fn millis_text(ns: u64) -> String {
+    format!("{}.{:03}", ns / 1_000_000, ns / 1_000 % 1_000)
+}
+
+/// The same as a JSON number.
+fn millis(ns: u64) -> f64 {
+    (ns / 1_000) as f64 / 1_000.0
+}

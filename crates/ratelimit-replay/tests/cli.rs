@@ -1,0 +1,291 @@
+//! The built binary, end to end: table and JSON output, summaries, access logs, errors.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn replay(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ratelimit-replay"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary starts");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn json_lines(output: &Output) -> Vec<serde_json::Value> {
+    stdout(output)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// The words of each table row, for comparing without caring about column widths.
+fn rows(text: &str) -> Vec<Vec<&str>> {
+    text.lines()
+        .map(|line| line.split_whitespace().collect())
+        .collect()
+}
+
+const TIMELINE: &str = "\
+# burst of three for alice, one for bob
+0 alice
+0 alice
+0 alice
+
+0.25 bob
+0.5 alice   # leaked one
+";
+
+#[test]
+fn table_with_summary() {
+    let output = replay(&["--zone", "rate=2r/s burst=1"], TIMELINE);
+    let text = stdout(&output);
+    #[rustfmt::skip]
+    let expected: Vec<Vec<&str>> = vec![
+        vec!["t", "key", "decision", "delay_ms", "retry_after_ms", "remaining"],
+        vec!["0", "alice", "PASSED", "0.000", "0.000", "1"],
+        vec!["0", "alice", "DELAYED", "500.000", "0.000", "0"],
+        vec!["0", "alice", "REJECTED", "0.000", "500.000", "0"],
+        vec!["0.25", "bob", "PASSED", "0.000", "0.000", "1"],
+        vec!["0.5", "alice", "DELAYED", "500.000", "0.000", "0"],
+        vec![],
+        vec!["summary:", "rate=2r/s", "burst=1", "algorithm=leaky_bucket", "cost=1"],
+        vec!["key", "passed", "delayed", "rejected", "min_burst"],
+        vec!["alice", "1", "2", "1", "2"],
+        vec!["bob", "1", "0", "0", "0"],
+    ];
+    assert_eq!(rows(&text), expected);
+}
+
+#[test]
+fn json_lines_and_summary_object() {
+    let output = replay(
+        &[
+            "--zone",
+            "rate=2r/s burst=5 algorithm=token_bucket",
+            "--json",
+        ],
+        TIMELINE,
+    );
+    let lines = json_lines(&output);
+    assert_eq!(lines.len(), 6);
+    let first = &lines[0];
+    assert_eq!(first["t"], 0.0);
+    assert_eq!(first["key"], "alice");
+    assert_eq!(first["decision"], "PASSED");
+    assert_eq!(first["delay_ms"], 0.0);
+    assert_eq!(first["retry_after_ms"], 0.0);
+    assert_eq!(first["remaining"], 4);
+    assert_eq!(lines[3]["t"], 0.25);
+    let summary = &lines[5]["summary"];
+    assert_eq!(summary["algorithm"], "token_bucket");
+    assert_eq!(summary["rate"], "2r/s");
+    let alice = &summary["keys"][0];
+    assert_eq!(
+        (&alice["key"], &alice["passed"], &alice["rejected"]),
+        (&"alice".into(), &4.into(), &0.into())
+    );
+    // Three at once, a fourth 0.5 s later with one token back: a bucket of three.
+    assert_eq!(alice["min_burst"], 3);
+}
+
+#[test]
+fn limit_words_override_the_zone() {
+    let output = replay(
+        &[
+            "--zone",
+            "rate=2r/s burst=1",
+            "--limit",
+            "burst=3 nodelay",
+            "--json",
+        ],
+        TIMELINE,
+    );
+    let lines = json_lines(&output);
+    let decisions: Vec<&str> = lines[..5]
+        .iter()
+        .map(|l| l["decision"].as_str().unwrap())
+        .collect();
+    assert_eq!(decisions, ["PASSED"; 5]);
+    assert_eq!(lines[5]["summary"]["burst"], 3);
+
+    let output = replay(
+        &[
+            "--zone",
+            "rate=1r/s",
+            "--limit",
+            "cost=2 nodelay burst=1",
+            "--json",
+        ],
+        "0\n2\n",
+    );
+    let lines = json_lines(&output);
+    assert_eq!(lines[0]["decision"], "PASSED");
+    assert_eq!(lines[1]["decision"], "PASSED");
+    assert_eq!(lines[2]["summary"]["cost"], 2);
+}
+
+#[test]
+fn sliding_summary_names_requests_per_window() {
+    let output = replay(
+        &["--zone", "rate=2r/s algorithm=sliding_log"],
+        "0\n0.1\n0.2\n0.9\n",
+    );
+    let text = stdout(&output);
+    let rows = rows(&text);
+    assert_eq!(rows[3], ["0.2", "-", "REJECTED", "0.000", "800.000", "0"]);
+    assert_eq!(
+        rows[rows.len() - 2],
+        [
+            "key",
+            "passed",
+            "delayed",
+            "rejected",
+            "min_requests_per_window"
+        ]
+    );
+    assert_eq!(rows[rows.len() - 1], ["-", "2", "0", "2", "4"]);
+}
+
+#[test]
+fn access_log_keys() {
+    let log = "\
+1700000000.000 10.0.0.1 - - [14/Nov/2023:22:13:20 +0000] \"GET /a HTTP/1.1\" 200 5 \"-\" \"curl/8\"
+1700000000.100 10.0.0.2 - - [14/Nov/2023:22:13:20 +0000] \"GET /b HTTP/1.1\" 200 5 \"-\" \"curl/8\"
+1700000000.200 10.0.0.1 - - [14/Nov/2023:22:13:20 +0000] \"GET /a HTTP/1.1\" 200 5 \"-\" \"curl/8\"
+";
+    let output = replay(
+        &["--zone", "rate=1r/s", "--format", "access-log", "--json"],
+        log,
+    );
+    let lines = json_lines(&output);
+    let decided: Vec<(&str, &str)> = lines[..3]
+        .iter()
+        .map(|l| (l["key"].as_str().unwrap(), l["decision"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        decided,
+        [
+            ("10.0.0.1", "PASSED"),
+            ("10.0.0.2", "PASSED"),
+            ("10.0.0.1", "REJECTED")
+        ]
+    );
+    assert_eq!(lines[0]["t"], 1_700_000_000.0);
+    assert_eq!(lines[2]["retry_after_ms"], 800.0);
+
+    // Keyed by the request path instead: field 8.
+    let output = replay(
+        &[
+            "--zone",
+            "rate=1r/s",
+            "--format",
+            "access-log",
+            "--key-field",
+            "8",
+        ],
+        log,
+    );
+    let text = stdout(&output);
+    assert!(text.contains("/a"), "{text}");
+    assert!(rows(&text)
+        .iter()
+        .any(|row| row[..3] == ["1700000000.200", "/a", "REJECTED"]));
+}
+
+#[test]
+fn reads_a_file_or_dash() {
+    let path = std::env::temp_dir().join(format!("ratelimit-replay-{}.txt", std::process::id()));
+    std::fs::write(&path, TIMELINE).unwrap();
+    let from_file = stdout(&replay(
+        &["--zone", "rate=2r/s burst=1", path.to_str().unwrap()],
+        "",
+    ));
+    let from_dash = stdout(&replay(&["--zone", "rate=2r/s burst=1", "-"], TIMELINE));
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(from_file, from_dash);
+}
+
+fn fails(args: &[&str], stdin: &str, message: &str) {
+    let output = replay(args, stdin);
+    assert_eq!(output.status.code(), Some(2), "{args:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(message),
+        "{stderr:?} should contain {message:?}"
+    );
+}
+
+#[test]
+fn bad_input_exits_with_two_naming_the_line() {
+    let zone = ["--zone", "rate=1r/s"];
+    fails(&zone, "0\n\nabc\n", "line 3: invalid time \"abc\"");
+    fails(
+        &zone,
+        "2\n1\n",
+        "line 2: time \"1\" is earlier than the previous request's \"2\"",
+    );
+    fails(&zone, "1 a b\n", "line 1: unexpected \"b\" after the key");
+    let access_log = [
+        "--zone",
+        "rate=1r/s",
+        "--format",
+        "access-log",
+        "--key-field",
+        "5",
+    ];
+    fails(
+        &access_log,
+        "1.0 10.0.0.1 -\n",
+        "line 1: no field 5 for the key",
+    );
+    fails(
+        &["--zone", "rate=1r/s", "/nonexistent/timeline"],
+        "",
+        "cannot open",
+    );
+}
+
+#[test]
+fn bad_specs_exit_with_two_quoting_the_word() {
+    fails(&["--zone", "rate=abc"], "", "invalid rate \"rate=abc\"");
+    fails(&["--zone", "burst=5"], "", "must have \"rate\" parameter");
+    fails(
+        &["--zone", "rate=1r/s algorithm=fast"],
+        "",
+        "unknown algorithm \"fast\"",
+    );
+    fails(
+        &["--zone", "rate=1r/s", "--limit", "nodelay delay=1"],
+        "",
+        "cannot be used together",
+    );
+    fails(
+        &[
+            "--zone",
+            "rate=1r/s algorithm=sliding_window",
+            "--limit",
+            "burst=2",
+        ],
+        "",
+        "\"burst\" is not used by sliding_window",
+    );
+    fails(&[], "", "--zone");
+}
