@@ -11,6 +11,10 @@
 //!   `delay=N`, and infinite for `nodelay`,
 //! * passed otherwise.
 //!
+//! `remaining` is `floor(burst - excess)`, the cost-1 requests still accepted (passed or
+//! delayed) now; `reset_ns` is `TAT - now`, the time until the bucket is empty. A rejection
+//! reports both for the unchanged state, and `excess_milli` the excess it would have had.
+//!
 //! A request costing more than `burst + 1` never passes; its `retry_after_ns` is then the
 //! time after which it would have passed were the bucket that large.
 

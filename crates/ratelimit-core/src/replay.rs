@@ -223,7 +223,7 @@ struct Unlimited {
     arrival_ns: u128,
     /// Sliding log: passed requests still in the window, `(time, cost)`.
     recent: VecDeque<(u64, u64)>,
-    recent_cost: u64,
+    recent_cost: u128,
     /// Sliding window: `(window index, prev, cur)`.
     counts: (u64, u64, u64),
     /// The largest need seen (requests in the bucket or in the window, this one included).
@@ -237,7 +237,10 @@ impl Unlimited {
             Algorithm::LeakyBucket | Algorithm::TokenBucket => {
                 let interval = u128::from(policy.limits.rate.interval_ns().max(1));
                 let now = u128::from(now_ns);
-                self.arrival_ns = self.arrival_ns.max(now) + u128::from(cost) * interval;
+                self.arrival_ns = self
+                    .arrival_ns
+                    .max(now)
+                    .saturating_add(u128::from(cost) * interval);
                 (self.arrival_ns - now).div_ceil(interval)
             }
             Algorithm::SlidingLog => {
@@ -247,11 +250,11 @@ impl Unlimited {
                         break;
                     }
                     self.recent.pop_front();
-                    self.recent_cost -= cost;
+                    self.recent_cost -= u128::from(cost);
                 }
                 self.recent.push_back((now_ns, cost));
-                self.recent_cost += cost;
-                u128::from(self.recent_cost)
+                self.recent_cost += u128::from(cost);
+                self.recent_cost
             }
             Algorithm::SlidingWindow => {
                 let window_ns = policy.limits.rate.window_ns().max(1);
@@ -262,10 +265,11 @@ impl Unlimited {
                     1 => (cur, 0),
                     _ => (0, 0),
                 };
-                self.counts = (index, prev, cur + cost);
+                let cur = cur.saturating_add(cost);
+                self.counts = (index, prev, cur);
                 let w = u128::from(window_ns);
                 let elapsed = u128::from(now_ns % window_ns);
-                (u128::from(prev) * (w - elapsed) + u128::from(cur + cost) * w).div_ceil(w)
+                (u128::from(prev) * (w - elapsed) + u128::from(cur) * w).div_ceil(w)
             }
         };
         self.most = self.most.max(u64::try_from(need).unwrap_or(u64::MAX));
@@ -409,6 +413,24 @@ mod tests {
             .filter_map(|(i, line)| reader.read(i + 1, line).unwrap())
             .map(|request| replay.decide(&request.key, request.time_ns).outcome)
             .collect()
+    }
+
+    #[test]
+    fn huge_costs_do_not_overflow() {
+        for algorithm in [
+            "leaky_bucket",
+            "token_bucket",
+            "sliding_log",
+            "sliding_window",
+        ] {
+            let zone = format!("rate=1r/s algorithm={algorithm}");
+            let mut replay = replay_of(&zone, Some("cost=18446744073709551615"));
+            let outcomes = run(&mut replay, &"0\n".repeat(300));
+            assert!(
+                outcomes.iter().all(|&o| o == Outcome::Rejected),
+                "{algorithm}"
+            );
+        }
     }
 
     #[test]

@@ -5,6 +5,10 @@
 //! are `K - max(TAT - now, 0) / T`. A request passes iff `max(TAT, now) + c * T - now <= K * T`
 //! and moves `TAT` to `max(TAT, now) + c * T`.
 //!
+//! `remaining` is the whole tokens left; `reset_ns` the time until the bucket is full again
+//! (`TAT - now`); `excess_milli` is `(TAT - now) / T - 1` in 1/1000, as for the leaky bucket.
+//! A rejection reports them for the unchanged state (`excess_milli`: as if charged).
+//!
 //! A request costing more than `K` never passes; its `retry_after_ns` is then the time after
 //! which it would have passed were the bucket that large.
 
@@ -95,11 +99,11 @@ pub fn compose_global(user: &Decision, global: &Decision) -> Decision {
     let (delay_ns, retry_after_ns) = match best.outcome {
         Outcome::Passed => (0, 0),
         Outcome::Delayed => {
-            let delayed = [user, global].map(|d| match d.outcome {
+            let delay = |d: &Decision| match d.outcome {
                 Outcome::Delayed => d.delay_ns,
                 _ => u64::MAX,
-            });
-            (delayed[0].min(delayed[1]), 0)
+            };
+            (delay(user).min(delay(global)), 0)
         }
         Outcome::Rejected => (0, user.retry_after_ns.min(global.retry_after_ns)),
     };
