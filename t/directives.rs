@@ -1,0 +1,366 @@
+//! The directives: what `nginx -t` refuses and why, how `rate_limit` and the other directives
+//! are inherited from http to server to location, `rate_limit_status`, and the levels
+//! `rate_limit_log_level` logs at.
+//!
+//! Limited locations serve a static file: `return` runs before the preaccess phase, where the
+//! module decides.
+
+mod common;
+
+use common::{check_config, get, start_request, Connection, Nginx, Request, Response};
+
+/// A whole nginx.conf with the module loaded; `HTTP` is the body of the `http` block.
+const TEMPLATE: &str = r#"
+load_module %%MODULE%%;
+error_log logs/error.log info;
+events { worker_connections 64; }
+http {
+    access_log off;
+    HTTP
+}
+"#;
+
+fn config(http: &str) -> String {
+    TEMPLATE.replace("HTTP", http)
+}
+
+/// A server on `%%PORT%%` whose every location is a static file, for `nginx -t` cases.
+fn server(locations: &str) -> String {
+    format!("server {{\n    listen 127.0.0.1:%%PORT%%;\n    root html;\n    {locations}\n}}\n")
+}
+
+/// The RateLimit-Policy of a response: which zones applied to it.
+fn policy(response: &Response) -> String {
+    response.header_all("RateLimit-Policy").join(", ")
+}
+
+#[test]
+fn nginx_t_accepts_every_directive() {
+    let http = format!(
+        "rate_limit_zone $binary_remote_addr zone=a:1m rate=10r/s burst=5;\n\
+         rate_limit_zone $http_x_user zone=user:1m rate=1r/m burst=2 algorithm=token_bucket;\n\
+         rate_limit_zone global zone=pool:64k rate=10r/m burst=20 algorithm=token_bucket;\n\
+         rate_limit_zone $http_x_key zone=log:1m rate=2r/s algorithm=sliding_log;\n\
+         rate_limit_zone $http_x_key zone=window:1m rate=2r/s algorithm=sliding_window;\n\
+         rate_limit_status 503;\n\
+         rate_limit_dry_run off;\n\
+         rate_limit_log_level warn;\n\
+         rate_limit_headers on;\n\
+         rate_limit zone=a burst=3 delay=1;\n\
+         {}",
+        server(
+            "rate_limit_status 429;\n\
+             location /a { rate_limit zone=a nodelay; rate_limit zone=log; rate_limit_dry_run on; }\n\
+             location /b { rate_limit zone=user global=pool cost=2; rate_limit_headers off; }\n\
+             location /c { rate_limit zone=window; rate_limit_log_level info; }"
+        )
+    );
+    let (ok, output) = check_config(&config(&http));
+    assert!(ok, "{output}");
+}
+
+#[test]
+fn nginx_t_refuses_bad_configuration() {
+    let zone = "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s;";
+    let token = "algorithm=token_bucket";
+    // (what is wrong, http block body, the message nginx -t must print)
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "rate that is not a number",
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=abc;".to_string(),
+            "invalid rate \"rate=abc\"",
+        ),
+        (
+            "rate_limit of an undeclared zone",
+            format!("{zone}\n{}", server("location / { rate_limit zone=missing; }")),
+            "unknown zone \"missing\"",
+        ),
+        (
+            "zone smaller than 32k",
+            "rate_limit_zone $binary_remote_addr zone=a:16k rate=1r/s;".to_string(),
+            "zone \"a\" is too small",
+        ),
+        (
+            "zone declared twice",
+            format!("{zone}\nrate_limit_zone $http_x_key zone=a:1m rate=2r/s;"),
+            "duplicate zone \"a\"",
+        ),
+        (
+            "unknown algorithm",
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s algorithm=fast;"
+                .to_string(),
+            "unknown algorithm \"fast\"",
+        ),
+        (
+            "rate_limit_zone without zone=",
+            "rate_limit_zone $binary_remote_addr rate=1r/s;".to_string(),
+            "\"rate_limit_zone\" must have \"zone\" parameter",
+        ),
+        (
+            "rate_limit without zone=",
+            format!("{zone}\n{}", server("location / { rate_limit burst=5; }")),
+            "\"rate_limit\" must have \"zone\" parameter",
+        ),
+        (
+            "status below 400",
+            format!("{zone}\nrate_limit_status 200;"),
+            "invalid status \"200\": value must be between 400 and 599",
+        ),
+        (
+            "status above 599",
+            format!("{zone}\n{}", server("rate_limit_status 600;")),
+            "invalid status \"600\": value must be between 400 and 599",
+        ),
+        (
+            "global= with a leaky_bucket user zone",
+            format!(
+                "{zone}\nrate_limit_zone global zone=pool:1m rate=1r/s {token};\n{}",
+                server("location / { rate_limit zone=a global=pool; }")
+            ),
+            "zone \"a\" used with \"global=\" must use algorithm=token_bucket",
+        ),
+        (
+            "global= naming a leaky_bucket zone",
+            format!(
+                "rate_limit_zone $http_x_user zone=user:1m rate=1r/s {token};\n\
+                 rate_limit_zone global zone=pool:1m rate=1r/s;\n{}",
+                server("location / { rate_limit zone=user global=pool; }")
+            ),
+            "global zone \"pool\" used with \"global=\" must use algorithm=token_bucket",
+        ),
+        (
+            "burst= on a sliding_log zone",
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s burst=5 \
+             algorithm=sliding_log;"
+                .to_string(),
+            "\"burst\" is not used by sliding_log",
+        ),
+        (
+            "rate_limit burst= on a sliding_log zone",
+            format!(
+                "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s algorithm=sliding_log;\n{}",
+                server("location / { rate_limit zone=a burst=5; }")
+            ),
+            "\"burst\" is not used by sliding_log",
+        ),
+    ];
+
+    let mut failures = Vec::new();
+    for (what, http, expected) in &cases {
+        let (ok, output) = check_config(&config(http));
+        if ok {
+            failures.push(format!("{what}: nginx -t accepted it:\n{output}"));
+        } else if !output.contains("[emerg]") || !output.contains(expected) {
+            failures.push(format!(
+                "{what}: expected an [emerg] with {expected:?}, got:\n{output}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+/// `rate_limit` in http applies to every location without one of its own; a server or a
+/// location that has its own uses only its own (as limit_req).
+#[test]
+fn rate_limit_is_inherited_until_a_level_has_its_own() {
+    let nginx = Nginx::start(&config(&format!(
+        "rate_limit_zone $binary_remote_addr zone=top:1m rate=1r/m;\n\
+         rate_limit_zone $binary_remote_addr zone=own:1m rate=1r/m burst=2;\n\
+         rate_limit_zone $binary_remote_addr zone=srv:1m rate=1r/m burst=1;\n\
+         rate_limit zone=top;\n\
+         {}\
+         server {{\n\
+             listen 127.0.0.1:%%PORT2%%;\n\
+             root html;\n\
+             rate_limit zone=srv nodelay;\n\
+             location / {{ }}\n\
+         }}\n",
+        server(
+            "location /inherit/ { }\n\
+             location /own/ { rate_limit zone=own nodelay; }"
+        )
+    )));
+    for dir in ["inherit", "own"] {
+        nginx.write_file(&format!("html/{dir}/index.html"), "ok\n");
+    }
+
+    // /inherit/ is limited by `top` alone: one request a minute.
+    let mut connection = Connection::open(nginx.port());
+    let first = connection.get("/inherit/index.html");
+    let second = connection.get("/inherit/index.html");
+    assert_eq!((first.status, second.status), (200, 429), "{second:?}");
+    assert_eq!(policy(&first), "\"top\";q=1;w=60");
+
+    // /own/ has its own limit, which replaces `top` (exhausted above): 1 + burst 2 pass.
+    let statuses: Vec<u16> = (0..4)
+        .map(|_| {
+            let response = connection.get("/own/index.html");
+            assert_eq!(policy(&response), "\"own\";q=1;w=60", "{response:?}");
+            response.status
+        })
+        .collect();
+    assert_eq!(statuses, [200, 200, 200, 429]);
+
+    // The second server's own `rate_limit` replaces http's too: 1 + burst 1 pass.
+    let mut connection = Connection::open(nginx.port_n(2));
+    let statuses: Vec<u16> = (0..3)
+        .map(|_| {
+            let response = connection.get("/index.html");
+            assert_eq!(policy(&response), "\"srv\";q=1;w=60", "{response:?}");
+            response.status
+        })
+        .collect();
+    assert_eq!(statuses, [200, 200, 429]);
+}
+
+/// `rate_limit_status` sets the rejection code, default 429, inherited like the limits.
+#[test]
+fn rate_limit_status_sets_the_rejection_code() {
+    let nginx = Nginx::start(&config(&format!(
+        "rate_limit_zone $uri zone=one:1m rate=1r/m;\n\
+         rate_limit zone=one;\n\
+         {}\
+         server {{\n\
+             listen 127.0.0.1:%%PORT2%%;\n\
+             root html;\n\
+             rate_limit_status 503;\n\
+             location /inherited/ {{ }}\n\
+             location /own/ {{ rate_limit_status 418; }}\n\
+         }}\n",
+        server("location /default/ { }")
+    )));
+    for dir in ["default", "inherited", "own"] {
+        nginx.write_file(&format!("html/{dir}/index.html"), "ok\n");
+    }
+    for (port, path, expected) in [
+        (nginx.port(), "/default/index.html", 429),
+        (nginx.port_n(2), "/inherited/index.html", 503),
+        (nginx.port_n(2), "/own/index.html", 418),
+    ] {
+        let mut connection = Connection::open(port);
+        let first = connection.get(path);
+        let second = connection.get(path);
+        assert_eq!(first.status, 200, "{path}: {first:?}");
+        assert_eq!(second.status, expected, "{path}: {second:?}");
+        assert!(
+            second.header("Retry-After").is_some(),
+            "{path}: no Retry-After: {second:?}"
+        );
+    }
+}
+
+/// Each location rejects and delays one request; the log lines are at `rate_limit_log_level`
+/// (default error) and delays one level below it (info stays info), as limit_req's.
+#[test]
+fn log_lines_use_the_configured_level_and_one_below_for_delays() {
+    // (zone and location name, directive, rejection level, delay level)
+    let levels = [
+        ("default", "", "error", "warn"),
+        ("error", "rate_limit_log_level error;", "error", "warn"),
+        ("warn", "rate_limit_log_level warn;", "warn", "notice"),
+        ("notice", "rate_limit_log_level notice;", "notice", "info"),
+        ("info", "rate_limit_log_level info;", "info", "info"),
+    ];
+    let mut http = String::new();
+    let mut locations = String::new();
+    for (name, directive, _, _) in levels {
+        // 5r/s with burst=1: the second request waits 200 ms, a third one meanwhile is
+        // rejected.
+        http.push_str(&format!(
+            "rate_limit_zone $uri zone={name}:1m rate=5r/s burst=1;\n"
+        ));
+        locations.push_str(&format!(
+            "location /{name}/ {{ rate_limit zone={name}; {directive} }}\n"
+        ));
+    }
+    http.push_str(&server(&locations));
+    let nginx = Nginx::start(&config(&http));
+
+    for (name, _, _, _) in levels {
+        let path = format!("/{name}/index.html");
+        nginx.write_file(&format!("html{path}"), "ok\n");
+        assert_eq!(get(nginx.port(), &path).status, 200);
+        // Sent within a few milliseconds of each other, far inside the 200 ms interval.
+        let delayed = start_request(nginx.port(), &Request::get(&path));
+        let rejected = get(nginx.port(), &path);
+        let delayed = delayed.finish();
+        assert_eq!(
+            (delayed.status, rejected.status),
+            (200, 429),
+            "{path}: {delayed:?}"
+        );
+    }
+
+    let log = nginx.error_log();
+    // The excess is exact (about 1 and 2 here), not limit_req's whole thousandths.
+    let line = |start: &str, end: &str| -> &str {
+        let needle = format!("{start} ... {end}");
+        let mut lines = log
+            .lines()
+            .filter(|line| line.contains(start) && line.contains(end));
+        let found = lines
+            .next()
+            .unwrap_or_else(|| panic!("no line with {needle:?} in the error log:\n{log}"));
+        assert!(
+            lines.next().is_none(),
+            "more than one line with {needle:?}:\n{log}"
+        );
+        found
+    };
+    for (name, _, reject_level, delay_level) in levels {
+        let reject = line(
+            "limiting requests, excess: ",
+            &format!(" by zone \"{name}\""),
+        );
+        assert!(
+            reject.contains(&format!(" [{reject_level}] ")),
+            "zone {name}: rejection not at {reject_level}: {reject}"
+        );
+        let delay = line(
+            "delaying request, excess: ",
+            &format!(", by zone \"{name}\""),
+        );
+        assert!(
+            delay.contains(&format!(" [{delay_level}] ")),
+            "zone {name}: delay not at {delay_level}: {delay}"
+        );
+    }
+}
+
+/// With the error log at `error`, a `warn` level hides both lines, `error` shows the rejection
+/// only: the levels are real nginx levels, filtered by `error_log`.
+#[test]
+fn error_log_level_filters_the_lines() {
+    let nginx = Nginx::start(
+        &config(&format!(
+            "rate_limit_zone $uri zone=quiet:1m rate=5r/s burst=1;\n\
+             rate_limit_zone $uri zone=loud:1m rate=5r/s burst=1;\n{}",
+            server(
+                "location /quiet/ { rate_limit zone=quiet; rate_limit_log_level warn; }\n\
+                 location /loud/ { rate_limit zone=loud; }"
+            )
+        ))
+        .replace(
+            "error_log logs/error.log info;",
+            "error_log logs/error.log error;",
+        ),
+    );
+    for name in ["quiet", "loud"] {
+        let path = format!("/{name}/index.html");
+        nginx.write_file(&format!("html{path}"), "ok\n");
+        assert_eq!(get(nginx.port(), &path).status, 200);
+        let delayed = start_request(nginx.port(), &Request::get(&path));
+        assert_eq!(get(nginx.port(), &path).status, 429);
+        assert_eq!(delayed.finish().status, 200);
+    }
+    let log = nginx.error_log();
+    assert!(
+        log.lines()
+            .any(|line| line.contains("limiting requests, excess: ")
+                && line.contains(" by zone \"loud\"")),
+        "{log}"
+    );
+    for hidden in ["by zone \"quiet\"", "delaying request"] {
+        assert!(!log.contains(hidden), "{hidden:?} logged:\n{log}");
+    }
+}
