@@ -1,0 +1,75 @@
+//! Every way a request can fail, with its HTTP status. Messages follow nginx's wording
+//! (lowercase, the bad token quoted) and become the `{"error": "..."}` body.
+
+/// A refused request. Nothing was changed when one of these is returned.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    /// 404: not one of the API's paths.
+    #[error(
+        "unknown path \"{0}\": the API serves zones, zones/NAME, zones/NAME/keys/KEY, \
+         zones/NAME/overrides, zones/NAME/overrides/KEY and metrics"
+    )]
+    UnknownPath(String),
+    /// 400: a `%` not followed by two hex digits.
+    #[error("invalid percent-encoding \"{0}\" in path")]
+    BadPercentEncoding(String),
+    /// 405, with an `Allow` header.
+    #[error("method {method} is not allowed here, use {allow}")]
+    MethodNotAllowed { method: String, allow: &'static str },
+    /// 403: a write on a location without `write=on`.
+    #[error("this location is read-only: \"rate_limit_admin write=on\" allows changes")]
+    ReadOnly,
+    /// 404
+    #[error("unknown zone \"{0}\"")]
+    UnknownZone(String),
+    /// 404: `GET`/`DELETE zones/NAME/keys/KEY` for a key without state.
+    #[error("key \"{key}\" is not tracked in zone \"{zone}\"")]
+    KeyNotTracked { zone: String, key: String },
+    /// 404: `GET`/`DELETE zones/NAME/overrides/KEY` for a key without override.
+    #[error("key \"{key}\" has no override in zone \"{zone}\"")]
+    NoOverride { zone: String, key: String },
+    /// 413
+    #[error("request body is larger than {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    /// 400: the body is not JSON, or not the expected object (wrong types, unknown fields).
+    #[error("{0}")]
+    BadBody(String),
+    /// 400: a value the zone cannot take (a rate a sliding algorithm cannot count, a burst for
+    /// an algorithm without one...).
+    #[error("{0}")]
+    BadValue(String),
+    /// 400: an empty key in `PUT zones/NAME/overrides/KEY`.
+    #[error("empty key")]
+    EmptyKey,
+    /// 507: the zone's override table (or its memory for keys) is full.
+    #[error("zone \"{zone}\" has no room for another override ({capacity} at most)")]
+    OverridesFull { zone: String, capacity: usize },
+}
+
+impl ApiError {
+    /// The HTTP status to answer with.
+    pub fn status(&self) -> u16 {
+        match self {
+            ApiError::UnknownPath(_)
+            | ApiError::UnknownZone(_)
+            | ApiError::KeyNotTracked { .. }
+            | ApiError::NoOverride { .. } => 404,
+            ApiError::BadPercentEncoding(_)
+            | ApiError::BadBody(_)
+            | ApiError::BadValue(_)
+            | ApiError::EmptyKey => 400,
+            ApiError::MethodNotAllowed { .. } => 405,
+            ApiError::ReadOnly => 403,
+            ApiError::BodyTooLarge { .. } => 413,
+            ApiError::OverridesFull { .. } => 507,
+        }
+    }
+
+    /// The `Allow` header a 405 carries.
+    pub fn allow(&self) -> Option<&'static str> {
+        match self {
+            ApiError::MethodNotAllowed { allow, .. } => Some(allow),
+            _ => None,
+        }
+    }
+}

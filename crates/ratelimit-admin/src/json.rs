@@ -1,0 +1,161 @@
+//! The JSON the API answers with. Field order is fixed by the structs (no map reordering).
+
+use ratelimit_core::{Limits, Outcome};
+use serde::ser::{SerializeMap, Serializer};
+use serde::Serialize;
+
+use crate::store::{KeyState, ZoneInfo};
+
+/// `{"rate": "10r/s", "burst": 5}`
+#[derive(Serialize)]
+pub struct LimitsJson {
+    pub rate: String,
+    pub burst: u64,
+}
+
+impl From<&Limits> for LimitsJson {
+    fn from(limits: &Limits) -> LimitsJson {
+        LimitsJson {
+            rate: limits.rate.to_string(),
+            burst: limits.burst,
+        }
+    }
+}
+
+/// One zone (`GET zones/NAME`, and each value of `GET zones`).
+#[derive(Serialize)]
+pub struct ZoneJson<'a> {
+    pub algorithm: &'static str,
+    pub key: &'a str,
+    pub rate: String,
+    pub burst: u64,
+    pub size: u64,
+    pub slots: u64,
+    pub keys: u64,
+    pub passed: u64,
+    pub delayed: u64,
+    pub rejected: u64,
+    pub delayed_dry_run: u64,
+    pub rejected_dry_run: u64,
+    pub evictions: u64,
+    pub overrides: u64,
+    /// What the configuration file says, for comparison with `rate` and `burst`.
+    pub config: LimitsJson,
+}
+
+impl<'a> From<&'a ZoneInfo> for ZoneJson<'a> {
+    fn from(info: &'a ZoneInfo) -> ZoneJson<'a> {
+        ZoneJson {
+            algorithm: info.algorithm.as_str(),
+            key: &info.key,
+            rate: info.limits.rate.to_string(),
+            burst: info.limits.burst,
+            size: info.size,
+            slots: info.slots,
+            keys: info.keys,
+            passed: info.counters.passed,
+            delayed: info.counters.delayed,
+            rejected: info.counters.rejected,
+            delayed_dry_run: info.counters.delayed_dry_run,
+            rejected_dry_run: info.counters.rejected_dry_run,
+            evictions: info.evictions,
+            overrides: info.overrides,
+            config: LimitsJson::from(&info.config_limits),
+        }
+    }
+}
+
+/// One key's state (`GET zones/NAME/keys/KEY`).
+#[derive(Serialize)]
+pub struct KeyJson<'a> {
+    pub zone: &'a str,
+    pub key: String,
+    /// The limits this key gets (its override's, or the zone's).
+    pub rate: String,
+    pub burst: u64,
+    #[serde(rename = "override")]
+    pub override_limits: Option<LimitsJson>,
+    /// Whether a request now would be served (at once or after a delay).
+    pub would_pass: bool,
+    /// Requests that would pass now, one after another, without a rejection.
+    pub remaining: u64,
+    /// How long until a request would pass; 0 when one would pass now.
+    pub retry_after_ms: u64,
+    /// How long until the key is back to its fresh state.
+    pub reset_ms: u64,
+}
+
+impl<'a> KeyJson<'a> {
+    pub fn new(zone: &'a str, key: &[u8], state: &KeyState) -> KeyJson<'a> {
+        let decision = &state.decision;
+        let would_pass = decision.outcome != Outcome::Rejected;
+        KeyJson {
+            zone,
+            key: String::from_utf8_lossy(key).into_owned(),
+            rate: state.limits.rate.to_string(),
+            burst: state.limits.burst,
+            override_limits: state.override_limits.as_ref().map(LimitsJson::from),
+            would_pass,
+            remaining: decision.remaining,
+            retry_after_ms: if would_pass {
+                0
+            } else {
+                milliseconds(decision.retry_after_ns)
+            },
+            reset_ms: milliseconds(decision.reset_ns),
+        }
+    }
+}
+
+/// One override (`GET`/`PUT zones/NAME/overrides/KEY`).
+#[derive(Serialize)]
+pub struct OverrideJson<'a> {
+    pub zone: &'a str,
+    pub key: String,
+    pub rate: String,
+    pub burst: u64,
+}
+
+impl<'a> OverrideJson<'a> {
+    pub fn new(zone: &'a str, key: &[u8], limits: &Limits) -> OverrideJson<'a> {
+        OverrideJson {
+            zone,
+            key: String::from_utf8_lossy(key).into_owned(),
+            rate: limits.rate.to_string(),
+            burst: limits.burst,
+        }
+    }
+}
+
+/// `{"error": "..."}`
+#[derive(Serialize)]
+pub struct ErrorJson<'a> {
+    pub error: &'a str,
+}
+
+/// A JSON object from `(name, value)` pairs, in their order.
+pub struct Entries<T>(pub Vec<(String, T)>);
+
+impl<T: Serialize> Serialize for Entries<T> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (name, value) in &self.0 {
+            map.serialize_entry(name, value)?;
+        }
+        map.end()
+    }
+}
+
+/// Nanoseconds to whole milliseconds, rounded up (a wait of 1 ns is 1 ms, not 0).
+pub fn milliseconds(ns: u64) -> u64 {
+    ns.div_ceil(1_000_000)
+}
+
+/// Serialize `value` as pretty JSON with a final newline (for curl users).
+pub fn to_body<T: Serialize>(value: &T) -> Vec<u8> {
+    // Serializing these structs cannot fail: every map key is a string.
+    let mut body = serde_json::to_vec_pretty(value)
+        .unwrap_or_else(|_| br#"{"error": "cannot serialize the response"}"#.to_vec());
+    body.push(b'\n');
+    body
+}

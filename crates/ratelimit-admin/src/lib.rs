@@ -1,0 +1,604 @@
+//! The admin API of the rate limit module (`rate_limit_admin`), without nginx.
+//!
+//! The module reads a request's method, path and body, and hands them here with a view of its
+//! zones ([`AdminZone`]); this crate answers with a [`Response`] to send as is. Everything here
+//! runs in an nginx worker, where a panic would kill the worker: no input makes any function
+//! of this crate panic (a property test feeds it arbitrary requests).
+//!
+//! | method + path | does |
+//! |---|---|
+//! | `GET zones` | object: zone name → zone |
+//! | `GET zones/NAME` | one zone |
+//! | `PATCH zones/NAME` | `{"rate": "20r/s", "burst": 10}`, either field optional |
+//! | `GET zones/NAME/keys/KEY` | one key's state; 404 when untracked |
+//! | `DELETE zones/NAME/keys/KEY` | forget the key's state (204) |
+//! | `GET zones/NAME/overrides` | object: key → `{"rate", "burst"}` |
+//! | `GET zones/NAME/overrides/KEY` | one override |
+//! | `PUT zones/NAME/overrides/KEY` | `{"rate": "100r/s", "burst": 20}`; 201 new, 200 replaced |
+//! | `DELETE zones/NAME/overrides/KEY` | back to the zone's limits (204) |
+//! | `GET metrics` | Prometheus text |
+//!
+//! ```
+//! use ratelimit_admin::memory::MemoryZone;
+//! use ratelimit_admin::handle;
+//! use ratelimit_core::{Algorithm, Limits, Rate};
+//!
+//! let limits = Limits { rate: Rate::parse("10r/s").unwrap(), burst: 5 };
+//! let zones = [MemoryZone::new("api", Algorithm::LeakyBucket, limits)];
+//! let response = handle(b"PATCH", b"zones/api", br#"{"rate": "20r/s"}"#, true, &zones);
+//! assert_eq!((response.status, response.changed), (200, true));
+//! let response = handle(b"PATCH", b"zones/api", br#"{"rate": "20r/s"}"#, false, &zones);
+//! assert_eq!(response.status, 403);
+//! assert_eq!(response.body_text(), "{\n  \"error\": \"this location is read-only: \\\"rate_limit_admin write=on\\\" allows changes\"\n}\n");
+//! ```
+
+pub mod body;
+pub mod error;
+pub mod json;
+pub mod memory;
+pub mod metrics;
+pub mod route;
+pub mod state;
+pub mod store;
+
+pub use error::ApiError;
+pub use route::Route;
+pub use store::{AdminZone, Counters, KeyState, OverridesFull, ZoneInfo};
+
+use json::{Entries, ErrorJson, KeyJson, LimitsJson, OverrideJson, ZoneJson};
+
+/// Largest request body read (`413` above), whatever `client_max_body_size` says.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// `Content-Type` of every answer but the metrics.
+pub const JSON_CONTENT_TYPE: &str = "application/json";
+
+/// Attempts at a compare-and-swap of a zone's limits before giving up (another worker changing
+/// the same zone hundreds of times meanwhile; never seen in practice).
+const REPLACE_ATTEMPTS: usize = 1000;
+
+/// What to send back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Response {
+    pub status: u16,
+    pub content_type: &'static str,
+    /// Empty for 204.
+    pub body: Vec<u8>,
+    /// The `Allow` header of a 405.
+    pub allow: Option<&'static str>,
+    /// A zone's limits or overrides changed: the state file is to be written.
+    pub changed: bool,
+}
+
+impl Response {
+    fn json<T: serde::Serialize>(status: u16, value: &T) -> Response {
+        Response {
+            status,
+            content_type: JSON_CONTENT_TYPE,
+            body: json::to_body(value),
+            allow: None,
+            changed: false,
+        }
+    }
+
+    fn no_content() -> Response {
+        Response {
+            status: 204,
+            content_type: JSON_CONTENT_TYPE,
+            body: Vec::new(),
+            allow: None,
+            changed: false,
+        }
+    }
+
+    fn changed(mut self) -> Response {
+        self.changed = true;
+        self
+    }
+
+    /// The answer to a refused request: `{"error": "..."}` with the error's status.
+    pub fn error(error: &ApiError) -> Response {
+        let mut response = Response::json(
+            error.status(),
+            &ErrorJson {
+                error: &error.to_string(),
+            },
+        );
+        response.allow = error.allow();
+        response
+    }
+
+    /// The body as text (lossy), for tests and logs.
+    pub fn body_text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Route a request before its body is read: the path, the method, and whether the location
+/// allows writes (`write_allowed`, from `rate_limit_admin write=on`).
+pub fn plan(method: &[u8], path: &[u8], write_allowed: bool) -> Result<Route, ApiError> {
+    let route = route::parse(method, path)?;
+    if route.writes() && !write_allowed {
+        return Err(ApiError::ReadOnly);
+    }
+    Ok(route)
+}
+
+/// Answer a whole request: [`plan`], the body limit, then [`execute`].
+pub fn handle<Z: AdminZone>(
+    method: &[u8],
+    path: &[u8],
+    body: &[u8],
+    write_allowed: bool,
+    zones: &[Z],
+) -> Response {
+    let route = match plan(method, path, write_allowed) {
+        Ok(route) => route,
+        Err(error) => return Response::error(&error),
+    };
+    if body.len() > MAX_BODY_BYTES && route.takes_body() {
+        return Response::error(&ApiError::BodyTooLarge {
+            limit: MAX_BODY_BYTES,
+        });
+    }
+    execute(&route, body, zones)
+}
+
+/// Carry out a planned request. `body` is ignored by routes that take none.
+pub fn execute<Z: AdminZone>(route: &Route, body: &[u8], zones: &[Z]) -> Response {
+    match try_execute(route, body, zones) {
+        Ok(response) => response,
+        Err(error) => Response::error(&error),
+    }
+}
+
+fn find<'a, Z: AdminZone>(zones: &'a [Z], name: &str) -> Result<&'a Z, ApiError> {
+    zones
+        .iter()
+        .find(|zone| zone.name() == name)
+        .ok_or_else(|| ApiError::UnknownZone(name.to_string()))
+}
+
+fn shown(key: &[u8]) -> String {
+    String::from_utf8_lossy(key).into_owned()
+}
+
+fn try_execute<Z: AdminZone>(
+    route: &Route,
+    body: &[u8],
+    zones: &[Z],
+) -> Result<Response, ApiError> {
+    let response = match route {
+        Route::ListZones => {
+            let infos: Vec<_> = zones.iter().map(|zone| (zone, zone.info())).collect();
+            let entries = infos
+                .iter()
+                .map(|(zone, info)| (zone.name().to_string(), ZoneJson::from(info)))
+                .collect();
+            Response::json(200, &Entries(entries))
+        }
+        Route::GetZone { zone } => {
+            let info = find(zones, zone)?.info();
+            Response::json(200, &ZoneJson::from(&info))
+        }
+        Route::PatchZone { zone: name } => {
+            let zone = find(zones, name)?;
+            let patch = body::parse_patch(body)?;
+            let info = zone.info();
+            let mut current = zone.limits();
+            let mut replaced = false;
+            for _ in 0..REPLACE_ATTEMPTS {
+                let new = patch.apply_to(current);
+                let burst_given = patch.burst.is_some();
+                let capacity = info.log_capacity();
+                body::check_limits(name, info.algorithm, &new, burst_given, capacity)?;
+                match zone.replace_limits(current, new) {
+                    Ok(()) => {
+                        replaced = true;
+                        break;
+                    }
+                    Err(found) => current = found,
+                }
+            }
+            if !replaced {
+                return Err(ApiError::BadValue(format!(
+                    "zone \"{name}\" changed too often meanwhile, try again"
+                )));
+            }
+            Response::json(200, &ZoneJson::from(&zone.info())).changed()
+        }
+        Route::GetKey { zone: name, key } => {
+            let state =
+                find(zones, name)?
+                    .key_state(key)
+                    .ok_or_else(|| ApiError::KeyNotTracked {
+                        zone: name.clone(),
+                        key: shown(key),
+                    })?;
+            Response::json(200, &KeyJson::new(name, key, &state))
+        }
+        Route::ForgetKey { zone: name, key } => {
+            if !find(zones, name)?.forget_key(key) {
+                return Err(ApiError::KeyNotTracked {
+                    zone: name.clone(),
+                    key: shown(key),
+                });
+            }
+            Response::no_content()
+        }
+        Route::ListOverrides { zone } => {
+            let entries = find(zones, zone)?
+                .overrides()
+                .iter()
+                .map(|(key, limits)| (shown(key), LimitsJson::from(limits)))
+                .collect();
+            Response::json(200, &Entries(entries))
+        }
+        Route::GetOverride { zone: name, key } => {
+            let limits =
+                find(zones, name)?
+                    .override_for(key)
+                    .ok_or_else(|| ApiError::NoOverride {
+                        zone: name.clone(),
+                        key: shown(key),
+                    })?;
+            Response::json(200, &OverrideJson::new(name, key, &limits))
+        }
+        Route::PutOverride { zone: name, key } => {
+            let zone = find(zones, name)?;
+            if key.is_empty() {
+                return Err(ApiError::EmptyKey);
+            }
+            let request = body::parse_override(body)?;
+            let info = zone.info();
+            let limits = request.apply_to(info.limits);
+            let burst_given = request.burst.is_some();
+            let capacity = info.log_capacity();
+            body::check_limits(name, info.algorithm, &limits, burst_given, capacity)?;
+            let created = zone.set_override(key, limits).map_err(|OverridesFull| {
+                ApiError::OverridesFull {
+                    zone: name.clone(),
+                    capacity: info.override_capacity as usize,
+                }
+            })?;
+            let status = if created { 201 } else { 200 };
+            Response::json(status, &OverrideJson::new(name, key, &limits)).changed()
+        }
+        Route::RemoveOverride { zone: name, key } => {
+            if !find(zones, name)?.remove_override(key) {
+                return Err(ApiError::NoOverride {
+                    zone: name.clone(),
+                    key: shown(key),
+                });
+            }
+            Response::no_content().changed()
+        }
+        Route::Metrics => {
+            let infos: Vec<_> = zones
+                .iter()
+                .map(|zone| (zone.name().to_string(), zone.info()))
+                .collect();
+            Response {
+                status: 200,
+                content_type: metrics::CONTENT_TYPE,
+                body: metrics::render(&infos).into_bytes(),
+                allow: None,
+                changed: false,
+            }
+        }
+    };
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memory::MemoryZone;
+    use ratelimit_core::{Algorithm, Limits, Rate};
+    use serde_json::{json, Value};
+
+    fn limits(rate: &str, burst: u64) -> Limits {
+        Limits {
+            rate: Rate::parse(rate).unwrap(),
+            burst,
+        }
+    }
+
+    fn zones() -> Vec<MemoryZone> {
+        vec![
+            MemoryZone::new("one", Algorithm::LeakyBucket, limits("10r/s", 5)),
+            MemoryZone::new("log", Algorithm::SlidingLog, limits("100r/m", 0)),
+        ]
+    }
+
+    /// (status, body as JSON) of a request on a location with write=on.
+    fn call(zones: &[MemoryZone], method: &str, path: &str, body: &str) -> (u16, Value) {
+        let response = handle(
+            method.as_bytes(),
+            path.as_bytes(),
+            body.as_bytes(),
+            true,
+            zones,
+        );
+        let value = if response.body.is_empty() {
+            Value::Null
+        } else if response.content_type == JSON_CONTENT_TYPE {
+            serde_json::from_slice(&response.body).unwrap()
+        } else {
+            Value::String(response.body_text())
+        };
+        (response.status, value)
+    }
+
+    #[test]
+    fn zones_and_zone() {
+        let zones = zones();
+        zones[0].set_counters(Counters {
+            passed: 3,
+            rejected: 1,
+            ..Counters::default()
+        });
+        zones[0].track(b"k", 2);
+        let (status, all) = call(&zones, "GET", "zones", "");
+        assert_eq!(status, 200);
+        assert_eq!(all.as_object().unwrap().len(), 2);
+        // Zones come in the configuration's order.
+        let text = handle(b"GET", b"zones", b"", false, &zones).body_text();
+        assert!(text.find("\"one\"") < text.find("\"log\""), "{text}");
+        let (status, one) = call(&zones, "GET", "zones/one", "");
+        assert_eq!(status, 200);
+        assert_eq!(one, all["one"]);
+        assert_eq!(
+            one,
+            json!({
+                "algorithm": "leaky_bucket", "key": "$binary_remote_addr", "rate": "10r/s",
+                "burst": 5, "size": 1048576, "slots": 1024, "keys": 1, "passed": 3,
+                "delayed": 0, "rejected": 1, "delayed_dry_run": 0, "rejected_dry_run": 0,
+                "evictions": 0, "overrides": 0, "config": {"rate": "10r/s", "burst": 5}
+            })
+        );
+        assert_eq!(call(&zones, "GET", "zones/two", "").0, 404);
+    }
+
+    #[test]
+    fn patch_changes_either_field() {
+        let zones = zones();
+        let (status, zone) = call(&zones, "PATCH", "zones/one", r#"{"rate": "20r/s"}"#);
+        assert_eq!(
+            (status, &zone["rate"], &zone["burst"]),
+            (200, &json!("20r/s"), &json!(5))
+        );
+        let (_, zone) = call(&zones, "PATCH", "zones/one", r#"{"burst": 0}"#);
+        assert_eq!(
+            (&zone["rate"], &zone["burst"]),
+            (&json!("20r/s"), &json!(0))
+        );
+        assert_eq!(zone["config"], json!({"rate": "10r/s", "burst": 5}));
+        let (status, _) = call(&zones, "PATCH", "zones/one", "{}");
+        assert_eq!(status, 200);
+        assert_eq!(zones[0].limits(), limits("20r/s", 0));
+    }
+
+    #[test]
+    fn bad_patches_change_nothing() {
+        let zones = zones();
+        #[rustfmt::skip]
+        let rows = [
+            ("one", "{\"rate\": ", 400),
+            ("one", r#"{"rate": 5}"#, 400),
+            ("one", r#"{"burst": -1}"#, 400),
+            ("one", r#"{"rate": "0r/s"}"#, 400),
+            ("one", r#"{"rate": "1r/s", "extra": 1}"#, 400),
+            ("log", r#"{"burst": 0}"#, 400),
+            ("log", r#"{"rate": "101r/m"}"#, 400),
+            ("log", r#"{"rate": "1.5r/m"}"#, 400),
+            ("two", r#"{"rate": "1r/s"}"#, 404),
+        ];
+        for (zone, body, status) in rows {
+            let (got, error) = call(&zones, "PATCH", &format!("zones/{zone}"), body);
+            assert_eq!(got, status, "{body}: {error}");
+            assert!(error["error"].is_string(), "{body}: {error}");
+        }
+        assert_eq!(zones[0].limits(), limits("10r/s", 5));
+        assert_eq!(zones[1].limits(), limits("100r/m", 0));
+        // Lowering a sliding log's N is fine; raising it back up to the configured N too.
+        assert_eq!(
+            call(&zones, "PATCH", "zones/log", r#"{"rate": "50r/m"}"#).0,
+            200
+        );
+        assert_eq!(
+            call(&zones, "PATCH", "zones/log", r#"{"rate": "100r/m"}"#).0,
+            200
+        );
+    }
+
+    #[test]
+    fn keys() {
+        let zones = zones();
+        zones[0].track(b"a/b c", 0);
+        let (status, error) = call(&zones, "GET", "zones/one/keys/nobody", "");
+        assert_eq!(status, 404);
+        assert_eq!(
+            error["error"],
+            "key \"nobody\" is not tracked in zone \"one\""
+        );
+        let (status, key) = call(&zones, "GET", "zones/one/keys/a%2Fb%20c", "");
+        assert_eq!(status, 200);
+        assert_eq!(
+            key,
+            json!({
+                "zone": "one", "key": "a/b c", "rate": "10r/s", "burst": 5, "override": null,
+                "would_pass": false, "remaining": 0, "retry_after_ms": 2, "reset_ms": 2001
+            })
+        );
+        assert_eq!(
+            call(&zones, "DELETE", "zones/one/keys/a/b%20c", ""),
+            (204, Value::Null)
+        );
+        assert_eq!(call(&zones, "DELETE", "zones/one/keys/a/b%20c", "").0, 404);
+        assert_eq!(call(&zones, "GET", "zones/one/keys/a/b%20c", "").0, 404);
+    }
+
+    #[test]
+    fn overrides() {
+        let zones = zones();
+        let put = |key: &str, body: &str| {
+            call(&zones, "PUT", &format!("zones/one/overrides/{key}"), body)
+        };
+        let (status, created) = put("vip%FF", r#"{"rate": "100r/s"}"#);
+        assert_eq!(status, 201);
+        assert_eq!(
+            created,
+            json!({"zone": "one", "key": "vip\u{fffd}", "rate": "100r/s", "burst": 5})
+        );
+        let (status, replaced) = put("vip%FF", r#"{"rate": "100r/s", "burst": 50}"#);
+        assert_eq!((status, &replaced["burst"]), (200, &json!(50)));
+        assert_eq!(
+            put("", r#"{"rate": "1r/s"}"#).0,
+            405,
+            "an empty key is the list: GET only"
+        );
+        assert_eq!(put("x", r#"{"burst": 1}"#).0, 400);
+        assert_eq!(put("x", r#"{"rate": "1r/s", "burst": -3}"#).0, 400);
+
+        zones[0].track(b"vip\xff", 7);
+        let (_, key) = call(&zones, "GET", "zones/one/keys/vip%ff", "");
+        assert_eq!(key["override"], json!({"rate": "100r/s", "burst": 50}));
+        assert_eq!(
+            (&key["rate"], &key["burst"]),
+            (&json!("100r/s"), &json!(50))
+        );
+
+        let (status, list) = call(&zones, "GET", "zones/one/overrides", "");
+        assert_eq!(
+            (status, list),
+            (200, json!({"vip\u{fffd}": {"rate": "100r/s", "burst": 50}}))
+        );
+        assert_eq!(call(&zones, "GET", "zones/one/overrides/vip%FF", "").0, 200);
+        assert_eq!(
+            call(&zones, "DELETE", "zones/one/overrides/vip%FF", ""),
+            (204, Value::Null)
+        );
+        assert_eq!(
+            call(&zones, "DELETE", "zones/one/overrides/vip%FF", "").0,
+            404
+        );
+        assert_eq!(call(&zones, "GET", "zones/one/overrides/vip%FF", "").0, 404);
+        assert_eq!(call(&zones, "GET", "zones/one/overrides", "").1, json!({}));
+
+        // Sliding algorithms take no burst; the log's capacity bounds overrides too.
+        let put_log = |body: &str| call(&zones, "PUT", "zones/log/overrides/k", body);
+        assert_eq!(put_log(r#"{"rate": "100r/m"}"#).0, 201);
+        assert_eq!(put_log(r#"{"rate": "10r/m", "burst": 1}"#).0, 400);
+        assert_eq!(put_log(r#"{"rate": "1000r/m"}"#).0, 400);
+    }
+
+    #[test]
+    fn a_full_override_table_is_507() {
+        let zones = zones();
+        for n in 0..4 {
+            let path = format!("zones/one/overrides/k{n}");
+            assert_eq!(call(&zones, "PUT", &path, r#"{"rate": "1r/s"}"#).0, 201);
+        }
+        let (status, error) = call(
+            &zones,
+            "PUT",
+            "zones/one/overrides/k4",
+            r#"{"rate": "1r/s"}"#,
+        );
+        assert_eq!(status, 507);
+        assert_eq!(
+            error["error"],
+            "zone \"one\" has no room for another override (4 at most)"
+        );
+        // Replacing one still works.
+        assert_eq!(
+            call(
+                &zones,
+                "PUT",
+                "zones/one/overrides/k0",
+                r#"{"rate": "2r/s"}"#
+            )
+            .0,
+            200
+        );
+    }
+
+    #[test]
+    fn changed_marks_the_writes_that_persist() {
+        let zones = zones();
+        zones[0].track(b"k", 1);
+        #[rustfmt::skip]
+        let rows = [
+            ("PATCH", "zones/one", r#"{"burst": 1}"#, true),
+            ("PUT", "zones/one/overrides/k", r#"{"rate": "1r/s"}"#, true),
+            ("DELETE", "zones/one/overrides/k", "", true),
+            ("DELETE", "zones/one/keys/k", "", false),
+            ("PATCH", "zones/one", r#"{"burst": -1}"#, false),
+            ("GET", "zones", "", false),
+        ];
+        for (method, path, body, changed) in rows {
+            let response = handle(
+                method.as_bytes(),
+                path.as_bytes(),
+                body.as_bytes(),
+                true,
+                &zones,
+            );
+            assert_eq!(response.changed, changed, "{method} {path}");
+        }
+    }
+
+    #[test]
+    fn read_only_locations_refuse_every_write() {
+        let zones = zones();
+        zones[0].track(b"k", 1);
+        for (method, path) in [
+            ("PATCH", "zones/one"),
+            ("DELETE", "zones/one/keys/k"),
+            ("PUT", "zones/one/overrides/k"),
+            ("DELETE", "zones/one/overrides/k"),
+        ] {
+            let response = handle(method.as_bytes(), path.as_bytes(), b"{}", false, &zones);
+            assert_eq!(response.status, 403, "{method} {path}");
+        }
+        assert!(zones[0].key_state(b"k").is_some());
+        let response = handle(b"GET", b"zones/one/keys/k", b"", false, &zones);
+        assert_eq!(response.status, 200);
+    }
+
+    #[test]
+    fn bodies_over_the_limit_are_413() {
+        let zones = zones();
+        let big = format!("{{\"rate\": \"1r/s\"{}}}", " ".repeat(MAX_BODY_BYTES));
+        let response = handle(b"PATCH", b"zones/one", big.as_bytes(), true, &zones);
+        assert_eq!(response.status, 413);
+        assert_eq!(zones[0].limits(), limits("10r/s", 5));
+    }
+
+    #[test]
+    fn errors_are_json_with_allow_on_405() {
+        let zones = zones();
+        let response = handle(b"POST", b"zones/one", b"", true, &zones);
+        assert_eq!(
+            (response.status, response.allow),
+            (405, Some("GET, HEAD, PATCH"))
+        );
+        let error: Value = serde_json::from_slice(&response.body).unwrap();
+        assert_eq!(
+            error,
+            json!({"error": "method POST is not allowed here, use GET, HEAD, PATCH"})
+        );
+    }
+
+    #[test]
+    fn metrics_are_text() {
+        let zones = zones();
+        let response = handle(b"GET", b"metrics", b"", false, &zones);
+        assert_eq!(response.status, 200);
+        assert_eq!(response.content_type, metrics::CONTENT_TYPE);
+        assert!(response
+            .body_text()
+            .contains("rate_limit_zone_size_bytes{zone=\"log\"} 1048576\n"));
+    }
+}

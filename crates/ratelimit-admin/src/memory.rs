@@ -1,0 +1,148 @@
+//! An in-process [`AdminZone`] for tests and examples: the same behaviour as the module's
+//! shared-memory zone, with keys and their decisions set by hand.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use ratelimit_core::{Algorithm, Decision, Limits, Outcome};
+
+use crate::store::{AdminZone, Counters, KeyState, OverridesFull, ZoneInfo};
+
+/// A zone kept in a `Mutex`.
+pub struct MemoryZone {
+    name: String,
+    state: Mutex<MemoryState>,
+}
+
+struct MemoryState {
+    info: ZoneInfo,
+    /// Tracked keys and the decision a request would get now.
+    keys: BTreeMap<Vec<u8>, Decision>,
+    overrides: BTreeMap<Vec<u8>, Limits>,
+}
+
+impl MemoryZone {
+    /// An empty zone with `limits` from its configuration.
+    pub fn new(name: &str, algorithm: Algorithm, limits: Limits) -> MemoryZone {
+        let info = ZoneInfo {
+            algorithm,
+            key: "$binary_remote_addr".to_string(),
+            size: 1 << 20,
+            slots: 1024,
+            keys: 0,
+            limits,
+            config_limits: limits,
+            counters: Counters::default(),
+            evictions: 0,
+            overrides: 0,
+            override_capacity: 4,
+        };
+        MemoryZone {
+            name: name.to_string(),
+            state: Mutex::new(MemoryState {
+                info,
+                keys: BTreeMap::new(),
+                overrides: BTreeMap::new(),
+            }),
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut MemoryState) -> T) -> T {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut state)
+    }
+
+    /// Track `key` with `remaining` requests left (0: a request now is rejected).
+    pub fn track(&self, key: &[u8], remaining: u64) {
+        let decision = Decision {
+            outcome: if remaining == 0 {
+                Outcome::Rejected
+            } else {
+                Outcome::Passed
+            },
+            delay_ns: 0,
+            retry_after_ns: if remaining == 0 { 1_500_000 } else { 0 },
+            remaining,
+            reset_ns: 2_000_000_001,
+            excess_milli: 0,
+        };
+        self.with(|state| state.keys.insert(key.to_vec(), decision));
+    }
+
+    /// Replace the counters and other numbers `info` reports.
+    pub fn set_counters(&self, counters: Counters) {
+        self.with(|state| state.info.counters = counters);
+    }
+}
+
+impl AdminZone for MemoryZone {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn info(&self) -> ZoneInfo {
+        self.with(|state| {
+            let mut info = state.info.clone();
+            info.keys = state.keys.len() as u64;
+            info.overrides = state.overrides.len() as u64;
+            info
+        })
+    }
+
+    fn limits(&self) -> Limits {
+        self.with(|state| state.info.limits)
+    }
+
+    fn replace_limits(&self, current: Limits, new: Limits) -> Result<(), Limits> {
+        self.with(|state| {
+            if state.info.limits != current {
+                return Err(state.info.limits);
+            }
+            state.info.limits = new;
+            Ok(())
+        })
+    }
+
+    fn key_state(&self, key: &[u8]) -> Option<KeyState> {
+        self.with(|state| {
+            let decision = *state.keys.get(key)?;
+            let override_limits = state.overrides.get(key).copied();
+            Some(KeyState {
+                limits: override_limits.unwrap_or(state.info.limits),
+                override_limits,
+                decision,
+            })
+        })
+    }
+
+    fn forget_key(&self, key: &[u8]) -> bool {
+        self.with(|state| state.keys.remove(key).is_some())
+    }
+
+    fn override_for(&self, key: &[u8]) -> Option<Limits> {
+        self.with(|state| state.overrides.get(key).copied())
+    }
+
+    fn overrides(&self) -> Vec<(Vec<u8>, Limits)> {
+        self.with(|state| {
+            let overrides = state.overrides.iter();
+            overrides
+                .map(|(key, limits)| (key.clone(), *limits))
+                .collect()
+        })
+    }
+
+    fn set_override(&self, key: &[u8], limits: Limits) -> Result<bool, OverridesFull> {
+        self.with(|state| {
+            let capacity = state.info.override_capacity as usize;
+            if !state.overrides.contains_key(key) && state.overrides.len() >= capacity {
+                return Err(OverridesFull);
+            }
+            Ok(state.overrides.insert(key.to_vec(), limits).is_none())
+        })
+    }
+
+    fn remove_override(&self, key: &[u8]) -> bool {
+        self.with(|state| state.overrides.remove(key).is_some())
+    }
+}

@@ -1,0 +1,219 @@
+//! `GET metrics`: the Prometheus text exposition format, version 0.0.4.
+
+use std::fmt::Write as _;
+
+use ratelimit_core::{Limits, NANOS_PER_SEC};
+
+use crate::store::ZoneInfo;
+
+/// The `Content-Type` of the exposition.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// One metric family: every zone's sample(s) under one `# HELP` and `# TYPE`.
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+}
+
+const FAMILIES: [Family; 9] = [
+    Family {
+        name: "rate_limit_requests_total",
+        kind: "counter",
+        help: "Requests the zone decided, by outcome.",
+    },
+    Family {
+        name: "rate_limit_keys",
+        kind: "gauge",
+        help: "Keys whose state differs from a fresh key's.",
+    },
+    Family {
+        name: "rate_limit_zone_slots",
+        kind: "gauge",
+        help: "Keys the zone's table can hold.",
+    },
+    Family {
+        name: "rate_limit_zone_size_bytes",
+        kind: "gauge",
+        help: "Shared memory of the zone.",
+    },
+    Family {
+        name: "rate_limit_zone_fullness",
+        kind: "gauge",
+        help: "Keys tracked divided by the zone's slots (0 to 1).",
+    },
+    Family {
+        name: "rate_limit_evictions_total",
+        kind: "counter",
+        help: "Keys dropped to make room for new ones while their state still mattered.",
+    },
+    Family {
+        name: "rate_limit_overrides",
+        kind: "gauge",
+        help: "Keys with their own limits in the zone.",
+    },
+    Family {
+        name: "rate_limit_rate_per_second",
+        kind: "gauge",
+        help: "The zone's rate now, in requests per second.",
+    },
+    Family {
+        name: "rate_limit_burst",
+        kind: "gauge",
+        help: "The zone's burst now.",
+    },
+];
+
+/// Render every zone's metrics.
+///
+/// ```
+/// use ratelimit_admin::metrics::escape_label;
+///
+/// assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+/// ```
+pub fn render(zones: &[(String, ZoneInfo)]) -> String {
+    let mut out = String::new();
+    for family in &FAMILIES {
+        let _ = writeln!(out, "# HELP {} {}", family.name, family.help);
+        let _ = writeln!(out, "# TYPE {} {}", family.name, family.kind);
+        for (name, info) in zones {
+            let zone = escape_label(name);
+            let mut sample = |extra: &str, value: &str| {
+                let _ = writeln!(out, "{}{{zone=\"{zone}\"{extra}}} {value}", family.name);
+            };
+            match family.name {
+                "rate_limit_requests_total" => {
+                    for (outcome, value) in info.counters.by_outcome() {
+                        sample(&format!(",outcome=\"{outcome}\""), &value.to_string());
+                    }
+                }
+                "rate_limit_keys" => sample("", &info.keys.to_string()),
+                "rate_limit_zone_slots" => sample("", &info.slots.to_string()),
+                "rate_limit_zone_size_bytes" => sample("", &info.size.to_string()),
+                "rate_limit_zone_fullness" => sample("", &fullness(info)),
+                "rate_limit_evictions_total" => sample("", &info.evictions.to_string()),
+                "rate_limit_overrides" => sample("", &info.overrides.to_string()),
+                "rate_limit_rate_per_second" => sample("", &per_second(&info.limits)),
+                _ => sample("", &info.limits.burst.to_string()),
+            }
+        }
+    }
+    out
+}
+
+fn fullness(info: &ZoneInfo) -> String {
+    if info.slots == 0 {
+        return "0".to_string();
+    }
+    float(info.keys as f64 / info.slots as f64)
+}
+
+fn per_second(limits: &Limits) -> String {
+    let unit_secs = (limits.rate.unit.nanos() / NANOS_PER_SEC) as f64;
+    float(limits.rate.milli_requests as f64 / 1000.0 / unit_secs)
+}
+
+/// A float as Prometheus reads it (Rust's shortest round-trip form, never `inf`/`NaN` here).
+fn float(value: f64) -> String {
+    if value.is_finite() {
+        format!("{value}")
+    } else {
+        "0".to_string()
+    }
+}
+
+/// Escape a label value: backslash, double quote and line feed, as the format requires.
+pub fn escape_label(value: &str) -> String {
+    let mut escaped = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => escaped.push_str("\\\\"),
+            '"' => escaped.push_str("\\\""),
+            '\n' => escaped.push_str("\\n"),
+            c => escaped.push(c),
+        }
+    }
+    escaped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Counters;
+    use ratelimit_core::{Algorithm, Rate};
+
+    fn info() -> ZoneInfo {
+        let limits = Limits {
+            rate: Rate::parse("30r/m").unwrap(),
+            burst: 4,
+        };
+        ZoneInfo {
+            algorithm: Algorithm::LeakyBucket,
+            key: "$binary_remote_addr".into(),
+            size: 1 << 20,
+            slots: 1000,
+            keys: 25,
+            limits,
+            config_limits: limits,
+            counters: Counters {
+                passed: 7,
+                delayed: 1,
+                rejected: 2,
+                delayed_dry_run: 0,
+                rejected_dry_run: 3,
+            },
+            evictions: 5,
+            overrides: 1,
+            override_capacity: 512,
+        }
+    }
+
+    #[test]
+    fn every_family_has_help_type_and_one_sample_per_zone() {
+        let text = render(&[("one".into(), info()), ("t\"w\\o\n".into(), info())]);
+        for family in &FAMILIES {
+            assert!(text.contains(&format!("# HELP {} ", family.name)));
+            assert!(text.contains(&format!("# TYPE {} {}\n", family.name, family.kind)));
+        }
+        #[rustfmt::skip]
+        let samples = [
+            "rate_limit_requests_total{zone=\"one\",outcome=\"passed\"} 7",
+            "rate_limit_requests_total{zone=\"one\",outcome=\"delayed\"} 1",
+            "rate_limit_requests_total{zone=\"one\",outcome=\"rejected\"} 2",
+            "rate_limit_requests_total{zone=\"one\",outcome=\"delayed_dry_run\"} 0",
+            "rate_limit_requests_total{zone=\"one\",outcome=\"rejected_dry_run\"} 3",
+            "rate_limit_keys{zone=\"one\"} 25",
+            "rate_limit_zone_slots{zone=\"one\"} 1000",
+            "rate_limit_zone_size_bytes{zone=\"one\"} 1048576",
+            "rate_limit_zone_fullness{zone=\"one\"} 0.025",
+            "rate_limit_evictions_total{zone=\"one\"} 5",
+            "rate_limit_overrides{zone=\"one\"} 1",
+            "rate_limit_rate_per_second{zone=\"one\"} 0.5",
+            "rate_limit_burst{zone=\"one\"} 4",
+            "rate_limit_keys{zone=\"t\\\"w\\\\o\\n\"} 25",
+        ];
+        for sample in samples {
+            assert!(
+                text.lines().any(|line| line == sample),
+                "{sample} missing:\n{text}"
+            );
+        }
+        // Samples of a family follow its TYPE line, one family after the other.
+        let families: Vec<&str> = text
+            .lines()
+            .filter(|line| !line.starts_with('#'))
+            .map(|line| line.split('{').next().unwrap())
+            .collect();
+        let mut deduped = families.clone();
+        deduped.dedup();
+        assert_eq!(deduped.len(), FAMILIES.len());
+        assert!(text.ends_with('\n'));
+    }
+
+    #[test]
+    fn an_empty_table_is_not_full() {
+        let mut empty = info();
+        empty.slots = 0;
+        assert_eq!(fullness(&empty), "0");
+    }
+}

@@ -1,0 +1,106 @@
+//! What the API needs from a zone: the nginx module implements [`AdminZone`] over shared
+//! memory, [`crate::memory::MemoryZone`] implements it for tests.
+
+use ratelimit_core::{Algorithm, Decision, Limits};
+
+/// A zone's decision counters, as `rate_limit_requests_total` and `GET zones/NAME` show them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub passed: u64,
+    pub delayed: u64,
+    pub rejected: u64,
+    pub delayed_dry_run: u64,
+    pub rejected_dry_run: u64,
+}
+
+impl Counters {
+    /// `(outcome label, value)` in a fixed order.
+    pub fn by_outcome(&self) -> [(&'static str, u64); 5] {
+        [
+            ("passed", self.passed),
+            ("delayed", self.delayed),
+            ("rejected", self.rejected),
+            ("delayed_dry_run", self.delayed_dry_run),
+            ("rejected_dry_run", self.rejected_dry_run),
+        ]
+    }
+}
+
+/// Everything `GET zones/NAME` and the metrics show about a zone, read at one moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ZoneInfo {
+    pub algorithm: Algorithm,
+    /// The KEY of `rate_limit_zone`, as written (`$binary_remote_addr`).
+    pub key: String,
+    /// Bytes of shared memory (`zone=NAME:SIZE`).
+    pub size: u64,
+    /// Key slots the zone's table has.
+    pub slots: u64,
+    /// Keys whose state differs from a fresh key's now.
+    pub keys: u64,
+    /// The limits requests get now.
+    pub limits: Limits,
+    /// The limits the configuration file gives.
+    pub config_limits: Limits,
+    pub counters: Counters,
+    /// Keys dropped to make room for new ones while their state still mattered.
+    pub evictions: u64,
+    pub overrides: u64,
+    pub override_capacity: u64,
+}
+
+impl ZoneInfo {
+    /// For `sliding_log`: the requests per window each key's log has room for (the configured
+    /// rate's N, fixed when the zone's memory was laid out). Unused by other algorithms.
+    pub fn log_capacity(&self) -> u64 {
+        ratelimit_core::sliding_log::window_limit(&self.config_limits.rate)
+    }
+}
+
+/// One key's state now, as if a request of cost 1 came (nothing is charged).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyState {
+    /// The limits this key gets: the zone's, or its override.
+    pub limits: Limits,
+    pub override_limits: Option<Limits>,
+    pub decision: Decision,
+}
+
+/// The override table, or the zone's memory for the keys, is full.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OverridesFull;
+
+/// One zone, as the admin API sees it. Every method is safe to call from several processes
+/// at once: implementations work on shared state with atomics or the zone's own lock.
+pub trait AdminZone {
+    /// The zone's name (`zone=NAME:SIZE`).
+    fn name(&self) -> &str;
+
+    /// The zone as it is now.
+    fn info(&self) -> ZoneInfo;
+
+    /// The limits requests get now.
+    fn limits(&self) -> Limits;
+
+    /// Replace the zone's limits if they still are `current` (one compare-and-swap of the
+    /// whole limit, so that no reader sees a new rate with an old burst). On failure, returns
+    /// the limits found instead.
+    fn replace_limits(&self, current: Limits, new: Limits) -> Result<(), Limits>;
+
+    /// `None` when the zone does not track `key`.
+    fn key_state(&self, key: &[u8]) -> Option<KeyState>;
+
+    /// Forget a key's state; false when it was not tracked.
+    fn forget_key(&self, key: &[u8]) -> bool;
+
+    fn override_for(&self, key: &[u8]) -> Option<Limits>;
+
+    /// Every override, as (key, limits).
+    fn overrides(&self) -> Vec<(Vec<u8>, Limits)>;
+
+    /// Set a key's override: `Ok(true)` when it is new, `Ok(false)` when it replaced one.
+    fn set_override(&self, key: &[u8], limits: Limits) -> Result<bool, OverridesFull>;
+
+    /// Remove a key's override; false when there was none.
+    fn remove_override(&self, key: &[u8]) -> bool;
+}
