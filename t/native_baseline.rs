@@ -11,7 +11,9 @@ use std::fs;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{check_config, describe, get, run_timeline, Connection, Nginx, Request, Step};
+use common::{
+    check_config, describe, get, run_timeline, statuses, Connection, Nginx, Request, Step,
+};
 
 /// A config whose `/index.html` is limited by `limit_req LIMIT` in zone `one` (`ZONE` holds
 /// the zone's rate), keyed by client address.
@@ -53,9 +55,8 @@ fn rejects_the_second_immediate_request_then_passes_after_the_interval() {
         .map(|at| Step::new(at, port, Request::get("/index.html")))
         .to_vec();
     let outcomes = run_timeline(&steps);
-    let got: Vec<u16> = outcomes.iter().map(|o| o.status()).collect();
     assert_eq!(
-        got,
+        statuses(&outcomes),
         [200, 503, 200, 503],
         "\n{}",
         describe(&steps, &outcomes)
@@ -83,9 +84,8 @@ fn burst_delays_the_excess_and_rejects_beyond_it() {
         .to_vec();
     let outcomes = run_timeline(&steps);
     let table = describe(&steps, &outcomes);
-    let got: Vec<u16> = outcomes.iter().map(|o| o.status()).collect();
     // Excess 0, 900 (waits 450 ms), 1800 (waits 900 ms), 2700 > 2000: rejected.
-    assert_eq!(got, [200, 200, 200, 503], "\n{table}");
+    assert_eq!(statuses(&outcomes), [200, 200, 200, 503], "\n{table}");
     let elapsed_ms: Vec<u128> = outcomes.iter().map(|o| o.elapsed().as_millis()).collect();
     assert!(elapsed_ms[0] < 200, "\n{table}");
     assert!((250..700).contains(&elapsed_ms[1]), "\n{table}");

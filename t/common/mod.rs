@@ -18,4 +18,4 @@ pub use http::{get, send, start_request, Connection, PendingRequest, Request, Re
 #[allow(unused_imports)]
 pub use nginx::{check_config, is_running, module_path, nginx_binary, Nginx};
 #[allow(unused_imports)]
-pub use timeline::{describe, run_timeline, Outcome, Step};
+pub use timeline::{describe, run_timeline, statuses, Outcome, Step};

@@ -87,6 +87,11 @@ pub fn run_timeline(steps: &[Step]) -> Vec<Outcome> {
     })
 }
 
+/// The status of each outcome, in order.
+pub fn statuses(outcomes: &[Outcome]) -> Vec<u16> {
+    outcomes.iter().map(Outcome::status).collect()
+}
+
 /// One line per outcome, for assertion messages: planned and real send time, status, latency.
 pub fn describe(steps: &[Step], outcomes: &[Outcome]) -> String {
     let mut text = String::new();
