@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::nginx::{dep_info_paths, expected_workers, port_count, substitute};
+use common::nginx::{dep_info_paths, expected_workers, newer_source, port_count, substitute};
 use common::{check_config, get, is_running, send, Connection, Nginx, Request};
 
 const TWO_WORKERS: &str = r#"
@@ -61,6 +61,33 @@ fn splits_dep_info_on_unescaped_spaces() {
             PathBuf::from("/f.rs")
         ]
     );
+}
+
+#[test]
+fn a_module_older_than_a_source_in_its_dep_info_is_stale() {
+    let dir = std::env::temp_dir().join(format!("ngx-rate-limit-stale-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (module, source) = (dir.join("module.so"), dir.join("lib.rs"));
+    std::fs::write(&source, "").unwrap();
+    std::fs::write(&module, "").unwrap();
+    let deps = format!("{}: {}\n", module.display(), source.display());
+    std::fs::write(dir.join("module.d"), deps).unwrap();
+    let set_mtime = |path: &Path, seconds_ago: u64| {
+        let time = std::time::SystemTime::now() - Duration::from_secs(seconds_ago);
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(time)
+            .unwrap();
+    };
+
+    set_mtime(&module, 100);
+    set_mtime(&source, 200);
+    assert_eq!(newer_source(&module), None);
+    set_mtime(&source, 50);
+    assert_eq!(newer_source(&module), Some(source));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

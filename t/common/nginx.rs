@@ -135,7 +135,7 @@ fn find_module() -> PathBuf {
 
 /// A source file listed in the module's dep-info (`<module>.d`, written by cargo) that is newer
 /// than the module itself, if any.
-fn newer_source(module: &Path) -> Option<PathBuf> {
+pub fn newer_source(module: &Path) -> Option<PathBuf> {
     let built = fs::metadata(module).and_then(|m| m.modified()).ok()?;
     let dep_info = fs::read_to_string(module.with_extension("d")).ok()?;
     let first_line = dep_info.lines().next()?;
