@@ -241,7 +241,6 @@ fn native_limit_req_makes_the_expected_decisions() {
 }
 
 #[test]
-#[ignore = "module not ready"]
 fn rate_limit_decides_like_limit_req() {
     let nginx = Nginx::start(&config(true));
     let steps = steps(nginx.port(), &["limit_req", "rate_limit"]);
