@@ -48,6 +48,7 @@ impl HttpModule for RateLimitModule {
         if conf::check_references(cf).is_err() {
             return Status::NGX_ERROR.into();
         }
+        admin::postconfiguration(cf);
         let Some(cmcf) = NgxHttpCoreModule::main_conf_mut(cf) else {
             return Status::NGX_ERROR.into();
         };
@@ -198,7 +199,7 @@ pub(crate) extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, _data: *mut c_
                     zone_conf.name
                 );
             }
-            admin::zone_ready(zone_conf);
+            admin::zone_ready(zone_conf, _data.is_null());
             Status::NGX_OK.into()
         }
         Err(error) => {

@@ -1,7 +1,15 @@
-//! The JSON admin API (`rate_limit_admin`). Not implemented yet: the admin issue fills this in.
+//! The JSON admin API (`rate_limit_admin`) and the state file (`rate_limit_state_file`).
+//!
+//! What the API does is decided in the `ratelimit-admin` crate, which has no nginx in it; this
+//! module is its nginx side: `request` reads requests and sends answers, `zones` shows the
+//! shared-memory zones to the API, `persist` reads and writes the state file.
+
+mod persist;
+mod request;
+mod zones;
 
 use ngx::core::Status;
-use ngx::ffi::{ngx_conf_t, ngx_cycle_t, ngx_http_request_t, ngx_int_t};
+use ngx::ffi::{ngx_conf_t, ngx_cycle_t, ngx_int_t};
 use ngx::http::{HttpModuleLocationConf, NgxHttpCoreModule};
 
 use crate::conf::ZoneConf;
@@ -9,18 +17,29 @@ use crate::conf::ZoneConf;
 /// Make the current location answer with the admin API.
 pub fn install_content_handler(cf: &mut ngx_conf_t) -> Result<(), ()> {
     let clcf = NgxHttpCoreModule::location_conf_mut(cf).ok_or(())?;
-    clcf.handler = Some(admin_handler);
+    clcf.handler = Some(request::admin_handler);
     Ok(())
 }
 
-/// Called in each worker at start.
-pub extern "C" fn init_process(_cycle: *mut ngx_cycle_t) -> ngx_int_t {
+/// Once the `http` block is read: resolve `rate_limit_state_file` against the prefix.
+pub fn postconfiguration(cf: &mut ngx_conf_t) {
+    persist::configure(cf);
+}
+
+/// Called in each worker at start: worker 0 rewrites the state file.
+pub extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
+    // SAFETY: nginx passes the running cycle.
+    if let Some(cycle) = unsafe { cycle.as_ref() } {
+        persist::worker_started(cycle);
+    }
     Status::NGX_OK.into()
 }
 
-/// Called in the master when a zone's shared memory is ready (fresh or adopted).
-pub fn zone_ready(_zone_conf: &mut ZoneConf) {}
-
-unsafe extern "C" fn admin_handler(_r: *mut ngx_http_request_t) -> ngx_int_t {
-    nginx_sys::NGX_HTTP_NOT_IMPLEMENTED as ngx_int_t
+/// Called in the master when a zone's shared memory is ready. `fresh`: the memory is new (a
+/// first start, or a zone new or resized on reload), so the state file is all there is to
+/// restore from; a zone adopted across a reload keeps what its memory holds.
+pub fn zone_ready(zone_conf: &mut ZoneConf, fresh: bool) {
+    if fresh {
+        persist::restore(zone_conf);
+    }
 }

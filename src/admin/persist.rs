@@ -1,0 +1,214 @@
+//! `rate_limit_state_file`: restore admin changes into fresh zones (master, zone init), write
+//! them after every admin write (the worker that made it), and once after each start (worker
+//! 0), so that the file always follows what is in force.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use ngx::ffi::{ngx_conf_t, ngx_cycle_t, ngx_log_t, NGX_LOG_ERR, NGX_LOG_NOTICE, NGX_LOG_WARN};
+use ngx::http::HttpModuleMainConf;
+use ngx::ngx_log_error;
+use ratelimit_admin::state::{self, Note, StateError, StateFile, ZoneState};
+use ratelimit_admin::AdminZone;
+
+use crate::admin::zones::shared_zones;
+use crate::conf::{self, MainConf, ZoneConf};
+use crate::handler::now_ns;
+use crate::RateLimitModule;
+
+/// The state file of the configuration being loaded, for the zone inits that follow its
+/// parsing in the same `ngx_init_cycle` (zone init has no way to the `http` configuration).
+/// Only the master touches it, one cycle at a time; the `Mutex` makes the static sound.
+static PENDING: Mutex<Pending> = Mutex::new(Pending::Unset);
+
+enum Pending {
+    /// No `rate_limit_state_file` in the configuration being loaded.
+    Unset,
+    /// Not read yet: read at the first fresh zone (a reload that keeps every zone reads
+    /// nothing).
+    Configured(PathBuf),
+    /// Read (or found missing or corrupt, and logged): what to restore from.
+    Loaded(PathBuf, Option<StateFile>),
+}
+
+/// At the end of the `http` block: make the path absolute (relative to nginx's prefix) and
+/// remember it for this cycle's zone inits.
+pub fn configure(cf: &mut ngx_conf_t) {
+    let Some(mcf) = conf::main_conf(cf) else {
+        return;
+    };
+    let path = mcf.state_file.as_ref().map(|path| {
+        // SAFETY: `cf.cycle` is the cycle being configured; its prefix is set before parsing.
+        let prefix = unsafe { (*cf.cycle).prefix.to_string() };
+        Path::new(&prefix).join(path)
+    });
+    mcf.state_file = path.as_ref().map(|path| path.display().to_string());
+    let mut pending = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    *pending = match path {
+        Some(path) => Pending::Configured(path),
+        None => Pending::Unset,
+    };
+}
+
+/// Restore what the state file holds for a zone whose shared memory is fresh (first start, or
+/// a zone that is new or was resized on reload). Never fails: problems are logged.
+pub fn restore(zone_conf: &ZoneConf) {
+    // SAFETY: ngx_test_config is written once, at startup, before configuration.
+    if unsafe { nginx_sys::ngx_test_config } != 0 {
+        return;
+    }
+    let Some(zone) = zone_conf.zone else {
+        return;
+    };
+    // SAFETY: `shm_zone` was set by `rate_limit_zone`; its log is the cycle's log.
+    let log = unsafe { (*zone_conf.shm_zone).shm.log };
+    let mut pending = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    if let Pending::Configured(path) = &*pending {
+        let path = path.clone();
+        let file = load(&path, log);
+        *pending = Pending::Loaded(path, file);
+    }
+    let Pending::Loaded(path, Some(file)) = &*pending else {
+        return;
+    };
+    let Some(saved) = file.zones.get(&zone_conf.name) else {
+        return;
+    };
+    let name = &zone_conf.name;
+    let path = path.display();
+    let plan = state::plan_restore(saved, name, zone.algorithm(), zone_conf.limits);
+    for note in &plan.notes {
+        match note {
+            Note::Notice(text) => {
+                ngx_log_error!(
+                    NGX_LOG_NOTICE,
+                    log,
+                    "rate_limit_state_file \"{path}\": {text}"
+                );
+            }
+            Note::Warn(text) => {
+                ngx_log_error!(
+                    NGX_LOG_WARN,
+                    log,
+                    "rate_limit_state_file \"{path}\": {text}"
+                );
+            }
+        }
+    }
+    if let Some(limits) = plan.limits {
+        // No worker runs yet (zone init is in the master): a plain store is enough.
+        let header = zone.header();
+        header
+            .limits
+            .store(limits.pack(), core::sync::atomic::Ordering::Relaxed);
+    }
+    let mut restored = 0;
+    for (key, limits) in &plan.overrides {
+        match zone.set_override(key, *limits) {
+            Ok(_) => restored += 1,
+            Err(()) => {
+                ngx_log_error!(
+                    NGX_LOG_WARN,
+                    log,
+                    "rate_limit_state_file \"{path}\": zone \"{name}\" has no room for the \
+                     override of key \"{}\"",
+                    String::from_utf8_lossy(key)
+                );
+            }
+        }
+    }
+    if plan.limits.is_some() || restored > 0 {
+        let limits = zone.limits().unwrap_or(zone_conf.limits);
+        ngx_log_error!(
+            NGX_LOG_NOTICE,
+            log,
+            "rate_limit_state_file \"{path}\": zone \"{name}\" restored: rate {} burst {}, \
+             {restored} override(s)",
+            limits.rate,
+            limits.burst
+        );
+    }
+}
+
+/// Read the file, logging why it is not used when it is not.
+fn load(path: &Path, log: *mut ngx_log_t) -> Option<StateFile> {
+    let shown = path.display();
+    match state::load(path) {
+        Ok(file) => Some(file),
+        Err(StateError::Missing) => {
+            ngx_log_error!(
+                NGX_LOG_NOTICE,
+                log,
+                "rate_limit_state_file \"{shown}\" does not exist yet: nothing to restore"
+            );
+            None
+        }
+        Err(error) => {
+            ngx_log_error!(
+                NGX_LOG_ERR,
+                log,
+                "rate_limit_state_file \"{shown}\" is ignored: {error}"
+            );
+            None
+        }
+    }
+}
+
+/// In worker 0 at start: name the zones the file has and the configuration no longer has,
+/// then rewrite the file from shared memory.
+pub fn worker_started(cycle: &ngx_cycle_t) {
+    // SAFETY: set by nginx before init_process callbacks run.
+    let (process, worker) = unsafe { (nginx_sys::ngx_process, nginx_sys::ngx_worker) };
+    let worker_process = process == nginx_sys::NGX_PROCESS_WORKER as ngx::ffi::ngx_uint_t
+        || process == nginx_sys::NGX_PROCESS_SINGLE as ngx::ffi::ngx_uint_t;
+    if !worker_process || worker != 0 {
+        return;
+    }
+    let Some(mcf) = RateLimitModule::main_conf(cycle) else {
+        return;
+    };
+    let Some(path) = &mcf.state_file else {
+        return;
+    };
+    if let Ok(old) = state::load(Path::new(path)) {
+        let zones = shared_zones(mcf, 0);
+        let configured = |name: &str| zones.iter().any(|zone| zone.name() == name);
+        for text in state::gone_zones(&old, configured) {
+            ngx_log_error!(
+                NGX_LOG_NOTICE,
+                cycle.log,
+                "rate_limit_state_file \"{path}\": {text}"
+            );
+        }
+    }
+    save(mcf, cycle.log);
+}
+
+/// Rewrite the state file (when there is one) from the zones' shared memory.
+pub fn save(mcf: &MainConf, log: *mut ngx_log_t) {
+    let Some(path) = &mcf.state_file else {
+        return;
+    };
+    if let Err(error) = state::save(Path::new(path), || snapshot(mcf)) {
+        ngx_log_error!(
+            NGX_LOG_ERR,
+            log,
+            "rate_limit_state_file \"{path}\" was not written: {error}"
+        );
+    }
+}
+
+fn snapshot(mcf: &MainConf) -> StateFile {
+    let zones = shared_zones(mcf, now_ns());
+    let mut file = StateFile::default();
+    for zone in &zones {
+        let entry = ZoneState {
+            algorithm: zone.zone().algorithm(),
+            config: zone.config_limits(),
+            limits: zone.limits(),
+            overrides: zone.overrides(),
+        };
+        file.zones.insert(zone.name().to_string(), entry);
+    }
+    file
+}

@@ -1,0 +1,219 @@
+//! The admin location's content handler: read the request (and its body, for PATCH and PUT),
+//! let the `ratelimit-admin` crate answer, persist a change, send the answer.
+
+use core::ptr;
+
+use ngx::core::Status;
+use ngx::ffi::{
+    ngx_chain_t, ngx_create_temp_buf, ngx_http_discard_request_body, ngx_http_finalize_request,
+    ngx_http_output_filter, ngx_http_read_client_request_body, ngx_http_request_t,
+    ngx_http_send_header, ngx_int_t, ngx_str_t,
+};
+use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
+use ratelimit_admin::{ApiError, Response, Route, MAX_BODY_BYTES};
+
+use crate::admin::persist;
+use crate::admin::zones::shared_zones;
+use crate::handler::{add_header, now_ns};
+use crate::RateLimitModule;
+
+/// `clcf->handler` of a location with `rate_limit_admin`.
+pub unsafe extern "C" fn admin_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: nginx calls content handlers with the live request.
+    let r = unsafe { &mut *r };
+    let route = match plan(r) {
+        Ok(route) => route,
+        Err(error) => return answer_without_body(r, Response::error(&error)),
+    };
+    if !route.takes_body() {
+        let response = execute(r, &route, &[]);
+        return answer_without_body(r, response);
+    }
+    // A declared length over the limit is refused before anything is read; a chunked body is
+    // counted once read (nginx's client_max_body_size bounds it meanwhile).
+    if r.headers_in.content_length_n > MAX_BODY_BYTES as i64 {
+        let too_large = ApiError::BodyTooLarge {
+            limit: MAX_BODY_BYTES,
+        };
+        return answer_without_body(r, Response::error(&too_large));
+    }
+    // SAFETY: `r` is the live main request; `body_read` finalizes it.
+    let rc = unsafe { ngx_http_read_client_request_body(r, Some(body_read)) };
+    if rc >= nginx_sys::NGX_HTTP_SPECIAL_RESPONSE as ngx_int_t {
+        return rc;
+    }
+    Status::NGX_DONE.into()
+}
+
+/// The body is read (possibly later, from the event loop): answer and finalize.
+unsafe extern "C" fn body_read(r: *mut ngx_http_request_t) {
+    // SAFETY: nginx calls the post handler with the live request whose body was read.
+    let r = unsafe { &mut *r };
+    let response = match plan(r) {
+        Err(error) => Response::error(&error),
+        Ok(route) => match request_body(r) {
+            Some(body) => execute(r, &route, &body),
+            None => Response::error(&ApiError::BodyTooLarge {
+                limit: MAX_BODY_BYTES,
+            }),
+        },
+    };
+    let rc = send(r, &response);
+    // SAFETY: the request is live; this ends the reference taken by reading the body.
+    unsafe { ngx_http_finalize_request(r, rc) };
+}
+
+/// The route from the method, the path after the location's prefix and `write=on`.
+fn plan(r: &ngx_http_request_t) -> Result<Route, ApiError> {
+    let write_allowed = RateLimitModule::location_conf(r)
+        .and_then(|lcf| lcf.admin)
+        .is_some_and(|admin| admin.write);
+    let location = NgxHttpCoreModule::location_conf(r)
+        .map(|clcf| bytes(&clcf.name))
+        .unwrap_or_default();
+    let target = bytes(&r.unparsed_uri);
+    let Some(path) = ratelimit_admin::route::strip_location(target, location) else {
+        return Err(ApiError::UnknownPath(
+            String::from_utf8_lossy(target).into_owned(),
+        ));
+    };
+    ratelimit_admin::plan(bytes(&r.method_name), path, write_allowed)
+}
+
+fn execute(r: &ngx_http_request_t, route: &Route, body: &[u8]) -> Response {
+    let Some(mcf) = RateLimitModule::main_conf(r) else {
+        return Response::error(&ApiError::UnknownPath(String::new()));
+    };
+    let response = ratelimit_admin::execute(route, body, &shared_zones(mcf, now_ns()));
+    if response.changed {
+        persist::save(mcf, connection_log(r));
+    }
+    response
+}
+
+fn answer_without_body(r: &mut ngx_http_request_t, response: Response) -> ngx_int_t {
+    // SAFETY: `r` is the live request; its body is not needed.
+    let rc = unsafe { ngx_http_discard_request_body(r) };
+    if rc != ngx_int_t::from(Status::NGX_OK) {
+        return rc;
+    }
+    send(r, &response)
+}
+
+/// The request body, or `None` when it is larger than the limit. A body nginx kept in a
+/// temporary file (over client_body_buffer_size) is read back from it.
+fn request_body(r: &ngx_http_request_t) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    // SAFETY: after the body was read, `request_body` is NULL or a live structure whose
+    // `bufs` chain describes the body, in memory or in its temporary file.
+    let Some(request_body) = (unsafe { r.request_body.as_ref() }) else {
+        return Some(body);
+    };
+    let mut link = request_body.bufs;
+    // SAFETY: each link of the chain and its buffer are live for the request.
+    while let Some(chain) = unsafe { link.as_ref() } {
+        link = chain.next;
+        let Some(buf) = (unsafe { chain.buf.as_ref() }) else {
+            continue;
+        };
+        let in_memory = buf.temporary() != 0 || buf.memory() != 0 || buf.mmap() != 0;
+        if in_memory {
+            let len = (buf.last as usize).saturating_sub(buf.pos as usize);
+            if body.len() + len > MAX_BODY_BYTES {
+                return None;
+            }
+            // SAFETY: pos..last is the buffer's data.
+            body.extend_from_slice(unsafe { core::slice::from_raw_parts(buf.pos, len) });
+        } else if buf.in_file() != 0 {
+            let len = usize::try_from(buf.file_last - buf.file_pos).unwrap_or(usize::MAX);
+            if body.len().saturating_add(len) > MAX_BODY_BYTES {
+                return None;
+            }
+            // SAFETY: `file` describes the open temporary file holding this part.
+            let fd = unsafe { (*buf.file).fd };
+            read_file(fd, buf.file_pos, len, &mut body)?;
+        }
+    }
+    Some(body)
+}
+
+/// Append `len` bytes at `offset` of `fd` to `body`; `None` on a read error (answered 413
+/// like an oversized body would be: nothing was changed).
+fn read_file(fd: i32, offset: i64, len: usize, body: &mut Vec<u8>) -> Option<()> {
+    let start = body.len();
+    body.resize(start + len, 0);
+    let mut done = 0;
+    while done < len {
+        // SAFETY: the destination has `len - done` bytes left; `fd` is open for reading.
+        let read = unsafe {
+            libc::pread(
+                fd,
+                body[start + done..].as_mut_ptr().cast(),
+                len - done,
+                offset + done as i64,
+            )
+        };
+        if read <= 0 {
+            return None;
+        }
+        done += read as usize;
+    }
+    Some(())
+}
+
+/// Send the answer: status, headers, body.
+fn send(r: &mut ngx_http_request_t, response: &Response) -> ngx_int_t {
+    r.headers_out.status = usize::from(response.status);
+    if response.status != 204 {
+        let content_type = response.content_type;
+        r.headers_out.content_type_len = content_type.len();
+        r.headers_out.content_type = ngx_str_t {
+            len: content_type.len(),
+            data: content_type.as_ptr().cast_mut(),
+        };
+        r.headers_out.content_length_n = response.body.len() as i64;
+    }
+    if let Some(allow) = response.allow {
+        add_header(r, "Allow", allow.as_bytes());
+    }
+    add_header(r, "Cache-Control", b"no-store");
+
+    // SAFETY: `r` is the live request; its headers are set.
+    let rc = unsafe { ngx_http_send_header(r) };
+    if rc == ngx_int_t::from(Status::NGX_ERROR)
+        || rc > ngx_int_t::from(Status::NGX_OK)
+        || r.header_only() != 0
+        || response.body.is_empty()
+    {
+        return rc;
+    }
+    // SAFETY: the request pool is live; the buffer gets exactly the body's bytes.
+    unsafe {
+        let buf = ngx_create_temp_buf(r.pool, response.body.len());
+        if buf.is_null() {
+            return Status::NGX_ERROR.into();
+        }
+        ptr::copy_nonoverlapping(response.body.as_ptr(), (*buf).pos, response.body.len());
+        (*buf).last = (*buf).pos.add(response.body.len());
+        (*buf).set_last_buf(if ptr::eq(r.main, r) { 1 } else { 0 });
+        (*buf).set_last_in_chain(1);
+        let mut out = ngx_chain_t {
+            buf,
+            next: ptr::null_mut(),
+        };
+        ngx_http_output_filter(r, &mut out)
+    }
+}
+
+fn bytes(text: &ngx_str_t) -> &[u8] {
+    if text.data.is_null() {
+        return &[];
+    }
+    // SAFETY: a non-null ngx_str_t points at `len` bytes that live as long as it does.
+    unsafe { core::slice::from_raw_parts(text.data, text.len) }
+}
+
+fn connection_log(r: &ngx_http_request_t) -> *mut ngx::ffi::ngx_log_t {
+    // SAFETY: a live request always has a connection with a log.
+    unsafe { (*r.connection).log }
+}
