@@ -702,3 +702,21 @@ fn random_seed() -> [u64; 2] {
         u64::from_le_bytes(high.try_into().unwrap_or_default()),
     ]
 }
+
+// --- admin API (src/admin/) ------------------------------------------------------------
+
+impl Zone {
+    /// Nanoseconds from `now_ns` until the key in `index` is back to a fresh key's state under
+    /// `limits` (0 when it already is): `GET zones/NAME/keys/KEY` shows it as `reset_ms`.
+    pub fn time_to_fresh_ns(&self, index: SlotIndex, limits: &Limits, now_ns: u64) -> u64 {
+        let slot = self.slot(index.0);
+        let idle_at = if self.algorithm() == Algorithm::SlidingLog {
+            // Sliding log words are read under the zone lock only.
+            let _lock = self.lock();
+            self.idle_at_ns(slot, limits, now_ns)
+        } else {
+            self.idle_at_ns(slot, limits, now_ns)
+        };
+        idle_at.saturating_sub(now_ns)
+    }
+}

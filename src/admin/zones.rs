@@ -107,7 +107,9 @@ impl AdminZone for SharedZone<'_> {
             delay: DelayMode::NoDelay,
             cost: 1,
         };
-        let decision = self.zone.decide(slot, self.now_ns, &policy, false);
+        let mut decision = self.zone.decide(slot, self.now_ns, &policy, false);
+        // The decision's reset counts the request it imagines; the key's own is without it.
+        decision.reset_ns = self.zone.time_to_fresh_ns(slot, &limits, self.now_ns);
         Some(KeyState {
             limits,
             override_limits,

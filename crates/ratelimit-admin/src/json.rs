@@ -77,7 +77,7 @@ pub struct KeyJson<'a> {
     pub override_limits: Option<LimitsJson>,
     /// Whether a request now would be served (at once or after a delay).
     pub would_pass: bool,
-    /// Requests that would pass now, one after another, without a rejection.
+    /// Requests of cost 1 that would pass now, one after another, without a rejection.
     pub remaining: u64,
     /// How long until a request would pass; 0 when one would pass now.
     pub retry_after_ms: u64,
@@ -96,7 +96,12 @@ impl<'a> KeyJson<'a> {
             burst: state.limits.burst,
             override_limits: state.override_limits.as_ref().map(LimitsJson::from),
             would_pass,
-            remaining: decision.remaining,
+            // The decision counts what remains after the request it imagines.
+            remaining: if would_pass {
+                decision.remaining.saturating_add(1)
+            } else {
+                0
+            },
             retry_after_ms: if would_pass {
                 0
             } else {

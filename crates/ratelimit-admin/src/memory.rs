@@ -62,7 +62,8 @@ impl MemoryZone {
             },
             delay_ns: 0,
             retry_after_ns: if remaining == 0 { 1_500_000 } else { 0 },
-            remaining,
+            // A decision counts what remains after the request it decides.
+            remaining: remaining.saturating_sub(1),
             reset_ns: 2_000_000_001,
             excess_milli: 0,
         };

@@ -57,12 +57,14 @@ impl ZoneInfo {
     }
 }
 
-/// One key's state now, as if a request of cost 1 came (nothing is charged).
+/// One key's state now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KeyState {
     /// The limits this key gets: the zone's, or its override.
     pub limits: Limits,
     pub override_limits: Option<Limits>,
+    /// What a request of cost 1 would get now (nothing is charged), except `reset_ns`: the
+    /// time until the key is back to a fresh key's state as it is, without that request.
     pub decision: Decision,
 }
 
