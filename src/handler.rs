@@ -296,12 +296,22 @@ fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf) -> ngx_int_t {
     let dry = if dry_run { ", dry run" } else { "" };
 
     if let Some(index) = rejected_by {
-        let limit = &applied[index];
         let decision = if decisions.len() > index {
             decisions[index]
         } else {
-            limit.decide_cached()
+            applied[index].decide_cached()
         };
+        if lcf.headers() {
+            // The other zones show where they stand: those charged before a late rejection
+            // (committed in `decisions`) as charged, the rest unchanged.
+            let charged = decisions.len().saturating_sub(1);
+            for (position, limit) in applied.iter_mut().enumerate().skip(charged) {
+                if position != index {
+                    limit.stand(now);
+                }
+            }
+        }
+        let limit = &applied[index];
         let zone_name = &limit.own.zone_conf.name;
         ngx_log_error!(
             lcf.log_level(),
@@ -384,6 +394,13 @@ fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf) -> ngx_int_t {
 }
 
 impl AppliedLimit<'_> {
+    /// Record where each zone of this limit stands, charging nothing.
+    fn stand(&mut self, now_ns: u64) {
+        for applied in core::iter::once(&mut self.own).chain(self.global.iter_mut()) {
+            applied.decision = applied.zone.standing(applied.slot, now_ns, &applied.policy);
+        }
+    }
+
     /// The decision a peek recorded (used when the peek rejected).
     fn decide_cached(&self) -> Decision {
         match &self.global {

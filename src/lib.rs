@@ -186,7 +186,7 @@ pub(crate) extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, _data: *mut c_
     let shpool = shm_zone.shm.addr.cast::<ngx::ffi::ngx_slab_pool_t>();
     // SAFETY: the slab pool at the start of the mapping was initialized by nginx before this
     // callback, which runs in the master before workers exist.
-    let result = unsafe { zone::Zone::init(shpool, &zone_conf.layout()) };
+    let result = unsafe { zone::Zone::init(shpool, &zone_conf.layout(), handler::now_ns()) };
     let log = shm_zone.shm.log;
     match result {
         Ok((zone, kept)) => {

@@ -210,6 +210,7 @@ impl Zone {
     pub unsafe fn init(
         shpool: *mut ngx_slab_pool_t,
         layout: &ZoneLayout,
+        now_ns: u64,
     ) -> Result<(Zone, bool), ZoneInitError> {
         let existing = (*shpool).data.cast::<ZoneShared>();
         if !existing.is_null() && (*existing).magic == MAGIC {
@@ -217,7 +218,7 @@ impl Zone {
                 shpool,
                 shared: existing,
             };
-            let kept = zone.adopt(layout)?;
+            let kept = zone.adopt(layout, now_ns)?;
             return Ok((zone, kept));
         }
 
@@ -293,7 +294,7 @@ impl Zone {
     }
 
     /// Take over a zone from the previous cycle. Returns whether the keys' states were kept.
-    fn adopt(&self, layout: &ZoneLayout) -> Result<bool, ZoneInitError> {
+    fn adopt(&self, layout: &ZoneLayout, now_ns: u64) -> Result<bool, ZoneInitError> {
         let header = self.header();
         let same_shape = header.fingerprint.load(Ordering::Relaxed) == layout.fingerprint
             && header.slot_words.load(Ordering::Relaxed) == layout.slot_words() as u64;
@@ -301,11 +302,55 @@ impl Zone {
             return Err(ZoneInitError::TooSmall);
         }
         let configured = layout.limits.pack();
-        if !same_shape || header.config_limits.load(Ordering::Relaxed) != configured {
+        if !same_shape {
             header.limits.store(configured, Ordering::Relaxed);
-            header.config_limits.store(configured, Ordering::Relaxed);
+        } else if header.config_limits.load(Ordering::Relaxed) != configured {
+            self.set_limits(layout.limits, now_ns);
         }
+        header.config_limits.store(configured, Ordering::Relaxed);
         Ok(same_shape)
+    }
+
+    /// Make `limits` the zone's limits for every worker from the next request on. Keys keep
+    /// their state; a bucket's backlog is re-expressed at the new rate (keys with their own
+    /// override keep theirs), as limit_req's excess would drain at a reloaded rate.
+    pub fn set_limits(&self, limits: Limits, now_ns: u64) {
+        let old = self.limits();
+        self.header().limits.store(limits.pack(), Ordering::Release);
+        let Some(old) = old.filter(|old| old.rate != limits.rate) else {
+            return;
+        };
+        let algorithm = self.algorithm();
+        if !matches!(algorithm, Algorithm::LeakyBucket | Algorithm::TokenBucket) {
+            return;
+        }
+        for index in 0..self.slot_count() {
+            let slot = self.slot(index);
+            let hash = slot[0].load(Ordering::Acquire);
+            if hash == 0 || self.override_for(hash).is_some() {
+                continue;
+            }
+            let state = &slot[1];
+            let mut current = state.load(Ordering::Acquire);
+            loop {
+                let next = ratelimit_core::rescale_word(
+                    current,
+                    now_ns,
+                    algorithm,
+                    &old.rate,
+                    &limits.rate,
+                );
+                match state.compare_exchange_weak(
+                    current,
+                    next,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => break,
+                    Err(actual) => current = actual,
+                }
+            }
+        }
     }
 
     pub fn header(&self) -> &ZoneShared {
@@ -466,6 +511,17 @@ impl Zone {
                 Err(actual) => current = actual,
             }
         }
+    }
+
+    /// Where the key in `index` stands now, charging nothing: `remaining` and `reset_ns` of its
+    /// unchanged state.
+    pub fn standing(&self, index: SlotIndex, now_ns: u64, policy: &Policy) -> Decision {
+        self.decide(
+            index,
+            now_ns,
+            &ratelimit_core::standing_policy(policy),
+            false,
+        )
     }
 
     /// Forget a key's state. Returns whether it was tracked.

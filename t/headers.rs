@@ -297,7 +297,6 @@ fn two_zones_give_two_items_in_their_order() {
 /// A request rejected by one zone is charged to none, so the other zones' items show their
 /// state unchanged, whichever line comes first.
 #[test]
-#[ignore = "BUG: on a rejection by one zone, the other zones' RateLimit items are wrong (as if charged, or r=0;t=0 when listed after the rejecting zone)"]
 fn a_rejection_by_one_zone_shows_the_others_unchanged() {
     let nginx = start(
         "rate_limit_zone $http_x_key zone=a:1m rate=1r/s burst=4;\n\

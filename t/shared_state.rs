@@ -153,7 +153,6 @@ fn reload_with_another_key_starts_afresh() {
 /// after its requests (1 s past the new interval) one more passes, and a second does not.
 /// A state kept but still counted at the old rate would reject for two minutes.
 #[test]
-#[ignore = "BUG: after a reload to a faster rate a key's backlog still drains at the old rate (module rejects 3 s later where limit_req passes)"]
 fn reload_with_a_new_rate_applies_it_to_the_kept_state() {
     let rated = |rate: &str| {
         config(

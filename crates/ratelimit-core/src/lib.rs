@@ -94,3 +94,92 @@ pub fn word_idle_at_ns_near(state: u64, limits: &Limits, algorithm: Algorithm, n
         other => word_idle_at_ns(state, limits, other),
     }
 }
+
+/// A request no limit can admit: every algorithm rejects it and a rejection charges nothing
+/// and reports the unchanged state's `remaining` and `reset_ns`.
+const STANDING_COST: u64 = u32::MAX as u64;
+
+/// The policy whose decision tells where a key stands now, without any request: its
+/// `remaining` and `reset_ns` are those of the unchanged state (used for the `RateLimit`
+/// header of a zone that did not itself decide a rejected request).
+pub fn standing_policy(policy: &Policy) -> Policy {
+    Policy {
+        cost: STANDING_COST,
+        ..*policy
+    }
+}
+
+/// Re-express a single-word state after its rate changed from `old` to `new`, so that the
+/// backlog it holds (in requests) drains at the new rate from `now_ns` on, as limit_req's
+/// `excess` does. Only the two buckets keep a time computed with the rate; the sliding
+/// window keeps counts, which are the same under any rate.
+pub fn rescale_word(state: u64, now_ns: u64, algorithm: Algorithm, old: &Rate, new: &Rate) -> u64 {
+    match algorithm {
+        Algorithm::LeakyBucket | Algorithm::TokenBucket if state > now_ns => {
+            let ahead = u128::from(state - now_ns);
+            let scaled = ahead * u128::from(new.interval_ns().max(1))
+                / u128::from(old.interval_ns().max(1));
+            let scaled = u64::try_from(scaled).unwrap_or(u64::MAX);
+            now_ns.saturating_add(scaled.max(1))
+        }
+        _ => state,
+    }
+}
+
+#[cfg(test)]
+mod standing_tests {
+    use super::*;
+
+    fn policy(algorithm: Algorithm, rate: &str, burst: u64) -> Policy {
+        Policy {
+            algorithm,
+            limits: Limits {
+                rate: Rate::parse(rate).unwrap(),
+                burst,
+            },
+            delay: DelayMode::NoDelay,
+            cost: 1,
+        }
+    }
+
+    /// The standing policy reports as `remaining` exactly the cost-1 requests that still pass
+    /// at that instant, and changes nothing.
+    #[test]
+    fn standing_counts_what_still_passes() {
+        for policy in [
+            policy(Algorithm::LeakyBucket, "2r/s", 4),
+            policy(Algorithm::TokenBucket, "2r/s", 5),
+            policy(Algorithm::SlidingWindow, "5r/s", 0),
+        ] {
+            let mut state = 0;
+            let now = 7_000_000_000;
+            for _ in 0..2 {
+                state = decide_word(state, now, &policy).1.unwrap();
+            }
+            let (standing, next) = decide_word(state, now, &standing_policy(&policy));
+            assert_eq!(next, None, "{policy:?}");
+            let mut passes = 0;
+            while let (_, Some(next)) = decide_word(state, now, &policy) {
+                state = next;
+                passes += 1;
+            }
+            assert_eq!(standing.remaining, passes, "{policy:?}");
+        }
+    }
+
+    #[test]
+    fn rescaling_keeps_the_backlog_in_requests() {
+        let old = Rate::parse("1r/m").unwrap();
+        let new = Rate::parse("30r/m").unwrap();
+        let now = 100_000_000_000;
+        // Two requests queued at 1r/m: 120 s ahead; at 30r/m the same two take 4 s.
+        let state = now + 120_000_000_000;
+        assert_eq!(
+            rescale_word(state, now, Algorithm::LeakyBucket, &old, &new),
+            now + 4_000_000_000
+        );
+        // An idle state stays as it is; counts of the sliding window are rate-free.
+        assert_eq!(rescale_word(5, now, Algorithm::TokenBucket, &old, &new), 5);
+        assert_eq!(rescale_word(state, now, Algorithm::SlidingWindow, &old, &new), state);
+    }
+}
