@@ -1,0 +1,141 @@
+"""One nginx for one bench step: a prefix directory, a generated config, start, stop.
+
+Every bench runs native `limit_req` and `rate_limit` in the same binary and the same config
+(different locations), so both see the same build, event loop and load.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 60.0
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Binaries:
+    """The nginx binary and the module, copied once per bench run so that builds made by
+    others in the same checkout while the bench runs cannot change what is measured."""
+
+    def __init__(self, nginx, module):
+        self.nginx = nginx
+        self.module = module
+
+    @staticmethod
+    def snapshot(nginx, module, directory):
+        os.makedirs(directory, exist_ok=True)
+        nginx_copy = os.path.join(directory, "nginx")
+        module_copy = os.path.join(directory, os.path.basename(module))
+        shutil.copy2(nginx, nginx_copy)
+        shutil.copy2(module, module_copy)
+        return Binaries(nginx_copy, module_copy)
+
+
+def render_config(binaries, prefix, port, http_body, workers=1, master=True):
+    """A whole nginx.conf: `http_body` goes inside `http { }` and may use `{port}`."""
+    return f"""load_module {binaries.module};
+user root;
+daemon off;
+master_process {"on" if master else "off"};
+worker_processes {workers};
+pid {prefix}/logs/nginx.pid;
+error_log {prefix}/logs/error.log warn;
+worker_rlimit_nofile 8192;
+
+events {{
+    worker_connections 4096;
+}}
+
+http {{
+    access_log off;
+    keepalive_requests 1000000;
+    keepalive_timeout 300s;
+    limit_req_status 429;
+    rate_limit_status 429;
+    limit_req_log_level info;
+    rate_limit_log_level info;
+
+{http_body.replace("{port}", str(port))}
+}}
+"""
+
+
+class Nginx:
+    """nginx started from `config_body` (see `render_config`), optionally under a wrapper
+    command such as valgrind. Use as a context manager; the prefix is kept for inspection."""
+
+    def __init__(self, binaries, prefix, http_body, workers=1, master=True, wrapper=None):
+        self.binaries = binaries
+        self.prefix = os.path.abspath(prefix)
+        self.port = free_port()
+        self.workers = workers
+        self.master = master
+        self.wrapper = wrapper or []
+        os.makedirs(os.path.join(self.prefix, "logs"), exist_ok=True)
+        self.config_path = os.path.join(self.prefix, "nginx.conf")
+        with open(self.config_path, "w") as f:
+            f.write(render_config(binaries, self.prefix, self.port, http_body, workers, master))
+        self.process = None
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    @property
+    def error_log(self):
+        return os.path.join(self.prefix, "logs", "error.log")
+
+    def start(self):
+        command = self.wrapper + [self.binaries.nginx, "-p", self.prefix, "-c", self.config_path]
+        stderr = open(os.path.join(self.prefix, "stderr.log"), "w")
+        self.process = subprocess.Popen(command, stdout=stderr, stderr=stderr,
+                                        start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"nginx exited at start; see {self.prefix}/stderr.log and "
+                                   f"{self.error_log}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"nginx did not listen on {self.port} within {START_TIMEOUT_S}s")
+
+    def stop(self):
+        """Graceful stop (SIGQUIT), so valgrind writes its output; SIGKILL if it hangs."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        # With `master_process off` a signal that lands between nginx's check of its quit
+        # flag and epoll_wait() is only seen at the next event, and with no timer pending
+        # there is none: repeat the signal until it exits.
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            self.process.send_signal(signal.SIGQUIT)
+            try:
+                self.process.wait(1.0)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def error_lines(self, level):
+        """Lines of the error log at `level` (e.g. "[alert]")."""
+        try:
+            with open(self.error_log) as f:
+                return [line for line in f if level in line]
+        except FileNotFoundError:
+            return []

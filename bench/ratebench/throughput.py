@@ -1,0 +1,97 @@
+"""Target 4: requests per second and p99 latency with wrk on loopback.
+
+One nginx per worker count, with four locations: no limit, limit_req, rate_limit with
+headers off (the comparison: limit_req adds none) and rate_limit with its headers. Rates are
+so high and bursts so large that nothing is rejected (checked: any non-2xx fails the run).
+Before measuring, every limited location sees each of the 100,000 keys once, so the runs
+measure a zone holding all of them rather than its filling. Runs alternate between the
+locations, in reverse order every other repetition, and the medians are reported: on a
+2-core machine where wrk and nginx share the cores, single runs are noisy.
+"""
+
+import os
+import statistics
+
+from .client import KeepAliveClient
+from .load import run_wrk
+from .nginx import Nginx
+
+KEYS = 100_000
+CONNECTIONS = 50
+
+HTTP_BODY = """
+    limit_req_zone  $arg_k zone=native:32m rate=1000000r/s;
+    rate_limit_zone $arg_k zone=ours:32m   rate=1000000r/s;
+    rate_limit_zone $arg_k zone=ours_headers:32m rate=1000000r/s;
+
+    server {
+        listen 127.0.0.1:{port};
+
+        location = /none {
+            empty_gif;
+        }
+        location = /native {
+            limit_req zone=native burst=1000000 nodelay;
+            empty_gif;
+        }
+        location = /ours {
+            rate_limit zone=ours burst=1000000 nodelay;
+            rate_limit_headers off;
+            empty_gif;
+        }
+        location = /ours_headers {
+            rate_limit zone=ours_headers burst=1000000 nodelay;
+            empty_gif;
+        }
+    }
+"""
+
+LOCATIONS = ["none", "native", "ours", "ours_headers"]
+KEY_SETS = {"hot": None, "100k": KEYS}
+
+
+def prefill(nginx, locations):
+    with KeepAliveClient(nginx.port, timeout=120) as client:
+        for location in locations:
+            statuses = client.get_pipelined([f"/{location}?k={i}" for i in range(1, KEYS + 1)])
+            if statuses.count(200) != KEYS:
+                raise RuntimeError(f"prefill of /{location}: not all 200")
+
+
+def run(binaries, directory, workers_list=(1, 2), repetitions=3, duration_s=5,
+        locations=LOCATIONS, log=print):
+    """{(workers, key set, location): {"runs": [...], "rps": median, "p99_ms": median}}."""
+    os.makedirs(directory, exist_ok=True)
+    runs = {}
+    for workers in workers_list:
+        prefix = os.path.join(directory, f"prefix-{workers}w")
+        with Nginx(binaries, prefix, HTTP_BODY, workers=workers) as nginx:
+            log(f"  throughput: {workers} worker(s): prefilling {KEYS} keys")
+            prefill(nginx, [location for location in locations if location != "none"])
+            for repetition in range(repetitions):
+                order = locations if repetition % 2 == 0 else list(reversed(locations))
+                for key_set, keys in KEY_SETS.items():
+                    for location in order:
+                        url = f"http://127.0.0.1:{nginx.port}/{location}"
+                        if keys is None:
+                            url += "?k=1"
+                        out = os.path.join(directory, f"wrk.{workers}w.{key_set}.{location}."
+                                                      f"{repetition}.txt")
+                        result = run_wrk(url, duration_s, CONNECTIONS, keys=keys, out=out)
+                        if result["non_2xx_3xx"] or result["connect_errors"] or \
+                                result["read_errors"] or result["timeouts"]:
+                            raise RuntimeError(f"{out}: errors or non-2xx in a throughput run")
+                        runs.setdefault((workers, key_set, location), []).append(result)
+                        log(f"  throughput: {workers}w {key_set:4} /{location:12} "
+                            f"{result['requests_per_s']:9.0f} req/s  "
+                            f"p99 {result['p99_us'] / 1000:.2f} ms")
+    return {
+        key: {
+            "runs": results,
+            "rps": statistics.median(r["requests_per_s"] for r in results),
+            "p99_ms": statistics.median(r["p99_us"] for r in results) / 1000,
+            "rps_min": min(r["requests_per_s"] for r in results),
+            "rps_max": max(r["requests_per_s"] for r in results),
+        }
+        for key, results in runs.items()
+    }
