@@ -263,8 +263,8 @@ fn n_pass_then_immediate_rejections_with_headers() {
 fn connections_on_two_workers(nginx: &Nginx) -> [(Connection, u32); 2] {
     let mut first = Connection::open(nginx.port());
     let first_pid = first.get("/pid").worker_pid();
-    // The kernel wakes either worker for a new connection; keep the ones that went to the
-    // first worker open so that it is busier, and try until the other one accepts.
+    // Either worker may accept a new connection: open more (held open until we are done)
+    // until the other one takes one.
     let mut held = Vec::new();
     for _ in 0..200 {
         let mut connection = Connection::open(nginx.port());
