@@ -117,8 +117,8 @@ pub fn rescale_word(state: u64, now_ns: u64, algorithm: Algorithm, old: &Rate, n
     match algorithm {
         Algorithm::LeakyBucket | Algorithm::TokenBucket if state > now_ns => {
             let ahead = u128::from(state - now_ns);
-            let scaled = ahead * u128::from(new.interval_ns().max(1))
-                / u128::from(old.interval_ns().max(1));
+            let scaled =
+                ahead * u128::from(new.interval_ns().max(1)) / u128::from(old.interval_ns().max(1));
             let scaled = u64::try_from(scaled).unwrap_or(u64::MAX);
             now_ns.saturating_add(scaled.max(1))
         }
@@ -180,6 +180,9 @@ mod standing_tests {
         );
         // An idle state stays as it is; counts of the sliding window are rate-free.
         assert_eq!(rescale_word(5, now, Algorithm::TokenBucket, &old, &new), 5);
-        assert_eq!(rescale_word(state, now, Algorithm::SlidingWindow, &old, &new), state);
+        assert_eq!(
+            rescale_word(state, now, Algorithm::SlidingWindow, &old, &new),
+            state
+        );
     }
 }
