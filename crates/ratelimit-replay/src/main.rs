@@ -194,7 +194,7 @@ impl Output {
             Output::Json => {
                 let object = json!({
                     "line": request.line,
-                    "t": request.time_ns as f64 / 1e9,
+                    "t": seconds(request.time_ns),
                     "key": request.key,
                     "decision": decision.outcome.as_str(),
                     "delay_ms": millis(decision.delay_ns),
@@ -298,4 +298,11 @@ fn millis_text(ns: u64) -> String {
 /// The same as a JSON number.
 fn millis(ns: u64) -> f64 {
     (ns / 1_000) as f64 / 1_000.0
+}
+
+/// Nanoseconds as the nearest `f64` of seconds, so JSON shows `1796049057.702` for a logged
+/// `1796049057.702` (dividing by 1e9 in floating point would print `...7020001`).
+fn seconds(time_ns: u64) -> f64 {
+    let text = format!("{}.{:09}", time_ns / 1_000_000_000, time_ns % 1_000_000_000);
+    text.parse().unwrap_or(time_ns as f64 / 1e9)
 }
