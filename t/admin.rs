@@ -260,6 +260,44 @@ fn patch_reaches_every_worker_at_once() {
 }
 
 #[test]
+fn readers_never_see_a_rate_with_another_patch_s_burst() {
+    let nginx = start();
+    let workers = nginx.worker_pids();
+    let pairs = [("10r/s", 1), ("20r/s", 2)];
+    let seen: Vec<(String, u64)> = std::thread::scope(|scope| {
+        for (rate, burst) in pairs {
+            let nginx = &nginx;
+            scope.spawn(move || {
+                let body = format!("{{\"rate\": \"{rate}\", \"burst\": {burst}}}");
+                let mut connection = Connection::open(nginx.port());
+                for _ in 0..100 {
+                    let patch = admin_request("PATCH", "zones/one", Some(&body));
+                    assert_eq!(connection.send(&patch).status, 200);
+                }
+            });
+        }
+        let reader = scope.spawn(|| {
+            (0..150)
+                .map(|_| {
+                    let zone = admin(&nginx, "GET", "zones/one", None).1;
+                    let rate = zone["rate"].as_str().unwrap().to_string();
+                    (rate, zone["burst"].as_u64().unwrap())
+                })
+                .collect()
+        });
+        reader.join().unwrap()
+    });
+    for (rate, burst) in &seen {
+        let expected = [("1r/m", 0), pairs[0], pairs[1]];
+        assert!(
+            expected.contains(&(rate.as_str(), *burst)),
+            "rate {rate} with burst {burst}"
+        );
+    }
+    assert_healthy(&nginx, &workers);
+}
+
+#[test]
 fn patch_keeps_key_state_and_deleting_a_key_lets_it_pass() {
     let nginx = start();
     assert_eq!(hit(&nginx, "/", "k"), 200);
