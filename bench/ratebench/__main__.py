@@ -61,6 +61,19 @@ def command_output(command, **kwargs):
         return ""
 
 
+def cpu_busy_percent(seconds=2.0):
+    """Share of all cores busy over `seconds` (before the bench starts: other work)."""
+    def sample():
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        idle = fields[3] + fields[4]
+        return sum(fields) - idle, sum(fields)
+    busy0, total0 = sample()
+    time.sleep(seconds)
+    busy1, total1 = sample()
+    return 100.0 * (busy1 - busy0) / max(1, total1 - total0)
+
+
 def machine(root, binaries):
     model = ""
     for line in command_output(["lscpu"]).splitlines():
@@ -81,6 +94,7 @@ def machine(root, binaries):
         "nginx": nginx_version.replace("nginx version: ", ""),
         "commit": commit + (" (with uncommitted changes in the checkout)" if dirty else ""),
         "load_average_at_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "cpu_busy_before_start": f"{cpu_busy_percent():.0f}% (other work on the machine)",
     }
 
 
@@ -140,6 +154,7 @@ def main():
     rows = []
     raw = {"machine": info}
     breakdown = ""
+    details = []
     try:
         if "1" in only:
             requests = mode["callgrind_requests"]
@@ -164,14 +179,16 @@ def main():
                                     mode["accuracy_runs"], mode["per_minute_s"], log)
             raw["accuracy"] = {f"{n}/{l}": v for (n, l), v in admitted.items()}
             rows += report.accuracy_rows(admitted)
+            details.append(report.accuracy_details(admitted))
         if "4" in only and mode["throughput"]:
             log("target 4: throughput (wrk)")
             speed = throughput.run(binaries, os.path.join(run_dir, "t4-throughput"),
-                                   repetitions=5, duration_s=4, log=log)
+                                   log=log)
             raw["throughput"] = {f"{w}w/{k}/{l}": {key: v[key] for key in
                                                    ("rps", "p99_ms", "rps_min", "rps_max")}
                                  for (w, k, l), v in speed.items()}
             rows += report.throughput_rows(speed)
+            details.append(report.throughput_details(speed))
         if "5" in only and mode["criterion"]:
             log("target 5: criterion")
             ns = criterion.run(args.root, os.path.join(run_dir, "t5-criterion"), log)
@@ -193,7 +210,7 @@ def main():
 
     with open(os.path.join(run_dir, "results.json"), "w") as f:
         json.dump(raw, f, indent=2, default=str)
-    summary = summary_markdown(args.mode, info, rows, breakdown)
+    summary = summary_markdown(args.mode, info, rows, breakdown, details)
     with open(os.path.join(run_dir, "summary.md"), "w") as f:
         f.write(summary)
     if args.mode == "full" and only == set("12345"):
@@ -202,7 +219,7 @@ def main():
     return 1 if failed else 0
 
 
-def summary_markdown(mode, info, rows, breakdown):
+def summary_markdown(mode, info, rows, breakdown, details):
     machine_lines = "\n".join(f"- {key.replace('_', ' ')}: {value}" for key, value in info.items())
     return f"""# Performance: rate_limit vs native limit_req ({mode} run)
 
@@ -215,6 +232,8 @@ the two (for target 5, ours/governor).
 ## Machine
 
 {machine_lines}
+
+{chr(10).join(details)}
 
 ## Callgrind: per-request costs
 

@@ -159,3 +159,22 @@ def render_markdown(rows):
             cells[-1] = f"**{row.verdict}**"
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def accuracy_details(accuracy):
+    lines = ["## Accuracy runs", "",
+             "| rate | location | admitted | error | offered req/s |", "|---|---|---|---|---|"]
+    for (name, location), result in accuracy.items():
+        lines.append(f"| {name} | {location} | {result['admitted']:.3f} {result['unit']} | "
+                     f"{percent(result['error'])} | {result['offered']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def throughput_details(throughput):
+    lines = ["## Throughput runs (every repetition, in run order)", "",
+             "| workers | keys | location | req/s | p99 ms |", "|---|---|---|---|---|"]
+    for (workers, key_set, location), result in throughput.items():
+        rps = " ".join(f"{r['requests_per_s'] / 1000:.0f}k" for r in result["runs"])
+        p99 = " ".join(f"{r['p99_us'] / 1000:.2f}" for r in result["runs"])
+        lines.append(f"| {workers} | {key_set} | {location} | {rps} | {p99} |")
+    return "\n".join(lines) + "\n"
