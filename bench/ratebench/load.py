@@ -12,7 +12,7 @@ def start_wrk(url, duration_s, connections, keys=None, threads=1, out=None):
     `url?k=<random 1..keys>`. Returns the process; pass it to `finish_wrk`."""
     script = "report.lua" if keys is None else "random_keys.lua"
     command = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration_s}s", "--latency",
-                "-s", os.path.join(WRK_DIR, script), url]
+               "-s", os.path.join(WRK_DIR, script), url]
     if keys is not None:
         command += ["--", str(keys)]
     stdout = open(out, "w") if out else subprocess.PIPE
