@@ -26,6 +26,9 @@ use crate::{admin, module_ptr, RateLimitModule};
 pub struct MainConf {
     pub zones: Vec<*mut ZoneConf>,
     pub references: Vec<ZoneReference>,
+    /// Index of `$rate_limit_status` in `r->variables`: where a request's outcome is kept
+    /// (it survives internal redirects, unlike module contexts, and subrequests share it).
+    pub status_variable: Option<ngx_uint_t>,
     /// `rate_limit_state_file`: where admin changes are persisted.
     pub state_file: Option<String>,
 }
@@ -44,6 +47,9 @@ pub struct ZoneConf {
     pub name: String,
     pub shm_zone: *mut ngx_shm_zone_t,
     pub key: ngx_http_complex_value_t,
+    /// When KEY is a single variable (`$binary_remote_addr`), its index: read directly,
+    /// without evaluating a complex value into a fresh buffer.
+    pub key_variable: Option<ngx_uint_t>,
     pub key_text: String,
     pub algorithm: Algorithm,
     /// Limits as written in the configuration.
@@ -243,6 +249,14 @@ pub extern "C" fn cmd_rate_limit_zone(
         return NGX_CONF_ERROR;
     }
 
+    let key_variable = match single_variable(args[1].as_bytes()) {
+        Some(name) => match variable_index(cf, name) {
+            Some(index) => Some(index),
+            None => return NGX_CONF_ERROR,
+        },
+        None => None,
+    };
+
     let Some(mcf) = main_conf(cf) else {
         return NGX_CONF_ERROR;
     };
@@ -264,6 +278,7 @@ pub extern "C" fn cmd_rate_limit_zone(
             name: name.clone(),
             shm_zone,
             key,
+            key_variable,
             key_text: String::from_utf8_lossy(args[1].as_bytes()).into_owned(),
             algorithm: spec.algorithm,
             limits: spec.limits(),
@@ -283,6 +298,39 @@ pub extern "C" fn cmd_rate_limit_zone(
     shm.init = Some(crate::zone_init);
     mcf.zones.push(zone_conf);
     NGX_CONF_OK
+}
+
+/// `$name` or `${name}` alone: the variable's name.
+fn single_variable(text: &[u8]) -> Option<&[u8]> {
+    let name = text.strip_prefix(b"$")?;
+    let name = match name.strip_prefix(b"{") {
+        Some(braced) => braced.strip_suffix(b"}")?,
+        None => name,
+    };
+    let valid = !name.is_empty()
+        && name
+            .iter()
+            .all(|&byte| byte.is_ascii_alphanumeric() || byte == b'_');
+    valid.then_some(name)
+}
+
+/// Index a variable by name, as `ngx_http_compile_complex_value` would.
+pub fn variable_index(cf: &mut ngx_conf_t, name: &[u8]) -> Option<ngx_uint_t> {
+    // The name must outlive configuration parsing: copy it into the configuration pool.
+    // SAFETY: `cf.pool` is the live configuration pool.
+    let copy = unsafe { ngx::ffi::ngx_pnalloc(cf.pool, name.len().max(1)) }.cast::<u8>();
+    if copy.is_null() {
+        return None;
+    }
+    // SAFETY: `copy` has room for `name.len()` bytes.
+    unsafe { ptr::copy_nonoverlapping(name.as_ptr(), copy, name.len()) };
+    let mut name = ngx_str_t {
+        len: name.len(),
+        data: copy,
+    };
+    // SAFETY: `cf` is valid during configuration.
+    let index = unsafe { ngx::ffi::ngx_http_get_variable_index(cf, &mut name) };
+    ngx_uint_t::try_from(index).ok()
 }
 
 /// `rate_limit zone=NAME [burst=N] [nodelay | delay=N] [global=NAME] [cost=N];`

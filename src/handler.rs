@@ -7,11 +7,10 @@ use ngx::ffi::{
     ngx_conf_t, ngx_handle_read_event, ngx_handle_write_event, ngx_http_add_variable,
     ngx_http_block_reading, ngx_http_complex_value, ngx_http_core_run_phases,
     ngx_http_finalize_request, ngx_http_request_t, ngx_http_test_reading,
-    ngx_http_variable_value_t, ngx_int_t, ngx_list_push, ngx_pnalloc, ngx_pool_cleanup_add,
-    ngx_pool_t, ngx_posted_events, ngx_str_t, ngx_table_elt_t, ngx_uint_t,
-    NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_ERR, NGX_LOG_WARN,
+    ngx_http_variable_value_t, ngx_int_t, ngx_list_push, ngx_pnalloc, ngx_posted_events, ngx_str_t,
+    ngx_table_elt_t, ngx_uint_t, NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_ERR, NGX_LOG_WARN,
 };
-use ngx::http::HttpModuleLocationConf;
+use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
 use ratelimit_core::{Decision, Limits, Outcome, Policy, NANOS_PER_SEC};
 use smallvec::SmallVec;
@@ -43,57 +42,38 @@ impl LimitStatus {
     }
 }
 
-/// What the module remembers about a request: kept in a cleanup entry of the request pool,
-/// which internal redirects keep (unlike module contexts) and subrequests share, so limits
-/// apply once per main request.
+/// Where a request's outcome is kept: `$rate_limit_status`'s own slot in `r->variables`.
+/// Internal redirects keep variable values (they clear module contexts) and subrequests
+/// share them, so a set value means "this main request was limited already".
 #[derive(Clone, Copy)]
 struct RequestState {
-    /// Always `REQUEST_STATE_MAGIC`: together with the handler, identifies our entry.
-    magic: u64,
-    status: Option<LimitStatus>,
+    value: *mut ngx_http_variable_value_t,
 }
 
-const REQUEST_STATE_MAGIC: u64 = 0x726c_7265_7173_7461;
-
-/// Marks our cleanup entry in the pool's cleanup list; there is nothing to free.
-unsafe extern "C" fn request_state_marker(data: *mut core::ffi::c_void) {
-    // SAFETY: called by nginx with the entry's data, a `RequestState`, when the pool dies.
-    unsafe { (*data.cast::<RequestState>()).magic = 0 };
-}
-
-fn find_request_state(pool: *mut ngx_pool_t) -> Option<*mut RequestState> {
-    // SAFETY: `pool` is a live request pool; its cleanup list is a NULL-terminated chain.
-    let mut cleanup = unsafe { (*pool).cleanup };
-    while !cleanup.is_null() {
-        // SAFETY: every element of the chain is a valid ngx_pool_cleanup_t.
-        let entry = unsafe { &*cleanup };
-        let ours = entry.handler.is_some_and(|handler| {
-            ptr::fn_addr_eq(handler, request_state_marker as unsafe extern "C" fn(_))
-        });
-        // SAFETY: an entry with our handler carries a `RequestState`.
-        if ours && unsafe { (*entry.data.cast::<RequestState>()).magic } == REQUEST_STATE_MAGIC {
-            return Some(entry.data.cast());
+impl RequestState {
+    fn of(r: &ngx_http_request_t, index: ngx_uint_t) -> RequestState {
+        // SAFETY: `r->variables` has one entry per indexed variable of this configuration,
+        // and `index` was obtained from ngx_http_get_variable_index for it.
+        RequestState {
+            value: unsafe { r.variables.add(index) },
         }
-        cleanup = entry.next;
     }
-    None
-}
 
-fn add_request_state(pool: *mut ngx_pool_t) -> Option<*mut RequestState> {
-    // SAFETY: `pool` is a live request pool.
-    let cleanup = unsafe { ngx_pool_cleanup_add(pool, core::mem::size_of::<RequestState>()) };
-    if cleanup.is_null() {
-        return None;
+    fn is_set(self) -> bool {
+        // SAFETY: `value` points into the live request's variables.
+        let value = unsafe { &*self.value };
+        value.valid() != 0 && value.len() != 0
     }
-    // SAFETY: ngx_pool_cleanup_add returned an entry with `size` bytes of data.
-    unsafe {
-        (*cleanup).handler = Some(request_state_marker);
-        let state = (*cleanup).data.cast::<RequestState>();
-        state.write(RequestState {
-            magic: REQUEST_STATE_MAGIC,
-            status: None,
-        });
-        Some(state)
+
+    fn set(self, status: LimitStatus) {
+        let text = status.as_str();
+        // SAFETY: as above; the text is static.
+        let value = unsafe { &mut *self.value };
+        value.data = text.as_ptr().cast_mut();
+        value.set_len(text.len() as u32);
+        value.set_valid(1);
+        value.set_no_cacheable(0);
+        value.set_not_found(0);
     }
 }
 
@@ -131,7 +111,7 @@ pub fn effective_policy(zone: &Zone, limit: &LimitConf, hash: u64) -> Option<Pol
 /// One zone applied to the request.
 struct Applied<'a> {
     zone_conf: &'a ZoneConf,
-    zone: Zone,
+    zone: &'a Zone,
     slot: SlotIndex,
     policy: Policy,
     decision: Decision,
@@ -188,17 +168,8 @@ fn resolve<'a>(
     now_ns: u64,
 ) -> Option<Applied<'a>> {
     let zone_conf = zone_conf_of(shm_zone)?;
-    let zone = zone_conf.zone?;
-    let mut key = ngx_str_t {
-        len: 0,
-        data: ptr::null_mut(),
-    };
-    let key_cv = ptr::addr_of!(zone_conf.key).cast_mut();
-    // SAFETY: `r` is the live request; the complex value was compiled at configuration time.
-    if unsafe { ngx_http_complex_value(r, key_cv, &mut key) } != 0 {
-        return None;
-    }
-    let key = key.as_bytes();
+    let zone = zone_conf.zone.as_ref()?;
+    let key = evaluate_key(r, zone_conf)?;
     if key.is_empty() {
         return None;
     }
@@ -212,7 +183,7 @@ fn resolve<'a>(
         return None;
     }
     let hash = zone.hash_key(key);
-    let policy = effective_policy(&zone, limit, hash)?;
+    let policy = effective_policy(zone, limit, hash)?;
     let (slot, evicted) = zone.find_or_claim(hash, now_ns);
     if evicted && zone.should_log_full(now_ns) {
         ngx_log_error!(
@@ -231,6 +202,33 @@ fn resolve<'a>(
     })
 }
 
+/// The key's bytes for this request (empty when its variables are not found).
+fn evaluate_key<'r>(r: &'r mut ngx_http_request_t, zone_conf: &ZoneConf) -> Option<&'r [u8]> {
+    if let Some(index) = zone_conf.key_variable {
+        // SAFETY: `r` is the live request and `index` a variable index of this configuration.
+        let value = unsafe { ngx::ffi::ngx_http_get_flushed_variable(r, index).as_ref() };
+        return Some(match value {
+            Some(value) if value.not_found() == 0 && value.len() != 0 && !value.data.is_null() => {
+                // SAFETY: a found variable value holds `len` bytes at `data`, in the request
+                // pool.
+                unsafe { core::slice::from_raw_parts(value.data, value.len() as usize) }
+            }
+            _ => &[],
+        });
+    }
+    let mut key = ngx_str_t {
+        len: 0,
+        data: ptr::null_mut(),
+    };
+    let key_cv = ptr::addr_of!(zone_conf.key).cast_mut();
+    // SAFETY: `r` is the live request; the complex value was compiled at configuration time.
+    if unsafe { ngx_http_complex_value(r, key_cv, &mut key) } != 0 {
+        return None;
+    }
+    // SAFETY: the value lives in the request pool (or the configuration, for a constant).
+    Some(unsafe { core::slice::from_raw_parts(key.data.cast_const(), key.len) })
+}
+
 fn connection_log(r: &ngx_http_request_t) -> *mut ngx::ffi::ngx_log_t {
     // SAFETY: a live request always has a connection with a log.
     unsafe { (*r.connection).log }
@@ -246,13 +244,20 @@ pub unsafe extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_in
     let Some(lcf) = RateLimitModule::location_conf(r) else {
         return Status::NGX_DECLINED.into();
     };
-    if lcf.limits().is_empty() || find_request_state(r.pool).is_some() {
+    if lcf.limits().is_empty() {
         return Status::NGX_DECLINED.into();
     }
-    limit_request(r, lcf)
+    let Some(index) = RateLimitModule::main_conf(r).and_then(|mcf| mcf.status_variable) else {
+        return Status::NGX_DECLINED.into();
+    };
+    let state = RequestState::of(r, index);
+    if state.is_set() {
+        return Status::NGX_DECLINED.into();
+    }
+    limit_request(r, lcf, state)
 }
 
-fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf) -> ngx_int_t {
+fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf, state: RequestState) -> ngx_int_t {
     let now = now_ns();
     // Inline storage: the common configurations (one or two limits) never touch the heap.
     let mut applied: SmallVec<[AppliedLimit; 2]> = SmallVec::new();
@@ -289,9 +294,6 @@ fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf) -> ngx_int_t {
         }
     }
 
-    let Some(state) = add_request_state(r.pool) else {
-        return nginx_sys::NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t;
-    };
     let dry_run = lcf.dry_run();
     let dry = if dry_run { ", dry run" } else { "" };
 
@@ -329,14 +331,11 @@ fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf) -> ngx_int_t {
         if lcf.headers() {
             add_rate_limit_headers(r, &applied);
         }
-        // SAFETY: `state` was just added to the request pool.
-        unsafe {
-            (*state).status = Some(if dry_run {
-                LimitStatus::RejectedDryRun
-            } else {
-                LimitStatus::Rejected
-            })
-        };
+        state.set(if dry_run {
+            LimitStatus::RejectedDryRun
+        } else {
+            LimitStatus::Rejected
+        });
         if dry_run {
             return Status::NGX_DECLINED.into();
         }
@@ -372,8 +371,7 @@ fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf) -> ngx_int_t {
     }
 
     let Some((zone_conf, decision)) = delayed_by else {
-        // SAFETY: `state` lives in the request pool.
-        unsafe { (*state).status = Some(LimitStatus::Passed) };
+        state.set(LimitStatus::Passed);
         return Status::NGX_DECLINED.into();
     };
     ngx_log_error!(
@@ -384,12 +382,10 @@ fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf) -> ngx_int_t {
         zone_conf.name
     );
     if dry_run {
-        // SAFETY: as above.
-        unsafe { (*state).status = Some(LimitStatus::DelayedDryRun) };
+        state.set(LimitStatus::DelayedDryRun);
         return Status::NGX_DECLINED.into();
     }
-    // SAFETY: as above.
-    unsafe { (*state).status = Some(LimitStatus::Delayed) };
+    state.set(LimitStatus::Delayed);
     start_delay(r, delay_ns)
 }
 
@@ -567,27 +563,15 @@ pub fn add_variables(cf: &mut ngx_conf_t) -> Result<(), ()> {
     Ok(())
 }
 
+/// Called only while no outcome is stored in the request's variables (`RequestState::set`
+/// stores it there directly): no limit applied.
 unsafe extern "C" fn status_variable(
-    r: *mut ngx_http_request_t,
+    _r: *mut ngx_http_request_t,
     v: *mut ngx_http_variable_value_t,
     _data: usize,
 ) -> ngx_int_t {
-    // SAFETY: nginx calls variable handlers with a live request and a value to fill.
-    let (r, v) = unsafe { (&mut *r, &mut *v) };
-    let status = find_request_state(r.pool).and_then(|state| {
-        // SAFETY: the state lives in the request pool.
-        unsafe { (*state).status }
-    });
-    match status {
-        Some(status) => {
-            let text = status.as_str();
-            v.data = text.as_ptr().cast_mut();
-            v.set_len(text.len() as u32);
-            v.set_valid(1);
-            v.set_no_cacheable(0);
-            v.set_not_found(0);
-        }
-        None => v.set_not_found(1),
-    }
+    // SAFETY: nginx calls variable handlers with a value to fill.
+    let v = unsafe { &mut *v };
+    v.set_not_found(1);
     Status::NGX_OK.into()
 }

@@ -48,6 +48,11 @@ impl HttpModule for RateLimitModule {
         if conf::check_references(cf).is_err() {
             return Status::NGX_ERROR.into();
         }
+        let index = conf::variable_index(cf, b"rate_limit_status");
+        match conf::main_conf(cf) {
+            Some(mcf) if index.is_some() => mcf.status_variable = index,
+            _ => return Status::NGX_ERROR.into(),
+        }
         admin::postconfiguration(cf);
         let Some(cmcf) = NgxHttpCoreModule::main_conf_mut(cf) else {
             return Status::NGX_ERROR.into();

@@ -32,7 +32,7 @@ use ratelimit_core::{sliding_log, Algorithm, Decision, Limits, Policy};
 use siphasher::sip::SipHasher13;
 
 /// Identifies the layout below; a zone inherited over a reload with another magic is reformatted.
-const MAGIC: u64 = 0x726c_7a6f_6e65_0001;
+const MAGIC: u64 = 0x726c_7a6f_6e65_0002;
 
 pub const SLOTS_PER_BUCKET: usize = 4;
 pub const PROBE_BUCKETS: usize = 2;
@@ -43,6 +43,15 @@ const MIN_SLOTS: usize = SLOTS_PER_BUCKET * PROBE_BUCKETS;
 
 /// Per-zone decision counters, in the order of [`Counter`].
 pub const COUNTERS: usize = 5;
+/// Counters are kept per worker (modulo this many stripes), each stripe on its own cache
+/// line, so that workers counting requests do not contend for one line.
+const COUNTER_STRIPES: usize = 16;
+
+/// One worker's counters, padded to a cache line.
+#[repr(C, align(64))]
+pub struct CounterStripe {
+    counts: [AtomicU64; COUNTERS],
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Counter {
@@ -100,7 +109,7 @@ pub struct ZoneShared {
     pub limits: AtomicU64,
     /// The limits the configuration file said at the last (re)load, to notice when it changes.
     pub config_limits: AtomicU64,
-    pub counters: [AtomicU64; COUNTERS],
+    counters: [CounterStripe; COUNTER_STRIPES],
     pub evictions: AtomicU64,
     /// Seconds (monotonic) of the last "zone is full" log line, to log it once a second.
     pub full_logged_sec: AtomicU64,
@@ -187,10 +196,22 @@ impl Drop for ZoneLock<'_> {
 /// A process-local view of a zone: pointers into the shared mapping, which has the same
 /// address in every worker (it is mapped by the master before fork) and lives as long as the
 /// cycle that created this view.
+///
+/// The view caches what never changes after the zone is laid out (in the master, before
+/// workers exist), so the request path reads no shared header field to find a slot.
 #[derive(Clone, Copy)]
 pub struct Zone {
     shpool: *mut ngx_slab_pool_t,
     shared: *mut ZoneShared,
+    table: *mut AtomicU64,
+    /// `u64` words per slot: the hash, then the state.
+    stride: usize,
+    /// Buckets a key's probe window may start at; the table has `PROBE_BUCKETS - 1` more at
+    /// its end so that no window wraps around.
+    home_buckets: u64,
+    slots: usize,
+    algorithm: Algorithm,
+    seed: [u64; 2],
 }
 
 /// Where a key's state is: the index of its slot.
@@ -214,12 +235,9 @@ impl Zone {
     ) -> Result<(Zone, bool), ZoneInitError> {
         let existing = (*shpool).data.cast::<ZoneShared>();
         if !existing.is_null() && (*existing).magic == MAGIC {
-            let zone = Zone {
-                shpool,
-                shared: existing,
-            };
+            let zone = Zone::view(shpool, existing);
             let kept = zone.adopt(layout, now_ns)?;
-            return Ok((zone, kept));
+            return Ok((Zone::view(shpool, existing), kept));
         }
 
         let pagesize = nginx_sys::ngx_pagesize;
@@ -242,7 +260,7 @@ impl Zone {
         (*shared).magic = MAGIC;
         (*shared).seed = random_seed();
         (*shared).table_bytes = (block_bytes - TABLE_OFFSET) as u64;
-        let zone = Zone { shpool, shared };
+        let zone = Zone::view(shpool, shared);
         if !zone.format(layout) {
             ngx_slab_free_locked(shpool, block.cast());
             return Err(ZoneInitError::TooSmall);
@@ -254,7 +272,27 @@ impl Zone {
             .config_limits
             .store(layout.limits.pack(), Ordering::Relaxed);
         (*shpool).data = shared.cast::<c_void>();
-        Ok((zone, false))
+        Ok((Zone::view(shpool, shared), false))
+    }
+
+    /// Build the process-local view from the header.
+    ///
+    /// # Safety
+    /// `shared` is a zone header inside `shpool`'s mapping, written by `init`.
+    unsafe fn view(shpool: *mut ngx_slab_pool_t, shared: *mut ZoneShared) -> Zone {
+        let header = &*shared;
+        let buckets = header.bucket_count.load(Ordering::Relaxed);
+        let stride = 1 + header.slot_words.load(Ordering::Relaxed) as usize;
+        Zone {
+            shpool,
+            shared,
+            table: shared.cast::<u8>().add(TABLE_OFFSET).cast::<AtomicU64>(),
+            stride,
+            home_buckets: buckets.saturating_sub(PROBE_BUCKETS as u64 - 1).max(1),
+            slots: buckets as usize * SLOTS_PER_BUCKET,
+            algorithm: algorithm_from_code(header.algorithm.load(Ordering::Relaxed)),
+            seed: header.seed,
+        }
     }
 
     /// Re-create a process-local view from the pointer a previous `init` stored in the pool.
@@ -263,7 +301,7 @@ impl Zone {
     /// `shpool` is a slab pool on which `init` succeeded in this cycle.
     pub unsafe fn from_pool(shpool: *mut ngx_slab_pool_t) -> Option<Zone> {
         let shared = (*shpool).data.cast::<ZoneShared>();
-        (!shared.is_null()).then_some(Zone { shpool, shared })
+        (!shared.is_null()).then(|| Zone::view(shpool, shared))
     }
 
     /// Lay the slot table out for `layout` and clear it. False if not even one probe window fits.
@@ -273,7 +311,7 @@ impl Zone {
         let slot_bytes = 8 * (1 + slot_words);
         let bucket_bytes = slot_bytes * SLOTS_PER_BUCKET;
         let buckets = header.table_bytes as usize / bucket_bytes;
-        if buckets * SLOTS_PER_BUCKET < MIN_SLOTS {
+        if buckets < PROBE_BUCKETS || buckets * SLOTS_PER_BUCKET < MIN_SLOTS {
             return false;
         }
         // SAFETY: the table lies inside the block allocated for this zone (table_bytes was
@@ -360,20 +398,17 @@ impl Zone {
     }
 
     pub fn algorithm(&self) -> Algorithm {
-        algorithm_from_code(self.header().algorithm.load(Ordering::Relaxed))
+        self.algorithm
     }
 
     /// The zone-wide limits in force now.
     pub fn limits(&self) -> Option<Limits> {
-        Limits::unpack(self.header().limits.load(Ordering::Relaxed))
+        Limits::unpack(self.header().limits.load(Ordering::Acquire))
     }
 
+    /// Slots in the table, overflow buckets included.
     pub fn slot_count(&self) -> usize {
-        self.header().bucket_count.load(Ordering::Relaxed) as usize * SLOTS_PER_BUCKET
-    }
-
-    fn slot_words(&self) -> usize {
-        self.header().slot_words.load(Ordering::Relaxed) as usize
+        self.slots
     }
 
     fn table_base(&self) -> *mut AtomicU64 {
@@ -388,34 +423,46 @@ impl Zone {
 
     /// The words of slot `index`: `[0]` is the key hash, the rest its state.
     fn slot(&self, index: usize) -> &[AtomicU64] {
-        let words = 1 + self.slot_words();
-        let index = index.min(self.slot_count().saturating_sub(1));
-        // SAFETY: `index` is clamped to the table, whose slots are `words` u64 each, 8-byte
+        let index = index.min(self.slots.saturating_sub(1));
+        // SAFETY: `index` is clamped to the table, whose slots are `stride` u64 each, 8-byte
         // aligned inside the zone's mapping; AtomicU64 accepts any bit pattern.
-        unsafe { core::slice::from_raw_parts(self.table_base().add(index * words), words) }
+        unsafe { core::slice::from_raw_parts(self.table.add(index * self.stride), self.stride) }
+    }
+
+    /// The hash word of slot `index` (< `slots`).
+    #[inline]
+    fn hash_word(&self, index: usize) -> &AtomicU64 {
+        debug_assert!(index < self.slots);
+        // SAFETY: callers pass indexes of a probe window, which lies inside the table (the
+        // home bucket is below `home_buckets` and the table has PROBE_BUCKETS - 1 more).
+        unsafe { &*self.table.add(index * self.stride) }
     }
 
     /// Hash a key with the zone's seed; never 0 (0 marks an empty slot).
     pub fn hash_key(&self, key: &[u8]) -> u64 {
-        let seed = self.header().seed;
-        let mut hasher = SipHasher13::new_with_keys(seed[0], seed[1]);
+        let mut hasher = SipHasher13::new_with_keys(self.seed[0], self.seed[1]);
         hasher.write(key);
         hasher.finish().max(1)
     }
 
-    fn probe_window(&self, hash: u64) -> impl Iterator<Item = usize> {
-        let buckets = self.header().bucket_count.load(Ordering::Relaxed).max(1);
-        // Multiply-shift maps the hash onto the buckets without a division.
-        let home = ((u128::from(hash) * u128::from(buckets)) >> 64) as u64;
-        let slots = (buckets as usize) * SLOTS_PER_BUCKET;
-        let first = home as usize * SLOTS_PER_BUCKET;
-        (0..PROBE_BUCKETS * SLOTS_PER_BUCKET).map(move |offset| (first + offset) % slots)
+    /// The first slot of the key's probe window; the window is the next
+    /// `PROBE_BUCKETS * SLOTS_PER_BUCKET` slots.
+    #[inline]
+    fn window_start(&self, hash: u64) -> usize {
+        // Multiply-shift maps the hash onto the home buckets without a division.
+        let home = ((u128::from(hash) * u128::from(self.home_buckets)) >> 64) as usize;
+        home * SLOTS_PER_BUCKET
+    }
+
+    fn probe_window(&self, hash: u64) -> core::ops::Range<usize> {
+        let first = self.window_start(hash);
+        first..first + PROBE_BUCKETS * SLOTS_PER_BUCKET
     }
 
     /// The slot holding `hash`, if the key is tracked. Lock-free.
     pub fn find(&self, hash: u64) -> Option<SlotIndex> {
         self.probe_window(hash)
-            .find(|&index| self.slot(index)[0].load(Ordering::Acquire) == hash)
+            .find(|&index| self.hash_word(index).load(Ordering::Acquire) == hash)
             .map(SlotIndex)
     }
 
@@ -426,49 +473,87 @@ impl Zone {
         ZoneLock { pool: self }
     }
 
-    /// The slot for `hash`, claiming one (and evicting if the window is full) for a new key.
-    /// Returns the index and whether an eviction happened.
+    /// The slot for `hash`, claiming one for a new key. Returns the index and whether another
+    /// key was evicted for it.
+    ///
+    /// The common cases take no lock: a tracked key is found, and a new key takes the first
+    /// empty slot of its window with a compare-and-swap of the hash word (an empty slot's
+    /// state is already a fresh key's). Only a full window takes the zone lock to evict.
     pub fn find_or_claim(&self, hash: u64, now_ns: u64) -> (SlotIndex, bool) {
-        if let Some(index) = self.find(hash) {
-            return (index, false);
+        let mut empty = None;
+        for index in self.probe_window(hash) {
+            match self.hash_word(index).load(Ordering::Acquire) {
+                h if h == hash => return (SlotIndex(index), false),
+                0 if empty.is_none() => empty = Some(index),
+                _ => {}
+            }
+        }
+        if let Some(index) = empty {
+            let claimed = self.hash_word(index).compare_exchange(
+                0,
+                hash,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+            if claimed.is_ok() {
+                return (SlotIndex(index), false);
+            }
         }
         let _lock = self.lock();
         self.claim_locked(hash, now_ns)
     }
 
-    /// As `find_or_claim`, with the zone lock already held.
+    /// As `find_or_claim`, with the zone lock held: rescans (another worker may have claimed
+    /// the key meanwhile), takes an empty slot, else evicts the slot nearest to its fresh
+    /// state (an idle one first: evicting it changes no decision).
     pub fn claim_locked(&self, hash: u64, now_ns: u64) -> (SlotIndex, bool) {
-        if let Some(index) = self.find(hash) {
-            return (index, false);
-        }
         let limits = self.limits();
-        let mut victim = None;
-        let mut victim_idle_at = u64::MAX;
-        let mut evicted = false;
-        for index in self.probe_window(hash) {
-            let slot = self.slot(index);
-            if slot[0].load(Ordering::Relaxed) == 0 {
-                victim = Some(index);
-                victim_idle_at = 0;
-                break;
+        loop {
+            let mut empty = None;
+            let mut victim = self.window_start(hash);
+            let mut victim_idle_at = u64::MAX;
+            for index in self.probe_window(hash) {
+                match self.hash_word(index).load(Ordering::Acquire) {
+                    h if h == hash => return (SlotIndex(index), false),
+                    0 => {
+                        empty = empty.or(Some(index));
+                    }
+                    _ => {
+                        let idle_at = limits.map_or(0, |limits| {
+                            self.idle_at_ns(self.slot(index), &limits, now_ns)
+                        });
+                        if idle_at < victim_idle_at {
+                            victim = index;
+                            victim_idle_at = idle_at;
+                        }
+                    }
+                }
             }
-            let idle_at = limits.map_or(0, |limits| self.idle_at_ns(slot, &limits, now_ns));
-            if idle_at < victim_idle_at {
-                victim = Some(index);
-                victim_idle_at = idle_at;
+            // Lock-free claimers only ever take empty slots, so an empty slot is still raced
+            // for with compare-and-swap; an occupied one changes only under this lock.
+            if let Some(index) = empty {
+                let claimed = self.hash_word(index).compare_exchange(
+                    0,
+                    hash,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+                if claimed.is_ok() {
+                    return (SlotIndex(index), false);
+                }
+                continue;
             }
+            let slot = self.slot(victim);
+            for word in &slot[1..] {
+                word.store(0, Ordering::Relaxed);
+            }
+            slot[0].store(hash, Ordering::Release);
+            let evicted = victim_idle_at > now_ns;
+            if evicted {
+                self.header().evictions.fetch_add(1, Ordering::Relaxed);
+            }
+            return (SlotIndex(victim), evicted);
         }
-        let index = victim.unwrap_or(0);
-        let slot = self.slot(index);
-        if slot[0].load(Ordering::Relaxed) != 0 && victim_idle_at > now_ns {
-            evicted = true;
-            self.header().evictions.fetch_add(1, Ordering::Relaxed);
-        }
-        for word in &slot[1..] {
-            word.store(0, Ordering::Relaxed);
-        }
-        slot[0].store(hash, Ordering::Release);
-        (SlotIndex(index), evicted)
     }
 
     /// When a slot's state becomes equivalent to a fresh key's (0 for an empty slot).
@@ -551,12 +636,20 @@ impl Zone {
             .count() as u64
     }
 
+    /// Count one decision, in this worker's stripe.
     pub fn count(&self, counter: Counter) {
-        self.header().counters[counter as usize].fetch_add(1, Ordering::Relaxed);
+        // SAFETY: ngx_worker is written once by nginx when the worker starts.
+        let worker = unsafe { nginx_sys::ngx_worker } % COUNTER_STRIPES;
+        self.header().counters[worker].counts[counter as usize].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A counter summed over every worker's stripe.
     pub fn counter(&self, counter: Counter) -> u64 {
-        self.header().counters[counter as usize].load(Ordering::Relaxed)
+        self.header()
+            .counters
+            .iter()
+            .map(|stripe| stripe.counts[counter as usize].load(Ordering::Relaxed))
+            .sum()
     }
 
     /// True at most once a second (per zone, across workers): when to log that it is full.
