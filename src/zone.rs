@@ -349,17 +349,24 @@ impl Zone {
         Ok(same_shape)
     }
 
-    /// Make `limits` the zone's limits for every worker from the next request on. Keys keep
-    /// their state; a bucket's backlog is re-expressed at the new rate (keys with their own
-    /// override keep theirs), as limit_req's excess would drain at a reloaded rate.
+    /// Make `limits` the zone's limits for every worker from the next request on, keeping
+    /// every key's state (see [`Zone::rescale_backlogs`]).
     pub fn set_limits(&self, limits: Limits, now_ns: u64) {
         let old = self.limits();
         self.header().limits.store(limits.pack(), Ordering::Release);
-        let Some(old) = old.filter(|old| old.rate != limits.rate) else {
-            return;
-        };
+        if let Some(old) = old {
+            self.rescale_backlogs(&old, &limits, now_ns);
+        }
+    }
+
+    /// After the zone's rate changed from `old` to `new`: re-express each bucket's backlog at
+    /// the new rate, as limit_req's excess (kept in requests) would drain at a reloaded rate.
+    /// Keys with their own override keep theirs. A full scan; lock-free (compare-and-swap).
+    pub fn rescale_backlogs(&self, old: &Limits, new: &Limits, now_ns: u64) {
         let algorithm = self.algorithm();
-        if !matches!(algorithm, Algorithm::LeakyBucket | Algorithm::TokenBucket) {
+        if old.rate == new.rate
+            || !matches!(algorithm, Algorithm::LeakyBucket | Algorithm::TokenBucket)
+        {
             return;
         }
         for index in 0..self.slot_count() {
@@ -368,25 +375,36 @@ impl Zone {
             if hash == 0 || self.override_for(hash).is_some() {
                 continue;
             }
-            let state = &slot[1];
-            let mut current = state.load(Ordering::Acquire);
-            loop {
-                let next = ratelimit_core::rescale_word(
-                    current,
-                    now_ns,
-                    algorithm,
-                    &old.rate,
-                    &limits.rate,
-                );
-                match state.compare_exchange_weak(
-                    current,
-                    next,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => break,
-                    Err(actual) => current = actual,
-                }
+            self.rescale_slot(slot, algorithm, old, new, now_ns);
+        }
+    }
+
+    /// Re-express one key's backlog after its own limits changed (an override set or removed).
+    pub fn rescale_key(&self, hash: u64, old: &Limits, new: &Limits, now_ns: u64) {
+        if let Some(index) = self.find(hash) {
+            self.rescale_slot(self.slot(index.0), self.algorithm, old, new, now_ns);
+        }
+    }
+
+    fn rescale_slot(
+        &self,
+        slot: &[AtomicU64],
+        algorithm: Algorithm,
+        old: &Limits,
+        new: &Limits,
+        now_ns: u64,
+    ) {
+        if old.rate == new.rate || algorithm == Algorithm::SlidingLog {
+            return;
+        }
+        let state = &slot[1];
+        let mut current = state.load(Ordering::Acquire);
+        loop {
+            let next =
+                ratelimit_core::rescale_word(current, now_ns, algorithm, &old.rate, &new.rate);
+            match state.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(actual) => current = actual,
             }
         }
     }
@@ -628,7 +646,8 @@ impl Zone {
         let Some(limits) = self.limits() else {
             return 0;
         };
-        let _lock = self.lock();
+        // Only sliding-log states need the lock to be read; the others are single atomics.
+        let _lock = (self.algorithm == Algorithm::SlidingLog).then(|| self.lock());
         (0..self.slot_count())
             .map(|index| self.slot(index))
             .filter(|slot| slot[0].load(Ordering::Relaxed) != 0)

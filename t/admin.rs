@@ -328,6 +328,36 @@ fn patch_keeps_key_state_and_deleting_a_key_lets_it_pass() {
     assert_eq!(hit(&nginx, "/", "fresh"), 200);
 }
 
+/// A new rate applies to the backlog a key already has, as limit_req's excess drains at a
+/// reloaded rate: one request at 1r/m leaves a key limited for a minute; after a PATCH (or an
+/// override) to 30r/m the same backlog is 2 s long. Checked at 3 s, 1 s past the threshold.
+#[test]
+fn a_new_rate_drains_an_existing_backlog_at_that_rate() {
+    let nginx = start();
+    assert_eq!(hit(&nginx, "/", "patched"), 200);
+    assert_eq!(hit(&nginx, "/", "overridden"), 200);
+    // The override first (its key's backlog moves from the zone's 1r/m to 30r/m), then the
+    // zone (every other key's backlog moves; the overridden key keeps its own).
+    let (status, _) = admin(
+        &nginx,
+        "PUT",
+        "zones/one/overrides/overridden",
+        Some(r#"{"rate": "30r/m"}"#),
+    );
+    assert_eq!(status, 201);
+    let (status, _) = admin(&nginx, "PATCH", "zones/one", Some(r#"{"rate": "30r/m"}"#));
+    assert_eq!(status, 200);
+    let started = std::time::Instant::now();
+    assert_eq!(hit(&nginx, "/", "patched"), 429);
+    assert_eq!(hit(&nginx, "/", "overridden"), 429);
+    assert!(started.elapsed() < Duration::from_secs(1));
+    std::thread::sleep(Duration::from_secs(3).saturating_sub(started.elapsed()));
+    assert_eq!(hit(&nginx, "/", "patched"), 200);
+    assert_eq!(hit(&nginx, "/", "patched"), 429);
+    assert_eq!(hit(&nginx, "/", "overridden"), 200);
+    assert_eq!(hit(&nginx, "/", "overridden"), 429);
+}
+
 #[test]
 fn bad_patches_are_400_and_change_nothing() {
     let nginx = start();

@@ -90,7 +90,7 @@ impl AdminZone for SharedZone<'_> {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             )
-            .map(drop)
+            .map(|_| self.zone.rescale_backlogs(&current, &new, self.now_ns))
             .map_err(|found| Limits::unpack(found).unwrap_or(self.conf.limits))
     }
 
@@ -130,12 +130,28 @@ impl AdminZone for SharedZone<'_> {
     }
 
     fn set_override(&self, key: &[u8], limits: Limits) -> Result<bool, OverridesFull> {
-        self.zone
+        let hash = self.zone.hash_key(key);
+        let before = self
+            .zone
+            .override_for(hash)
+            .unwrap_or_else(|| self.limits());
+        let created = self
+            .zone
             .set_override(key, limits)
-            .map_err(|()| OverridesFull)
+            .map_err(|()| OverridesFull)?;
+        // The key's backlog drains at its new rate from now on.
+        self.zone.rescale_key(hash, &before, &limits, self.now_ns);
+        Ok(created)
     }
 
     fn remove_override(&self, key: &[u8]) -> bool {
-        self.zone.remove_override(key)
+        let hash = self.zone.hash_key(key);
+        let before = self.zone.override_for(hash);
+        let removed = self.zone.remove_override(key);
+        if let Some(before) = before.filter(|_| removed) {
+            self.zone
+                .rescale_key(hash, &before, &self.limits(), self.now_ns);
+        }
+        removed
     }
 }
