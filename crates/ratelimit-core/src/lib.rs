@@ -14,6 +14,11 @@
 
 mod gcra;
 
+#[cfg(test)]
+mod equivalence;
+#[cfg(test)]
+mod reference;
+
 pub mod decision;
 pub mod leaky_bucket;
 pub mod rate;
