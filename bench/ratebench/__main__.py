@@ -185,7 +185,7 @@ def main():
             speed = throughput.run(binaries, os.path.join(run_dir, "t4-throughput"),
                                    log=log)
             raw["throughput"] = {f"{w}w/{k}/{l}": {key: v[key] for key in
-                                                   ("rps", "p99_ms", "rps_min", "rps_max")}
+                                                   ("rps", "p99_ms", "rps_min", "rps_max", "cpu_us")}
                                  for (w, k, l), v in speed.items()}
             rows += report.throughput_rows(speed)
             details.append(report.throughput_details(speed))

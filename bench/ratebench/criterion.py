@@ -9,7 +9,8 @@ GOVERNOR = ["keyed_dashmap", "keyed_hashmap"]
 
 
 def run(root, directory, log=print):
-    """{("ours"|"governor", name): mean ns per decision}."""
+    """{("ours"|"governor", name): ns per decision, criterion's median (other work on a shared
+    machine shows up as outliers, which move the mean)}."""
     os.makedirs(directory, exist_ok=True)
     log("  criterion: cargo bench -p ratelimit-core --bench algorithms")
     env = dict(os.environ, CRITERION_HOME=os.path.abspath(directory))
@@ -21,5 +22,5 @@ def run(root, directory, log=print):
         for name in names:
             path = os.path.join(directory, "decision", side, name, "new", "estimates.json")
             with open(path) as f:
-                results[(side, name)] = json.load(f)["mean"]["point_estimate"]
+                results[(side, name)] = json.load(f)["median"]["point_estimate"]
     return results

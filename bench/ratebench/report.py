@@ -109,14 +109,18 @@ def throughput_rows(throughput):
         rows.append(Row("4", f"p99 latency ms (median), {label}", f"{native['p99_ms']:.2f}",
                         f"{ours['p99_ms']:.2f}", fmt_ratio(p99_ratio), "<= 1.00",
                         verdict(p99_ratio <= 1)))
+        rows.append(Row("4", f"  worker CPU us/request (median), {label}",
+                        f"{native['cpu_us']:.2f}", f"{ours['cpu_us']:.2f}",
+                        fmt_ratio(ours["cpu_us"] / native["cpu_us"]), "-", INFO))
         for location, what in (("ours_headers", "ours with headers on"),
                                ("none", "no limit at all")):
             other = throughput.get((workers, key_set, location))
             if other is None:
                 continue
-            rows.append(Row("4", f"  req/s, p99 ms: {what}",
-                            f"{native['rps']:.0f}, {native['p99_ms']:.2f}",
-                            f"{other['rps']:.0f}, {other['p99_ms']:.2f}",
+            rows.append(Row("4", f"  req/s, p99 ms, CPU us/req: {what}",
+                            f"{native['rps']:.0f}, {native['p99_ms']:.2f}, "
+                            f"{native['cpu_us']:.2f}",
+                            f"{other['rps']:.0f}, {other['p99_ms']:.2f}, {other['cpu_us']:.2f}",
                             fmt_ratio(other["rps"] / native["rps"]), "-", INFO))
     return rows
 
@@ -172,9 +176,11 @@ def accuracy_details(accuracy):
 
 def throughput_details(throughput):
     lines = ["## Throughput runs (every repetition, in run order)", "",
-             "| workers | keys | location | req/s | p99 ms |", "|---|---|---|---|---|"]
+             "| workers | keys | location | req/s | p99 ms | worker CPU us/request |",
+             "|---|---|---|---|---|---|"]
     for (workers, key_set, location), result in throughput.items():
         rps = " ".join(f"{r['requests_per_s'] / 1000:.0f}k" for r in result["runs"])
         p99 = " ".join(f"{r['p99_us'] / 1000:.2f}" for r in result["runs"])
-        lines.append(f"| {workers} | {key_set} | {location} | {rps} | {p99} |")
+        cpu = " ".join(f"{r['worker_cpu_us_per_request']:.2f}" for r in result["runs"])
+        lines.append(f"| {workers} | {key_set} | {location} | {rps} | {p99} | {cpu} |")
     return "\n".join(lines) + "\n"
