@@ -138,11 +138,8 @@ impl Merge for LocConf {
 
 /// Hash of a zone's key text and algorithm, to notice a reload that changes either.
 fn fingerprint(key_text: &str, algorithm: Algorithm) -> u64 {
-    use std::hash::Hasher;
-    let mut hasher = siphasher::sip::SipHasher13::new_with_keys(0, 0);
-    hasher.write(key_text.as_bytes());
-    hasher.write(algorithm.as_str().as_bytes());
-    hasher.finish()
+    use std::hash::BuildHasher;
+    foldhash::quality::FixedState::with_seed(0).hash_one((key_text, algorithm.as_str()))
 }
 
 /// The directive's arguments, name included (`args[0]`).

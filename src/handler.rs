@@ -60,20 +60,56 @@ impl RequestState {
     }
 
     fn is_set(self) -> bool {
-        // SAFETY: `value` points into the live request's variables.
-        let value = unsafe { &*self.value };
-        value.valid() != 0 && value.len() != 0
+        let bits = value_bits::read(self.value);
+        bits & value_bits::VALID != 0 && bits & value_bits::LEN != 0
     }
 
     fn set(self, status: LimitStatus) {
         let text = status.as_str();
-        // SAFETY: as above; the text is static.
-        let value = unsafe { &mut *self.value };
-        value.data = text.as_ptr().cast_mut();
-        value.set_len(text.len() as u32);
-        value.set_valid(1);
+        // SAFETY: `value` points into the live request's variables; the text is static.
+        unsafe { (*self.value).data = text.as_ptr().cast_mut() };
+        value_bits::write(self.value, text.len() as u32 | value_bits::VALID);
+    }
+}
+
+/// The first 32 bits of `ngx_variable_value_t`: `len:28, valid:1, no_cacheable:1,
+/// not_found:1, escape:1`, read and written whole. bindgen's accessors for the 28-bit `len`
+/// loop over it bit by bit (hundreds of instructions a call, on every request);
+/// [`value_bits::layout_matches`] checks at configuration time that the packing is the one
+/// assumed here.
+pub mod value_bits {
+    use ngx::ffi::ngx_variable_value_t;
+
+    pub const LEN: u32 = (1 << 28) - 1;
+    pub const VALID: u32 = 1 << 28;
+    pub const NO_CACHEABLE: u32 = 1 << 29;
+    pub const NOT_FOUND: u32 = 1 << 30;
+
+    pub fn read(value: *const ngx_variable_value_t) -> u32 {
+        // SAFETY: callers pass a live value; the bitfield unit is its first 4 bytes, aligned
+        // for u32 (the struct starts with a zero-length [u32; 0] alignment member).
+        unsafe { value.cast::<u32>().read() }
+    }
+
+    /// Replace `len` and the three flags, keeping `escape`.
+    pub fn write(value: *mut ngx_variable_value_t, bits: u32) {
+        let escape = read(value) & !(LEN | VALID | NO_CACHEABLE | NOT_FOUND);
+        // SAFETY: as for `read`.
+        unsafe { value.cast::<u32>().write(escape | bits) };
+    }
+
+    /// Whether bindgen's accessors and these masks agree on this target.
+    pub fn layout_matches() -> bool {
+        // SAFETY: an all-zero ngx_variable_value_t is valid (a null data pointer, no flags).
+        let mut value: ngx_variable_value_t = unsafe { core::mem::zeroed() };
+        value.set_len(0x0ab_cdef);
+        value.set_no_cacheable(1);
+        let first = read(&value) == 0x0ab_cdef | NO_CACHEABLE;
+        value.set_len(0);
         value.set_no_cacheable(0);
-        value.set_not_found(0);
+        value.set_valid(1);
+        value.set_not_found(1);
+        first && read(&value) == VALID | NOT_FOUND
     }
 }
 
@@ -161,12 +197,39 @@ fn zone_conf_of(shm_zone: *mut ngx::ffi::ngx_shm_zone_t) -> Option<&'static Zone
     unsafe { shm_zone.as_ref()?.data.cast::<ZoneConf>().as_ref() }
 }
 
+/// A zone, the request's key in it and the limits that apply to that key.
+struct Located<'a> {
+    zone_conf: &'a ZoneConf,
+    zone: &'a Zone,
+    slot: SlotIndex,
+    policy: Policy,
+}
+
 fn resolve<'a>(
     r: &mut ngx_http_request_t,
     shm_zone: *mut ngx::ffi::ngx_shm_zone_t,
     limit: &LimitConf,
     now_ns: u64,
 ) -> Option<Applied<'a>> {
+    let located = locate(r, shm_zone, limit, now_ns)?;
+    Some(Applied {
+        zone_conf: located.zone_conf,
+        zone: located.zone,
+        slot: located.slot,
+        policy: located.policy,
+        decision: Decision::rejected(0, 0, 0),
+    })
+}
+
+/// Find the zone's slot for the request's key (claiming one for a new key); `None` when the
+/// key is empty or too long, or the zone is not set up.
+#[inline(always)]
+fn locate<'a>(
+    r: &mut ngx_http_request_t,
+    shm_zone: *mut ngx::ffi::ngx_shm_zone_t,
+    limit: &LimitConf,
+    now_ns: u64,
+) -> Option<Located<'a>> {
     let zone_conf = zone_conf_of(shm_zone)?;
     let zone = zone_conf.zone.as_ref()?;
     let key = evaluate_key(r, zone_conf)?;
@@ -193,12 +256,11 @@ fn resolve<'a>(
             zone_conf.name
         );
     }
-    Some(Applied {
+    Some(Located {
         zone_conf,
         zone,
         slot,
         policy,
-        decision: Decision::rejected(0, 0, 0),
     })
 }
 
@@ -206,15 +268,19 @@ fn resolve<'a>(
 fn evaluate_key<'r>(r: &'r mut ngx_http_request_t, zone_conf: &ZoneConf) -> Option<&'r [u8]> {
     if let Some(index) = zone_conf.key_variable {
         // SAFETY: `r` is the live request and `index` a variable index of this configuration.
-        let value = unsafe { ngx::ffi::ngx_http_get_flushed_variable(r, index).as_ref() };
-        return Some(match value {
-            Some(value) if value.not_found() == 0 && value.len() != 0 && !value.data.is_null() => {
-                // SAFETY: a found variable value holds `len` bytes at `data`, in the request
-                // pool.
-                unsafe { core::slice::from_raw_parts(value.data, value.len() as usize) }
-            }
-            _ => &[],
-        });
+        let value = unsafe { ngx::ffi::ngx_http_get_flushed_variable(r, index) };
+        if value.is_null() {
+            return Some(&[]);
+        }
+        let bits = value_bits::read(value);
+        let len = (bits & value_bits::LEN) as usize;
+        // SAFETY: `value` is a live variable value of this request.
+        let data = unsafe { (*value).data };
+        if bits & value_bits::NOT_FOUND != 0 || len == 0 || data.is_null() {
+            return Some(&[]);
+        }
+        // SAFETY: a found variable value holds `len` bytes at `data`, in the request pool.
+        return Some(unsafe { core::slice::from_raw_parts(data, len) });
     }
     let mut key = ngx_str_t {
         len: 0,
@@ -259,6 +325,34 @@ pub unsafe extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_in
 
 fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf, state: RequestState) -> ngx_int_t {
     let now = now_ns();
+    // The common case, one limit without `global=`: no collection, one compare-and-swap,
+    // and a request that passes without headers to add is done right here.
+    if let [limit] = lcf.limits() {
+        if limit.global.is_none() {
+            let Some(located) = locate(r, limit.shm_zone, limit, now) else {
+                return Status::NGX_DECLINED.into();
+            };
+            let decision = located
+                .zone
+                .decide(located.slot, now, &located.policy, true);
+            if decision.outcome == Outcome::Passed && !lcf.headers() {
+                located.zone.count(Counter::Passed);
+                state.set(LimitStatus::Passed);
+                return Status::NGX_DECLINED.into();
+            }
+            let own = Applied {
+                zone_conf: located.zone_conf,
+                zone: located.zone,
+                slot: located.slot,
+                policy: located.policy,
+                decision,
+            };
+            let rejected_by = (decision.outcome == Outcome::Rejected).then_some(0);
+            let mut applied = [AppliedLimit { own, global: None }];
+            return finish(r, lcf, state, &mut applied, &[decision], rejected_by, now);
+        }
+    }
+
     // Inline storage: the common configurations (one or two limits) never touch the heap.
     let mut applied: SmallVec<[AppliedLimit; 2]> = SmallVec::new();
     for limit in lcf.limits() {
@@ -293,7 +387,21 @@ fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf, state: RequestState)
             }
         }
     }
+    finish(r, lcf, state, &mut applied, &decisions, rejected_by, now)
+}
 
+/// Act on the decisions: `decisions` holds the charged ones in order (the last one the
+/// rejection, when `rejected_by` is set during charging); `rejected_by` names the limit that
+/// refused the request, if any.
+fn finish(
+    r: &mut ngx_http_request_t,
+    lcf: &LocConf,
+    state: RequestState,
+    applied: &mut [AppliedLimit],
+    decisions: &[Decision],
+    rejected_by: Option<usize>,
+    now: u64,
+) -> ngx_int_t {
     let dry_run = lcf.dry_run();
     let dry = if dry_run { ", dry run" } else { "" };
 
@@ -329,7 +437,7 @@ fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf, state: RequestState)
             });
         }
         if lcf.headers() {
-            add_rate_limit_headers(r, &applied);
+            add_rate_limit_headers(r, applied);
         }
         state.set(if dry_run {
             LimitStatus::RejectedDryRun
@@ -351,7 +459,7 @@ fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf, state: RequestState)
     // Passed or delayed: the delay is the longest any zone asks for.
     let mut delay_ns = 0;
     let mut delayed_by = None;
-    for (limit, decision) in applied.iter().zip(&decisions) {
+    for (limit, decision) in applied.iter().zip(decisions) {
         let delayed = decision.outcome == Outcome::Delayed;
         let counter = match (delayed, dry_run) {
             (false, _) => Counter::Passed,
@@ -367,7 +475,7 @@ fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf, state: RequestState)
         }
     }
     if lcf.headers() {
-        add_rate_limit_headers(r, &applied);
+        add_rate_limit_headers(r, applied);
     }
 
     let Some((zone_conf, decision)) = delayed_by else {
@@ -571,7 +679,6 @@ unsafe extern "C" fn status_variable(
     _data: usize,
 ) -> ngx_int_t {
     // SAFETY: nginx calls variable handlers with a value to fill.
-    let v = unsafe { &mut *v };
-    v.set_not_found(1);
+    value_bits::write(v, value_bits::NOT_FOUND);
     Status::NGX_OK.into()
 }

@@ -36,6 +36,14 @@ impl HttpModule for RateLimitModule {
     unsafe extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
         // SAFETY: nginx passes a valid configuration context.
         let cf = unsafe { &mut *cf };
+        if !handler::value_bits::layout_matches() {
+            ngx::ngx_conf_log_error!(
+                NGX_LOG_EMERG,
+                cf,
+                "rate_limit: unexpected ngx_variable_value_t layout on this platform"
+            );
+            return Status::NGX_ERROR.into();
+        }
         match handler::add_variables(cf) {
             Ok(()) => Status::NGX_OK.into(),
             Err(()) => Status::NGX_ERROR.into(),
