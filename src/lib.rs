@@ -182,6 +182,7 @@ ngx::ngx_modules!(ngx_http_rate_limit_module);
 #[cfg_attr(not(feature = "export-modules"), no_mangle)]
 pub static mut ngx_http_rate_limit_module: ngx_module_t = ngx_module_t {
     ctx: ptr::addr_of!(MODULE_CTX) as _,
+    // SAFETY: only the address of the static command table is taken; nginx reads it.
     commands: unsafe { ptr::addr_of_mut!(COMMANDS[0]) },
     type_: NGX_HTTP_MODULE as _,
     init_process: Some(admin::init_process),
