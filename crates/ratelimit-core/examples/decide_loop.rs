@@ -14,7 +14,7 @@
 
 use std::hint::black_box;
 
-use ratelimit_core::{decide_word, sliding_log, DelayMode, Policy, ZoneSpec};
+use ratelimit_core::{decide_word, sliding_log, Decision, DelayMode, Outcome, Policy, ZoneSpec};
 
 const KEYS: usize = 10_000;
 const STEP_NS: u64 = 1_000;
@@ -42,6 +42,18 @@ fn policy(words: &[&str]) -> Policy {
     }
 }
 
+/// Every field of a decision, so that none is left uncomputed, folded into a count of the
+/// requests passed in the low 32 bits (a few instructions, the same for every algorithm).
+#[inline(always)]
+fn checksum(decision: &Decision) -> u64 {
+    let fields = decision.delay_ns
+        ^ decision.retry_after_ns
+        ^ decision.remaining
+        ^ decision.reset_ns
+        ^ decision.excess_milli;
+    u64::from(decision.outcome == Outcome::Passed) + (fields << 32)
+}
+
 #[inline(never)]
 fn run_none(keys: &[u32], states: &mut [u64]) -> u64 {
     let mut now_ns = START_NS;
@@ -50,7 +62,7 @@ fn run_none(keys: &[u32], states: &mut [u64]) -> u64 {
         now_ns += STEP_NS;
         let state = &mut states[key as usize];
         *state = black_box(*state ^ now_ns);
-        passed += *state & 1;
+        passed += checksum(&Decision::rejected(*state, 0, 0));
     }
     passed
 }
@@ -65,9 +77,8 @@ fn run_word(keys: &[u32], states: &mut [u64], policy: &Policy) -> u64 {
         let (decision, next) = decide_word(*state, now_ns, black_box(policy));
         if let Some(next) = next {
             *state = next;
-            passed += 1;
         }
-        black_box(decision);
+        passed += checksum(&decision);
     }
     passed
 }
@@ -81,8 +92,7 @@ fn run_log(keys: &[u32], logs: &mut [u64], words: usize, policy: &Policy) -> u64
         let start = key as usize * words;
         let log = &mut logs[start..start + words];
         let decision = sliding_log::decide(log, now_ns, black_box(policy));
-        passed += u64::from(decision.outcome == ratelimit_core::Outcome::Passed);
-        black_box(decision);
+        passed += checksum(&decision);
     }
     passed
 }
@@ -113,5 +123,8 @@ fn main() {
         }
         other => panic!("unknown algorithm {other:?}"),
     };
-    println!("{algorithm}: {passed} of {count} passed");
+    println!(
+        "{algorithm}: {} of {count} passed",
+        passed & u64::from(u32::MAX)
+    );
 }

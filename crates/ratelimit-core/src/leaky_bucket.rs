@@ -18,58 +18,26 @@
 //! A request costing more than `burst + 1` never passes; its `retry_after_ns` is then the
 //! time after which it would have passed were the bucket that large.
 
-use crate::gcra::{self, Gcra};
-use crate::{Decision, DelayMode, Limits, Outcome, Policy};
+use crate::{gcra, Decision, Limits, Policy};
 
 /// Decide one request; `state` 0 is a fresh key. See [`crate::decide_word`].
+#[inline]
 pub fn decide(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Option<u64>) {
-    let burst = u128::from(policy.limits.burst);
-    let gcra = Gcra::new(state, now_ns, &policy.limits.rate, policy.cost);
-    // A cost-1 request passes while `TAT - now <= burst * T` before charging.
-    let capacity_ns = (burst + 1) * gcra.interval_ns;
-
-    if gcra.ahead_after_ns > capacity_ns {
-        let decision = Decision {
-            remaining: gcra::saturate(
-                capacity_ns.saturating_sub(gcra.ahead_before_ns) / gcra.interval_ns,
-            ),
-            ..Decision::rejected(
-                gcra::saturate(gcra.ahead_after_ns - capacity_ns),
-                gcra::saturate(gcra.ahead_before_ns),
-                gcra.excess_milli(),
-            )
-        };
-        return (decision, None);
-    }
-
-    let delay_threshold = match policy.delay {
-        DelayMode::Delay => Some(0),
-        DelayMode::NoDelay => None,
-        DelayMode::Threshold(delay) => Some(u128::from(delay)),
-    };
-    let delay_ns = match delay_threshold {
-        Some(delay) => gcra
-            .ahead_after_ns
-            .saturating_sub((delay + 1) * gcra.interval_ns),
-        None => 0,
-    };
-    let decision = Decision {
-        outcome: if delay_ns > 0 {
-            Outcome::Delayed
-        } else {
-            Outcome::Passed
-        },
-        delay_ns: gcra::saturate(delay_ns),
-        retry_after_ns: 0,
-        remaining: gcra::saturate((capacity_ns - gcra.ahead_after_ns) / gcra.interval_ns),
-        reset_ns: gcra::saturate(gcra.ahead_after_ns),
-        excess_milli: gcra.excess_milli(),
-    };
-    (decision, Some(gcra.arrival_ns))
+    // A cost-1 request passes while `TAT - now <= burst * T` before charging: the bucket
+    // holds `burst + 1` requests.
+    gcra::decide(
+        state,
+        now_ns,
+        &policy.limits.rate,
+        policy.cost,
+        policy.limits.burst.checked_add(1),
+        policy.delay,
+    )
 }
 
 /// The earliest time at which `state` is equivalent to a fresh key: its `TAT`, when the
 /// bucket is empty.
+#[inline]
 pub fn idle_at_ns(state: u64, limits: &Limits) -> u64 {
     let _ = limits;
     state
@@ -78,7 +46,7 @@ pub fn idle_at_ns(state: u64, limits: &Limits) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Algorithm, Rate, RateUnit};
+    use crate::{Algorithm, DelayMode, Outcome, Rate, RateUnit};
     use Outcome::{Delayed as D, Passed as P, Rejected as R};
 
     const MS: u64 = 1_000_000;

@@ -60,6 +60,7 @@ pub const NANOS_PER_SEC: u64 = 1_000_000_000;
 /// let (third, none) = decide_word(state.unwrap(), 0, &policy);
 /// assert_eq!((third.outcome, third.retry_after_ns, none), (Outcome::Rejected, 500_000_000, None));
 /// ```
+#[inline]
 pub fn decide_word(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Option<u64>) {
     match policy.algorithm {
         Algorithm::LeakyBucket => leaky_bucket::decide(state, now_ns, policy),
@@ -71,6 +72,7 @@ pub fn decide_word(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Optio
 
 /// What a key looks like now, without charging anything: the same fields a decision for a
 /// request of `policy.cost` would report, with `outcome` telling whether it would pass.
+#[inline]
 pub fn inspect_word(state: u64, now_ns: u64, policy: &Policy) -> Decision {
     decide_word(state, now_ns, policy).0
 }
@@ -81,6 +83,7 @@ pub fn inspect_word(state: u64, now_ns: u64, policy: &Policy) -> Decision {
 /// A `SlidingWindow` state keeps its window index modulo 2^24 only: without the current time
 /// this is `u64::MAX` (never) for any state with counts; see [`word_idle_at_ns_near`].
 /// `SlidingLog` has no single-word state: 0.
+#[inline]
 pub fn word_idle_at_ns(state: u64, limits: &Limits, algorithm: Algorithm) -> u64 {
     match algorithm {
         Algorithm::LeakyBucket => leaky_bucket::idle_at_ns(state, limits),
@@ -93,6 +96,7 @@ pub fn word_idle_at_ns(state: u64, limits: &Limits, algorithm: Algorithm) -> u64
 /// Like [`word_idle_at_ns`], but reading a `SlidingWindow` state's window index relative to
 /// `now_ns` (as [`decide_word`] would), so that it too gets an exact time. A result at or
 /// before `now_ns` means the state is equivalent to a fresh key already.
+#[inline]
 pub fn word_idle_at_ns_near(state: u64, limits: &Limits, algorithm: Algorithm, now_ns: u64) -> u64 {
     match algorithm {
         Algorithm::SlidingWindow => sliding_window::idle_at_ns_near(state, limits, now_ns),
@@ -107,6 +111,7 @@ const STANDING_COST: u64 = u32::MAX as u64;
 /// The policy whose decision tells where a key stands now, without any request: its
 /// `remaining` and `reset_ns` are those of the unchanged state (used for the `RateLimit`
 /// header of a zone that did not itself decide a rejected request).
+#[inline]
 pub fn standing_policy(policy: &Policy) -> Policy {
     Policy {
         cost: STANDING_COST,
@@ -121,10 +126,14 @@ pub fn standing_policy(policy: &Policy) -> Policy {
 pub fn rescale_word(state: u64, now_ns: u64, algorithm: Algorithm, old: &Rate, new: &Rate) -> u64 {
     match algorithm {
         Algorithm::LeakyBucket | Algorithm::TokenBucket if state > now_ns => {
-            let ahead = u128::from(state - now_ns);
-            let scaled =
-                ahead * u128::from(new.interval_ns().max(1)) / u128::from(old.interval_ns().max(1));
-            let scaled = u64::try_from(scaled).unwrap_or(u64::MAX);
+            let ahead = state - now_ns;
+            let (new_interval, old_interval) = (new.interval_ns(), old.interval_ns());
+            let scaled = match ahead.checked_mul(new_interval) {
+                Some(product) => product / old_interval,
+                None => gcra::saturate(
+                    u128::from(ahead) * u128::from(new_interval) / u128::from(old_interval),
+                ),
+            };
             now_ns.saturating_add(scaled.max(1))
         }
         _ => state,

@@ -20,6 +20,7 @@ pub enum RateUnit {
 
 impl RateUnit {
     /// Length of one unit in nanoseconds (also the window of the sliding algorithms).
+    #[inline]
     pub fn nanos(self) -> u64 {
         match self {
             RateUnit::Second => NANOS_PER_SEC,
@@ -98,14 +99,18 @@ impl Rate {
 
     /// Time between two requests at this rate (the GCRA emission interval), in nanoseconds,
     /// rounded to the nearest nanosecond and at least 1.
+    #[inline]
     pub fn interval_ns(&self) -> u64 {
-        let milli = u128::from(self.milli_requests.max(1));
-        let numerator = u128::from(self.unit.nanos()) * 1000;
-        let rounded = (numerator + milli / 2) / milli;
-        u64::try_from(rounded).unwrap_or(u64::MAX).max(1)
+        // `unit * 1000` is at most 8.64e16: u64 is enough, and `(n + m / 2) / m` is computed
+        // as `n / m`, plus one when the remainder is at least `m - m / 2` (no overflow).
+        let milli = self.milli_requests.max(1);
+        let numerator = self.unit.nanos() * 1000;
+        let (quotient, remainder) = (numerator / milli, numerator % milli);
+        (quotient + u64::from(remainder >= milli - milli / 2)).max(1)
     }
 
     /// The unit's length in nanoseconds: the window of the sliding algorithms.
+    #[inline]
     pub fn window_ns(&self) -> u64 {
         self.unit.nanos()
     }

@@ -29,11 +29,14 @@ pub fn words_for(max_requests: u64) -> usize {
 }
 
 /// The requests per window, `N`: the rate's whole number of requests per unit (rounded down).
+#[inline]
 pub fn window_limit(rate: &Rate) -> u64 {
     rate.milli_requests / 1000
 }
 
-/// The ring as read from its header.
+/// The ring as read from its header, clamped so that `head < capacity` and
+/// `count <= capacity`: the `n`-th oldest entry (`n < capacity`) is then at `head + n`, less
+/// the capacity past the end, with no division.
 struct Ring<'a> {
     entries: &'a [u64],
     head: usize,
@@ -42,9 +45,10 @@ struct Ring<'a> {
 
 impl<'a> Ring<'a> {
     /// `None` when the log has no room for a single entry.
+    #[inline]
     fn read(log: &'a [u64]) -> Option<Ring<'a>> {
         let (&header, entries) = log.split_first()?;
-        let (head, count) = Ring::read_header(header, entries.len())?;
+        let (head, count) = read_header(header, entries.len())?;
         Some(Ring {
             entries,
             head,
@@ -52,46 +56,92 @@ impl<'a> Ring<'a> {
         })
     }
 
-    /// `(head, count)` clamped into a ring of `capacity` entries; `None` for no capacity.
-    fn read_header(header: u64, capacity: usize) -> Option<(usize, usize)> {
-        if capacity == 0 {
-            return None;
-        }
-        let head = usize::try_from(header >> 32).unwrap_or(0) % capacity;
-        let count = usize::try_from(header & COUNT_MASK)
-            .unwrap_or(capacity)
-            .min(capacity);
-        Some((head, count))
-    }
-
-    /// The `n`-th oldest entry (0-based); 0 if out of range, which callers never ask for.
+    /// The `n`-th oldest entry, `n < capacity`.
+    #[inline]
     fn entry(&self, n: usize) -> u64 {
-        let position = self.head.saturating_add(n) % self.entries.len();
-        self.entries.get(position).copied().unwrap_or(0)
+        self.entries[wrap(self.head + n, self.entries.len())]
     }
 
+    #[inline]
     fn newest(&self) -> Option<u64> {
         self.count.checked_sub(1).map(|last| self.entry(last))
     }
+
+    /// How many of the oldest entries no longer count at `effective_ns`: those before the
+    /// first one that still does. Only these are read, so the cost is the entries a passing
+    /// request then drops (a rejected request of cost `c` finds fewer than `c` of them in a
+    /// log of `N` entries).
+    #[inline]
+    fn expired(&self, window_ns: u64, effective_ns: u64) -> usize {
+        let mut expired = 0;
+        let mut position = self.head;
+        while expired < self.count {
+            let time = self.entries.get(position).copied().unwrap_or(0);
+            if time.saturating_add(window_ns) > effective_ns {
+                break;
+            }
+            expired += 1;
+            position = wrap(position + 1, self.entries.len());
+        }
+        expired
+    }
 }
 
-/// What a request would do to a log: entries to drop, and whether to record it.
+/// `(head, count)` clamped into a ring of `capacity` entries; `None` for no capacity.
+#[inline]
+fn read_header(header: u64, capacity: usize) -> Option<(usize, usize)> {
+    if capacity == 0 {
+        return None;
+    }
+    let head = usize::try_from(header >> 32).unwrap_or(0);
+    // Out of range only if a worker died mid-update: divide only then.
+    let head = if head < capacity {
+        head
+    } else {
+        head % capacity
+    };
+    let count = usize::try_from(header & COUNT_MASK)
+        .unwrap_or(capacity)
+        .min(capacity);
+    Some((head, count))
+}
+
+/// A ring position less than twice the capacity, wrapped into the ring.
+#[inline]
+fn wrap(position: usize, capacity: usize) -> usize {
+    if position >= capacity {
+        position - capacity
+    } else {
+        position
+    }
+}
+
+/// What a request would do to a log.
 struct Plan {
     decision: Decision,
-    /// Oldest entries that no longer count.
-    expired: usize,
-    /// The time to record the request's entries at, if it passes.
-    record_at: Option<u64>,
+    /// How to record the request, if it passes.
+    record: Option<Record>,
 }
 
+/// A passing request's change to the log: drop the expired entries from the head, then
+/// append `cost` entries at `time`.
+struct Record {
+    /// The new head (the oldest entry still counting).
+    head: usize,
+    /// Entries still counting, before the request's.
+    count: usize,
+    cost: usize,
+    time: u64,
+}
+
+#[inline]
 fn plan(log: &[u64], now_ns: u64, policy: &Policy) -> Plan {
     let window_ns = policy.limits.rate.window_ns().max(1);
     let limit = window_limit(&policy.limits.rate);
     let cost = policy.cost.max(1);
     let bad_log = Plan {
         decision: Decision::rejected(window_ns, 0, 0),
-        expired: 0,
-        record_at: None,
+        record: None,
     };
     let Some(ring) = Ring::read(log) else {
         return bad_log;
@@ -103,14 +153,12 @@ fn plan(log: &[u64], now_ns: u64, policy: &Policy) -> Plan {
     }
 
     // Entries expire as seen from the newest one; waits are reported on the caller's clock.
-    let effective_ns = ring.newest().map_or(now_ns, |newest| newest.max(now_ns));
-    let mut expired = 0;
-    while expired < ring.count && ring.entry(expired).saturating_add(window_ns) <= effective_ns {
-        expired += 1;
-    }
+    let newest = ring.newest();
+    let effective_ns = newest.map_or(now_ns, |newest| newest.max(now_ns));
+    let expired = ring.expired(window_ns, effective_ns);
     // Within u64: count <= capacity <= usize::MAX.
     let count = (ring.count - expired) as u64;
-    let newest = if count > 0 { ring.newest() } else { None };
+    let newest = if count > 0 { newest } else { None };
     let reset_ns = |newest: Option<u64>| {
         newest.map_or(0, |newest| {
             newest.saturating_add(window_ns).saturating_sub(now_ns)
@@ -122,8 +170,9 @@ fn plan(log: &[u64], now_ns: u64, policy: &Policy) -> Plan {
         let retry_after_ns = if cost > limit {
             window_ns
         } else {
-            // The (after - limit)-th oldest counting entry must stop counting.
-            let must_expire = expired.saturating_add((after - limit - 1) as usize);
+            // The (after - limit)-th oldest counting entry must stop counting; it is one of
+            // the `count` entries since `cost <= limit`.
+            let must_expire = expired + (after - limit - 1) as usize;
             ring.entry(must_expire)
                 .saturating_add(window_ns)
                 .saturating_sub(now_ns)
@@ -138,8 +187,7 @@ fn plan(log: &[u64], now_ns: u64, policy: &Policy) -> Plan {
         };
         return Plan {
             decision,
-            expired,
-            record_at: None,
+            record: None,
         };
     }
 
@@ -153,8 +201,13 @@ fn plan(log: &[u64], now_ns: u64, policy: &Policy) -> Plan {
     };
     Plan {
         decision,
-        expired,
-        record_at: Some(effective_ns),
+        // `cost <= limit <= capacity`: within usize.
+        record: Some(Record {
+            head: wrap(ring.head + expired, ring.entries.len()),
+            count: ring.count - expired,
+            cost: cost as usize,
+            time: effective_ns,
+        }),
     }
 }
 
@@ -181,35 +234,36 @@ fn plan(log: &[u64], now_ns: u64, policy: &Policy) -> Plan {
 /// assert_eq!(third.outcome, Outcome::Rejected);
 /// assert_eq!(third.retry_after_ns, 1_000_000_000 - 200);
 /// ```
+#[inline]
 pub fn decide(log: &mut [u64], now_ns: u64, policy: &Policy) -> Decision {
-    let Plan {
-        decision,
-        expired,
-        record_at,
-    } = plan(log, now_ns, policy);
-    let Some(time) = record_at else {
+    let Plan { decision, record } = plan(log, now_ns, policy);
+    let Some(Record {
+        head,
+        count,
+        cost,
+        time,
+    }) = record
+    else {
         return decision;
     };
     let Some((header, entries)) = log.split_first_mut() else {
         return decision;
     };
-    let Some((head, count)) = Ring::read_header(*header, entries.len()) else {
-        return decision;
-    };
+    // `count + cost <= limit <= capacity`: the new entries fit after the counting ones.
     let capacity = entries.len();
-    let head = (head + expired) % capacity;
-    let mut count = count - expired;
-    for _ in 0..policy.cost.max(1) {
-        if let Some(slot) = entries.get_mut((head + count) % capacity) {
+    let mut position = wrap(head + count, capacity);
+    for _ in 0..cost {
+        if let Some(slot) = entries.get_mut(position) {
             *slot = time;
         }
-        count += 1;
+        position = wrap(position + 1, capacity);
     }
-    *header = ((head as u64) << 32) | count as u64;
+    *header = ((head as u64) << 32) | (count + cost) as u64;
     decision
 }
 
-/// Like `decide` but changes nothing.
+/// Like `decide` but changes nothing (and copies nothing).
+#[inline]
 pub fn inspect(log: &[u64], now_ns: u64, policy: &Policy) -> Decision {
     plan(log, now_ns, policy).decision
 }

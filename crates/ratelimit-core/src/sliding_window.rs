@@ -30,6 +30,8 @@
 //! `AHEAD_TOLERANCE + 1` windows. Callers that evict idle keys never see this;
 //! [`idle_at_ns_near`] tells them when.
 
+use std::num::NonZeroU64;
+
 use crate::{Decision, Limits, Outcome, Policy, Rate};
 
 const INDEX_BITS: u32 = 24;
@@ -43,6 +45,7 @@ pub const AHEAD_TOLERANCE: u64 = 2;
 
 /// The requests per window, `N`: the rate's whole number of requests per unit (rounded down),
 /// at most [`crate::ZoneSpec::MAX_SLIDING_WINDOW_REQUESTS`].
+#[inline]
 pub fn window_limit(rate: &Rate) -> u64 {
     (rate.milli_requests / 1000).min(COUNT_MASK)
 }
@@ -59,6 +62,7 @@ struct View {
     offset_ns: u64,
 }
 
+#[inline]
 fn view(state: u64, now_ns: u64, window_ns: u64) -> View {
     let now_window = now_ns / window_ns;
     let offset_ns = now_ns % window_ns;
@@ -93,6 +97,7 @@ fn view(state: u64, now_ns: u64, window_ns: u64) -> View {
     }
 }
 
+#[inline]
 fn pack(window: u64, prev: u64, cur: u64) -> u64 {
     ((window & INDEX_MASK) << (2 * COUNT_BITS))
         | ((prev & COUNT_MASK) << COUNT_BITS)
@@ -105,14 +110,123 @@ fn pack(window: u64, prev: u64, cur: u64) -> u64 {
 /// equivalent to a fresh key (the end of the window after the one holding the last charge);
 /// `excess_milli` is how far `n + c` exceeds `N`, in 1/1000 requests (0 when passed).
 /// A request costing more than `N` never passes; its `retry_after_ns` is `W`.
+#[inline]
 pub fn decide(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Option<u64>) {
     let window_ns = policy.limits.rate.window_ns().max(1);
     let limit = window_limit(&policy.limits.rate);
     let cost = policy.cost.max(1);
     let view = view(state, now_ns, window_ns);
 
+    // Everything in u64 from here on, falling back to `decide_wide` on overflow (a day's
+    // window with hundreds of thousands of requests in it, or a huge cost). With
+    // `P = prev * (W - offset)` (the previous window's share, scaled by `W`), the request
+    // passes iff `P + (cur + c) * W <= N * W`, that is iff `ceil(P / W) <= N - cur - c`: one
+    // division, which `remaining` (`N - cur - c - ceil(P / W)`) reuses.
+    let Some((prev_scaled, charged)) = view
+        .prev
+        .checked_mul(window_ns - view.offset_ns)
+        .zip(view.cur.checked_add(cost))
+    else {
+        return decide_wide(&view, window_ns, limit, cost);
+    };
+    let prev_requests = if view.offset_ns == 0 {
+        view.prev
+    } else {
+        prev_scaled.div_ceil(window_ns)
+    };
+
+    if let Some(spare) = limit.checked_sub(charged) {
+        if prev_requests <= spare {
+            let decision = Decision {
+                outcome: Outcome::Passed,
+                delay_ns: 0,
+                retry_after_ns: 0,
+                remaining: spare - prev_requests,
+                reset_ns: reset_ns(&view, window_ns, charged),
+                excess_milli: 0,
+            };
+            return (decision, Some(pack(view.window, view.prev, charged)));
+        }
+    }
+
+    let Some((retry_after_ns, excess_milli)) =
+        rejection(&view, window_ns, limit, cost, prev_scaled, charged)
+    else {
+        return decide_wide(&view, window_ns, limit, cost);
+    };
+    let decision = Decision {
+        remaining: limit.saturating_sub(view.cur).saturating_sub(prev_requests),
+        ..Decision::rejected(
+            retry_after_ns,
+            reset_ns(&view, window_ns, view.cur),
+            excess_milli,
+        )
+    };
+    (decision, None)
+}
+
+/// A rejected request's `retry_after_ns` and `excess_milli`, `None` on overflow.
+fn rejection(
+    view: &View,
+    window_ns: u64,
+    limit: u64,
+    cost: u64,
+    prev_scaled: u64,
+    charged: u64,
+) -> Option<(u64, u64)> {
+    // floor(1000 * P / W); every window is a whole number of microseconds.
+    if !window_ns.is_multiple_of(1000) {
+        return None;
+    }
+    let prev_milli = prev_scaled / (window_ns / 1000);
+    let excess_milli = match charged.checked_sub(limit) {
+        Some(over) => over.checked_mul(1000)?.checked_add(prev_milli)?,
+        // Rejected with `charged < limit`: `P > (limit - charged) * W`.
+        None => prev_milli - (limit - charged) * 1000,
+    };
+    let retry_after_ns = if cost > limit {
+        window_ns
+    } else {
+        retry_after_ns(view, window_ns, limit - cost)?
+    };
+    Some((retry_after_ns, excess_milli))
+}
+
+/// The earliest wait after which `n + c <= N` holds, given `allowed = N - c` and no other
+/// request in between: later in this window (`prev` decays), or in the next one (the
+/// current count becomes `prev` and decays), or at the latest two windows on (all zero).
+/// `None` on overflow.
+fn retry_after_ns(view: &View, window_ns: u64, allowed: u64) -> Option<u64> {
+    let offset = view.offset_ns;
+    let wait = match earliest_offset(view.prev, view.cur, allowed, window_ns)? {
+        Some(x) if x.max(offset) < window_ns => x.max(offset) - offset,
+        _ => {
+            let next = earliest_offset(view.cur, 0, allowed, window_ns)?.unwrap_or(window_ns);
+            (window_ns - offset) + next
+        }
+    };
+    view.lead_ns.checked_add(wait)
+}
+
+/// Earliest offset `x` in a window with counts `(prev, cur)` such that
+/// `prev * (W - x) + cur * W <= allowed * W`: `Some(None)` if no offset in the window does,
+/// `None` on overflow.
+fn earliest_offset(prev: u64, cur: u64, allowed: u64, window_ns: u64) -> Option<Option<u64>> {
+    let Some(budget) = allowed.checked_sub(cur) else {
+        return Some(None);
+    };
+    let span = match NonZeroU64::new(prev) {
+        None => window_ns,
+        Some(prev) => (budget.checked_mul(window_ns)? / prev).min(window_ns),
+    };
+    Some(Some(window_ns - span))
+}
+
+/// [`decide`] in `u128`: everything is scaled by `W` so that `n` is an exact integer.
+#[cold]
+#[inline(never)]
+fn decide_wide(view: &View, window_ns: u64, limit: u64, cost: u64) -> (Decision, Option<u64>) {
     let w = u128::from(window_ns);
-    // Everything below is scaled by W so that `n` is an exact integer.
     let limit_scaled = u128::from(limit) * w;
     let estimate_scaled =
         u128::from(view.prev) * u128::from(window_ns - view.offset_ns) + u128::from(view.cur) * w;
@@ -123,13 +237,13 @@ pub fn decide(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Option<u64
         let retry_after_ns = if cost > limit {
             window_ns
         } else {
-            retry_after_ns(&view, window_ns, limit - cost)
+            retry_after_wide(view, window_ns, limit - cost)
         };
         let decision = Decision {
             remaining: saturate(limit_scaled.saturating_sub(estimate_scaled) / w),
             ..Decision::rejected(
                 retry_after_ns,
-                reset_ns(&view, window_ns, view.cur),
+                reset_ns(view, window_ns, view.cur),
                 excess_milli,
             )
         };
@@ -142,20 +256,16 @@ pub fn decide(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Option<u64
         delay_ns: 0,
         retry_after_ns: 0,
         remaining: saturate((limit_scaled - after_scaled) / w),
-        reset_ns: reset_ns(&view, window_ns, cur),
+        reset_ns: reset_ns(view, window_ns, cur),
         excess_milli,
     };
     (decision, Some(pack(view.window, view.prev, cur)))
 }
 
-/// The earliest wait after which `n + c <= N` holds, given `allowed = N - c` and no other
-/// request in between: later in this window (`prev` decays), or in the next one (the
-/// current count becomes `prev` and decays), or at the latest two windows on (all zero).
-fn retry_after_ns(view: &View, window_ns: u64, allowed: u64) -> u64 {
+/// [`retry_after_ns`] in `u128`.
+fn retry_after_wide(view: &View, window_ns: u64, allowed: u64) -> u64 {
     let w = u128::from(window_ns);
     let offset = u128::from(view.offset_ns);
-    // Earliest offset `x` in a window with counts (prev, cur) such that
-    // `prev * (W - x) + cur * W <= allowed * W`, or None if no offset in the window does.
     let earliest_offset = |prev: u64, cur: u64| -> Option<u128> {
         let budget = u128::from(allowed.checked_sub(cur)?) * w;
         let span = if prev == 0 {
@@ -176,6 +286,7 @@ fn retry_after_ns(view: &View, window_ns: u64, allowed: u64) -> u64 {
 }
 
 /// Time until a view holding `cur` in its window is equivalent to a fresh key.
+#[inline]
 fn reset_ns(view: &View, window_ns: u64, cur: u64) -> u64 {
     let windows = if cur > 0 {
         2
@@ -210,6 +321,7 @@ pub fn idle_at_ns(state: u64, limits: &Limits) -> u64 {
 
 /// The earliest time at which `state` is equivalent to a fresh key, reading its window index
 /// relative to `now_ns` the way [`decide`] does (a result `<= now_ns` means "idle already").
+#[inline]
 pub fn idle_at_ns_near(state: u64, limits: &Limits, now_ns: u64) -> u64 {
     let window_ns = limits.rate.window_ns().max(1);
     let now_window = now_ns / window_ns;

@@ -12,52 +12,34 @@
 //! A request costing more than `K` never passes; its `retry_after_ns` is then the time after
 //! which it would have passed were the bucket that large.
 
-use crate::gcra::{self, Gcra};
-use crate::{Decision, Limits, Outcome, Policy};
+use crate::{gcra, Decision, DelayMode, Limits, Outcome, Policy};
 
 /// Decide one request; `state` 0 is a fresh key. See [`crate::decide_word`].
+#[inline]
 pub fn decide(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Option<u64>) {
-    let gcra = Gcra::new(state, now_ns, &policy.limits.rate, policy.cost);
-    let capacity_ns = u128::from(capacity(&policy.limits)) * gcra.interval_ns;
-
-    if gcra.ahead_after_ns > capacity_ns {
-        let decision = Decision {
-            remaining: tokens(capacity_ns, gcra.ahead_before_ns, gcra.interval_ns),
-            ..Decision::rejected(
-                gcra::saturate(gcra.ahead_after_ns - capacity_ns),
-                gcra::saturate(gcra.ahead_before_ns),
-                gcra.excess_milli(),
-            )
-        };
-        return (decision, None);
-    }
-
-    let decision = Decision {
-        outcome: Outcome::Passed,
-        delay_ns: 0,
-        retry_after_ns: 0,
-        remaining: tokens(capacity_ns, gcra.ahead_after_ns, gcra.interval_ns),
-        reset_ns: gcra::saturate(gcra.ahead_after_ns),
-        excess_milli: gcra.excess_milli(),
-    };
-    (decision, Some(gcra.arrival_ns))
+    // A bucket of `K` tokens is a leaky bucket of `K` requests that never delays.
+    gcra::decide(
+        state,
+        now_ns,
+        &policy.limits.rate,
+        policy.cost,
+        Some(capacity(&policy.limits)),
+        DelayMode::NoDelay,
+    )
 }
 
 /// The earliest time at which `state` is equivalent to a fresh key: its `TAT`, when the
 /// bucket is full again.
+#[inline]
 pub fn idle_at_ns(state: u64, limits: &Limits) -> u64 {
     let _ = limits;
     state
 }
 
 /// The bucket's size in tokens: `burst`, at least 1.
+#[inline]
 pub fn capacity(limits: &Limits) -> u64 {
     limits.burst.max(1)
-}
-
-/// Whole tokens left when the key is `ahead_ns` ahead of the clock.
-fn tokens(capacity_ns: u128, ahead_ns: u128, interval_ns: u128) -> u64 {
-    gcra::saturate(capacity_ns.saturating_sub(ahead_ns) / interval_ns)
 }
 
 /// One decision for `rate_limit ... global=NAME`: a request checked against its own key's
