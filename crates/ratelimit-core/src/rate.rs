@@ -101,12 +101,11 @@ impl Rate {
     /// rounded to the nearest nanosecond and at least 1.
     #[inline]
     pub fn interval_ns(&self) -> u64 {
-        // `unit * 1000` is at most 8.64e16: u64 is enough, and `(n + m / 2) / m` is computed
-        // as `n / m`, plus one when the remainder is at least `m - m / 2` (no overflow).
+        // In u64: `unit * 1000` is at most 8.64e16 and `milli / 2` at most 2^63 - 1, so their
+        // sum does not overflow.
         let milli = self.milli_requests.max(1);
         let numerator = self.unit.nanos() * 1000;
-        let (quotient, remainder) = (numerator / milli, numerator % milli);
-        (quotient + u64::from(remainder >= milli - milli / 2)).max(1)
+        ((numerator + milli / 2) / milli).max(1)
     }
 
     /// The unit's length in nanoseconds: the window of the sliding algorithms.

@@ -120,14 +120,14 @@ pub fn decide(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Option<u64
     // Everything in u64 from here on, falling back to `decide_wide` on overflow (a day's
     // window with hundreds of thousands of requests in it, or a huge cost). With
     // `P = prev * (W - offset)` (the previous window's share, scaled by `W`), the request
-    // passes iff `P + (cur + c) * W <= N * W`, that is iff `ceil(P / W) <= N - cur - c`: one
-    // division, which `remaining` (`N - cur - c - ceil(P / W)`) reuses.
+    // passes iff `P + (cur + c) * W <= N * W`, that is iff `ceil(P / W) <= N - cur - c`, and
+    // `remaining` is `N - cur - c - ceil(P / W)`: one division.
     let Some((prev_scaled, charged)) = view
         .prev
         .checked_mul(window_ns - view.offset_ns)
         .zip(view.cur.checked_add(cost))
     else {
-        return decide_wide(&view, window_ns, limit, cost);
+        return decide_wide(state, now_ns, window_ns, limit, cost);
     };
     let prev_requests = if view.offset_ns == 0 {
         view.prev
@@ -152,7 +152,7 @@ pub fn decide(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Option<u64
     let Some((retry_after_ns, excess_milli)) =
         rejection(&view, window_ns, limit, cost, prev_scaled, charged)
     else {
-        return decide_wide(&view, window_ns, limit, cost);
+        return decide_wide(state, now_ns, window_ns, limit, cost);
     };
     let decision = Decision {
         remaining: limit.saturating_sub(view.cur).saturating_sub(prev_requests),
@@ -174,10 +174,8 @@ fn rejection(
     prev_scaled: u64,
     charged: u64,
 ) -> Option<(u64, u64)> {
-    // floor(1000 * P / W); every window is a whole number of microseconds.
-    if !window_ns.is_multiple_of(1000) {
-        return None;
-    }
+    // floor(1000 * P / W) = floor(P / (W / 1000)): every window is a whole number of
+    // microseconds.
     let prev_milli = prev_scaled / (window_ns / 1000);
     let excess_milli = match charged.checked_sub(limit) {
         Some(over) => over.checked_mul(1000)?.checked_add(prev_milli)?,
@@ -225,7 +223,16 @@ fn earliest_offset(prev: u64, cur: u64, allowed: u64, window_ns: u64) -> Option<
 /// [`decide`] in `u128`: everything is scaled by `W` so that `n` is an exact integer.
 #[cold]
 #[inline(never)]
-fn decide_wide(view: &View, window_ns: u64, limit: u64, cost: u64) -> (Decision, Option<u64>) {
+fn decide_wide(
+    state: u64,
+    now_ns: u64,
+    window_ns: u64,
+    limit: u64,
+    cost: u64,
+) -> (Decision, Option<u64>) {
+    // Read again rather than passed: a view passed by reference would be written to memory
+    // on every decision, for this rare path.
+    let view = &view(state, now_ns, window_ns);
     let w = u128::from(window_ns);
     let limit_scaled = u128::from(limit) * w;
     let estimate_scaled =
@@ -419,6 +426,19 @@ mod tests {
         assert_eq!(idle_at_ns_near(state, &limits, 5999 * MS), 7000 * MS);
         assert_eq!(idle_at_ns_near(state, &limits, 9000 * MS), 7000 * MS);
         assert_eq!(idle_at_ns(0, &limits), 0);
+    }
+
+    /// `decide` divides by `W / 1000` for `floor(1000 * P / W)`.
+    #[test]
+    fn windows_are_whole_microseconds() {
+        for unit in [
+            RateUnit::Second,
+            RateUnit::Minute,
+            RateUnit::Hour,
+            RateUnit::Day,
+        ] {
+            assert_eq!(unit.nanos() % 1000, 0);
+        }
     }
 
     #[test]
