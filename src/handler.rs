@@ -12,7 +12,7 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
-use ratelimit_core::{Decision, Limits, Outcome, Policy, NANOS_PER_SEC};
+use ratelimit_core::{Algorithm, Decision, Limits, Outcome, Policy, NANOS_PER_SEC};
 use smallvec::SmallVec;
 
 use crate::conf::{LimitConf, LocConf, ZoneConf};
@@ -332,14 +332,20 @@ fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf, state: RequestState)
             let Some(located) = locate(r, limit.shm_zone, limit, now) else {
                 return Status::NGX_DECLINED.into();
             };
-            let decision = located
-                .zone
-                .decide(located.slot, now, &located.policy, true);
-            if decision.outcome == Outcome::Passed && !lcf.headers() {
-                located.zone.count(Counter::Passed);
-                state.set(LimitStatus::Passed);
-                return Status::NGX_DECLINED.into();
-            }
+            let decision = if located.policy.algorithm != Algorithm::SlidingLog && !lcf.headers() {
+                // Nothing to report for a request that passes: decide the outcome alone.
+                let (outcome, previous) = located.zone.charge(located.slot, now, &located.policy);
+                if outcome == Outcome::Passed {
+                    located.zone.count(Counter::Passed);
+                    state.set(LimitStatus::Passed);
+                    return Status::NGX_DECLINED.into();
+                }
+                ratelimit_core::decide_word(previous, now, &located.policy).0
+            } else {
+                located
+                    .zone
+                    .decide(located.slot, now, &located.policy, true)
+            };
             let own = Applied {
                 zone_conf: located.zone_conf,
                 zone: located.zone,

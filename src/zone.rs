@@ -28,7 +28,9 @@ use std::hash::BuildHasher;
 use nginx_sys::{
     ngx_shmtx_lock, ngx_shmtx_unlock, ngx_slab_alloc_locked, ngx_slab_free_locked, ngx_slab_pool_t,
 };
-use ratelimit_core::{sliding_log, Algorithm, Decision, Limits, Policy};
+use ratelimit_core::{
+    leaky_bucket, sliding_log, token_bucket, Algorithm, Decision, Limits, Outcome, Policy,
+};
 
 /// Identifies the layout below; a zone inherited over a reload with another magic is reformatted.
 const MAGIC: u64 = 0x726c_7a6f_6e65_0002;
@@ -479,11 +481,28 @@ impl Zone {
         first..first + PROBE_BUCKETS * SLOTS_PER_BUCKET
     }
 
-    /// The slot holding `hash`, if the key is tracked. Lock-free.
+    /// The slot holding `hash`, if the key has one. Lock-free.
+    ///
+    /// Slots never become empty again (a forgotten key keeps its slot with a fresh state, an
+    /// evicted one hands it over), and a new key takes the first empty slot of its window, so
+    /// a key is never behind an empty slot of its window: the scan stops at the first one.
     pub fn find(&self, hash: u64) -> Option<SlotIndex> {
-        self.probe_window(hash)
-            .find(|&index| self.hash_word(index).load(Ordering::Acquire) == hash)
-            .map(SlotIndex)
+        for index in self.probe_window(hash) {
+            match self.hash_word(index).load(Ordering::Acquire) {
+                h if h == hash => return Some(SlotIndex(index)),
+                0 => return None,
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// The slot holding `hash` if its state differs from a fresh key's at `now_ns`.
+    pub fn find_tracked(&self, hash: u64, now_ns: u64) -> Option<SlotIndex> {
+        let index = self.find(hash)?;
+        let limits = self.limits()?;
+        let _lock = (self.algorithm == Algorithm::SlidingLog).then(|| self.lock());
+        (self.idle_at_ns(self.slot(index.0), &limits, now_ns) > now_ns).then_some(index)
     }
 
     pub fn lock(&self) -> ZoneLock<'_> {
@@ -504,7 +523,11 @@ impl Zone {
         for index in self.probe_window(hash) {
             match self.hash_word(index).load(Ordering::Acquire) {
                 h if h == hash => return (SlotIndex(index), false),
-                0 if empty.is_none() => empty = Some(index),
+                0 => {
+                    // No key of this window lies beyond its first empty slot (see `find`).
+                    empty = Some(index);
+                    break;
+                }
                 _ => {}
             }
         }
@@ -605,16 +628,35 @@ impl Zone {
         }
 
         let state = &slot[1];
-        let mut current = state.load(Ordering::Acquire);
-        loop {
-            let (decision, next) = ratelimit_core::decide_word(current, now_ns, policy);
-            let Some(next) = next.filter(|_| commit) else {
-                return decision;
-            };
-            match state.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return decision,
-                Err(actual) => current = actual,
+        // One loop per algorithm, so each compiles to that algorithm's arithmetic alone.
+        match policy.algorithm {
+            Algorithm::LeakyBucket => {
+                compare_and_swap(state, commit, |s| leaky_bucket::decide(s, now_ns, policy))
             }
+            Algorithm::TokenBucket => {
+                compare_and_swap(state, commit, |s| token_bucket::decide(s, now_ns, policy))
+            }
+            _ => compare_and_swap(state, commit, |s| {
+                ratelimit_core::decide_word(s, now_ns, policy)
+            }),
+        }
+    }
+
+    /// Charge a request to a single-word state (not `SlidingLog`) and return only its
+    /// outcome, with the state it was decided on. The decision's other fields (divisions)
+    /// are not computed: a caller that needs them gets the identical decision from
+    /// `ratelimit_core::decide_word(previous, now_ns, policy)`.
+    #[inline]
+    pub fn charge(&self, index: SlotIndex, now_ns: u64, policy: &Policy) -> (Outcome, u64) {
+        let state = &self.slot(index.0)[1];
+        match policy.algorithm {
+            Algorithm::LeakyBucket => {
+                charge_word(state, |s| leaky_bucket::decide(s, now_ns, policy))
+            }
+            Algorithm::TokenBucket => {
+                charge_word(state, |s| token_bucket::decide(s, now_ns, policy))
+            }
+            _ => charge_word(state, |s| ratelimit_core::decide_word(s, now_ns, policy)),
         }
     }
 
@@ -629,18 +671,24 @@ impl Zone {
         )
     }
 
-    /// Forget a key's state. Returns whether it was tracked.
-    pub fn forget(&self, hash: u64) -> bool {
+    /// Forget a key's state. Returns whether it was tracked (not already fresh).
+    ///
+    /// The key keeps its slot with a fresh key's state (all zeros), which decides exactly like
+    /// no state at all and keeps the table free of holes (see `find`); the slot goes first
+    /// when its window needs room.
+    pub fn forget(&self, hash: u64, now_ns: u64) -> bool {
         let _lock = self.lock();
         let Some(index) = self.find(hash) else {
             return false;
         };
         let slot = self.slot(index.0);
-        slot[0].store(0, Ordering::Release);
+        let tracked = self
+            .limits()
+            .is_some_and(|limits| self.idle_at_ns(slot, &limits, now_ns) > now_ns);
         for word in &slot[1..] {
             word.store(0, Ordering::Relaxed);
         }
-        true
+        tracked
     }
 
     /// Keys whose state differs from a fresh key's at `now_ns` (a full scan: admin use only).
@@ -836,6 +884,48 @@ impl Drop for PoolLock {
     fn drop(&mut self) {
         // SAFETY: locked by `ZoneLock::take` on this pool.
         unsafe { ngx_shmtx_unlock(ptr::addr_of_mut!((*self.0).mutex)) };
+    }
+}
+
+/// Decide on a single-word state and, with `commit`, store the new state by compare-and-swap,
+/// deciding again on the value another worker stored meanwhile. Never locks: a worker killed
+/// here leaves either the old state or the new one.
+#[inline(always)]
+fn compare_and_swap(
+    state: &AtomicU64,
+    commit: bool,
+    decide: impl Fn(u64) -> (Decision, Option<u64>),
+) -> Decision {
+    let mut current = state.load(Ordering::Acquire);
+    loop {
+        let (decision, next) = decide(current);
+        let Some(next) = next.filter(|_| commit) else {
+            return decision;
+        };
+        match state.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return decision,
+            Err(actual) => current = actual,
+        }
+    }
+}
+
+/// As [`compare_and_swap`] with `commit`, returning the outcome and the state it was decided
+/// on; inlined so that the fields nobody reads are never computed.
+#[inline(always)]
+fn charge_word(
+    state: &AtomicU64,
+    decide: impl Fn(u64) -> (Decision, Option<u64>),
+) -> (Outcome, u64) {
+    let mut current = state.load(Ordering::Acquire);
+    loop {
+        let (decision, next) = decide(current);
+        let Some(next) = next else {
+            return (decision.outcome, current);
+        };
+        match state.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return (decision.outcome, current),
+            Err(actual) => current = actual,
+        }
     }
 }
 

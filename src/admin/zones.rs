@@ -96,7 +96,7 @@ impl AdminZone for SharedZone<'_> {
 
     fn key_state(&self, key: &[u8]) -> Option<KeyState> {
         let hash = self.zone.hash_key(key);
-        let slot = self.zone.find(hash)?;
+        let slot = self.zone.find_tracked(hash, self.now_ns)?;
         let override_limits = self.zone.override_for(hash);
         let limits = override_limits.unwrap_or_else(|| self.limits());
         // A location's own `burst=` or `delay=` may differ; the zone's view is what the key
@@ -118,7 +118,7 @@ impl AdminZone for SharedZone<'_> {
     }
 
     fn forget_key(&self, key: &[u8]) -> bool {
-        self.zone.forget(self.zone.hash_key(key))
+        self.zone.forget(self.zone.hash_key(key), self.now_ns)
     }
 
     fn override_for(&self, key: &[u8]) -> Option<Limits> {
