@@ -10,24 +10,25 @@
 //! microsecond between decisions, 50 r/s allowed, about half the decisions rejected), but the
 //! states live in a plain `Vec` indexed by key so the count is the decision's, not a hash
 //! map's. The clock starts at 10^15 ns (about 11 days of uptime), like a real
-//! `CLOCK_MONOTONIC`. `none` runs the same loop without deciding: subtract it.
+//! `CLOCK_MONOTONIC`. `none` runs the same loop without deciding: subtract it. A third
+//! argument sets the number of keys (`decide_loop leaky_bucket 100000 1000000`: nearly every
+//! decision is a key's first).
 
 use std::hint::black_box;
 
 use ratelimit_core::{decide_word, sliding_log, Decision, DelayMode, Outcome, Policy, ZoneSpec};
 
-const KEYS: usize = 10_000;
 const STEP_NS: u64 = 1_000;
 const START_NS: u64 = 1_000_000_000_000_000;
 
-fn key_sequence(length: usize) -> Vec<u32> {
+fn key_sequence(length: usize, keys: usize) -> Vec<u32> {
     let mut state: u64 = 0x2545_f491_4f6c_dd1d;
     (0..length)
         .map(|_| {
             state ^= state << 13;
             state ^= state >> 7;
             state ^= state << 17;
-            (state % KEYS as u64) as u32
+            (state % keys as u64) as u32
         })
         .collect()
 }
@@ -101,25 +102,28 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let algorithm = args.next().unwrap_or_else(|| "leaky_bucket".into());
     let count = args.next().map_or(100_000, |n| n.parse().expect("a count"));
-    let keys = key_sequence(count);
+    let key_count = args
+        .next()
+        .map_or(10_000, |n| n.parse().expect("a key count"));
+    let keys = key_sequence(count, key_count);
     let rate = "rate=50r/s";
     let passed = match algorithm.as_str() {
-        "none" => run_none(&keys, &mut vec![0; KEYS]),
-        "leaky_bucket" => run_word(&keys, &mut vec![0; KEYS], &policy(&[rate, "burst=4"])),
+        "none" => run_none(&keys, &mut vec![0; key_count]),
+        "leaky_bucket" => run_word(&keys, &mut vec![0; key_count], &policy(&[rate, "burst=4"])),
         "token_bucket" => run_word(
             &keys,
-            &mut vec![0; KEYS],
+            &mut vec![0; key_count],
             &policy(&[rate, "burst=5", "algorithm=token_bucket"]),
         ),
         "sliding_window" => run_word(
             &keys,
-            &mut vec![0; KEYS],
+            &mut vec![0; key_count],
             &policy(&[rate, "algorithm=sliding_window"]),
         ),
         "sliding_log" => {
             let policy = policy(&[rate, "algorithm=sliding_log"]);
             let words = sliding_log::words_for(sliding_log::window_limit(&policy.limits.rate));
-            run_log(&keys, &mut vec![0; KEYS * words], words, &policy)
+            run_log(&keys, &mut vec![0; key_count * words], words, &policy)
         }
         other => panic!("unknown algorithm {other:?}"),
     };

@@ -30,7 +30,7 @@ pub fn decide(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Option<u64
         now_ns,
         &policy.limits.rate,
         policy.cost,
-        policy.limits.burst.checked_add(1),
+        policy.limits.burst,
         policy.delay,
     )
 }

@@ -30,7 +30,7 @@
 //! `AHEAD_TOLERANCE + 1` windows. Callers that evict idle keys never see this;
 //! [`idle_at_ns_near`] tells them when.
 
-use std::num::NonZeroU64;
+use std::num::{NonZeroU128, NonZeroU64};
 
 use crate::{Decision, Limits, Outcome, Policy, Rate};
 
@@ -117,179 +117,105 @@ pub fn decide(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Option<u64
     let cost = policy.cost.max(1);
     let view = view(state, now_ns, window_ns);
 
-    // Everything in u64 from here on, falling back to `decide_wide` on overflow (a day's
-    // window with hundreds of thousands of requests in it, or a huge cost). With
-    // `P = prev * (W - offset)` (the previous window's share, scaled by `W`), the request
-    // passes iff `P + (cur + c) * W <= N * W`, that is iff `ceil(P / W) <= N - cur - c`, and
-    // `remaining` is `N - cur - c - ceil(P / W)`: one division.
-    let Some((prev_scaled, charged)) = view
-        .prev
-        .checked_mul(window_ns - view.offset_ns)
-        .zip(view.cur.checked_add(cost))
-    else {
-        return decide_wide(state, now_ns, window_ns, limit, cost);
-    };
-    let prev_requests = if view.offset_ns == 0 {
-        view.prev
-    } else {
-        prev_scaled.div_ceil(window_ns)
-    };
-
-    if let Some(spare) = limit.checked_sub(charged) {
-        if prev_requests <= spare {
-            let decision = Decision {
-                outcome: Outcome::Passed,
-                delay_ns: 0,
-                retry_after_ns: 0,
-                remaining: spare - prev_requests,
-                reset_ns: reset_ns(&view, window_ns, charged),
-                excess_milli: 0,
-            };
-            return (decision, Some(pack(view.window, view.prev, charged)));
-        }
-    }
-
-    let Some((retry_after_ns, excess_milli)) =
-        rejection(&view, window_ns, limit, cost, prev_scaled, charged)
-    else {
-        return decide_wide(state, now_ns, window_ns, limit, cost);
-    };
-    let decision = Decision {
-        remaining: limit.saturating_sub(view.cur).saturating_sub(prev_requests),
-        ..Decision::rejected(
-            retry_after_ns,
-            reset_ns(&view, window_ns, view.cur),
-            excess_milli,
-        )
-    };
-    (decision, None)
-}
-
-/// A rejected request's `retry_after_ns` and `excess_milli`, `None` on overflow.
-fn rejection(
-    view: &View,
-    window_ns: u64,
-    limit: u64,
-    cost: u64,
-    prev_scaled: u64,
-    charged: u64,
-) -> Option<(u64, u64)> {
-    // floor(1000 * P / W) = floor(P / (W / 1000)): every window is a whole number of
-    // microseconds.
-    let prev_milli = prev_scaled / (window_ns / 1000);
-    let excess_milli = match charged.checked_sub(limit) {
-        Some(over) => over.checked_mul(1000)?.checked_add(prev_milli)?,
-        // Rejected with `charged < limit`: `P > (limit - charged) * W`.
-        None => prev_milli - (limit - charged) * 1000,
-    };
-    let retry_after_ns = if cost > limit {
-        window_ns
-    } else {
-        retry_after_ns(view, window_ns, limit - cost)?
-    };
-    Some((retry_after_ns, excess_milli))
-}
-
-/// The earliest wait after which `n + c <= N` holds, given `allowed = N - c` and no other
-/// request in between: later in this window (`prev` decays), or in the next one (the
-/// current count becomes `prev` and decays), or at the latest two windows on (all zero).
-/// `None` on overflow.
-fn retry_after_ns(view: &View, window_ns: u64, allowed: u64) -> Option<u64> {
-    let offset = view.offset_ns;
-    let wait = match earliest_offset(view.prev, view.cur, allowed, window_ns)? {
-        Some(x) if x.max(offset) < window_ns => x.max(offset) - offset,
-        _ => {
-            let next = earliest_offset(view.cur, 0, allowed, window_ns)?.unwrap_or(window_ns);
-            (window_ns - offset) + next
-        }
-    };
-    view.lead_ns.checked_add(wait)
-}
-
-/// Earliest offset `x` in a window with counts `(prev, cur)` such that
-/// `prev * (W - x) + cur * W <= allowed * W`: `Some(None)` if no offset in the window does,
-/// `None` on overflow.
-fn earliest_offset(prev: u64, cur: u64, allowed: u64, window_ns: u64) -> Option<Option<u64>> {
-    let Some(budget) = allowed.checked_sub(cur) else {
-        return Some(None);
-    };
-    let span = match NonZeroU64::new(prev) {
-        None => window_ns,
-        Some(prev) => (budget.checked_mul(window_ns)? / prev).min(window_ns),
-    };
-    Some(Some(window_ns - span))
-}
-
-/// [`decide`] in `u128`: everything is scaled by `W` so that `n` is an exact integer.
-#[cold]
-#[inline(never)]
-fn decide_wide(
-    state: u64,
-    now_ns: u64,
-    window_ns: u64,
-    limit: u64,
-    cost: u64,
-) -> (Decision, Option<u64>) {
-    // Read again rather than passed: a view passed by reference would be written to memory
-    // on every decision, for this rare path.
-    let view = &view(state, now_ns, window_ns);
+    // Everything is scaled by W so that `n` is an exact integer: in u128, where products
+    // cost one multiplication and never overflow. The outcome needs nothing else; the fields
+    // divide, in u64 unless a huge cost makes the numbers too large.
     let w = u128::from(window_ns);
     let limit_scaled = u128::from(limit) * w;
     let estimate_scaled =
         u128::from(view.prev) * u128::from(window_ns - view.offset_ns) + u128::from(view.cur) * w;
     let after_scaled = estimate_scaled + u128::from(cost) * w;
-    let excess_milli = saturate(after_scaled.saturating_sub(limit_scaled) * 1000 / w);
 
     if after_scaled > limit_scaled {
+        // floor(1000 * x / W) = floor(x / (W / 1000)): every window is a whole number of
+        // microseconds.
+        let excess_milli = quotient(after_scaled - limit_scaled, window_ns / 1000);
         let retry_after_ns = if cost > limit {
             window_ns
         } else {
-            retry_after_wide(view, window_ns, limit - cost)
+            retry_after_ns(&view, window_ns, limit - cost)
         };
         let decision = Decision {
-            remaining: saturate(limit_scaled.saturating_sub(estimate_scaled) / w),
+            remaining: whole_windows(limit_scaled.saturating_sub(estimate_scaled), window_ns),
             ..Decision::rejected(
                 retry_after_ns,
-                reset_ns(view, window_ns, view.cur),
+                reset_ns(&view, window_ns, view.cur),
                 excess_milli,
             )
         };
         return (decision, None);
     }
 
+    // `cur + cost <= limit`: no overflow.
     let cur = view.cur + cost;
     let decision = Decision {
         outcome: Outcome::Passed,
         delay_ns: 0,
         retry_after_ns: 0,
-        remaining: saturate((limit_scaled - after_scaled) / w),
-        reset_ns: reset_ns(view, window_ns, cur),
-        excess_milli,
+        remaining: quotient(limit_scaled - after_scaled, window_ns),
+        reset_ns: reset_ns(&view, window_ns, cur),
+        excess_milli: 0,
     };
     (decision, Some(pack(view.window, view.prev, cur)))
 }
 
-/// [`retry_after_ns`] in `u128`.
-fn retry_after_wide(view: &View, window_ns: u64, allowed: u64) -> u64 {
-    let w = u128::from(window_ns);
-    let offset = u128::from(view.offset_ns);
-    let earliest_offset = |prev: u64, cur: u64| -> Option<u128> {
-        let budget = u128::from(allowed.checked_sub(cur)?) * w;
-        let span = if prev == 0 {
-            w
-        } else {
-            (budget / u128::from(prev)).min(w)
-        };
-        Some(w - span)
-    };
-    let wait = match earliest_offset(view.prev, view.cur) {
-        Some(x) if x.max(offset) < w => x.max(offset) - offset,
+/// `floor(numerator / denominator)` saturated to u64, dividing in u64 when the numerator fits
+/// (a `u128` division is a call to a helper that takes tens of instructions).
+#[inline(always)]
+fn quotient(numerator: u128, denominator: u64) -> u64 {
+    let denominator = NonZeroU64::new(denominator).unwrap_or(NonZeroU64::MIN);
+    match u64::try_from(numerator) {
+        Ok(numerator) => numerator / denominator,
+        Err(_) => quotient_wide(numerator, denominator),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn quotient_wide(numerator: u128, denominator: NonZeroU64) -> u64 {
+    saturate(numerator / NonZeroU128::from(denominator))
+}
+
+/// `floor(scaled / W)`, without dividing when it is 0: the room a rejected request of cost 1
+/// leaves is always less than a request.
+#[inline(always)]
+fn whole_windows(scaled: u128, window_ns: u64) -> u64 {
+    if scaled < u128::from(window_ns) {
+        0
+    } else {
+        quotient(scaled, window_ns)
+    }
+}
+
+/// The earliest wait after which `n + c <= N` holds, given `allowed = N - c` and no other
+/// request in between: later in this window (`prev` decays), or in the next one (the
+/// current count becomes `prev` and decays), or at the latest two windows on (all zero).
+/// At most `4 W`: no overflow.
+#[inline]
+fn retry_after_ns(view: &View, window_ns: u64, allowed: u64) -> u64 {
+    let offset = view.offset_ns;
+    let wait = match earliest_offset(view.prev, view.cur, allowed, window_ns) {
+        Some(x) if x.max(offset) < window_ns => x.max(offset) - offset,
         _ => {
-            let next = earliest_offset(view.cur, 0).unwrap_or(w);
-            (w - offset) + next
+            let next = earliest_offset(view.cur, 0, allowed, window_ns).unwrap_or(window_ns);
+            (window_ns - offset) + next
         }
     };
-    saturate(u128::from(view.lead_ns) + wait)
+    view.lead_ns + wait
+}
+
+/// Earliest offset `x` in a window with counts `(prev, cur)` such that
+/// `prev * (W - x) + cur * W <= allowed * W`, or `None` if no offset in the window does.
+#[inline]
+fn earliest_offset(prev: u64, cur: u64, allowed: u64, window_ns: u64) -> Option<u64> {
+    let budget = allowed.checked_sub(cur)?;
+    let span = match NonZeroU64::new(prev) {
+        None => window_ns,
+        Some(prev) => {
+            quotient(u128::from(budget) * u128::from(window_ns), prev.get()).min(window_ns)
+        }
+    };
+    Some(window_ns - span)
 }
 
 /// Time until a view holding `cur` in its window is equivalent to a fresh key.

@@ -23,7 +23,7 @@ pub fn decide(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Option<u64
         now_ns,
         &policy.limits.rate,
         policy.cost,
-        Some(capacity(&policy.limits)),
+        capacity(&policy.limits) - 1,
         DelayMode::NoDelay,
     )
 }
