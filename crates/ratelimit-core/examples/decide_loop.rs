@@ -12,11 +12,20 @@
 //! map's. The clock starts at 10^15 ns (about 11 days of uptime), like a real
 //! `CLOCK_MONOTONIC`. `none` runs the same loop without deciding: subtract it. A third
 //! argument sets the number of keys (`decide_loop leaky_bucket 100000 1000000`: nearly every
-//! decision is a key's first).
+//! decision is a key's first). A fourth chooses what is called and read:
+//!
+//! * `fields` (the default): the algorithm's own `decide`, every field of the decision read;
+//! * `outcome`: the same, reading only the outcome and the new state, as the module's hot path
+//!   does when it reports nothing (the other fields, and their divisions, are not computed);
+//! * `word`: `decide_word`, every field read (one loop for the three algorithms, whose code
+//!   then shares registers and moves with unrelated changes).
 
 use std::hint::black_box;
 
-use ratelimit_core::{decide_word, sliding_log, Decision, DelayMode, Outcome, Policy, ZoneSpec};
+use ratelimit_core::{
+    decide_word, leaky_bucket, sliding_log, sliding_window, token_bucket, Algorithm, Decision,
+    DelayMode, Outcome, Policy, ZoneSpec,
+};
 
 const STEP_NS: u64 = 1_000;
 const START_NS: u64 = 1_000_000_000_000_000;
@@ -84,6 +93,73 @@ fn run_word(keys: &[u32], states: &mut [u64], policy: &Policy) -> u64 {
     passed
 }
 
+/// One algorithm's `decide` in a loop of its own; with `FIELDS` false only the outcome and
+/// the new state are read.
+#[inline(never)]
+fn run_algorithm<const FIELDS: bool, D>(
+    keys: &[u32],
+    states: &mut [u64],
+    policy: &Policy,
+    decide: D,
+) -> u64
+where
+    D: Fn(u64, u64, &Policy) -> (Decision, Option<u64>),
+{
+    let mut now_ns = START_NS;
+    let mut passed = 0;
+    for &key in keys {
+        now_ns += STEP_NS;
+        let state = &mut states[key as usize];
+        let (decision, next) = decide(*state, now_ns, black_box(policy));
+        if let Some(next) = next {
+            *state = next;
+        }
+        passed += if FIELDS {
+            checksum(&decision)
+        } else {
+            u64::from(decision.outcome == Outcome::Passed)
+        };
+    }
+    passed
+}
+
+fn single_word_loop(keys: &[u32], states: &mut [u64], policy: &Policy, mode: &str) -> u64 {
+    match (mode, policy.algorithm) {
+        ("word", _) => run_word(keys, states, policy),
+        ("fields", Algorithm::LeakyBucket) => {
+            run_algorithm::<true, _>(keys, states, policy, |s, n, p| {
+                leaky_bucket::decide(s, n, p)
+            })
+        }
+        ("fields", Algorithm::TokenBucket) => {
+            run_algorithm::<true, _>(keys, states, policy, |s, n, p| {
+                token_bucket::decide(s, n, p)
+            })
+        }
+        ("fields", Algorithm::SlidingWindow) => {
+            run_algorithm::<true, _>(keys, states, policy, |s, n, p| {
+                sliding_window::decide(s, n, p)
+            })
+        }
+        ("outcome", Algorithm::LeakyBucket) => {
+            run_algorithm::<false, _>(keys, states, policy, |s, n, p| {
+                leaky_bucket::decide(s, n, p)
+            })
+        }
+        ("outcome", Algorithm::TokenBucket) => {
+            run_algorithm::<false, _>(keys, states, policy, |s, n, p| {
+                token_bucket::decide(s, n, p)
+            })
+        }
+        ("outcome", Algorithm::SlidingWindow) => {
+            run_algorithm::<false, _>(keys, states, policy, |s, n, p| {
+                sliding_window::decide(s, n, p)
+            })
+        }
+        (mode, algorithm) => panic!("no {mode:?} loop for {algorithm}"),
+    }
+}
+
 #[inline(never)]
 fn run_log(keys: &[u32], logs: &mut [u64], words: usize, policy: &Policy) -> u64 {
     let mut now_ns = START_NS;
@@ -106,6 +182,10 @@ fn main() {
         .next()
         .map_or(10_000, |n| n.parse().expect("a key count"));
     let keys = key_sequence(count, key_count);
+    let mode = args.next().unwrap_or_else(|| "fields".into());
+    let run_word = |keys: &[u32], states: &mut [u64], policy: &Policy| {
+        single_word_loop(keys, states, policy, &mode)
+    };
     let rate = "rate=50r/s";
     let passed = match algorithm.as_str() {
         "none" => run_none(&keys, &mut vec![0; key_count]),

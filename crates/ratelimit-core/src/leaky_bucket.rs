@@ -21,7 +21,9 @@
 use crate::{gcra, Decision, Limits, Policy};
 
 /// Decide one request; `state` 0 is a fresh key. See [`crate::decide_word`].
-#[inline]
+// Always inlined, so that a caller reading only the outcome and the new state computes no
+// other field (their divisions are dead code once inlined).
+#[inline(always)]
 pub fn decide(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Option<u64>) {
     // A cost-1 request passes while `TAT - now <= burst * T` before charging: the bucket
     // holds `burst + 1` requests.

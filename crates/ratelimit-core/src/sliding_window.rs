@@ -110,7 +110,9 @@ fn pack(window: u64, prev: u64, cur: u64) -> u64 {
 /// equivalent to a fresh key (the end of the window after the one holding the last charge);
 /// `excess_milli` is how far `n + c` exceeds `N`, in 1/1000 requests (0 when passed).
 /// A request costing more than `N` never passes; its `retry_after_ns` is `W`.
-#[inline]
+// Always inlined, so that a caller reading only the outcome and the new state computes no
+// other field (their divisions are dead code once inlined).
+#[inline(always)]
 pub fn decide(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Option<u64>) {
     let window_ns = policy.limits.rate.window_ns().max(1);
     let limit = window_limit(&policy.limits.rate);

@@ -15,7 +15,9 @@
 use crate::{gcra, Decision, DelayMode, Limits, Outcome, Policy};
 
 /// Decide one request; `state` 0 is a fresh key. See [`crate::decide_word`].
-#[inline]
+// Always inlined, so that a caller reading only the outcome and the new state computes no
+// other field (their divisions are dead code once inlined).
+#[inline(always)]
 pub fn decide(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Option<u64>) {
     // A bucket of `K` tokens is a leaky bucket of `K` requests that never delays.
     gcra::decide(
