@@ -489,25 +489,35 @@ fn parse_flag(cf: &mut ngx_conf_t, directive: &str) -> Result<bool, *mut c_char>
     }
 }
 
+/// An `on|off` directive of the location configuration, set once.
+fn cmd_flag(
+    cf: *mut ngx_conf_t,
+    conf: *mut c_void,
+    directive: &str,
+    field: fn(&mut LocConf) -> &mut Option<bool>,
+) -> *mut c_char {
+    // SAFETY: as for every directive handler; `conf` is our location configuration.
+    let cf = unsafe { &mut *cf };
+    let lcf = unsafe { &mut *conf.cast::<LocConf>() };
+    if field(lcf).is_some() {
+        return conf_error(cf, &format!("\"{directive}\" directive is duplicate"));
+    }
+    match parse_flag(cf, directive) {
+        Ok(flag) => {
+            *field(lcf) = Some(flag);
+            NGX_CONF_OK
+        }
+        Err(error) => error,
+    }
+}
+
 /// `rate_limit_dry_run on|off;`
 pub extern "C" fn cmd_dry_run(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: as for every directive handler; `conf` is our location configuration.
-    let cf = unsafe { &mut *cf };
-    let lcf = unsafe { &mut *conf.cast::<LocConf>() };
-    if lcf.dry_run.is_some() {
-        return conf_error(cf, "\"rate_limit_dry_run\" directive is duplicate");
-    }
-    match parse_flag(cf, "rate_limit_dry_run") {
-        Ok(flag) => {
-            lcf.dry_run = Some(flag);
-            NGX_CONF_OK
-        }
-        Err(error) => error,
-    }
+    cmd_flag(cf, conf, "rate_limit_dry_run", |lcf| &mut lcf.dry_run)
 }
 
 /// `rate_limit_headers on|off;`
@@ -516,19 +526,7 @@ pub extern "C" fn cmd_headers(
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: as for every directive handler; `conf` is our location configuration.
-    let cf = unsafe { &mut *cf };
-    let lcf = unsafe { &mut *conf.cast::<LocConf>() };
-    if lcf.headers.is_some() {
-        return conf_error(cf, "\"rate_limit_headers\" directive is duplicate");
-    }
-    match parse_flag(cf, "rate_limit_headers") {
-        Ok(flag) => {
-            lcf.headers = Some(flag);
-            NGX_CONF_OK
-        }
-        Err(error) => error,
-    }
+    cmd_flag(cf, conf, "rate_limit_headers", |lcf| &mut lcf.headers)
 }
 
 /// `rate_limit_log_level info|notice|warn|error;`

@@ -531,19 +531,19 @@ impl Zone {
                 _ => {}
             }
         }
-        if let Some(index) = empty {
-            let claimed = self.hash_word(index).compare_exchange(
-                0,
-                hash,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
-            if claimed.is_ok() {
-                return (SlotIndex(index), false);
-            }
+        if let Some(index) = empty.filter(|&index| self.claim_empty(index, hash)) {
+            return (SlotIndex(index), false);
         }
         let _lock = self.lock();
         self.claim_locked(hash, now_ns)
+    }
+
+    /// Take an empty slot for `hash`; false if another worker took it first.
+    #[inline]
+    fn claim_empty(&self, index: usize, hash: u64) -> bool {
+        self.hash_word(index)
+            .compare_exchange(0, hash, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
 
     /// As `find_or_claim`, with the zone lock held: rescans (another worker may have claimed
@@ -575,13 +575,7 @@ impl Zone {
             // Lock-free claimers only ever take empty slots, so an empty slot is still raced
             // for with compare-and-swap; an occupied one changes only under this lock.
             if let Some(index) = empty {
-                let claimed = self.hash_word(index).compare_exchange(
-                    0,
-                    hash,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                );
-                if claimed.is_ok() {
+                if self.claim_empty(index, hash) {
                     return (SlotIndex(index), false);
                 }
                 continue;
