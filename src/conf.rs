@@ -4,6 +4,7 @@
 //! safe values; the words of `rate_limit_zone` and `rate_limit` are parsed by the algorithm
 //! crate (`ZoneSpec`, `LimitSpec`) so that the replay tool reads them the same way.
 
+use core::cell::Cell;
 use core::ffi::{c_char, c_void};
 use core::{mem, ptr};
 
@@ -15,7 +16,7 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModuleMainConf, Merge, MergeConfigError};
 use ngx::ngx_conf_log_error;
-use ratelimit_core::{Algorithm, DelayMode, LimitSpec, Limits, SpecError, ZoneSpec};
+use ratelimit_core::{Algorithm, BucketCharge, DelayMode, LimitSpec, Limits, SpecError, ZoneSpec};
 
 use crate::zone::{Zone, ZoneLayout};
 use crate::{admin, module_ptr, RateLimitModule};
@@ -78,6 +79,9 @@ pub struct LimitConf {
     pub delay: DelayMode,
     pub global: Option<*mut ngx_shm_zone_t>,
     pub cost: u64,
+    /// This worker's [`BucketCharge`] for the zone limits word it was computed from (0 when
+    /// none yet): the request path recomputes it only when the zone's limits change.
+    pub charge_cache: Cell<(u64, Option<BucketCharge>)>,
 }
 
 /// `rate_limit_admin [write=on]`.
@@ -394,6 +398,7 @@ pub extern "C" fn cmd_rate_limit(
         delay: spec.delay,
         global,
         cost: spec.cost.max(1),
+        charge_cache: Cell::new((0, None)),
     });
     NGX_CONF_OK
 }

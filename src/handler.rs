@@ -12,7 +12,7 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
-use ratelimit_core::{Algorithm, Decision, Limits, Outcome, Policy, NANOS_PER_SEC};
+use ratelimit_core::{Algorithm, BucketCharge, Decision, Limits, Outcome, Policy, NANOS_PER_SEC};
 use smallvec::SmallVec;
 
 use crate::conf::{LimitConf, LocConf, ZoneConf};
@@ -221,15 +221,22 @@ fn resolve<'a>(
     })
 }
 
+/// The request's key found in a zone (its slot claimed if it is new).
+struct Found<'a> {
+    zone_conf: &'a ZoneConf,
+    zone: &'a Zone,
+    hash: u64,
+    slot: SlotIndex,
+}
+
 /// Find the zone's slot for the request's key (claiming one for a new key); `None` when the
 /// key is empty or too long, or the zone is not set up.
 #[inline(always)]
-fn locate<'a>(
+fn find_key<'a>(
     r: &mut ngx_http_request_t,
     shm_zone: *mut ngx::ffi::ngx_shm_zone_t,
-    limit: &LimitConf,
     now_ns: u64,
-) -> Option<Located<'a>> {
+) -> Option<Found<'a>> {
     let zone_conf = zone_conf_of(shm_zone)?;
     let zone = zone_conf.zone.as_ref()?;
     let key = evaluate_key(r, zone_conf)?;
@@ -246,7 +253,6 @@ fn locate<'a>(
         return None;
     }
     let hash = zone.hash_key(key);
-    let policy = effective_policy(zone, limit, hash)?;
     let (slot, evicted) = zone.find_or_claim(hash, now_ns);
     if evicted && zone.should_log_full(now_ns) {
         ngx_log_error!(
@@ -256,12 +262,61 @@ fn locate<'a>(
             zone_conf.name
         );
     }
-    Some(Located {
+    Some(Found {
         zone_conf,
         zone,
+        hash,
         slot,
+    })
+}
+
+/// As [`find_key`], with the limits that apply to the key.
+#[inline(always)]
+fn locate<'a>(
+    r: &mut ngx_http_request_t,
+    shm_zone: *mut ngx::ffi::ngx_shm_zone_t,
+    limit: &LimitConf,
+    now_ns: u64,
+) -> Option<Located<'a>> {
+    let found = find_key(r, shm_zone, now_ns)?;
+    let policy = effective_policy(found.zone, limit, found.hash)?;
+    Some(Located {
+        zone_conf: found.zone_conf,
+        zone: found.zone,
+        slot: found.slot,
         policy,
     })
+}
+
+/// The location's precomputed bucket constants for this key, when they apply: a leaky or
+/// token bucket and no per-key override. Recomputed only when the zone's limits change.
+#[inline(always)]
+fn bucket_charge(limit: &LimitConf, zone: &Zone, hash: u64) -> Option<BucketCharge> {
+    if !matches!(
+        zone.algorithm(),
+        Algorithm::LeakyBucket | Algorithm::TokenBucket
+    ) || zone.override_for(hash).is_some()
+    {
+        return None;
+    }
+    let word = zone.limits_word();
+    let (cached_word, cached) = limit.charge_cache.get();
+    if cached_word == word && word != 0 {
+        return cached;
+    }
+    let charge = Limits::unpack(word).and_then(|mut limits| {
+        if let Some(burst) = limit.burst {
+            limits.burst = burst;
+        }
+        BucketCharge::new(&Policy {
+            algorithm: zone.algorithm(),
+            limits,
+            delay: limit.delay,
+            cost: limit.cost,
+        })
+    });
+    limit.charge_cache.set((word, charge));
+    charge
 }
 
 /// The key's bytes for this request (empty when its variables are not found).
@@ -329,33 +384,7 @@ fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf, state: RequestState)
     // and a request that passes without headers to add is done right here.
     if let [limit] = lcf.limits() {
         if limit.global.is_none() {
-            let Some(located) = locate(r, limit.shm_zone, limit, now) else {
-                return Status::NGX_DECLINED.into();
-            };
-            let decision = if located.policy.algorithm != Algorithm::SlidingLog && !lcf.headers() {
-                // Nothing to report for a request that passes: decide the outcome alone.
-                let (outcome, previous) = located.zone.charge(located.slot, now, &located.policy);
-                if outcome == Outcome::Passed {
-                    located.zone.count(Counter::Passed);
-                    state.set(LimitStatus::Passed);
-                    return Status::NGX_DECLINED.into();
-                }
-                ratelimit_core::decide_word(previous, now, &located.policy).0
-            } else {
-                located
-                    .zone
-                    .decide(located.slot, now, &located.policy, true)
-            };
-            let own = Applied {
-                zone_conf: located.zone_conf,
-                zone: located.zone,
-                slot: located.slot,
-                policy: located.policy,
-                decision,
-            };
-            let rejected_by = (decision.outcome == Outcome::Rejected).then_some(0);
-            let mut applied = [AppliedLimit { own, global: None }];
-            return finish(r, lcf, state, &mut applied, &[decision], rejected_by, now);
+            return limit_one(r, lcf, state, limit, now);
         }
     }
 
@@ -394,6 +423,82 @@ fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf, state: RequestState)
         }
     }
     finish(r, lcf, state, &mut applied, &decisions, rejected_by, now)
+}
+
+/// One `rate_limit` without `global=`: the common configuration, kept short.
+fn limit_one(
+    r: &mut ngx_http_request_t,
+    lcf: &LocConf,
+    state: RequestState,
+    limit: &LimitConf,
+    now: u64,
+) -> ngx_int_t {
+    let Some(found) = find_key(r, limit.shm_zone, now) else {
+        return Status::NGX_DECLINED.into();
+    };
+    let (zone, hash) = (found.zone, found.hash);
+    let charge = if lcf.headers() {
+        None
+    } else {
+        bucket_charge(limit, zone, hash)
+    };
+    if let Some(charge) = charge {
+        // A bucket, and nothing to report for a request that passes: the outcome
+        // alone, from the constants computed once.
+        let (outcome, previous) = zone.charge_bucket(found.slot, now, &charge, |state| {
+            match effective_policy(zone, limit, hash) {
+                Some(policy) => ratelimit_core::decide_word(state, now, &policy),
+                None => (Decision::rejected(0, 0, 0), None),
+            }
+        });
+        if outcome == Outcome::Passed {
+            zone.count(Counter::Passed);
+            state.set(LimitStatus::Passed);
+            return Status::NGX_DECLINED.into();
+        }
+        let Some(policy) = effective_policy(zone, limit, hash) else {
+            return Status::NGX_DECLINED.into();
+        };
+        let decision = ratelimit_core::decide_word(previous, now, &policy).0;
+        return finish_one(r, lcf, state, found, policy, decision, now);
+    }
+    let Some(policy) = effective_policy(zone, limit, hash) else {
+        return Status::NGX_DECLINED.into();
+    };
+    let decision = if policy.algorithm != Algorithm::SlidingLog && !lcf.headers() {
+        let (outcome, previous) = zone.charge(found.slot, now, &policy);
+        if outcome == Outcome::Passed {
+            zone.count(Counter::Passed);
+            state.set(LimitStatus::Passed);
+            return Status::NGX_DECLINED.into();
+        }
+        ratelimit_core::decide_word(previous, now, &policy).0
+    } else {
+        zone.decide(found.slot, now, &policy, true)
+    };
+    finish_one(r, lcf, state, found, policy, decision, now)
+}
+
+/// `finish` for the single-limit path.
+fn finish_one(
+    r: &mut ngx_http_request_t,
+    lcf: &LocConf,
+    state: RequestState,
+    found: Found,
+    policy: Policy,
+    decision: Decision,
+    now: u64,
+) -> ngx_int_t {
+    let own = Applied {
+        zone_conf: found.zone_conf,
+        zone: found.zone,
+        slot: found.slot,
+        policy,
+        decision,
+    };
+    let rejected_by = (decision.outcome == Outcome::Rejected).then_some(0);
+    let mut applied = [AppliedLimit { own, global: None }];
+    finish(r, lcf, state, &mut applied, &[decision], rejected_by, now)
 }
 
 /// Act on the decisions: `decisions` holds the charged ones in order (the last one the

@@ -29,7 +29,8 @@ use nginx_sys::{
     ngx_shmtx_lock, ngx_shmtx_unlock, ngx_slab_alloc_locked, ngx_slab_free_locked, ngx_slab_pool_t,
 };
 use ratelimit_core::{
-    leaky_bucket, sliding_log, token_bucket, Algorithm, Decision, Limits, Outcome, Policy,
+    leaky_bucket, sliding_log, token_bucket, Algorithm, BucketCharge, Decision, Limits, Outcome,
+    Policy,
 };
 
 /// Identifies the layout below; a zone inherited over a reload with another magic is reformatted.
@@ -518,7 +519,18 @@ impl Zone {
     /// The common cases take no lock: a tracked key is found, and a new key takes the first
     /// empty slot of its window with a compare-and-swap of the hash word (an empty slot's
     /// state is already a fresh key's). Only a full window takes the zone lock to evict.
+    #[inline]
     pub fn find_or_claim(&self, hash: u64, now_ns: u64) -> (SlotIndex, bool) {
+        // A key seen before is most often in the first slot of its window.
+        let first = self.window_start(hash);
+        if self.hash_word(first).load(Ordering::Acquire) == hash {
+            return (SlotIndex(first), false);
+        }
+        self.find_or_claim_slow(hash, now_ns)
+    }
+
+    #[inline(never)]
+    fn find_or_claim_slow(&self, hash: u64, now_ns: u64) -> (SlotIndex, bool) {
         let mut empty = None;
         for index in self.probe_window(hash) {
             match self.hash_word(index).load(Ordering::Acquire) {
@@ -651,6 +663,43 @@ impl Zone {
                 charge_word(state, |s| token_bucket::decide(s, now_ns, policy))
             }
             _ => charge_word(state, |s| ratelimit_core::decide_word(s, now_ns, policy)),
+        }
+    }
+
+    /// The packed zone limits word (see [`Limits::pack`]), to notice a change.
+    #[inline]
+    pub fn limits_word(&self) -> u64 {
+        self.header().limits.load(Ordering::Acquire)
+    }
+
+    /// Charge a request to a bucket with precomputed constants; `fallback` decides the rare
+    /// state the constants cannot (an overflow). Returns the outcome and the state it was
+    /// decided on, as [`Zone::charge`].
+    #[inline]
+    pub fn charge_bucket(
+        &self,
+        index: SlotIndex,
+        now_ns: u64,
+        charge: &BucketCharge,
+        fallback: impl Fn(u64) -> (Decision, Option<u64>),
+    ) -> (Outcome, u64) {
+        let state = &self.slot(index.0)[1];
+        let mut current = state.load(Ordering::Acquire);
+        loop {
+            let (outcome, next) = match charge.charge(current, now_ns) {
+                Some(fast) => fast,
+                None => {
+                    let (decision, next) = fallback(current);
+                    (decision.outcome, next)
+                }
+            };
+            let Some(next) = next else {
+                return (outcome, current);
+            };
+            match state.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return (outcome, current),
+                Err(actual) => current = actual,
+            }
         }
     }
 

@@ -19,6 +19,7 @@ mod equivalence;
 #[cfg(test)]
 mod reference;
 
+pub mod bucket_charge;
 pub mod decision;
 pub mod leaky_bucket;
 pub mod rate;
@@ -28,6 +29,7 @@ pub mod sliding_window;
 pub mod spec;
 pub mod token_bucket;
 
+pub use bucket_charge::BucketCharge;
 pub use decision::{Decision, Outcome};
 pub use rate::{Rate, RateUnit};
 pub use spec::{Algorithm, DelayMode, LimitSpec, Limits, Policy, SpecError, ZoneSpec};
