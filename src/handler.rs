@@ -68,7 +68,8 @@ impl RequestState {
         let text = status.as_str();
         // SAFETY: `value` points into the live request's variables; the text is static.
         unsafe { (*self.value).data = text.as_ptr().cast_mut() };
-        value_bits::write(self.value, text.len() as u32 | value_bits::VALID);
+        // The whole word: `escape` is never set on this variable.
+        value_bits::write_all(self.value, text.len() as u32 | value_bits::VALID);
     }
 }
 
@@ -98,6 +99,13 @@ pub mod value_bits {
         unsafe { value.cast::<u32>().write(escape | bits) };
     }
 
+    /// Replace all 32 bits (`escape` cleared).
+    #[inline]
+    pub fn write_all(value: *mut ngx_variable_value_t, bits: u32) {
+        // SAFETY: as for `read`.
+        unsafe { value.cast::<u32>().write(bits) };
+    }
+
     /// Whether bindgen's accessors and these masks agree on this target.
     pub fn layout_matches() -> bool {
         // SAFETY: an all-zero ngx_variable_value_t is valid (a null data pointer, no flags).
@@ -121,9 +129,10 @@ pub fn now_ns() -> u64 {
     };
     // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // Seconds since boot times 1e9 fits a u64 for 584 years.
     (ts.tv_sec as u64)
-        .saturating_mul(NANOS_PER_SEC)
-        .saturating_add(ts.tv_nsec as u64)
+        .wrapping_mul(NANOS_PER_SEC)
+        .wrapping_add(ts.tv_nsec as u64)
 }
 
 /// The limits for one request in one zone: the zone's live limits, the location's `burst=`,
@@ -378,6 +387,7 @@ pub unsafe extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_in
     limit_request(r, lcf, state)
 }
 
+#[inline]
 fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf, state: RequestState) -> ngx_int_t {
     let now = now_ns();
     // The common case, one limit without `global=`: no collection, one compare-and-swap,

@@ -49,6 +49,14 @@ pub const COUNTERS: usize = 5;
 /// line, so that workers counting requests do not contend for one line.
 const COUNTER_STRIPES: usize = 16;
 
+/// This process's stripe: `ngx_worker % COUNTER_STRIPES`, set when a worker starts.
+static COUNTER_STRIPE: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+
+/// Pick this worker's counter stripe (called once per worker, at start).
+pub fn set_counter_stripe(worker: usize) {
+    COUNTER_STRIPE.store(worker % COUNTER_STRIPES, Ordering::Relaxed);
+}
+
 /// One worker's counters, padded to a cache line.
 #[repr(C, align(64))]
 pub struct CounterStripe {
@@ -458,6 +466,15 @@ impl Zone {
         unsafe { &*self.table.add(index * self.stride) }
     }
 
+    /// The first state word of the slot `index` (a `SlotIndex` is always inside the table).
+    #[inline]
+    fn state_word(&self, index: SlotIndex) -> &AtomicU64 {
+        debug_assert!(index.0 < self.slots);
+        // SAFETY: slot indexes are only made by `find`/`claim` from probe windows, which lie
+        // inside the table; every slot has at least one state word after its hash.
+        unsafe { &*self.table.add(index.0 * self.stride + 1) }
+    }
+
     /// Hash a key with the zone's secret seed; never 0 (0 marks an empty slot). foldhash's
     /// quality variant: a few multiplications for a short key, and without the seed a client
     /// cannot choose keys that collide.
@@ -683,7 +700,7 @@ impl Zone {
         charge: &BucketCharge,
         fallback: impl Fn(u64) -> (Decision, Option<u64>),
     ) -> (Outcome, u64) {
-        let state = &self.slot(index.0)[1];
+        let state = self.state_word(index);
         let mut current = state.load(Ordering::Acquire);
         loop {
             let (outcome, next) = match charge.charge(current, now_ns) {
@@ -749,10 +766,10 @@ impl Zone {
     }
 
     /// Count one decision, in this worker's stripe.
+    #[inline]
     pub fn count(&self, counter: Counter) {
-        // SAFETY: ngx_worker is written once by nginx when the worker starts.
-        let worker = unsafe { nginx_sys::ngx_worker } % COUNTER_STRIPES;
-        self.header().counters[worker].counts[counter as usize].fetch_add(1, Ordering::Relaxed);
+        let stripe = COUNTER_STRIPE.load(Ordering::Relaxed);
+        self.header().counters[stripe].counts[counter as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// A counter summed over every worker's stripe.

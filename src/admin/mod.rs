@@ -32,6 +32,8 @@ pub extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     if let Some(cycle) = unsafe { cycle.as_ref() } {
         persist::worker_started(cycle);
     }
+    // SAFETY: ngx_worker is set by nginx before init_process runs.
+    crate::zone::set_counter_stripe(unsafe { nginx_sys::ngx_worker });
     Status::NGX_OK.into()
 }
 
