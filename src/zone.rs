@@ -18,6 +18,11 @@
 //! the multi-word sliding log, and for admin writes. A slot is published by storing its hash
 //! last (Release), after its state was reset, so a worker killed mid-claim leaves either an
 //! empty slot or a complete one.
+//!
+//! One race is accepted: a worker that found a key's slot just before another worker evicted
+//! that key (window full, under the lock) charges its request to the slot's new key. It needs
+//! an eviction and a request for the evicted key within the same microseconds, and costs one
+//! request of accounting; closing it would need a lock or a tag on every update.
 
 use core::ffi::c_void;
 use core::mem;
