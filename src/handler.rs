@@ -695,14 +695,21 @@ unsafe extern "C" fn delay_expired(r: *mut ngx_http_request_t) {
 /// zone applied to the request. Built in stack buffers without `format!`: this runs on every
 /// limited request.
 fn add_rate_limit_headers(r: &mut ngx_http_request_t, applied: &[AppliedLimit]) {
-    let mut policy: SmallVec<[u8; 128]> = SmallVec::new();
-    let mut state: SmallVec<[u8; 128]> = SmallVec::new();
+    // Each item is `"NAME";x=N;y=N`: at most the name, 10 bytes of punctuation and two
+    // 20-digit numbers, plus ", " between items. The values are written once, straight into
+    // request-pool memory of that size.
+    let capacity: usize = applied
+        .iter()
+        .flat_map(AppliedLimit::applied)
+        .map(|applied| applied.zone_conf.name.len() + 52)
+        .sum();
+    let (Some(mut policy), Some(mut state)) =
+        (PoolWriter::new(r, capacity), PoolWriter::new(r, capacity))
+    else {
+        return;
+    };
     let mut numbers = itoa::Buffer::new();
-    for applied in applied.iter().flat_map(AppliedLimit::applied) {
-        if !policy.is_empty() {
-            policy.extend_from_slice(b", ");
-            state.extend_from_slice(b", ");
-        }
+    for (position, applied) in applied.iter().flat_map(AppliedLimit::applied).enumerate() {
         let (quota, window) = quota_and_window(&applied.policy.limits);
         let name = applied.zone_conf.name.as_bytes();
         let decision = &applied.decision;
@@ -717,17 +724,54 @@ fn add_rate_limit_headers(r: &mut ngx_http_request_t, applied: &[AppliedLimit]) 
                 reset,
             ),
         ] {
-            out.push(b'"');
-            out.extend_from_slice(name);
-            out.push(b'"');
-            out.extend_from_slice(first);
-            out.extend_from_slice(numbers.format(first_value).as_bytes());
-            out.extend_from_slice(second);
-            out.extend_from_slice(numbers.format(second_value).as_bytes());
+            if position > 0 {
+                out.put(b", ");
+            }
+            out.put(b"\"");
+            out.put(name);
+            out.put(b"\"");
+            out.put(first);
+            out.put(numbers.format(first_value).as_bytes());
+            out.put(second);
+            out.put(numbers.format(second_value).as_bytes());
         }
     }
-    add_header(r, "RateLimit-Policy", &policy);
-    add_header(r, "RateLimit", &state);
+    push_header(r, "RateLimit-Policy", policy.finish());
+    push_header(r, "RateLimit", state.finish());
+}
+
+/// Bytes written in order into request-pool memory of a fixed size (never past it).
+struct PoolWriter {
+    buffer: &'static mut [u8],
+    len: usize,
+}
+
+impl PoolWriter {
+    fn new(r: &mut ngx_http_request_t, capacity: usize) -> Option<PoolWriter> {
+        // SAFETY: the request pool is live; the memory stays valid as long as the request.
+        let data = unsafe { ngx_pnalloc(r.pool, capacity.max(1)) }.cast::<u8>();
+        if data.is_null() {
+            return None;
+        }
+        // SAFETY: `data` has `capacity` writable bytes, used by this writer alone.
+        let buffer = unsafe { core::slice::from_raw_parts_mut(data, capacity) };
+        Some(PoolWriter { buffer, len: 0 })
+    }
+
+    #[inline]
+    fn put(&mut self, bytes: &[u8]) {
+        if let Some(target) = self.buffer.get_mut(self.len..self.len + bytes.len()) {
+            target.copy_from_slice(bytes);
+            self.len += bytes.len();
+        }
+    }
+
+    fn finish(self) -> ngx_str_t {
+        ngx_str_t {
+            len: self.len,
+            data: self.buffer.as_mut_ptr(),
+        }
+    }
 }
 
 /// The rate as whole requests `q` per `w` seconds: `10r/s` is q=10 w=1, `0.5r/s` is q=1 w=2.
@@ -747,14 +791,18 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 
 /// Append a response header; values are copied into the request pool.
 pub fn add_header(r: &mut ngx_http_request_t, name: &'static str, value: &[u8]) {
-    // SAFETY: the request pool and its output header list are live; the element is fully
-    // initialized before nginx sees it.
+    let Some(mut copy) = PoolWriter::new(r, value.len()) else {
+        return;
+    };
+    copy.put(value);
+    push_header(r, name, copy.finish());
+}
+
+/// Append a response header whose value already lives in the request pool.
+fn push_header(r: &mut ngx_http_request_t, name: &'static str, value: ngx_str_t) {
+    // SAFETY: the request's output header list is live; the element is fully initialized
+    // before nginx sees it.
     unsafe {
-        let data = ngx_pnalloc(r.pool, value.len().max(1)).cast::<u8>();
-        if data.is_null() {
-            return;
-        }
-        ptr::copy_nonoverlapping(value.as_ptr(), data, value.len());
         let header = ngx_list_push(&mut r.headers_out.headers).cast::<ngx_table_elt_t>();
         if header.is_null() {
             return;
@@ -765,10 +813,7 @@ pub fn add_header(r: &mut ngx_http_request_t, name: &'static str, value: &[u8]) 
                 len: name.len(),
                 data: name.as_ptr().cast_mut(),
             },
-            value: ngx_str_t {
-                len: value.len(),
-                data,
-            },
+            value,
             lowcase_key: ptr::null_mut(),
             next: ptr::null_mut(),
         });
