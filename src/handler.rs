@@ -301,16 +301,14 @@ fn locate<'a>(
 /// token bucket and no per-key override. Recomputed only when the zone's limits change.
 #[inline(always)]
 fn bucket_charge(limit: &LimitConf, zone: &Zone, hash: u64) -> Option<BucketCharge> {
-    if !matches!(
-        zone.algorithm(),
-        Algorithm::LeakyBucket | Algorithm::TokenBucket
-    ) || zone.override_for(hash).is_some()
-    {
+    if zone.override_for(hash).is_some() {
         return None;
     }
+    // A sliding zone caches `None` (BucketCharge::new declines it); the initial (0, None)
+    // matches no valid limits word, and would answer `None` anyway.
     let word = zone.limits_word();
     let (cached_word, cached) = limit.charge_cache.get();
-    if cached_word == word && word != 0 {
+    if cached_word == word {
         return cached;
     }
     let charge = Limits::unpack(word).and_then(|mut limits| {
