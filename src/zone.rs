@@ -676,15 +676,17 @@ impl Zone {
     /// `ratelimit_core::decide_word(previous, now_ns, policy)`.
     #[inline]
     pub fn charge(&self, index: SlotIndex, now_ns: u64, policy: &Policy) -> (Outcome, u64) {
-        let state = &self.slot(index.0)[1];
+        let state = self.state_word(index);
         match policy.algorithm {
-            Algorithm::LeakyBucket => {
-                charge_word(state, |s| leaky_bucket::decide(s, now_ns, policy))
-            }
-            Algorithm::TokenBucket => {
-                charge_word(state, |s| token_bucket::decide(s, now_ns, policy))
-            }
-            _ => charge_word(state, |s| ratelimit_core::decide_word(s, now_ns, policy)),
+            Algorithm::LeakyBucket => charge_word(state, |s| {
+                outcome_of(leaky_bucket::decide(s, now_ns, policy))
+            }),
+            Algorithm::TokenBucket => charge_word(state, |s| {
+                outcome_of(token_bucket::decide(s, now_ns, policy))
+            }),
+            _ => charge_word(state, |s| {
+                outcome_of(ratelimit_core::decide_word(s, now_ns, policy))
+            }),
         }
     }
 
@@ -705,24 +707,11 @@ impl Zone {
         charge: &BucketCharge,
         fallback: impl Fn(u64) -> (Decision, Option<u64>),
     ) -> (Outcome, u64) {
-        let state = self.state_word(index);
-        let mut current = state.load(Ordering::Acquire);
-        loop {
-            let (outcome, next) = match charge.charge(current, now_ns) {
-                Some(fast) => fast,
-                None => {
-                    let (decision, next) = fallback(current);
-                    (decision.outcome, next)
-                }
-            };
-            let Some(next) = next else {
-                return (outcome, current);
-            };
-            match state.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return (outcome, current),
-                Err(actual) => current = actual,
-            }
-        }
+        charge_word(self.state_word(index), |state| {
+            charge
+                .charge(state, now_ns)
+                .unwrap_or_else(|| outcome_of(fallback(state)))
+        })
     }
 
     /// Where the key in `index` stands now, charging nothing: `remaining` and `reset_ns` of its
@@ -974,24 +963,31 @@ fn compare_and_swap(
     }
 }
 
-/// As [`compare_and_swap`] with `commit`, returning the outcome and the state it was decided
-/// on; inlined so that the fields nobody reads are never computed.
+/// As [`compare_and_swap`] with `commit`, for a `decide` that gives only the outcome and the
+/// new state; returns the outcome and the state it was decided on. Inlined, so that fields of
+/// a full decision nobody reads are never computed.
 #[inline(always)]
 fn charge_word(
     state: &AtomicU64,
-    decide: impl Fn(u64) -> (Decision, Option<u64>),
+    decide: impl Fn(u64) -> (Outcome, Option<u64>),
 ) -> (Outcome, u64) {
     let mut current = state.load(Ordering::Acquire);
     loop {
-        let (decision, next) = decide(current);
+        let (outcome, next) = decide(current);
         let Some(next) = next else {
-            return (decision.outcome, current);
+            return (outcome, current);
         };
         match state.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return (decision.outcome, current),
+            Ok(_) => return (outcome, current),
             Err(actual) => current = actual,
         }
     }
+}
+
+/// A decision reduced to what [`charge_word`] needs.
+#[inline(always)]
+fn outcome_of((decision, next): (Decision, Option<u64>)) -> (Outcome, Option<u64>) {
+    (decision.outcome, next)
 }
 
 /// A sliding log's words as plain integers.
