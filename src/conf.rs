@@ -51,6 +51,9 @@ pub struct ZoneConf {
     /// When KEY is a single variable (`$binary_remote_addr`), its index: read directly,
     /// without evaluating a complex value into a fresh buffer.
     pub key_variable: Option<ngx_uint_t>,
+    /// When KEY is nginx's own `$arg_NAME`, NAME (lowercase): the value is read from the
+    /// query string directly. Set by `key::resolve_query_arg_keys` once variables are bound.
+    pub key_query_arg: Option<Vec<u8>>,
     pub key_text: String,
     pub algorithm: Algorithm,
     /// Limits as written in the configuration.
@@ -280,6 +283,7 @@ pub extern "C" fn cmd_rate_limit_zone(
             shm_zone,
             key,
             key_variable,
+            key_query_arg: None,
             key_text: String::from_utf8_lossy(args[1].as_bytes()).into_owned(),
             algorithm: spec.algorithm,
             limits: spec.limits(),

@@ -329,6 +329,25 @@ fn bucket_charge(limit: &LimitConf, zone: &Zone, hash: u64) -> Option<BucketChar
 /// The key's bytes for this request (empty when its variables are not found).
 fn evaluate_key<'r>(r: &'r mut ngx_http_request_t, zone_conf: &ZoneConf) -> Option<&'r [u8]> {
     if let Some(index) = zone_conf.key_variable {
+        if let Some(name) = &zone_conf.key_query_arg {
+            // SAFETY: `r.variables` has one value per variable of this configuration, and
+            // `index` is one of them.
+            let cached = unsafe { r.variables.add(index) };
+            let bits = value_bits::read(cached);
+            // nginx's own evaluation marks `$arg_` values no_cacheable; a value that is
+            // cached and not so was assigned by `set` and is what nginx would return.
+            let assigned = bits & (value_bits::VALID | value_bits::NOT_FOUND) != 0
+                && bits & value_bits::NO_CACHEABLE == 0;
+            if !assigned {
+                let args = if r.args.data.is_null() {
+                    &[][..]
+                } else {
+                    // SAFETY: the request's arguments are `len` bytes at `data`.
+                    unsafe { core::slice::from_raw_parts(r.args.data, r.args.len) }
+                };
+                return Some(crate::key::query_arg(args, name).unwrap_or(&[]));
+            }
+        }
         // SAFETY: `r` is the live request and `index` a variable index of this configuration.
         let value = unsafe { ngx::ffi::ngx_http_get_flushed_variable(r, index) };
         if value.is_null() {

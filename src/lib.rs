@@ -21,6 +21,7 @@ use ngx::{ngx_log_error, ngx_string};
 mod admin;
 mod conf;
 mod handler;
+mod key;
 mod zone;
 
 use conf::{LocConf, MainConf, ZoneConf};
@@ -185,9 +186,19 @@ pub static mut ngx_http_rate_limit_module: ngx_module_t = ngx_module_t {
     // SAFETY: only the address of the static command table is taken; nginx reads it.
     commands: unsafe { ptr::addr_of_mut!(COMMANDS[0]) },
     type_: NGX_HTTP_MODULE as _,
+    init_module: Some(init_module),
     init_process: Some(admin::init_process),
     ..ngx_module_t::default()
 };
+
+/// Runs in the master (or the single process) once a configuration cycle is complete.
+extern "C" fn init_module(cycle: *mut ngx::ffi::ngx_cycle_t) -> ngx_int_t {
+    // SAFETY: nginx passes the cycle being initialized.
+    if let Some(cycle) = unsafe { cycle.as_ref() } {
+        key::resolve_query_arg_keys(cycle);
+    }
+    Status::NGX_OK.into()
+}
 
 /// Shared zone init: lay out (or adopt across a reload) the zone's store.
 pub(crate) extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, _data: *mut c_void) -> ngx_int_t {

@@ -364,3 +364,78 @@ fn error_log_level_filters_the_lines() {
         assert!(!log.contains(hidden), "{hidden:?} logged:\n{log}");
     }
 }
+
+/// A key of one `$arg_NAME` is read from the query string by the module itself (not through
+/// nginx's variable API): it must be the value nginx's own `$arg_NAME` has, which each
+/// response echoes. A value `set` on the variable, or a `map` defining a variable of that
+/// name, must win as it does in nginx.
+#[test]
+fn arg_keys_are_the_values_nginx_gives_arg_variables() {
+    let nginx = Nginx::start(&config(&format!(
+        "rate_limit_zone $arg_k zone=args:1m rate=1r/m;\n\
+         rate_limit_zone $arg_m zone=mapped:1m rate=1r/m;\n\
+         map $uri $arg_m {{ default from-map; }}\n\
+         {}",
+        server(
+            "add_header X-Arg \"[$arg_k]\" always;\n\
+             location /q/ { rate_limit zone=args; }\n\
+             location /set/ { set $arg_k assigned; rate_limit zone=args; }\n\
+             location /map/ { add_header X-Arg \"[$arg_m]\" always; rate_limit zone=mapped; }"
+        )
+    )));
+    for dir in ["q", "set", "map"] {
+        nginx.write_file(&format!("html/{dir}/index.html"), "ok\n");
+    }
+    // (query string, the value of $arg_k): every value a key used by no other case.
+    let cases = [
+        ("k=c1", "c1"),
+        ("K=c2", "c2"),
+        ("a=0&k=c3&k=zz", "c3"),
+        ("kk=zz&k=c4", "c4"),
+        ("xk=zz&k=c5", "c5"),
+        ("k=c6&", "c6"),
+        ("&k=c7", "c7"),
+        ("k=c8%20x", "c8%20x"),
+        ("k==c9", "=c9"),
+        ("k=c10;k=zz", "c10;k=zz"),
+        ("k&k=c11", "c11"),
+        ("k", ""),
+        ("k=", ""),
+        ("", ""),
+        ("kx=1", ""),
+        ("x=k=1", ""),
+    ];
+    for (query, value) in cases {
+        let path = format!("/q/index.html?{query}");
+        let first = get(nginx.port(), &path);
+        assert_eq!(first.status, 200, "{path}: {first:?}");
+        assert_eq!(
+            first.header("X-Arg"),
+            Some(format!("[{value}]").as_str()),
+            "{path}: nginx's $arg_k"
+        );
+        if value.is_empty() {
+            // No key: never limited.
+            let again = get(nginx.port(), &path);
+            assert_eq!(again.status, 200, "{path} again: {again:?}");
+        } else {
+            // The first request was charged to the key `value`, whose one request per
+            // minute is now taken.
+            let same_key = get(nginx.port(), &format!("/q/index.html?k={value}"));
+            assert_eq!(
+                same_key.status, 429,
+                "{path}, then ?k={value}: {same_key:?}"
+            );
+        }
+    }
+    for (dir, arg, echoed) in [("set", "k", "[assigned]"), ("map", "m", "[from-map]")] {
+        let first = get(nginx.port(), &format!("/{dir}/index.html?{arg}=one"));
+        let second = get(nginx.port(), &format!("/{dir}/index.html?{arg}=two"));
+        assert_eq!(first.header("X-Arg"), Some(echoed), "/{dir}/: {first:?}");
+        assert_eq!(
+            (first.status, second.status),
+            (200, 429),
+            "/{dir}/: both requests have the key {echoed}"
+        );
+    }
+}

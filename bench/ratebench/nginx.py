@@ -39,8 +39,11 @@ class Binaries:
         return Binaries(nginx_copy, module_copy)
 
 
-def render_config(binaries, prefix, port, http_body, workers=1, master=True):
-    """A whole nginx.conf: `http_body` goes inside `http { }` and may use `{port}`."""
+def render_config(binaries, prefix, port, http_body, workers=1, master=True, ports=None):
+    """A whole nginx.conf: `http_body` goes inside `http { }` and may use `{port}`, and
+    `{port:NAME}` for each NAME of `ports` (a dict of more ports)."""
+    for name, extra in (ports or {}).items():
+        http_body = http_body.replace("{port:" + name + "}", str(extra))
     return f"""load_module {binaries.module};
 user root;
 daemon off;
@@ -72,17 +75,26 @@ class Nginx:
     """nginx started from `config_body` (see `render_config`), optionally under a wrapper
     command such as valgrind. Use as a context manager; the prefix is kept for inspection."""
 
-    def __init__(self, binaries, prefix, http_body, workers=1, master=True, wrapper=None):
+    def __init__(self, binaries, prefix, http_body, workers=1, master=True, wrapper=None,
+                 port_names=()):
         self.binaries = binaries
         self.prefix = os.path.abspath(prefix)
         self.port = free_port()
+        # More listening ports, one per name, for a body with a server per port.
+        self.ports = {}
+        for name in port_names:
+            port = free_port()
+            while port == self.port or port in self.ports.values():
+                port = free_port()
+            self.ports[name] = port
         self.workers = workers
         self.master = master
         self.wrapper = wrapper or []
         os.makedirs(os.path.join(self.prefix, "logs"), exist_ok=True)
         self.config_path = os.path.join(self.prefix, "nginx.conf")
         with open(self.config_path, "w") as f:
-            f.write(render_config(binaries, self.prefix, self.port, http_body, workers, master))
+            f.write(render_config(binaries, self.prefix, self.port, http_body, workers, master,
+                                  self.ports))
         self.process = None
 
     def __enter__(self):

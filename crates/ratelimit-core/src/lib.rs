@@ -21,6 +21,7 @@ mod reference;
 
 pub mod bucket_charge;
 pub mod decision;
+pub mod key;
 pub mod leaky_bucket;
 pub mod rate;
 pub mod replay;
