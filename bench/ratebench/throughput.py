@@ -1,13 +1,17 @@
 """Target 4: requests per second and p99 latency with wrk on loopback.
 
-One nginx per worker count, with four locations: no limit, limit_req, rate_limit with
-headers off (the comparison: limit_req adds none) and rate_limit with its headers. Rates are
+One nginx per worker count, with four servers, each on its own port with one location `/t`
+(so nginx's parsing and location lookup are the same for all): no limit, limit_req,
+rate_limit with headers off (the comparison: limit_req adds none) and rate_limit with its
+headers. Rates are
 so high and bursts so large that nothing is rejected (checked: any non-2xx fails the run).
 Before measuring, every limited location sees each of the 100,000 keys once, so the runs
 measure a zone holding all of them rather than its filling. Besides req/s and p99, each run
 records the workers' CPU time per request (from /proc): far less disturbed by other work on
 the machine than req/s, though not a target of the issue. Runs alternate between the
-locations, in reverse order every other repetition, and the medians are reported: on a
+locations, in reverse order every other repetition, so native and ours always run back to
+back. The checks use the median over repetitions of ours/native within a repetition, which
+cancels the machine's slower drifts; the medians of each location are reported too. On a
 2-core machine where wrk and nginx share the cores, single runs are noisy.
 Nothing is pinned: pinning wrk to one core made it the bottleneck.
 """
@@ -29,20 +33,28 @@ HTTP_BODY = """
 
     server {
         listen 127.0.0.1:{port};
-
-        location = /none {
+        location = /t {
             empty_gif;
         }
-        location = /native {
+    }
+    server {
+        listen 127.0.0.1:{port:native};
+        location = /t {
             limit_req zone=native burst=1000000 nodelay;
             empty_gif;
         }
-        location = /ours {
+    }
+    server {
+        listen 127.0.0.1:{port:ours};
+        location = /t {
             rate_limit zone=ours burst=1000000 nodelay;
             rate_limit_headers off;
             empty_gif;
         }
-        location = /ours_headers {
+    }
+    server {
+        listen 127.0.0.1:{port:ours_headers};
+        location = /t {
             rate_limit zone=ours_headers burst=1000000 nodelay;
             empty_gif;
         }
@@ -53,29 +65,34 @@ LOCATIONS = ["none", "native", "ours", "ours_headers"]
 KEY_SETS = {"hot": None, "100k": KEYS}
 
 
+def port(nginx, location):
+    return nginx.ports.get(location, nginx.port)
+
+
 def prefill(nginx, locations):
-    with KeepAliveClient(nginx.port, timeout=120) as client:
-        for location in locations:
-            statuses = client.get_pipelined([f"/{location}?k={i}" for i in range(1, KEYS + 1)])
+    for location in locations:
+        with KeepAliveClient(port(nginx, location), timeout=120) as client:
+            statuses = client.get_pipelined([f"/t?k={i}" for i in range(1, KEYS + 1)])
             if statuses.count(200) != KEYS:
                 raise RuntimeError(f"prefill of /{location}: not all 200")
 
 
-def run(binaries, directory, workers_list=(1, 2), repetitions=7, duration_s=3,
+def run(binaries, directory, workers_list=(1, 2), repetitions=9, duration_s=3,
         locations=LOCATIONS, log=print):
     """{(workers, key set, location): {"runs": [...], "rps": median, "p99_ms": median}}."""
     os.makedirs(directory, exist_ok=True)
     runs = {}
     for workers in workers_list:
         prefix = os.path.join(directory, f"prefix-{workers}w")
-        with Nginx(binaries, prefix, HTTP_BODY, workers=workers) as nginx:
+        with Nginx(binaries, prefix, HTTP_BODY, workers=workers,
+                   port_names=LOCATIONS[1:]) as nginx:
             log(f"  throughput: {workers} worker(s): prefilling {KEYS} keys")
             prefill(nginx, [location for location in locations if location != "none"])
             for repetition in range(repetitions):
                 order = locations if repetition % 2 == 0 else list(reversed(locations))
                 for key_set, keys in KEY_SETS.items():
                     for location in order:
-                        url = f"http://127.0.0.1:{nginx.port}/{location}"
+                        url = f"http://127.0.0.1:{port(nginx, location)}/t"
                         if keys is None:
                             url += "?k=1"
                         out = os.path.join(directory, f"wrk.{workers}w.{key_set}.{location}."
@@ -103,3 +120,11 @@ def run(binaries, directory, workers_list=(1, 2), repetitions=7, duration_s=3,
         }
         for key, results in runs.items()
     }
+
+
+def paired_ratio(throughput, workers, key_set, location, field):
+    """Median over repetitions of `location`'s `field` over native's in the same repetition
+    (runs of one repetition are back to back)."""
+    ours = throughput[(workers, key_set, location)]["runs"]
+    native = throughput[(workers, key_set, "native")]["runs"]
+    return statistics.median(o[field] / n[field] for o, n in zip(ours, native))
