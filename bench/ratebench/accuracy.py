@@ -25,6 +25,7 @@ HTTP_BODY = """
     rate_limit_zone $arg_k zone=ours_5000:1m   rate=5000r/s;
     rate_limit_zone $arg_k zone=ours_sliding_window_5000:1m rate=5000r/s algorithm=sliding_window;
     rate_limit_zone $arg_k zone=ours_token_bucket_5000:1m rate=5000r/s algorithm=token_bucket;
+    rate_limit_zone $arg_k zone=ours_burst1_5000:1m rate=5000r/s;
 
     limit_req_zone  $arg_k zone=native_100:1m rate=100r/s;
     rate_limit_zone $arg_k zone=ours_100:1m   rate=100r/s;
@@ -50,6 +51,9 @@ HTTP_BODY = """
         }
         location = /ours_token_bucket_5000 {
             rate_limit zone=ours_token_bucket_5000; rate_limit_headers off; empty_gif;
+        }
+        location = /ours_burst1_5000 {
+            rate_limit zone=ours_burst1_5000 burst=1 nodelay; rate_limit_headers off; empty_gif;
         }
 
         location = /native_100 { limit_req zone=native_100; empty_gif; }
@@ -140,7 +144,9 @@ def per_minute(nginx, directory, locations, duration_s):
 PER_SECOND_RUNS = {
     # name: (location, rate); the first two of each rate are the PASS/FAIL pair.
     "5000r/s": [("native_5000", 5000), ("ours_5000", 5000),
-                ("ours_sliding_window_5000", 5000), ("ours_token_bucket_5000", 5000)],
+                ("ours_sliding_window_5000", 5000), ("ours_token_bucket_5000", 5000),
+                # With a burst of one the bucket absorbs the arrival jitter that burst=0 loses.
+                ("ours_burst1_5000", 5000)],
     "100r/s": [("native_100", 100), ("ours_100", 100), ("ours_sliding_window_100", 100)],
 }
 PER_MINUTE_LOCATIONS = ["native_1m", "ours_1m", "ours_token_bucket_1m"]

@@ -87,8 +87,10 @@ def accuracy_rows(accuracy):
         for (other_name, location), result in accuracy.items():
             if other_name != name or location in (native_location[name], ours_location[name]):
                 continue
-            algorithm = location.replace("ours_", "").rsplit("_", 1)[0]
-            rows.append(Row("3", f"  same, ours algorithm={algorithm}", cell(native),
+            variant = location.replace("ours_", "").rsplit("_", 1)[0]
+            what = ("ours leaky_bucket burst=1 nodelay" if variant == "burst1"
+                    else f"ours algorithm={variant}")
+            rows.append(Row("3", f"  same, {what}", cell(native),
                             cell(result), fmt_ratio(result["admitted"] / native["admitted"]),
                             f"+/-{allowed * 100:.0f}%", INFO))
     return rows
