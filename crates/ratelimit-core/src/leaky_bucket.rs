@@ -110,6 +110,39 @@ mod tests {
         );
     }
 
+    /// 5000 r/s: T = 200 us, and under a millisecond a request may arrive up to T / 2 early
+    /// (`gcra`): the schedule keeps its pace instead of restarting from each late arrival.
+    /// 1000 r/s (T = 1 ms) is limit_req's arithmetic exactly.
+    #[test]
+    fn sub_millisecond_intervals_forgive_half_an_interval() {
+        const US: u64 = 1_000;
+        let fast = policy(5000, 0, DelayMode::Delay);
+        // (now_us, outcome, retry_after_us, new TAT in us when charged)
+        let rows: &[(u64, Outcome, u64, Option<u64>)] = &[
+            (0, P, 0, Some(200)),
+            (99, R, 1, None),       // 101 us early: more than half an interval
+            (150, P, 0, Some(400)), // 50 us early: on time, the schedule keeps its pace
+            (250, R, 50, None),
+            (300, P, 0, Some(600)),
+            (900, P, 0, Some(1100)), // late: the lost time is not made up
+        ];
+        let mut state = 0;
+        for (i, &(now_us, outcome, retry_us, tat_us)) in rows.iter().enumerate() {
+            let (decision, next) = decide(state, now_us * US, &fast);
+            assert_eq!(
+                (decision.outcome, decision.retry_after_ns, next),
+                (outcome, retry_us * US, tat_us.map(|t| t * US)),
+                "row {i}"
+            );
+            state = next.unwrap_or(state);
+        }
+        let exact = policy(1000, 0, DelayMode::Delay);
+        let (first, state) = decide(0, 0, &exact);
+        assert_eq!(first.outcome, P);
+        let (early, _) = decide(state.unwrap(), 999 * US, &exact);
+        assert_eq!((early.outcome, early.retry_after_ns), (R, US));
+    }
+
     /// 2 r/s (T = 500 ms), burst=5: each excess request waits one more T.
     #[test]
     fn burst_five_delays_grow_by_one_interval() {

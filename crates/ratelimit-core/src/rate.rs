@@ -108,6 +108,15 @@ impl Rate {
         ((numerator + milli / 2) / milli).max(1)
     }
 
+    /// How early a request may arrive and still be judged on time by the buckets: half the
+    /// interval when the interval is under a millisecond, else 0 (see the leaky bucket).
+    #[inline]
+    pub fn jitter_tolerance_ns(&self) -> u64 {
+        crate::gcra::jitter_tolerance_ns(
+            std::num::NonZeroU64::new(self.interval_ns()).unwrap_or(std::num::NonZeroU64::MIN),
+        )
+    }
+
     /// The unit's length in nanoseconds: the window of the sliding algorithms.
     #[inline]
     pub fn window_ns(&self) -> u64 {
