@@ -24,23 +24,21 @@ fn timeline(max_len: usize) -> impl Strategy<Value = Vec<Request>> {
         2 => 0..3 * SECOND,
         1 => Just(1u64),
     ];
-    let cost = prop_oneof![4 => Just(1u64), 1 => 1..4u64];
-    prop::collection::vec((gap, cost), 1..max_len).prop_map(|steps| {
-        let mut now_ns = 0u64;
-        steps
-            .into_iter()
-            .map(|(gap, cost)| {
-                now_ns += gap;
-                Request { now_ns, cost }
-            })
-            .collect()
-    })
+    timeline_of(gap, max_len)
 }
 
 /// The same at microsecond scale, for rates over 1000 r/s (intervals under a millisecond).
 fn fast_timeline(max_len: usize) -> impl Strategy<Value = Vec<Request>> {
     let gap =
         prop_oneof![3 => Just(0u64), 4 => 0..400_000u64, 2 => 0..3_000_000u64, 1 => Just(1u64)];
+    timeline_of(gap, max_len)
+}
+
+/// Requests at the running sum of `gap`s, costs mostly 1.
+fn timeline_of(
+    gap: impl Strategy<Value = u64>,
+    max_len: usize,
+) -> impl Strategy<Value = Vec<Request>> {
     let cost = prop_oneof![4 => Just(1u64), 1 => 1..4u64];
     prop::collection::vec((gap, cost), 1..max_len).prop_map(|steps| {
         let mut now_ns = 0u64;
