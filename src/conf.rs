@@ -54,6 +54,9 @@ pub struct ZoneConf {
     /// When KEY is nginx's own `$arg_NAME`, NAME (lowercase): the value is read from the
     /// query string directly. Set by `key::resolve_query_arg_keys` once variables are bound.
     pub key_query_arg: Option<Vec<u8>>,
+    /// This worker's `RateLimit-Policy` item for the zone (`"NAME";q=Q;w=W`) and the rate it
+    /// was formatted for: formatting it cost more than all the rest of the two headers.
+    pub policy_item: core::cell::RefCell<Option<(ratelimit_core::Rate, Vec<u8>)>>,
     pub key_text: String,
     pub algorithm: Algorithm,
     /// Limits as written in the configuration.
@@ -284,6 +287,7 @@ pub extern "C" fn cmd_rate_limit_zone(
             key,
             key_variable,
             key_query_arg: None,
+            policy_item: core::cell::RefCell::new(None),
             key_text: String::from_utf8_lossy(args[1].as_bytes()).into_owned(),
             algorithm: spec.algorithm,
             limits: spec.limits(),

@@ -12,7 +12,9 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
-use ratelimit_core::{Algorithm, BucketCharge, Decision, Limits, Outcome, Policy, NANOS_PER_SEC};
+use ratelimit_core::{
+    Algorithm, BucketCharge, Decision, Limits, Outcome, Policy, Rate, NANOS_PER_SEC,
+};
 use smallvec::SmallVec;
 
 use crate::conf::{LimitConf, LocConf, ZoneConf};
@@ -727,34 +729,53 @@ fn add_rate_limit_headers(r: &mut ngx_http_request_t, applied: &[AppliedLimit]) 
     };
     let mut numbers = itoa::Buffer::new();
     for (position, applied) in applied.iter().flat_map(AppliedLimit::applied).enumerate() {
-        let (quota, window) = quota_and_window(&applied.policy.limits);
-        let name = applied.zone_conf.name.as_bytes();
-        let decision = &applied.decision;
-        let reset = decision.reset_ns.div_ceil(NANOS_PER_SEC);
-        for (out, first, second, first_value, second_value) in [
-            (&mut policy, &b";q="[..], &b";w="[..], quota, window),
-            (
-                &mut state,
-                &b";r="[..],
-                &b";t="[..],
-                decision.remaining,
-                reset,
-            ),
-        ] {
-            if position > 0 {
-                out.put(b", ");
-            }
-            out.put(b"\"");
-            out.put(name);
-            out.put(b"\"");
-            out.put(first);
-            out.put(numbers.format(first_value).as_bytes());
-            out.put(second);
-            out.put(numbers.format(second_value).as_bytes());
+        if position > 0 {
+            policy.put(b", ");
+            state.put(b", ");
         }
+        put_policy_item(&mut policy, applied.zone_conf, &applied.policy.limits.rate);
+        let decision = &applied.decision;
+        state.put(b"\"");
+        state.put(applied.zone_conf.name.as_bytes());
+        state.put(b"\";r=");
+        state.put(numbers.format(decision.remaining).as_bytes());
+        state.put(b";t=");
+        state.put(
+            numbers
+                .format(decision.reset_ns.div_ceil(NANOS_PER_SEC))
+                .as_bytes(),
+        );
     }
     push_header(r, "RateLimit-Policy", policy.finish());
     push_header(r, "RateLimit", state.finish());
+}
+
+/// `"NAME";q=Q;w=W` for the zone at `rate`, formatted once per rate in each worker.
+fn put_policy_item(out: &mut PoolWriter, zone_conf: &ZoneConf, rate: &Rate) {
+    let format = || {
+        let (quota, window) = quota_and_window(rate);
+        let mut numbers = itoa::Buffer::new();
+        let mut item = Vec::with_capacity(zone_conf.name.len() + 46);
+        item.push(b'"');
+        item.extend_from_slice(zone_conf.name.as_bytes());
+        item.extend_from_slice(b"\";q=");
+        item.extend_from_slice(numbers.format(quota).as_bytes());
+        item.extend_from_slice(b";w=");
+        item.extend_from_slice(numbers.format(window).as_bytes());
+        item
+    };
+    let Ok(mut cached) = zone_conf.policy_item.try_borrow_mut() else {
+        out.put(&format());
+        return;
+    };
+    match &*cached {
+        Some((cached_rate, item)) if cached_rate == rate => out.put(item),
+        _ => {
+            let item = format();
+            out.put(&item);
+            *cached = Some((*rate, item));
+        }
+    }
 }
 
 /// Bytes written in order into request-pool memory of a fixed size (never past it).
@@ -792,9 +813,9 @@ impl PoolWriter {
 }
 
 /// The rate as whole requests `q` per `w` seconds: `10r/s` is q=10 w=1, `0.5r/s` is q=1 w=2.
-pub fn quota_and_window(limits: &Limits) -> (u64, u64) {
-    let milli = limits.rate.milli_requests.max(1);
-    let unit_secs = limits.rate.unit.nanos() / NANOS_PER_SEC;
+pub fn quota_and_window(rate: &Rate) -> (u64, u64) {
+    let milli = rate.milli_requests.max(1);
+    let unit_secs = rate.unit.nanos() / NANOS_PER_SEC;
     let divisor = gcd(milli, 1000);
     (milli / divisor, unit_secs * 1000 / divisor)
 }

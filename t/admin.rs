@@ -203,6 +203,29 @@ fn patch_reaches_every_worker_at_once() {
     let nginx = start();
     let workers = nginx.worker_pids();
     assert_eq!(workers.len(), 2);
+    // Both workers first answer limited requests at the configured rate (each keeps the
+    // formatted RateLimit-Policy; it must not outlive the change).
+    let mut before_seen = Vec::new();
+    for attempt in 0..200 {
+        if before_seen.len() == 2 {
+            break;
+        }
+        let key = format!("before-{attempt}");
+        let response = send(nginx.port(), &Request::get("/").header("X-Key", &key));
+        assert_eq!(response.status, 200);
+        assert_eq!(
+            response.header("RateLimit-Policy"),
+            Some("\"one\";q=1;w=60")
+        );
+        if !before_seen.contains(&response.worker_pid()) {
+            before_seen.push(response.worker_pid());
+        }
+    }
+    assert_eq!(
+        before_seen.len(),
+        2,
+        "both workers answered before the change"
+    );
     let (status, zone) = admin(
         &nginx,
         "PATCH",
