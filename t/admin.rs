@@ -198,6 +198,16 @@ fn get_zones_and_one_zone_show_configuration_and_counters() {
     assert_eq!(admin(&nginx, "GET", "zones/%6Fne", None).1, one);
 }
 
+/// A limited request for `key` passes with zone `one` at `rate` (`q=..;w=..`) in its
+/// RateLimit-Policy; the worker that answered.
+fn limited_with_policy(nginx: &Nginx, key: &str, rate: &str) -> u32 {
+    let response = send(nginx.port(), &Request::get("/").header("X-Key", key));
+    assert_eq!(response.status, 200, "{response:?}");
+    let expected = format!("\"one\";{rate}");
+    assert_eq!(response.header("RateLimit-Policy"), Some(expected.as_str()));
+    response.worker_pid()
+}
+
 #[test]
 fn patch_reaches_every_worker_at_once() {
     let nginx = start();
@@ -210,15 +220,9 @@ fn patch_reaches_every_worker_at_once() {
         if before_seen.len() == 2 {
             break;
         }
-        let key = format!("before-{attempt}");
-        let response = send(nginx.port(), &Request::get("/").header("X-Key", &key));
-        assert_eq!(response.status, 200);
-        assert_eq!(
-            response.header("RateLimit-Policy"),
-            Some("\"one\";q=1;w=60")
-        );
-        if !before_seen.contains(&response.worker_pid()) {
-            before_seen.push(response.worker_pid());
+        let worker = limited_with_policy(&nginx, &format!("before-{attempt}"), "q=1;w=60");
+        if !before_seen.contains(&worker) {
+            before_seen.push(worker);
         }
     }
     assert_eq!(
@@ -256,15 +260,9 @@ fn patch_reaches_every_worker_at_once() {
         if !api_seen.contains(&response.worker_pid()) {
             api_seen.push(response.worker_pid());
         }
-        let key = format!("worker-{attempt}");
-        let response = send(nginx.port(), &Request::get("/").header("X-Key", &key));
-        assert_eq!(response.status, 200);
-        assert_eq!(
-            response.header("RateLimit-Policy"),
-            Some("\"one\";q=30;w=60")
-        );
-        if !limited_seen.contains(&response.worker_pid()) {
-            limited_seen.push(response.worker_pid());
+        let worker = limited_with_policy(&nginx, &format!("worker-{attempt}"), "q=30;w=60");
+        if !limited_seen.contains(&worker) {
+            limited_seen.push(worker);
         }
     }
     api_seen.sort_unstable();
