@@ -208,26 +208,20 @@ fn zone_conf_of(shm_zone: *mut ngx::ffi::ngx_shm_zone_t) -> Option<&'static Zone
     unsafe { shm_zone.as_ref()?.data.cast::<ZoneConf>().as_ref() }
 }
 
-/// A zone, the request's key in it and the limits that apply to that key.
-struct Located<'a> {
-    zone_conf: &'a ZoneConf,
-    zone: &'a Zone,
-    slot: SlotIndex,
-    policy: Policy,
-}
-
+/// The zone's slot for the request's key and the limits that apply to it, not yet decided.
 fn resolve<'a>(
     r: &mut ngx_http_request_t,
     shm_zone: *mut ngx::ffi::ngx_shm_zone_t,
     limit: &LimitConf,
     now_ns: u64,
 ) -> Option<Applied<'a>> {
-    let located = locate(r, shm_zone, limit, now_ns)?;
+    let found = find_key(r, shm_zone, now_ns)?;
+    let policy = effective_policy(found.zone, limit, found.hash)?;
     Some(Applied {
-        zone_conf: located.zone_conf,
-        zone: located.zone,
-        slot: located.slot,
-        policy: located.policy,
+        zone_conf: found.zone_conf,
+        zone: found.zone,
+        slot: found.slot,
+        policy,
         decision: Decision::rejected(0, 0, 0),
     })
 }
@@ -278,24 +272,6 @@ fn find_key<'a>(
         zone,
         hash,
         slot,
-    })
-}
-
-/// As [`find_key`], with the limits that apply to the key.
-#[inline(always)]
-fn locate<'a>(
-    r: &mut ngx_http_request_t,
-    shm_zone: *mut ngx::ffi::ngx_shm_zone_t,
-    limit: &LimitConf,
-    now_ns: u64,
-) -> Option<Located<'a>> {
-    let found = find_key(r, shm_zone, now_ns)?;
-    let policy = effective_policy(found.zone, limit, found.hash)?;
-    Some(Located {
-        zone_conf: found.zone_conf,
-        zone: found.zone,
-        slot: found.slot,
-        policy,
     })
 }
 
