@@ -16,7 +16,7 @@ import re
 import subprocess
 
 from .client import KeepAliveClient
-from .nginx import Nginx
+from .nginx import Nginx, server_per_limiter
 
 # Zones hold every distinct key without evicting (native needs ~128 bytes per key).
 #
@@ -29,35 +29,12 @@ HTTP_BODY = """
     limit_req_zone  $arg_k zone=native:16m rate=1000000r/s;
     rate_limit_zone $arg_k zone=ours:16m   rate=1000000r/s;
 
-    server {
-        listen 127.0.0.1:{port};
-        location = /t {
-            empty_gif;
-        }
-    }
-    server {
-        listen 127.0.0.1:{port:native};
-        location = /t {
-            limit_req zone=native burst=1000000 nodelay;
-            empty_gif;
-        }
-    }
-    server {
-        listen 127.0.0.1:{port:ours};
-        location = /t {
-            rate_limit zone=ours burst=1000000 nodelay;
-            rate_limit_headers off;
-            empty_gif;
-        }
-    }
-    server {
-        listen 127.0.0.1:{port:ours_headers};
-        location = /t {
-            rate_limit zone=ours burst=1000000 nodelay;
-            empty_gif;
-        }
-    }
-"""
+""" + server_per_limiter({
+    "none": [],
+    "native": ["limit_req zone=native burst=1000000 nodelay;"],
+    "ours": ["rate_limit zone=ours burst=1000000 nodelay;", "rate_limit_headers off;"],
+    "ours_headers": ["rate_limit zone=ours burst=1000000 nodelay;"],
+})
 
 LOCATIONS = ["none", "native", "ours", "ours_headers"]
 PATTERNS = ["distinct", "hot"]
@@ -86,7 +63,7 @@ def run_one(binaries, directory, location, pattern, requests):
     statuses = {}
     with Nginx(binaries, os.path.join(directory, f"prefix-{name}"), HTTP_BODY,
                master=False, wrapper=wrapper, port_names=LOCATIONS[1:]) as nginx:
-        port = nginx.ports.get(location, nginx.port)
+        port = nginx.port_of(location)
         with KeepAliveClient(port, timeout=600) as client:
             for path in request_paths(pattern, requests):
                 status = client.get(path)

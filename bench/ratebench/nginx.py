@@ -21,6 +21,25 @@ def free_port():
         return sock.getsockname()[1]
 
 
+def server_per_limiter(directives):
+    """One server per limiter, each with the single location `/t` serving `empty_gif`:
+    `directives` maps a name to the location's limiting directives, the first (the baseline)
+    listening on `{port}` and the others on `{port:NAME}` (give `port_names` the others).
+    The same URI and location lookup for all: nginx's work outside the limiter is equal."""
+    blocks = []
+    for index, (name, lines) in enumerate(directives.items()):
+        port = "{port}" if index == 0 else "{port:" + name + "}"
+        body = "".join(f"            {line}\n" for line in lines)
+        blocks.append(f"""    server {{
+        listen 127.0.0.1:{port};
+        location = /t {{
+{body}            empty_gif;
+        }}
+    }}
+""")
+    return "".join(blocks)
+
+
 class Binaries:
     """The nginx binary and the module, copied once per bench run so that builds made by
     others in the same checkout while the bench runs cannot change what is measured."""
@@ -96,6 +115,10 @@ class Nginx:
             f.write(render_config(binaries, self.prefix, self.port, http_body, workers, master,
                                   self.ports))
         self.process = None
+
+    def port_of(self, name):
+        """The port of the server called `name` in `port_names`; the main port otherwise."""
+        return self.ports.get(name, self.port)
 
     def __enter__(self):
         self.start()

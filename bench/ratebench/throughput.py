@@ -21,7 +21,7 @@ import statistics
 
 from .client import KeepAliveClient
 from .load import run_wrk
-from .nginx import Nginx
+from .nginx import Nginx, server_per_limiter
 
 KEYS = 100_000
 CONNECTIONS = 50
@@ -31,47 +31,20 @@ HTTP_BODY = """
     rate_limit_zone $arg_k zone=ours:32m   rate=1000000r/s;
     rate_limit_zone $arg_k zone=ours_headers:32m rate=1000000r/s;
 
-    server {
-        listen 127.0.0.1:{port};
-        location = /t {
-            empty_gif;
-        }
-    }
-    server {
-        listen 127.0.0.1:{port:native};
-        location = /t {
-            limit_req zone=native burst=1000000 nodelay;
-            empty_gif;
-        }
-    }
-    server {
-        listen 127.0.0.1:{port:ours};
-        location = /t {
-            rate_limit zone=ours burst=1000000 nodelay;
-            rate_limit_headers off;
-            empty_gif;
-        }
-    }
-    server {
-        listen 127.0.0.1:{port:ours_headers};
-        location = /t {
-            rate_limit zone=ours_headers burst=1000000 nodelay;
-            empty_gif;
-        }
-    }
-"""
+""" + server_per_limiter({
+    "none": [],
+    "native": ["limit_req zone=native burst=1000000 nodelay;"],
+    "ours": ["rate_limit zone=ours burst=1000000 nodelay;", "rate_limit_headers off;"],
+    "ours_headers": ["rate_limit zone=ours_headers burst=1000000 nodelay;"],
+})
 
 LOCATIONS = ["none", "native", "ours", "ours_headers"]
 KEY_SETS = {"hot": None, "100k": KEYS}
 
 
-def port(nginx, location):
-    return nginx.ports.get(location, nginx.port)
-
-
 def prefill(nginx, locations):
     for location in locations:
-        with KeepAliveClient(port(nginx, location), timeout=120) as client:
+        with KeepAliveClient(nginx.port_of(location), timeout=120) as client:
             statuses = client.get_pipelined([f"/t?k={i}" for i in range(1, KEYS + 1)])
             if statuses.count(200) != KEYS:
                 raise RuntimeError(f"prefill of /{location}: not all 200")
@@ -103,7 +76,7 @@ def run(binaries, directory, workers_list=(1, 2), repetitions=9, duration_s=3,
                 order = chosen if repetition % 2 == 0 else list(reversed(chosen))
                 for key_set, keys in key_sets:
                     for location in order:
-                        url = f"http://127.0.0.1:{port(nginx, location)}/t"
+                        url = f"http://127.0.0.1:{nginx.port_of(location)}/t"
                         if keys is None:
                             url += "?k=1"
                         out = os.path.join(directory, f"wrk.{workers}w.{key_set}.{location}."
