@@ -1,11 +1,13 @@
 //! The leaky bucket (the default algorithm) against real nginx: limit_req's semantics with
 //! `rate_limit*` names. Burst, delays on a timer and their timing, `nodelay`, `delay=N`, a
 //! client leaving while delayed, several limits on one request, once per main request, empty
-//! keys, dry run, `cost=`.
+//! keys, dry run, `cost=`, the jitter forgiven above 1000r/s.
 //!
 //! Rates are chosen so that every decision is far from its threshold: 1r/m where only counts
 //! matter, 2r/s (one request per 500 ms) where delays are measured, with requests sent
-//! back-to-back, a few milliseconds apart.
+//! back-to-back, a few milliseconds apart. The one test at 1250r/s asserts only what the
+//! client's clock bounds: a gap at least as long as it waited, a pass count at most what the
+//! time it took allows.
 
 mod common;
 
@@ -176,6 +178,50 @@ fn burst_zero_rejects_the_second_immediate_request() {
         "error",
         "limiting requests, excess: ",
         " by zone \"one\"",
+    );
+}
+
+/// Above 1000r/s a bucket forgives half an interval of arrival jitter (docs/algorithms.md):
+/// at 1250r/s (one request per 800 µs) and no burst, a request 450 µs or more after the
+/// previous one passes, where limit_req's arithmetic would want the whole 800 µs. 450 µs is a
+/// lower bound of the gap nginx sees, not an estimate: the client sends the second request
+/// 450 µs after the first one's response arrived, and nginx read its clock for the first
+/// before answering it (both read `CLOCK_MONOTONIC`).
+///
+/// The pace still holds: of requests sent back to back, no more pass than the rate allows
+/// over the time they took, plus one and a half.
+#[test]
+fn above_1000_per_second_half_an_interval_of_jitter_is_forgiven() {
+    const INTERVAL_NS: u128 = 800_000;
+    let nginx = start(
+        "rate_limit_zone $http_x_key zone=fast:1m rate=1250r/s;",
+        "location / { rate_limit zone=fast; }",
+    );
+    let mut connection = Connection::open(nginx.port());
+    for pair in 0..50 {
+        let key = format!("pair{pair}");
+        let first = connection.send(&keyed("/index.html", &key));
+        let answered = Instant::now();
+        assert_eq!(first.status, 200, "pair {pair}: the first was refused");
+        while answered.elapsed() < Duration::from_micros(450) {
+            std::hint::spin_loop();
+        }
+        let second = connection.send(&keyed("/index.html", &key));
+        assert_eq!(
+            second.status,
+            200,
+            "pair {pair}: a request 450 µs or more after the first was refused ({})",
+            limit_status(&second)
+        );
+    }
+
+    let started = Instant::now();
+    let responses = in_a_row(nginx.port(), "/index.html", "paced", 200);
+    let elapsed_ns = started.elapsed().as_nanos();
+    let passed = responses.iter().filter(|r| r.status == 200).count() as u128;
+    assert!(
+        passed * INTERVAL_NS <= elapsed_ns + INTERVAL_NS * 3 / 2,
+        "{passed} of 200 passed in {elapsed_ns} ns at one per {INTERVAL_NS} ns"
     );
 }
 
