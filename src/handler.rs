@@ -501,6 +501,15 @@ fn finish_one(
         policy,
         decision,
     };
+    if decision.outcome == Outcome::Passed {
+        // What `finish` does for one limit that passed, without its generality.
+        own.zone.count(Counter::Passed);
+        if lcf.headers() {
+            add_rate_limit_headers(r, &[AppliedLimit { own, global: None }]);
+        }
+        state.set(LimitStatus::Passed);
+        return Status::NGX_DECLINED.into();
+    }
     let rejected_by = (decision.outcome == Outcome::Rejected).then_some(0);
     let mut applied = [AppliedLimit { own, global: None }];
     finish(r, lcf, state, &mut applied, &[decision], rejected_by, now)
@@ -691,39 +700,42 @@ unsafe extern "C" fn delay_expired(r: *mut ngx_http_request_t) {
 /// limited request.
 fn add_rate_limit_headers(r: &mut ngx_http_request_t, applied: &[AppliedLimit]) {
     // Each item is `"NAME";x=N;y=N`: at most the name, 10 bytes of punctuation and two
-    // 20-digit numbers, plus ", " between items. The values are written once, straight into
-    // request-pool memory of that size.
-    let capacity: usize = applied
+    // 20-digit numbers, plus ", " between items. Both values are written once, straight into
+    // one piece of request-pool memory of that size.
+    let item_capacity: usize = applied
         .iter()
         .flat_map(AppliedLimit::applied)
         .map(|applied| applied.zone_conf.name.len() + 52)
         .sum();
-    let (Some(mut policy), Some(mut state)) =
-        (PoolWriter::new(r, capacity), PoolWriter::new(r, capacity))
-    else {
+    let Some(mut out) = PoolWriter::new(r, 2 * item_capacity) else {
         return;
     };
+    for (position, applied) in applied.iter().flat_map(AppliedLimit::applied).enumerate() {
+        if position > 0 {
+            out.put(b", ");
+        }
+        put_policy_item(&mut out, applied.zone_conf, &applied.policy.limits.rate);
+    }
+    let policy = out.take();
     let mut numbers = itoa::Buffer::new();
     for (position, applied) in applied.iter().flat_map(AppliedLimit::applied).enumerate() {
         if position > 0 {
-            policy.put(b", ");
-            state.put(b", ");
+            out.put(b", ");
         }
-        put_policy_item(&mut policy, applied.zone_conf, &applied.policy.limits.rate);
         let decision = &applied.decision;
-        state.put(b"\"");
-        state.put(applied.zone_conf.name.as_bytes());
-        state.put(b"\";r=");
-        state.put(numbers.format(decision.remaining).as_bytes());
-        state.put(b";t=");
-        state.put(
+        out.put(b"\"");
+        out.put(applied.zone_conf.name.as_bytes());
+        out.put(b"\";r=");
+        out.put(numbers.format(decision.remaining).as_bytes());
+        out.put(b";t=");
+        out.put(
             numbers
                 .format(decision.reset_ns.div_ceil(NANOS_PER_SEC))
                 .as_bytes(),
         );
     }
-    push_header(r, "RateLimit-Policy", policy.finish());
-    push_header(r, "RateLimit", state.finish());
+    push_header(r, "RateLimit-Policy", policy);
+    push_header(r, "RateLimit", out.take());
 }
 
 /// `"NAME";q=Q;w=W` for the zone at `rate`, formatted once per rate in each worker.
@@ -780,10 +792,19 @@ impl PoolWriter {
         }
     }
 
-    fn finish(self) -> ngx_str_t {
+    fn finish(mut self) -> ngx_str_t {
+        self.take()
+    }
+
+    /// The bytes written since the last `take` (or since the start); later writes go after
+    /// them, into the rest of the memory.
+    fn take(&mut self) -> ngx_str_t {
+        let (written, rest) = core::mem::take(&mut self.buffer).split_at_mut(self.len);
+        self.buffer = rest;
+        self.len = 0;
         ngx_str_t {
-            len: self.len,
-            data: self.buffer.as_mut_ptr(),
+            len: written.len(),
+            data: written.as_mut_ptr(),
         }
     }
 }
