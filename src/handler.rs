@@ -702,6 +702,18 @@ fn add_rate_limit_headers(r: &mut ngx_http_request_t, applied: &[AppliedLimit]) 
     // Each item is `"NAME";x=N;y=N`: at most the name, 10 bytes of punctuation and two
     // 20-digit numbers, plus ", " between items. Both values are written once, straight into
     // one piece of request-pool memory of that size.
+    if let [AppliedLimit { own, global: None }] = applied {
+        // The common case, without the loops.
+        let Some(mut out) = PoolWriter::new(r, 2 * (own.zone_conf.name.len() + 52)) else {
+            return;
+        };
+        put_policy_item(&mut out, own.zone_conf, &own.policy.limits.rate);
+        let policy = out.take();
+        put_state_item(&mut out, own);
+        push_header(r, "RateLimit-Policy", policy);
+        push_header(r, "RateLimit", out.take());
+        return;
+    }
     let item_capacity: usize = applied
         .iter()
         .flat_map(AppliedLimit::applied)
@@ -717,25 +729,30 @@ fn add_rate_limit_headers(r: &mut ngx_http_request_t, applied: &[AppliedLimit]) 
         put_policy_item(&mut out, applied.zone_conf, &applied.policy.limits.rate);
     }
     let policy = out.take();
-    let mut numbers = itoa::Buffer::new();
     for (position, applied) in applied.iter().flat_map(AppliedLimit::applied).enumerate() {
         if position > 0 {
             out.put(b", ");
         }
-        let decision = &applied.decision;
-        out.put(b"\"");
-        out.put(applied.zone_conf.name.as_bytes());
-        out.put(b"\";r=");
-        out.put(numbers.format(decision.remaining).as_bytes());
-        out.put(b";t=");
-        out.put(
-            numbers
-                .format(decision.reset_ns.div_ceil(NANOS_PER_SEC))
-                .as_bytes(),
-        );
+        put_state_item(&mut out, applied);
     }
     push_header(r, "RateLimit-Policy", policy);
     push_header(r, "RateLimit", out.take());
+}
+
+/// `"NAME";r=R;t=T`: where the zone stands after the request.
+#[inline]
+fn put_state_item(out: &mut PoolWriter, applied: &Applied) {
+    let mut numbers = itoa::Buffer::new();
+    out.put(b"\"");
+    out.put(applied.zone_conf.name.as_bytes());
+    out.put(b"\";r=");
+    out.put(numbers.format(applied.decision.remaining).as_bytes());
+    out.put(b";t=");
+    out.put(
+        numbers
+            .format(applied.decision.reset_ns.div_ceil(NANOS_PER_SEC))
+            .as_bytes(),
+    );
 }
 
 /// `"NAME";q=Q;w=W` for the zone at `rate`, formatted once per rate in each worker.
