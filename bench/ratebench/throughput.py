@@ -16,6 +16,7 @@ cancels the machine's slower drifts; the medians of each location are reported t
 Nothing is pinned: pinning wrk to one core made it the bottleneck.
 """
 
+import math
 import os
 import statistics
 
@@ -106,10 +107,31 @@ def run(binaries, directory, workers_list=(1, 2), repetitions=9, duration_s=3,
     }
 
 
-def paired_ratio(throughput, workers, key_set, location, field):
-    """Median over repetitions of `location`'s `field` over native's in the same repetition
-    (runs of one repetition are back to back; a location with fewer repetitions than native
-    is paired with native's first ones, which ran with it)."""
+def paired_ratios(throughput, workers, key_set, location, field):
+    """`location`'s `field` over native's in the same repetition, one per repetition (runs of
+    one repetition are back to back; a location with fewer repetitions than native is paired
+    with native's first ones, which ran with it)."""
     ours = throughput[(workers, key_set, location)]["runs"]
     native = throughput[(workers, key_set, "native")]["runs"]
-    return statistics.median(o[field] / n[field] for o, n in zip(ours, native))
+    return [o[field] / n[field] for o, n in zip(ours, native)]
+
+
+def paired_ratio(throughput, workers, key_set, location, field):
+    """The median of `paired_ratios`: what the checks compare with 1."""
+    return statistics.median(paired_ratios(throughput, workers, key_set, location, field))
+
+
+def median_interval(values, confidence=0.95):
+    """A distribution-free confidence interval for the median of `values`: the order
+    statistics k and n + 1 - k, with k the largest for which P(Binomial(n, 1/2) < k) is at
+    most (1 - confidence) / 2. None when there are too few values for one."""
+    n = len(values)
+    tail = (1 - confidence) / 2
+    k, below = 0, 0.0
+    while k < n and below + math.comb(n, k) / 2 ** n <= tail:
+        below += math.comb(n, k) / 2 ** n
+        k += 1
+    if k == 0:
+        return None
+    ordered = sorted(values)
+    return ordered[k - 1], ordered[n - k]
