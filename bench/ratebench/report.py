@@ -131,7 +131,8 @@ def throughput_rows(throughput):
                         f"{native['cpu_us']:.2f}", f"{ours['cpu_us']:.2f}",
                         fmt_ratio(ours["cpu_us"] / native["cpu_us"]), "-", INFO))
         for location, what in (("ours_headers", "ours with headers on"),
-                               ("none", "no limit at all")):
+                               ("none", "no limit at all"),
+                               ("native_twin", "a second, identical limit_req (noise floor)")):
             other = throughput.get((workers, key_set, location))
             if other is None:
                 continue

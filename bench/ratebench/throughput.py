@@ -1,10 +1,11 @@
 """Target 4: requests per second and p99 latency with wrk on loopback.
 
-One nginx per worker count, with four servers, each on its own port with one location `/t`
+One nginx per worker count, with five servers, each on its own port with one location `/t`
 (so nginx's parsing and location lookup are the same for all): no limit, limit_req,
-rate_limit with headers off (the comparison: limit_req adds none) and rate_limit with its
-headers. Rates are
-so high and bursts so large that nothing is rejected (checked: any non-2xx fails the run).
+rate_limit with headers off (the comparison: limit_req adds none), rate_limit with its
+headers, and a second limit_req identical to the first (native against itself: how far a
+paired ratio strays when there is no difference). Rates are so high and bursts so large that
+nothing is rejected (checked: any non-2xx fails the run).
 Before measuring, every limited location sees each of the 100,000 keys once, so the runs
 measure a zone holding all of them rather than its filling. Besides req/s and p99, each run
 records the workers' CPU time per request (from /proc): far less disturbed by other work on
@@ -31,15 +32,19 @@ HTTP_BODY = """
     limit_req_zone  $arg_k zone=native:32m rate=1000000r/s;
     rate_limit_zone $arg_k zone=ours:32m   rate=1000000r/s;
     rate_limit_zone $arg_k zone=ours_headers:32m rate=1000000r/s;
+    limit_req_zone  $arg_k zone=native_twin:32m rate=1000000r/s;
 
 """ + server_per_limiter({
     "none": [],
     "native": ["limit_req zone=native burst=1000000 nodelay;"],
     "ours": ["rate_limit zone=ours burst=1000000 nodelay;", "rate_limit_headers off;"],
     "ours_headers": ["rate_limit zone=ours_headers burst=1000000 nodelay;"],
+    "native_twin": ["limit_req zone=native_twin burst=1000000 nodelay;"],
 })
 
-LOCATIONS = ["none", "native", "ours", "ours_headers"]
+# `native_twin` is a second, identical limit_req server: native against itself, the noise
+# floor of a paired ratio in the same run (an info row).
+LOCATIONS = ["none", "native_twin", "native", "ours", "ours_headers"]
 KEY_SETS = {"hot": None, "100k": KEYS}
 
 
