@@ -22,7 +22,7 @@ from .nginx import Binaries
 
 MODULE_OBJECT = "libngx_http_rate_limit_module"
 
-# Sizes of each mode: full is the reference bench (under 15 minutes on 2 cores), check the
+# Sizes of each mode: full is the reference bench (about 17 minutes on 2 cores), check the
 # fast subset that fails when a ratio of targets 1-3 falls short.
 MODES = {
     "full": {
