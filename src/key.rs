@@ -33,7 +33,7 @@ pub fn resolve_query_arg_keys(cycle: &ngx_cycle_t) {
     let prefixes = unsafe { array_slice::<ngx_http_variable_t>(&cmcf.prefix_variables) };
     let Some(arg_prefix) = prefixes
         .iter()
-        .find(|prefix| bytes(&prefix.name) == b"arg_")
+        .find(|prefix| prefix.name.as_bytes() == b"arg_")
     else {
         return;
     };
@@ -53,18 +53,10 @@ pub fn resolve_query_arg_keys(cycle: &ngx_cycle_t) {
                     && handler(variable) == handler(arg_prefix)
                     && variable.data == core::ptr::addr_of!(variable.name) as usize
             })
-            .and_then(|variable| bytes(&variable.name).strip_prefix(b"arg_"))
+            .and_then(|variable| variable.name.as_bytes().strip_prefix(b"arg_"))
             .filter(|name| !name.is_empty())
             .map(|name| name.to_ascii_lowercase());
     }
-}
-
-fn bytes(text: &ngx::ffi::ngx_str_t) -> &[u8] {
-    if text.data.is_null() {
-        return &[];
-    }
-    // SAFETY: an ngx_str_t with data holds `len` bytes there.
-    unsafe { core::slice::from_raw_parts(text.data, text.len) }
 }
 
 /// # Safety

@@ -69,15 +69,15 @@ fn plan(r: &ngx_http_request_t) -> Result<Route, ApiError> {
         .and_then(|lcf| lcf.admin)
         .is_some_and(|admin| admin.write);
     let location = NgxHttpCoreModule::location_conf(r)
-        .map(|clcf| bytes(&clcf.name))
+        .map(|clcf| clcf.name.as_bytes())
         .unwrap_or_default();
-    let target = bytes(&r.unparsed_uri);
+    let target = r.unparsed_uri.as_bytes();
     let Some(path) = ratelimit_admin::route::strip_location(target, location) else {
         return Err(ApiError::UnknownPath(
             String::from_utf8_lossy(target).into_owned(),
         ));
     };
-    ratelimit_admin::plan(bytes(&r.method_name), path, write_allowed)
+    ratelimit_admin::plan(r.method_name.as_bytes(), path, write_allowed)
 }
 
 fn execute(r: &ngx_http_request_t, route: &Route, body: &[u8]) -> Response {
@@ -203,14 +203,6 @@ fn send(r: &mut ngx_http_request_t, response: &Response) -> ngx_int_t {
         };
         ngx_http_output_filter(r, &mut out)
     }
-}
-
-fn bytes(text: &ngx_str_t) -> &[u8] {
-    if text.data.is_null() {
-        return &[];
-    }
-    // SAFETY: a non-null ngx_str_t points at `len` bytes that live as long as it does.
-    unsafe { core::slice::from_raw_parts(text.data, text.len) }
 }
 
 fn connection_log(r: &ngx_http_request_t) -> *mut ngx::ffi::ngx_log_t {
