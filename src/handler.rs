@@ -197,7 +197,7 @@ impl AppliedLimit<'_> {
         ratelimit_core::token_bucket::compose_global(&self.own.decision, &global.decision)
     }
 
-    fn applied(&self) -> impl Iterator<Item = &Applied<'_>> {
+    fn applied(&self) -> impl Iterator<Item = &Applied<'_>> + Clone {
         core::iter::once(&self.own).chain(self.global.iter())
     }
 }
@@ -457,9 +457,7 @@ fn limit_one(
             }
         });
         if outcome == Outcome::Passed {
-            zone.count(Counter::Passed);
-            state.set(LimitStatus::Passed);
-            return Status::NGX_DECLINED.into();
+            return passed(zone, state);
         }
         let Some(policy) = effective_policy(zone, limit, hash) else {
             return Status::NGX_DECLINED.into();
@@ -473,15 +471,22 @@ fn limit_one(
     let decision = if policy.algorithm != Algorithm::SlidingLog && !lcf.headers() {
         let (outcome, previous) = zone.charge(found.slot, now, &policy);
         if outcome == Outcome::Passed {
-            zone.count(Counter::Passed);
-            state.set(LimitStatus::Passed);
-            return Status::NGX_DECLINED.into();
+            return passed(zone, state);
         }
         ratelimit_core::decide_word(previous, now, &policy).0
     } else {
         zone.decide(found.slot, now, &policy, true)
     };
     finish_one(r, lcf, state, found, policy, decision, now)
+}
+
+/// A request that the one limit of its location let through: counted, marked for
+/// `$rate_limit_status`, and on to the next phase.
+#[inline]
+fn passed(zone: &Zone, state: RequestState) -> ngx_int_t {
+    zone.count(Counter::Passed);
+    state.set(LimitStatus::Passed);
+    Status::NGX_DECLINED.into()
 }
 
 /// `finish` for the single-limit path.
@@ -503,12 +508,10 @@ fn finish_one(
     };
     if decision.outcome == Outcome::Passed {
         // What `finish` does for one limit that passed, without its generality.
-        own.zone.count(Counter::Passed);
         if lcf.headers() {
             add_rate_limit_headers(r, &[AppliedLimit { own, global: None }]);
         }
-        state.set(LimitStatus::Passed);
-        return Status::NGX_DECLINED.into();
+        return passed(found.zone, state);
     }
     let rejected_by = (decision.outcome == Outcome::Rejected).then_some(0);
     let mut applied = [AppliedLimit { own, global: None }];
@@ -699,37 +702,36 @@ unsafe extern "C" fn delay_expired(r: *mut ngx_http_request_t) {
 /// zone applied to the request. Built in stack buffers without `format!`: this runs on every
 /// limited request.
 fn add_rate_limit_headers(r: &mut ngx_http_request_t, applied: &[AppliedLimit]) {
+    match applied {
+        // The common case: one item, for which the writer's loops compile away.
+        [AppliedLimit { own, global: None }] => write_rate_limit_headers(r, core::iter::once(own)),
+        _ => write_rate_limit_headers(r, applied.iter().flat_map(AppliedLimit::applied)),
+    }
+}
+
+/// Both headers with one item per zone in `items`.
+fn write_rate_limit_headers<'a, 'z: 'a>(
+    r: &mut ngx_http_request_t,
+    items: impl Iterator<Item = &'a Applied<'z>> + Clone,
+) {
     // Each item is `"NAME";x=N;y=N`: at most the name, 10 bytes of punctuation and two
     // 20-digit numbers, plus ", " between items. Both values are written once, straight into
     // one piece of request-pool memory of that size.
-    if let [AppliedLimit { own, global: None }] = applied {
-        // The common case, without the loops.
-        let Some(mut out) = PoolWriter::new(r, 2 * (own.zone_conf.name.len() + 52)) else {
-            return;
-        };
-        put_policy_item(&mut out, own.zone_conf, &own.policy.limits.rate);
-        let policy = out.take();
-        put_state_item(&mut out, own);
-        push_header(r, "RateLimit-Policy", policy);
-        push_header(r, "RateLimit", out.take());
-        return;
-    }
-    let item_capacity: usize = applied
-        .iter()
-        .flat_map(AppliedLimit::applied)
+    let item_capacity: usize = items
+        .clone()
         .map(|applied| applied.zone_conf.name.len() + 52)
         .sum();
     let Some(mut out) = PoolWriter::new(r, 2 * item_capacity) else {
         return;
     };
-    for (position, applied) in applied.iter().flat_map(AppliedLimit::applied).enumerate() {
+    for (position, applied) in items.clone().enumerate() {
         if position > 0 {
             out.put(b", ");
         }
         put_policy_item(&mut out, applied.zone_conf, &applied.policy.limits.rate);
     }
     let policy = out.take();
-    for (position, applied) in applied.iter().flat_map(AppliedLimit::applied).enumerate() {
+    for (position, applied) in items.enumerate() {
         if position > 0 {
             out.put(b", ");
         }
