@@ -115,15 +115,11 @@ def run(binaries, directory, workers_list=(1, 2), repetitions=9, duration_s=3,
 def paired_ratios(throughput, workers, key_set, location, field):
     """`location`'s `field` over native's in the same repetition, one per repetition (runs of
     one repetition are back to back; a location with fewer repetitions than native is paired
-    with native's first ones, which ran with it)."""
+    with native's first ones, which ran with it). Their median is what the checks compare
+    with 1."""
     ours = throughput[(workers, key_set, location)]["runs"]
     native = throughput[(workers, key_set, "native")]["runs"]
     return [o[field] / n[field] for o, n in zip(ours, native)]
-
-
-def paired_ratio(throughput, workers, key_set, location, field):
-    """The median of `paired_ratios`: what the checks compare with 1."""
-    return statistics.median(paired_ratios(throughput, workers, key_set, location, field))
 
 
 def median_interval(values, confidence=0.95):
@@ -133,8 +129,10 @@ def median_interval(values, confidence=0.95):
     n = len(values)
     tail = (1 - confidence) / 2
     k, below = 0, 0.0
-    while k < n and below + math.comb(n, k) / 2 ** n <= tail:
+    while k < n:
         below += math.comb(n, k) / 2 ** n
+        if below > tail:
+            break
         k += 1
     if k == 0:
         return None
