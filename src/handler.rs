@@ -317,13 +317,7 @@ fn evaluate_key<'r>(r: &'r mut ngx_http_request_t, zone_conf: &ZoneConf) -> Opti
             let assigned = bits & (value_bits::VALID | value_bits::NOT_FOUND) != 0
                 && bits & value_bits::NO_CACHEABLE == 0;
             if !assigned {
-                let args = if r.args.data.is_null() {
-                    &[][..]
-                } else {
-                    // SAFETY: the request's arguments are `len` bytes at `data`.
-                    unsafe { core::slice::from_raw_parts(r.args.data, r.args.len) }
-                };
-                return Some(crate::key::query_arg(args, name).unwrap_or(&[]));
+                return Some(crate::key::query_arg(r.args.as_bytes(), name).unwrap_or(&[]));
             }
         }
         // SAFETY: `r` is the live request and `index` a variable index of this configuration.
