@@ -848,6 +848,16 @@ pub fn add_header(r: &mut ngx_http_request_t, name: &'static str, value: &[u8]) 
 
 /// Append a response header whose value already lives in the request pool.
 fn push_header(r: &mut ngx_http_request_t, name: &'static str, value: ngx_str_t) {
+    // The element starts zeroed and only the fields every supported nginx has are set: from
+    // 1.23.0 on it also has `next` (null for a single header), which 1.22's headers lack.
+    // SAFETY: ngx_table_elt_t is plain data for which all-zero bytes are a valid value.
+    let mut element: ngx_table_elt_t = unsafe { core::mem::zeroed() };
+    element.hash = 1;
+    element.key = ngx_str_t {
+        len: name.len(),
+        data: name.as_ptr().cast_mut(),
+    };
+    element.value = value;
     // SAFETY: the request's output header list is live; the element is fully initialized
     // before nginx sees it.
     unsafe {
@@ -855,16 +865,7 @@ fn push_header(r: &mut ngx_http_request_t, name: &'static str, value: ngx_str_t)
         if header.is_null() {
             return;
         }
-        header.write(ngx_table_elt_t {
-            hash: 1,
-            key: ngx_str_t {
-                len: name.len(),
-                data: name.as_ptr().cast_mut(),
-            },
-            value,
-            lowcase_key: ptr::null_mut(),
-            next: ptr::null_mut(),
-        });
+        header.write(element);
     }
 }
 
