@@ -15,7 +15,7 @@ use ngx::ffi::{
     NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
 };
 use ngx::http::{HttpModuleMainConf, Merge, MergeConfigError};
-use ngx::ngx_conf_log_error;
+use ngx::{ngx_conf_log_error, ngx_log_error};
 use ratelimit_core::{Algorithm, BucketCharge, DelayMode, LimitSpec, Limits, SpecError, ZoneSpec};
 
 use crate::zone::{Zone, ZoneLayout};
@@ -40,6 +40,17 @@ pub struct ZoneReference {
     pub global: bool,
     pub local_algorithm_needed: Option<String>,
     pub burst_given: bool,
+    /// The configuration file and line of the `rate_limit` directive: the references are
+    /// checked after the whole `http` block is read, when nginx's own position is its `}`.
+    pub file: String,
+    pub line: usize,
+}
+
+impl ZoneReference {
+    /// ` in FILE:LINE`, as nginx ends the messages of errors found in a file.
+    fn place(&self) -> String {
+        format!(" in {}:{}", self.file, self.line)
+    }
 }
 
 /// One `rate_limit_zone`: lives in the configuration pool of its cycle; `shm_zone.data`
@@ -238,10 +249,20 @@ pub extern "C" fn cmd_rate_limit_zone(
     let Some((name, size)) = spec.zone.clone() else {
         return conf_error(cf, "\"rate_limit_zone\" must have \"zone\" parameter");
     };
+    // The exact test zone init will make, so that `nginx -t` refuses what could not start,
+    // at this line, with the size that would do.
     // SAFETY: ngx_pagesize is set at startup, before any configuration is read.
-    let pagesize = unsafe { nginx_sys::ngx_pagesize } as u64;
-    if size < 8 * pagesize {
-        return conf_error(cf, &format!("zone \"{name}\" is too small"));
+    let pagesize = unsafe { nginx_sys::ngx_pagesize };
+    let layout = ZoneLayout {
+        algorithm: spec.algorithm,
+        limits: spec.limits(),
+        fingerprint: 0,
+    };
+    let fits = usize::try_from(size)
+        .is_ok_and(|size| crate::zone::zone_size_fits(size, layout.slot_words(), pagesize));
+    if !fits {
+        let hint = crate::zone::size_hint(&layout, pagesize);
+        return conf_error(cf, &format!("zone \"{name}\" is too small{hint}"));
     }
 
     let mut key: ngx_http_complex_value_t = unsafe { mem::zeroed() };
@@ -382,6 +403,7 @@ pub extern "C" fn cmd_rate_limit(
         }
         None => None,
     };
+    let (file, line) = conf_position(cf);
     let Some(mcf) = main_conf(cf) else {
         return NGX_CONF_ERROR;
     };
@@ -390,6 +412,8 @@ pub extern "C" fn cmd_rate_limit(
         global: false,
         local_algorithm_needed: spec.global.is_some().then(|| "token_bucket".to_string()),
         burst_given: spec.burst.is_some(),
+        file: file.clone(),
+        line,
     });
     if let Some(global) = &spec.global {
         mcf.references.push(ZoneReference {
@@ -397,6 +421,8 @@ pub extern "C" fn cmd_rate_limit(
             global: true,
             local_algorithm_needed: Some("token_bucket".to_string()),
             burst_given: false,
+            file,
+            line,
         });
     }
     limits.push(LimitConf {
@@ -411,7 +437,25 @@ pub extern "C" fn cmd_rate_limit(
     NGX_CONF_OK
 }
 
-/// Check every zone name `rate_limit` used, now that the whole `http` block is read.
+/// The file and line of the directive being parsed.
+fn conf_position(cf: &ngx_conf_t) -> (String, usize) {
+    // SAFETY: while a directive is parsed, `conf_file` is the file being read.
+    match unsafe { cf.conf_file.as_ref() } {
+        Some(file) => (
+            String::from_utf8_lossy(file.file.name.as_bytes()).into_owned(),
+            file.line as usize,
+        ),
+        None => (String::from("(unknown file)"), 0),
+    }
+}
+
+/// Log an error found after parsing at the place of the directive it is about.
+fn reference_error(cf: &ngx_conf_t, reference: &ZoneReference, message: &str) {
+    ngx_log_error!(NGX_LOG_EMERG, cf.log, "{message}{}", reference.place());
+}
+
+/// Check every zone name `rate_limit` used, now that the whole `http` block is read. Errors
+/// name the `rate_limit` line they are about, not the `}` that ends `http`.
 pub fn check_references(cf: &mut ngx_conf_t) -> Result<(), ()> {
     let Some(mcf) = main_conf(cf) else {
         return Ok(());
@@ -422,7 +466,8 @@ pub fn check_references(cf: &mut ngx_conf_t) -> Result<(), ()> {
             unsafe { (*zone).name == reference.name }
         });
         let Some(&zone) = zone else {
-            ngx_conf_log_error!(NGX_LOG_EMERG, cf, "unknown zone \"{}\"", reference.name);
+            let message = format!("unknown zone \"{}\"", reference.name);
+            reference_error(cf, reference, &message);
             return Err(());
         };
         // SAFETY: as above.
@@ -434,13 +479,11 @@ pub fn check_references(cf: &mut ngx_conf_t) -> Result<(), ()> {
                 } else {
                     "zone"
                 };
-                ngx_conf_log_error!(
-                    NGX_LOG_EMERG,
-                    cf,
+                let message = format!(
                     "{role} \"{}\" used with \"global=\" must use algorithm=token_bucket, not {}",
-                    zone.name,
-                    zone.algorithm
+                    zone.name, zone.algorithm
                 );
+                reference_error(cf, reference, &message);
                 return Err(());
             }
         }
@@ -450,13 +493,11 @@ pub fn check_references(cf: &mut ngx_conf_t) -> Result<(), ()> {
                 Algorithm::SlidingLog | Algorithm::SlidingWindow
             )
         {
-            ngx_conf_log_error!(
-                NGX_LOG_EMERG,
-                cf,
+            let message = format!(
                 "\"burst\" is not used by {} (zone \"{}\")",
-                zone.algorithm,
-                zone.name
+                zone.algorithm, zone.name
             );
+            reference_error(cf, reference, &message);
             return Err(());
         }
     }

@@ -232,7 +232,9 @@ pub(crate) extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, _data: *mut c_
                 zone::ZoneInitError::TooSmall => "is too small",
                 zone::ZoneInitError::NoMemory => "could not be allocated",
             };
-            let hint = zone::size_hint(&zone_conf.layout());
+            // SAFETY: ngx_pagesize is set at startup, before any configuration is read.
+            let pagesize = unsafe { nginx_sys::ngx_pagesize };
+            let hint = zone::size_hint(&zone_conf.layout(), pagesize);
             ngx_log_error!(
                 NGX_LOG_EMERG,
                 log,

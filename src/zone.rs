@@ -7,9 +7,9 @@
 //! slot table = buckets of SLOTS_PER_BUCKET slots; slot = [hash: u64, state: u64 × slot_words]
 //! ```
 //!
-//! A key is identified by a 64-bit SipHash-1-3 of its bytes under a random per-zone seed; the
-//! key bytes themselves are not stored, so every key costs the same whatever its length (16
-//! bytes for the single-word algorithms). A key lives in one of the `PROBE_BUCKETS × SLOTS_PER_BUCKET`
+//! A key is identified by a 64-bit foldhash (`foldhash::quality`) of its bytes under a random
+//! per-zone seed; the key bytes themselves are not stored, so every key costs the same whatever
+//! its length (16 bytes for the single-word algorithms). A key lives in one of the `PROBE_BUCKETS × SLOTS_PER_BUCKET`
 //! slots starting at its home bucket.
 //!
 //! Concurrency: every worker maps the same memory. The single-word algorithms update a slot's
@@ -31,7 +31,8 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use std::hash::BuildHasher;
 
 use nginx_sys::{
-    ngx_shmtx_lock, ngx_shmtx_unlock, ngx_slab_alloc_locked, ngx_slab_free_locked, ngx_slab_pool_t,
+    ngx_shmtx_lock, ngx_shmtx_unlock, ngx_slab_alloc_locked, ngx_slab_free_locked, ngx_slab_page_t,
+    ngx_slab_pool_t, ngx_slab_stat_t,
 };
 use ratelimit_core::{
     leaky_bucket, sliding_log, token_bucket, Algorithm, BucketCharge, Decision, Limits, Outcome,
@@ -145,7 +146,7 @@ pub struct ZoneLayout {
 
 impl ZoneLayout {
     /// State words per slot: one for the single-word algorithms, the log for `sliding_log`.
-    fn slot_words(&self) -> usize {
+    pub fn slot_words(&self) -> usize {
         match self.algorithm {
             Algorithm::SlidingLog => {
                 sliding_log::words_for(self.limits.rate.whole_requests().unwrap_or(1))
@@ -173,20 +174,65 @@ fn algorithm_from_code(code: u64) -> Algorithm {
     }
 }
 
-/// For an error message: what a zone of this layout needs at the least, when that is more than
-/// the general minimum (a `sliding_log` keeps N timestamps per key).
-pub fn size_hint(layout: &ZoneLayout) -> String {
+/// For an error message: why a zone of this layout is too small, and the smallest size (in
+/// KiB, as sizes are written in configs) that it works with. A `sliding_log` says what each
+/// key takes, since N timestamps per key is what makes it large.
+pub fn size_hint(layout: &ZoneLayout, pagesize: usize) -> String {
+    let minimum = match min_zone_kib(layout.slot_words(), pagesize) {
+        Some(kib) => format!("the minimum is {kib}k"),
+        None => "no zone size fits it".to_string(),
+    };
     if layout.algorithm != Algorithm::SlidingLog {
-        return String::new();
+        return format!(": {minimum}");
     }
-    let slot_bytes = 8 * (1 + layout.slot_words());
-    let needed = TABLE_OFFSET + MIN_SLOTS * slot_bytes;
     format!(
-        " for sliding_log with {} requests per window: each key takes {slot_bytes} bytes, \
-         the zone needs more than {} KiB",
+        " for sliding_log with {} requests per window (each key takes {} bytes): {minimum}",
         layout.limits.rate.whole_requests().unwrap_or(0),
-        needed.div_ceil(1024)
+        8 * (1 + layout.slot_words())
     )
+}
+
+/// Whether a zone of `size` bytes holds the header and one probe window of slots of
+/// `slot_words` state words: exactly the tests [`Zone::init`] and [`Zone::format`] make on
+/// the pages nginx's slab pool leaves free in a zone of that size.
+pub fn zone_size_fits(size: usize, slot_words: usize, pagesize: usize) -> bool {
+    let block_bytes = block_pages(slab_free_pages(size, pagesize)) * pagesize;
+    let bucket_bytes = 8 * (1 + slot_words) * SLOTS_PER_BUCKET;
+    block_bytes >= TABLE_OFFSET + 64
+        && (block_bytes - TABLE_OFFSET) / bucket_bytes >= PROBE_BUCKETS
+        && (block_bytes - TABLE_OFFSET) / bucket_bytes * SLOTS_PER_BUCKET >= MIN_SLOTS
+}
+
+/// The smallest zone size in whole KiB that [`zone_size_fits`], if any up to 1 GiB does.
+/// Every larger size fits too: the free pages and the block grow with the size.
+pub fn min_zone_kib(slot_words: usize, pagesize: usize) -> Option<usize> {
+    (1..=1 << 20).find(|kib| zone_size_fits(kib * 1024, slot_words, pagesize))
+}
+
+/// Pages of the zone's block out of the slab pool's free pages: all but a few, left for the
+/// slab allocator's own use and the override keys. The reserve grows from 1 to 8 pages
+/// between 64 and 71 free pages, so that a larger zone never has a smaller block.
+fn block_pages(free_pages: usize) -> usize {
+    free_pages.saturating_sub(free_pages.saturating_sub(63).clamp(1, 8))
+}
+
+/// The free pages nginx's slab pool has in a fresh zone of `size` bytes: `ngx_slab_init`'s
+/// arithmetic. The pool header, its size-class lists and statistics, and one page
+/// descriptor per page come first, from the page-aligned start of the mapping; the pages
+/// start at the next page boundary.
+fn slab_free_pages(size: usize, pagesize: usize) -> usize {
+    // One list and one statistics entry per size class, from 8 bytes (min_shift 3) up to a
+    // page (`ngx_pagesize_shift - pool->min_shift` of them).
+    let classes = (pagesize.trailing_zeros() as usize).saturating_sub(3);
+    let page_desc = mem::size_of::<ngx_slab_page_t>();
+    let metadata = mem::size_of::<ngx_slab_pool_t>()
+        + classes * (page_desc + mem::size_of::<ngx_slab_stat_t>());
+    let Some(rest) = size.checked_sub(metadata) else {
+        return 0;
+    };
+    let pages = rest / (pagesize + page_desc);
+    let start = (metadata + pages * page_desc).next_multiple_of(pagesize);
+    pages.min(size.saturating_sub(start) / pagesize)
 }
 
 /// Why a zone could not be set up.
@@ -256,11 +302,7 @@ impl Zone {
         }
 
         let pagesize = nginx_sys::ngx_pagesize;
-        // Leave a few pages for the slab allocator's own use and the override keys.
-        let pages = (*shpool).pfree;
-        let reserve = if pages > 64 { 8 } else { 1 };
-        let block_pages = pages.saturating_sub(reserve);
-        let block_bytes = block_pages * pagesize;
+        let block_bytes = block_pages((*shpool).pfree) * pagesize;
         if block_bytes < TABLE_OFFSET + 64 {
             return Err(ZoneInitError::TooSmall);
         }

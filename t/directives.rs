@@ -159,6 +159,115 @@ fn nginx_t_refuses_bad_configuration() {
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
 
+/// `zone "a" is too small` gives the smallest size that works, and it is exact: nginx starts
+/// and limits with that size, and refuses one KiB less with the same message.
+#[test]
+fn zone_too_small_gives_the_exact_minimum() {
+    for params in [
+        "rate=1r/s",
+        "rate=5r/s burst=10 algorithm=token_bucket",
+        "rate=100r/m algorithm=sliding_log",
+        "rate=4096r/s algorithm=sliding_log",
+    ] {
+        let http = |size: usize| {
+            format!(
+                "rate_limit_zone $binary_remote_addr zone=a:{size}k {params};\n{}",
+                server("location / { rate_limit zone=a; }")
+            )
+        };
+        let (ok, output) = check_config(&config(&http(1)));
+        assert!(!ok, "{params}: a 1k zone was accepted:\n{output}");
+        let minimum: usize = output
+            .split_once("the minimum is ")
+            .and_then(|(_, rest)| rest.split_once("k in "))
+            .and_then(|(number, _)| number.parse().ok())
+            .unwrap_or_else(|| panic!("{params}: no \"the minimum is Nk\" in:\n{output}"));
+
+        let (ok, below) = check_config(&config(&http(minimum - 1)));
+        assert!(!ok, "{params}: {}k was accepted:\n{below}", minimum - 1);
+        assert!(
+            below.contains(&format!("zone \"a\" is too small"))
+                && below.contains(&format!("the minimum is {minimum}k")),
+            "{params}: {below}"
+        );
+        let nginx = Nginx::start(&config(&http(minimum)));
+        assert_eq!(get(nginx.port(), "/").status, 200, "{params}: {minimum}k");
+        assert!(
+            !nginx.error_log().contains("[emerg]"),
+            "{params}: {minimum}k: {}",
+            nginx.error_log()
+        );
+    }
+}
+
+/// Errors found once the whole `http` block is read (a zone name nothing declares, `global=`
+/// and `burst=` that do not fit the zone's algorithm) name the file and line of the
+/// `rate_limit` that is wrong, as nginx's own messages do, not the `}` that closes `http`.
+#[test]
+fn nginx_t_names_the_line_of_the_wrong_rate_limit() {
+    let token = "algorithm=token_bucket";
+    // (what is wrong, http block body, the message, the text of the line it must name)
+    let cases = [
+        (
+            "unknown zone",
+            format!(
+                "rate_limit_zone $binary_remote_addr zone=per_client:1m rate=1r/s;\n{}",
+                server("location / {\n rate_limit zone=per_clinet;\n }")
+            ),
+            "unknown zone \"per_clinet\"",
+            "rate_limit zone=per_clinet;",
+        ),
+        (
+            "global= with a leaky_bucket user zone",
+            format!(
+                "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s;\n\
+                 rate_limit_zone global zone=pool:1m rate=1r/s {token};\n{}",
+                server("location / {\n rate_limit zone=a global=pool;\n }")
+            ),
+            "zone \"a\" used with \"global=\" must use algorithm=token_bucket",
+            "rate_limit zone=a global=pool;",
+        ),
+        (
+            "global= naming a leaky_bucket zone",
+            format!(
+                "rate_limit_zone $http_x_user zone=user:1m rate=1r/s {token};\n\
+                 rate_limit_zone global zone=pool:1m rate=1r/s;\n{}",
+                server("location / {\n rate_limit zone=user global=pool;\n }")
+            ),
+            "global zone \"pool\" used with \"global=\" must use algorithm=token_bucket",
+            "rate_limit zone=user global=pool;",
+        ),
+        (
+            "burst= on a sliding_window zone",
+            format!(
+                "rate_limit_zone $binary_remote_addr zone=w:1m rate=1r/s algorithm=sliding_window;\n{}",
+                server("location / {\n rate_limit zone=w burst=5;\n }")
+            ),
+            "\"burst\" is not used by sliding_window",
+            "rate_limit zone=w burst=5;",
+        ),
+    ];
+    for (what, http, message, wrong_line) in cases {
+        let config = config(&http);
+        // Placeholders are replaced within their line, so line numbers are the template's.
+        let line = 1 + config
+            .lines()
+            .position(|text| text.trim() == wrong_line)
+            .unwrap_or_else(|| panic!("{what}: no line {wrong_line:?} in the test config"));
+        let (ok, output) = check_config(&config);
+        assert!(!ok, "{what}: nginx -t accepted it:\n{output}");
+        let emerg = output
+            .lines()
+            .find(|text| text.contains("[emerg]"))
+            .unwrap_or_else(|| panic!("{what}: no [emerg] in:\n{output}"));
+        assert!(emerg.contains(message), "{what}: {emerg}");
+        assert!(
+            emerg.ends_with(&format!("/nginx.conf:{line}")),
+            "{what}: the message must end with nginx.conf:{line}, the line of {wrong_line:?}: {emerg}"
+        );
+    }
+}
+
 /// `rate_limit` in http applies to every location without one of its own; a server or a
 /// location that has its own uses only its own (as limit_req).
 #[test]
