@@ -4,6 +4,7 @@
 mod common;
 
 use std::fs;
+use std::net::TcpListener;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -32,8 +33,40 @@ fn total_elapsed(responses: &[Response]) -> Duration {
     responses.iter().map(|r| r.elapsed).sum()
 }
 
+/// The ports `listen` directives of a config name literally, not through a placeholder.
+fn literal_listen_ports(config: &str) -> Vec<String> {
+    config
+        .lines()
+        .map(|line| line.split('#').next().unwrap_or_default().trim())
+        .filter_map(|line| line.strip_prefix("listen "))
+        .map(|address| address.split_whitespace().next().unwrap_or_default())
+        .map(|address| address.trim_end_matches(';'))
+        .filter(|address| !address.contains("%%PORT"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every example runs on free ports, so that `cargo test --workspace` passes while
+/// `scripts/run-example.sh` runs an example on its own ports (8080, and 8081 for the admin
+/// API): this test holds those two ports itself (or finds them taken by such an example)
+/// while it starts every config in nginx-conf/.
 #[test]
 fn every_example_config_starts_and_serves() {
+    let holders: Vec<_> = [8080, 8081]
+        .into_iter()
+        .map(|port| TcpListener::bind(("127.0.0.1", port)))
+        .collect();
+    for (port, holder) in [8080, 8081].iter().zip(&holders) {
+        if let Err(error) = holder {
+            // Taken by someone else (an example started by run-example.sh): as good.
+            assert_eq!(
+                error.kind(),
+                std::io::ErrorKind::AddrInUse,
+                "cannot bind 127.0.0.1:{port}: {error}"
+            );
+        }
+    }
+
     let mut names: Vec<String> = fs::read_dir(examples_dir())
         .expect("cannot read nginx-conf/")
         .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
@@ -45,6 +78,12 @@ fn every_example_config_starts_and_serves() {
         "examples missing from nginx-conf/: {names:?}"
     );
     for name in names {
+        let literal = literal_listen_ports(&example(&name));
+        assert!(
+            literal.is_empty(),
+            "nginx-conf/{name} listens on {literal:?}: use %%PORT%%, %%PORT2%%... \
+             (scripts/run-example.sh fills them in)"
+        );
         let nginx = Nginx::try_start(&example(&name))
             .unwrap_or_else(|report| panic!("nginx-conf/{name} does not start:\n{report}"));
         let response = get(nginx.port(), "/");
