@@ -116,10 +116,9 @@ fn run(args: &Args) -> Result<(), Failure> {
     } else {
         Output::Table
     };
-    output.header(&mut out)?;
-
     let mut reader = LineReader::new(format);
     let mut replay = Replay::new(policy);
+    let mut requests = 0_u64;
     for (index, line) in input.split(b'\n').enumerate() {
         let number = index + 1;
         let line = line.map_err(|error| Failure::Input(format!("line {number}: {error}")))?;
@@ -131,15 +130,49 @@ fn run(args: &Args) -> Result<(), Failure> {
             Ok(None) => continue,
             Err(error) => {
                 out.flush()?;
-                return Err(Failure::Input(error.to_string()));
+                let hint = match args.format {
+                    Format::Timeline if looks_like_access_log(text) => {
+                        " (an nginx access log? add --format access-log)"
+                    }
+                    _ => "",
+                };
+                return Err(Failure::Input(format!("{error}{hint}")));
             }
         };
+        // The header waits for the first request: an input without any gets an error instead.
+        if requests == 0 {
+            output.header(&mut out)?;
+        }
+        requests += 1;
         let decision = replay.decide(&request.key, request.time_ns);
         output.request(&mut out, &request, &decision)?;
+    }
+    if requests == 0 {
+        let name = match &args.input {
+            Some(path) if path.as_os_str() != "-" => format!("\"{}\"", path.display()),
+            _ => "the standard input".to_string(),
+        };
+        return Err(Failure::Input(format!(
+            "no requests in {name}: nothing to replay (a timeline has one \"SECONDS [KEY]\" \
+             per line; an access log needs --format access-log)"
+        )));
     }
     output.summary(&mut out, replay.policy(), &replay.summary())?;
     out.flush()?;
     Ok(())
+}
+
+/// Whether a line the timeline reader refused reads like a line of an access log in the
+/// format the tool reads (`$msec $remote_addr ...`): a time, an IP address, more fields.
+fn looks_like_access_log(line: &str) -> bool {
+    let mut fields = line.split_whitespace();
+    let time = fields
+        .next()
+        .is_some_and(|time| time.parse::<f64>().is_ok());
+    let address = fields
+        .next()
+        .is_some_and(|address| address.parse::<std::net::IpAddr>().is_ok());
+    time && address && fields.next().is_some()
 }
 
 /// `--zone` and `--limit` as the module would read them; the message is the spec error.

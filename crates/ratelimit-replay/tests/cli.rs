@@ -289,3 +289,46 @@ fn bad_specs_exit_with_two_quoting_the_word() {
     );
     fails(&[], "", "--zone");
 }
+
+/// An input without a single request is an error that says so, not an empty table.
+#[test]
+fn empty_input_is_an_error_not_an_empty_table() {
+    let zone = ["--zone", "rate=1r/s"];
+    for input in ["", "\n\n", "# only a comment\n"] {
+        let output = replay(&zone, input);
+        assert_eq!(output.status.code(), Some(2), "{input:?}");
+        assert!(output.stdout.is_empty(), "{input:?}: {:?}", output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("no requests in the standard input: nothing to replay"),
+            "{stderr}"
+        );
+    }
+    let empty = std::env::temp_dir().join(format!("replay-empty-{}.log", std::process::id()));
+    std::fs::write(&empty, "").unwrap();
+    let path = empty.to_str().unwrap();
+    fails(
+        &["--zone", "rate=1r/s", "--format", "access-log", path],
+        "",
+        &format!("no requests in \"{path}\""),
+    );
+    std::fs::remove_file(&empty).unwrap();
+}
+
+/// An access log read as a timeline (no --format) fails at its first line with a hint.
+#[test]
+fn access_log_without_format_hints_at_format() {
+    let log = "1700000000.000 10.0.0.1 - - [14/Nov/2023:22:13:20 +0000] \"GET / HTTP/1.1\" 200 5\n";
+    fails(
+        &["--zone", "rate=1r/s"],
+        log,
+        "line 1: unexpected \"-\" after the key (an nginx access log? add --format access-log)",
+    );
+    // The same log with --format access-log is read.
+    let output = replay(&["--zone", "rate=1r/s", "--format", "access-log"], log);
+    assert!(output.status.success(), "{output:?}");
+    // A timeline line with one field too many gets no such hint.
+    let output = replay(&["--zone", "rate=1r/s"], "1 a b\n");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("--format"), "{stderr}");
+}
