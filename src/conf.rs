@@ -443,7 +443,7 @@ fn conf_position(cf: &ngx_conf_t) -> (String, usize) {
     match unsafe { cf.conf_file.as_ref() } {
         Some(file) => (
             String::from_utf8_lossy(file.file.name.as_bytes()).into_owned(),
-            file.line as usize,
+            file.line,
         ),
         None => (String::from("(unknown file)"), 0),
     }

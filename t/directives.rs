@@ -186,7 +186,7 @@ fn zone_too_small_gives_the_exact_minimum() {
         let (ok, below) = check_config(&config(&http(minimum - 1)));
         assert!(!ok, "{params}: {}k was accepted:\n{below}", minimum - 1);
         assert!(
-            below.contains(&format!("zone \"a\" is too small"))
+            below.contains("zone \"a\" is too small")
                 && below.contains(&format!("the minimum is {minimum}k")),
             "{params}: {below}"
         );
