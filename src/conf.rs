@@ -14,7 +14,9 @@ use ngx::ffi::{
     ngx_http_complex_value_t, ngx_shared_memory_add, ngx_shm_zone_t, ngx_str_t, ngx_uint_t,
     NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
 };
-use ngx::http::{HttpModuleMainConf, Merge, MergeConfigError};
+use ngx::http::{
+    HttpModuleMainConf, HttpModuleServerConf, Merge, MergeConfigError, NgxHttpCoreModule,
+};
 use ngx::{ngx_conf_log_error, ngx_log_error};
 use ratelimit_core::{Algorithm, BucketCharge, DelayMode, LimitSpec, Limits, SpecError, ZoneSpec};
 
@@ -115,6 +117,9 @@ pub struct LocConf {
     pub log_level: Option<ngx_uint_t>,
     pub headers: Option<bool>,
     pub admin: Option<AdminConf>,
+    /// Set on a server's own configuration when one of its locations has `rate_limit_admin`:
+    /// a request refused before a location is matched (414) is answered in JSON. Not merged.
+    pub admin_server: bool,
 }
 
 impl LocConf {
@@ -633,6 +638,20 @@ pub extern "C" fn cmd_admin(
         }
     }
     lcf.admin = Some(admin_conf);
+    // The server's own configuration (the one a request has before a location is found).
+    let server = NgxHttpCoreModule::server_conf(&*cf).and_then(|cscf| {
+        // SAFETY: a server's ctx is its configuration context, live while configuring;
+        // its loc_conf array has an element for every HTTP module.
+        unsafe {
+            let ctx = cscf.ctx.as_ref()?;
+            let index = (*module_ptr()).ctx_index;
+            (*ctx.loc_conf.add(index)).cast::<LocConf>().as_mut()
+        }
+    });
+    match server {
+        Some(server) => server.admin_server = true,
+        None => return NGX_CONF_ERROR,
+    }
     if admin::install_content_handler(cf).is_err() {
         return NGX_CONF_ERROR;
     }

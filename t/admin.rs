@@ -1168,3 +1168,80 @@ fn the_admin_example_config_serves_the_api_on_its_loopback_listener() {
     assert_eq!(get(admin_port, "/ratelimit/metrics").status, 200);
     assert!(nginx.prefix().join("rate_limit_state.json").exists());
 }
+
+/// nginx's own refusals in front of the API are answered as the API's JSON errors: a body
+/// over `client_max_body_size` (413, found once the admin location is chosen) and a request
+/// line over `large_client_header_buffers` (414, found before any location, in a server that
+/// has an admin location). Elsewhere nginx's HTML pages stay as they are.
+#[test]
+fn nginx_own_413_and_414_before_the_api_are_json() {
+    let nginx = Nginx::start(
+        r#"
+load_module %%MODULE%%;
+error_log logs/error.log notice;
+events { worker_connections 64; }
+http {
+    access_log off;
+    client_max_body_size 1k;
+    large_client_header_buffers 2 1k;
+    rate_limit_zone $http_x_key zone=one:1m rate=1r/m;
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location /ratelimit/ {
+            rate_limit_admin write=on;
+        }
+        location / {
+            root html;
+        }
+    }
+    server {
+        listen 127.0.0.1:%%PORT2%%;
+        location / {
+            root html;
+        }
+    }
+}
+"#,
+    );
+    let big_body = format!(r#"{{"burst": 1, "pad": "{}"}}"#, "x".repeat(2048));
+    let patch = Request::new("PATCH", "/ratelimit/zones/one").json(&big_body);
+    let response = send(nginx.port(), &patch);
+    assert_eq!(response.status, 413, "{}", response.text());
+    assert_eq!(
+        json_body(&response),
+        json!({"error": "request body is larger than client_max_body_size (1024 bytes)"})
+    );
+    // The zone did not change.
+    assert_eq!(admin(&nginx, "GET", "zones/one", None).1["burst"], 0);
+
+    let long_key = "k".repeat(10_000);
+    let response = send(
+        nginx.port(),
+        &Request::get(&format!("/ratelimit/zones/one/keys/{long_key}")),
+    );
+    assert_eq!(response.status, 414, "{}", response.text());
+    assert_eq!(
+        json_body(&response),
+        json!({"error": "request line is longer than large_client_header_buffers"})
+    );
+
+    // A location without the API, and a server without one, keep nginx's pages.
+    let upload = Request::new("POST", "/index.html").body(big_body.clone());
+    for (port, request) in [
+        (nginx.port(), upload.clone()),
+        (nginx.port_n(2), upload),
+        (nginx.port_n(2), Request::get(&format!("/{long_key}"))),
+    ] {
+        let response = send(port, &request);
+        assert!(
+            [413, 414].contains(&response.status),
+            "{request:?}: {response:?}"
+        );
+        assert_eq!(
+            response.header("Content-Type"),
+            Some("text/html"),
+            "{response:?}"
+        );
+        assert!(response.text().contains("<html>"), "{}", response.text());
+    }
+}

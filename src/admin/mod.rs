@@ -4,6 +4,7 @@
 //! module is its nginx side: `request` reads requests and sends answers, `zones` shows the
 //! shared-memory zones to the API, `persist` reads and writes the state file.
 
+mod errors;
 mod persist;
 mod request;
 mod zones;
@@ -21,9 +22,11 @@ pub fn install_content_handler(cf: &mut ngx_conf_t) -> Result<(), ()> {
     Ok(())
 }
 
-/// Once the `http` block is read: resolve `rate_limit_state_file` against the prefix.
+/// Once the `http` block is read: resolve `rate_limit_state_file` against the prefix, and
+/// put the filters that answer nginx's own 413/414 of admin requests in JSON.
 pub fn postconfiguration(cf: &mut ngx_conf_t) {
     persist::configure(cf);
+    errors::install();
 }
 
 /// Called in each worker at start: worker 0 rewrites the state file.
