@@ -227,11 +227,11 @@ fn resolve<'a>(
 }
 
 /// The request's key found in a zone (its slot claimed if it is new).
-struct Found<'a> {
-    zone_conf: &'a ZoneConf,
-    zone: &'a Zone,
-    hash: u64,
-    slot: SlotIndex,
+pub(crate) struct Found<'a> {
+    pub zone_conf: &'a ZoneConf,
+    pub zone: &'a Zone,
+    pub hash: u64,
+    pub slot: SlotIndex,
 }
 
 /// Find the zone's slot for the request's key (claiming one for a new key); `None` when the
@@ -244,35 +244,52 @@ fn find_key<'a>(
 ) -> Option<Found<'a>> {
     let zone_conf = zone_conf_of(shm_zone)?;
     let zone = zone_conf.zone.as_ref()?;
+    let log = connection_log(r);
     let key = evaluate_key(r, zone_conf)?;
     if key.is_empty() {
         return None;
     }
-    if key.len() > 65535 {
+    if key.len() > MAX_KEY_BYTES {
         ngx_log_error!(
             NGX_LOG_ERR,
-            connection_log(r),
+            log,
             "the value of the \"{}\" key is more than 65535 bytes",
             zone_conf.key_text
         );
         return None;
     }
+    Some(find_slot(log, zone_conf, zone, key, now_ns))
+}
+
+/// The longest key a zone accepts, in bytes (limit_req's limit).
+pub const MAX_KEY_BYTES: usize = 65535;
+
+/// The zone's slot for `key` (1 to [`MAX_KEY_BYTES`] bytes), claiming one for a new key: the
+/// step the directive and the Lua API (`crate::lua`) share.
+#[inline(always)]
+pub(crate) fn find_slot<'a>(
+    log: *mut ngx::ffi::ngx_log_t,
+    zone_conf: &'a ZoneConf,
+    zone: &'a Zone,
+    key: &[u8],
+    now_ns: u64,
+) -> Found<'a> {
     let hash = zone.hash_key(key);
     let (slot, evicted) = zone.find_or_claim(hash, now_ns);
     if evicted && zone.should_log_full(now_ns) {
         ngx_log_error!(
             NGX_LOG_WARN,
-            connection_log(r),
+            log,
             "rate_limit zone \"{}\" is full: evicted the key nearest to its fresh state",
             zone_conf.name
         );
     }
-    Some(Found {
+    Found {
         zone_conf,
         zone,
         hash,
         slot,
-    })
+    }
 }
 
 /// The location's precomputed bucket constants for this key, when they apply: a leaky or
