@@ -20,7 +20,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use ngx::ffi::{ngx_http_request_t, ngx_log_t};
 use ngx::http::HttpModuleMainConf;
-use ratelimit_core::{Algorithm, Decision, DelayMode, LimitSpec, Outcome};
+use ratelimit_core::{Algorithm, Decision, DelayMode, LimitSpec, Limits, Outcome, Rate};
 
 use crate::conf::{LimitConf, MainConf, ZoneConf};
 use crate::handler::{self, MAX_KEY_BYTES};
@@ -114,7 +114,7 @@ impl LuaOptions {
             burst => Some(
                 u64::try_from(burst)
                     .ok()
-                    .filter(|&burst| burst <= ratelimit_core::Limits::MAX_BURST)
+                    .filter(|&burst| burst <= Limits::MAX_BURST)
                     .ok_or(Status::BadArgument)?,
             ),
         };
@@ -443,22 +443,35 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_set_limits(
         let rate = unsafe { bytes(rate, rate_len) }.ok_or(Status::BadArgument)?;
         let (zone_conf, _) = zone_by_name(r, name)?;
         let mcf: &MainConf = RateLimitModule::main_conf(r).ok_or(Status::UnknownZone)?;
-        // The PATCH body, so that rate and burst are read by the API's own parser.
-        let mut body = serde_json::Map::new();
-        if !rate.is_empty() {
-            let rate = String::from_utf8_lossy(rate).into_owned();
-            body.insert("rate".into(), serde_json::Value::String(rate));
-        }
-        if burst != -1 {
-            body.insert("burst".into(), serde_json::Value::from(burst));
-        }
-        let body = serde_json::Value::Object(body).to_string();
-        let refused = |error: ratelimit_admin::ApiError| {
+        let refused = |message: String| {
             // SAFETY: the caller's contract.
-            unsafe { write_error(err, err_len, &error.to_string()) };
+            unsafe { write_error(err, err_len, &message) };
             Status::Refused
         };
-        let patch = ratelimit_admin::body::parse_patch(body.as_bytes()).map_err(refused)?;
-        crate::admin::patch_zone(mcf, &zone_conf.name, &patch, connection_log(r)).map_err(refused)
+        // What a PATCH body with these fields parses to; the API's checks follow in patch_zone.
+        let mut patch = ratelimit_admin::body::LimitsBody::default();
+        if !rate.is_empty() {
+            let text = String::from_utf8_lossy(rate);
+            let parsed = Rate::parse(&text).map_err(|_| {
+                refused(format!(
+                    "invalid rate \"{text}\": must be a positive number of requests (at most \
+                     3 decimals) per s, m, h or d, such as \"10r/s\""
+                ))
+            })?;
+            patch.rate = Some(parsed);
+        }
+        if burst != -1 {
+            let valid = u64::try_from(burst)
+                .ok()
+                .filter(|&burst| burst <= Limits::MAX_BURST);
+            patch.burst = Some(valid.ok_or_else(|| {
+                refused(format!(
+                    "invalid burst {burst}: must be an integer from 0 to {}",
+                    Limits::MAX_BURST
+                ))
+            })?);
+        }
+        crate::admin::patch_zone(mcf, &zone_conf.name, &patch, connection_log(r))
+            .map_err(|error| refused(error.to_string()))
     })
 }
