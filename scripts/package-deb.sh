@@ -6,6 +6,7 @@
 #   /usr/share/nginx/modules-available/mod-http-rate-limit.conf   (its load_module line)
 #   /etc/nginx/modules-enabled/50-mod-http-rate-limit.conf         (symlink made by postinst)
 #   /usr/bin/ratelimit-replay
+#   /usr/share/lua/5.1/resty/rate_limit.lua   (the Lua API, where lua-resty-core's modules are)
 #
 # and Depends: on the nginx-abi-<version>-<n> that the installed nginx package provides, so apt
 # refuses to install it next to an nginx it was not built for.
@@ -52,11 +53,12 @@ link=50-mod-http-rate-limit.conf
 root=target/debian/$name
 rm -rf "$root"
 install -d "$root/DEBIAN" "$root/usr/lib/nginx/modules" "$root/usr/share/nginx/modules-available" \
-    "$root/usr/bin" "$root/usr/share/doc/$name"
+    "$root/usr/bin" "$root/usr/share/doc/$name" "$root/usr/share/lua/5.1/resty"
 install -m 644 "$module" "$root/usr/lib/nginx/modules/ngx_http_rate_limit_module.so"
 strip --strip-unneeded "$root/usr/lib/nginx/modules/ngx_http_rate_limit_module.so"
 install -m 755 "$replay" "$root/usr/bin/ratelimit-replay"
 strip "$root/usr/bin/ratelimit-replay"
+install -m 644 lib/resty/rate_limit.lua "$root/usr/share/lua/5.1/resty/rate_limit.lua"
 echo "load_module modules/ngx_http_rate_limit_module.so;" \
     >"$root/usr/share/nginx/modules-available/$conf"
 chmod 644 "$root/usr/share/nginx/modules-available/$conf"
