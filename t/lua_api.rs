@@ -4,10 +4,9 @@
 //! the README's migration examples work as written.
 //!
 //! The Lua modules are Debian's (`libnginx-mod-http-lua`, `lua-resty-core`), built for
-//! Debian's nginx: these tests run when the nginx under test is that one (`NGINX_BINARY`
-//! given to the build, the module built against its source, see `scripts/test-debian.sh`).
-//! Against another nginx they print why and pass without testing; with
-//! `RATE_LIMIT_REQUIRE_LUA=1` (the Debian run in CI) that is a failure instead.
+//! Debian's nginx: these tests run against it (`TEST_NGINX_BINARY=/usr/sbin/nginx` and
+//! `RATE_LIMIT_MODULE` built for it by `scripts/build-for-nginx.sh`), where they must run. An
+//! nginx that cannot load those modules makes them print why and return.
 //!
 //! Rates are per hour (or minute) so that nothing refills while a test runs: every expected
 //! outcome is far from a threshold.
@@ -16,9 +15,9 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::env;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use common::{check_config, send, start_request, Nginx, Request, Response};
+use common::{check_config, nginx_binary, send, start_request, Nginx, Request, Response};
 
 /// Where Debian's `libnginx-mod-http-ndk` and `libnginx-mod-http-lua` put their modules.
 fn lua_modules_dir() -> PathBuf {
@@ -59,7 +58,12 @@ fn config(workers: usize, http: &str, locations: &str) -> String {
         .replace("LOCATIONS", locations)
 }
 
-/// Why the Lua tests cannot run against this nginx, if they cannot.
+/// Debian's nginx, for which Debian's Lua modules are built.
+const DEBIAN_NGINX: &str = "/usr/sbin/nginx";
+
+/// Why the Lua tests cannot run against this nginx, if they cannot: `nginx -t` of a config
+/// loading the Lua modules and ours, and requiring `resty.rate_limit`. Against Debian's nginx
+/// they must run: a failure there panics.
 fn lua_unavailable() -> Option<String> {
     let probe = config(
         1,
@@ -67,20 +71,29 @@ fn lua_unavailable() -> Option<String> {
         "location / { content_by_lua_block { require \"resty.rate_limit\" } }",
     );
     let (ok, output) = check_config(&probe);
-    (!ok).then(|| output.trim().to_string())
+    if ok {
+        return None;
+    }
+    let binary = nginx_binary();
+    if binary.canonicalize().unwrap_or(binary.clone()) == Path::new(DEBIAN_NGINX) {
+        panic!(
+            "Debian's nginx does not load the Lua modules with ours (apt-get install \
+             libnginx-mod-http-lua lua-resty-core; RATE_LIMIT_MODULE must be built for this \
+             nginx): {output}"
+        );
+    }
+    Some(output.trim().to_string())
 }
 
-/// Returns from the test when the Lua modules cannot load (printing why), unless
-/// `RATE_LIMIT_REQUIRE_LUA` is set, when that fails the test.
+/// Returns from the test, printing why, when the nginx under test cannot load the Lua modules.
 macro_rules! require_lua {
     () => {
         if let Some(reason) = lua_unavailable() {
-            if env::var_os("RATE_LIMIT_REQUIRE_LUA").is_some() {
-                panic!("RATE_LIMIT_REQUIRE_LUA is set but the Lua modules do not load: {reason}");
-            }
             eprintln!(
-                "skipped: the nginx under test cannot load the Lua modules of {} \
-                 (run scripts/test-debian.sh for these tests): {reason}",
+                "skipped: {} cannot load the Lua modules of {} (these tests run against \
+                 Debian's nginx: TEST_NGINX_BINARY={DEBIAN_NGINX} with RATE_LIMIT_MODULE \
+                 built by scripts/build-for-nginx.sh): {reason}",
+                nginx_binary().display(),
                 lua_modules_dir().display()
             );
             return;
