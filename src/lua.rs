@@ -35,8 +35,8 @@ pub const ABI_VERSION: c_int = 1;
 #[repr(i32)]
 enum Status {
     Ok = 0,
-    /// No request: called from a phase without one (`init_by_lua`, `init_worker_by_lua`, a
-    /// timer).
+    /// No request: called from a phase without one (`init_by_lua`, in the master, before
+    /// the zones exist).
     NoRequest = -1,
     UnknownZone = -2,
     EmptyKey = -3,

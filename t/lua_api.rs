@@ -219,6 +219,33 @@ fn lua_and_directive_decide_alike_for_every_algorithm() {
     }
 }
 
+/// resty.limit.req is limit_req's arithmetic in Lua; resty.rate_limit on a leaky bucket zone
+/// decides a timeline as nginx's own limit_req does (the "Done when" of issue 13: switching
+/// keeps the decisions).
+#[test]
+fn lua_decides_like_nginx_limit_req() {
+    require_lua!();
+    let http = "rate_limit_zone $arg_k zone=lua_leaky:1m rate=1r/m burst=2;
+                limit_req_zone $arg_k zone=native:1m rate=1r/m;
+                limit_req_status 429;";
+    let locations = format!(
+        "{LUA_DECIDE}
+         location = /native {{ limit_req zone=native burst=2 nodelay; empty_gif; }}"
+    );
+    let nginx = Nginx::start(&config(1, http, &locations));
+    let keys = ["a", "a", "b", "a", "a", "b", "b", "b", "a"];
+    let native: Vec<u16> = keys
+        .iter()
+        .map(|key| get(&nginx, &format!("/native?k={key}")).status)
+        .collect();
+    let lua: Vec<u16> = keys
+        .iter()
+        .map(|key| get(&nginx, &format!("/lua?zone=lua_leaky&k={key}")).status)
+        .collect();
+    assert_eq!(lua, native, "keys {keys:?}");
+    assert_eq!(native, [200, 200, 200, 200, 429, 200, 200, 429, 429]);
+}
+
 #[test]
 fn lua_and_directive_share_one_zone_and_its_counters() {
     require_lua!();
