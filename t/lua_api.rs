@@ -253,7 +253,7 @@ fn lua_and_directive_share_one_zone_and_its_counters() {
     let locations = format!(
         "{LUA_DECIDE}
          location = /dir {{ rate_limit zone=shared nodelay; empty_gif; }}
-         location /admin/ {{ rate_limit_admin; }}"
+         location /admin/ {{ rate_limit_admin write=on; }}"
     );
     let nginx = Nginx::start(&config(1, http, &locations));
     let lua = |key: &str| get(&nginx, &format!("/lua?zone=shared&k={key}")).status;
@@ -271,6 +271,13 @@ fn lua_and_directive_share_one_zone_and_its_counters() {
         serde_json::from_str(&body(&nginx, "/admin/zones/shared")).unwrap();
     assert_eq!(zone["passed"], 4, "{zone}");
     assert_eq!(zone["rejected"], 2, "{zone}");
+
+    // A per-key override set through the admin API applies to Lua's decisions too: 1 + 5.
+    let put = Request::new("PUT", "/admin/zones/shared/overrides/vip")
+        .json(r#"{"rate": "3r/h", "burst": 5}"#);
+    assert_eq!(send(nginx.port(), &put).status, 201);
+    let vip: Vec<u16> = (0..7).map(|_| lua("vip")).collect();
+    assert_eq!(vip, [200, 200, 200, 200, 200, 200, 429]);
 }
 
 #[test]
