@@ -244,7 +244,6 @@ fn find_key<'a>(
 ) -> Option<Found<'a>> {
     let zone_conf = zone_conf_of(shm_zone)?;
     let zone = zone_conf.zone.as_ref()?;
-    let log = connection_log(r);
     let key = evaluate_key(r, zone_conf)?;
     if key.is_empty() {
         return None;
@@ -252,43 +251,53 @@ fn find_key<'a>(
     if key.len() > MAX_KEY_BYTES {
         ngx_log_error!(
             NGX_LOG_ERR,
-            log,
+            connection_log(r),
             "the value of the \"{}\" key is more than 65535 bytes",
             zone_conf.key_text
         );
         return None;
     }
-    Some(find_slot(log, zone_conf, zone, key, now_ns))
+    let (found, evicted) = find_slot(zone_conf, zone, key, now_ns);
+    if evicted {
+        log_zone_full(&found, now_ns, connection_log(r));
+    }
+    Some(found)
 }
 
 /// The longest key a zone accepts, in bytes (limit_req's limit).
 pub const MAX_KEY_BYTES: usize = 65535;
 
-/// The zone's slot for `key` (1 to [`MAX_KEY_BYTES`] bytes), claiming one for a new key: the
-/// step the directive and the Lua API (`crate::lua`) share.
+/// The zone's slot for `key` (1 to [`MAX_KEY_BYTES`] bytes), claiming one for a new key, and
+/// whether another key was evicted for it: the step the directive and the Lua API
+/// (`crate::lua`) share.
 #[inline(always)]
 pub(crate) fn find_slot<'a>(
-    log: *mut ngx::ffi::ngx_log_t,
     zone_conf: &'a ZoneConf,
     zone: &'a Zone,
     key: &[u8],
     now_ns: u64,
-) -> Found<'a> {
+) -> (Found<'a>, bool) {
     let hash = zone.hash_key(key);
     let (slot, evicted) = zone.find_or_claim(hash, now_ns);
-    if evicted && zone.should_log_full(now_ns) {
-        ngx_log_error!(
-            NGX_LOG_WARN,
-            log,
-            "rate_limit zone \"{}\" is full: evicted the key nearest to its fresh state",
-            zone_conf.name
-        );
-    }
-    Found {
+    let found = Found {
         zone_conf,
         zone,
         hash,
         slot,
+    };
+    (found, evicted)
+}
+
+/// After an eviction: say that the zone is full, once a second at most.
+#[cold]
+pub(crate) fn log_zone_full(found: &Found, now_ns: u64, log: *mut ngx::ffi::ngx_log_t) {
+    if found.zone.should_log_full(now_ns) {
+        ngx_log_error!(
+            NGX_LOG_WARN,
+            log,
+            "rate_limit zone \"{}\" is full: evicted the key nearest to its fresh state",
+            found.zone_conf.name
+        );
     }
 }
 

@@ -246,7 +246,10 @@ unsafe fn target<'r>(
     }
     let limit = opts.limit_conf(zone_conf)?;
     let now_ns = handler::now_ns();
-    let found = handler::find_slot(connection_log(r), zone_conf, zone, key, now_ns);
+    let (found, evicted) = handler::find_slot(zone_conf, zone, key, now_ns);
+    if evicted {
+        handler::log_zone_full(&found, now_ns, connection_log(r));
+    }
     Ok(Target {
         zone,
         found,
