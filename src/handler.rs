@@ -227,11 +227,11 @@ fn resolve<'a>(
 }
 
 /// The request's key found in a zone (its slot claimed if it is new).
-struct Found<'a> {
-    zone_conf: &'a ZoneConf,
-    zone: &'a Zone,
-    hash: u64,
-    slot: SlotIndex,
+pub(crate) struct Found<'a> {
+    pub zone_conf: &'a ZoneConf,
+    pub zone: &'a Zone,
+    pub hash: u64,
+    pub slot: SlotIndex,
 }
 
 /// Find the zone's slot for the request's key (claiming one for a new key); `None` when the
@@ -248,7 +248,7 @@ fn find_key<'a>(
     if key.is_empty() {
         return None;
     }
-    if key.len() > 65535 {
+    if key.len() > MAX_KEY_BYTES {
         ngx_log_error!(
             NGX_LOG_ERR,
             connection_log(r),
@@ -257,22 +257,48 @@ fn find_key<'a>(
         );
         return None;
     }
+    let (found, evicted) = find_slot(zone_conf, zone, key, now_ns);
+    if evicted {
+        log_zone_full(&found, now_ns, connection_log(r));
+    }
+    Some(found)
+}
+
+/// The longest key a zone accepts, in bytes (limit_req's limit).
+pub const MAX_KEY_BYTES: usize = 65535;
+
+/// The zone's slot for `key` (1 to [`MAX_KEY_BYTES`] bytes), claiming one for a new key, and
+/// whether another key was evicted for it: the step the directive and the Lua API
+/// (`crate::lua`) share.
+#[inline(always)]
+pub(crate) fn find_slot<'a>(
+    zone_conf: &'a ZoneConf,
+    zone: &'a Zone,
+    key: &[u8],
+    now_ns: u64,
+) -> (Found<'a>, bool) {
     let hash = zone.hash_key(key);
     let (slot, evicted) = zone.find_or_claim(hash, now_ns);
-    if evicted && zone.should_log_full(now_ns) {
-        ngx_log_error!(
-            NGX_LOG_WARN,
-            connection_log(r),
-            "rate_limit zone \"{}\" is full: evicted the key nearest to its fresh state",
-            zone_conf.name
-        );
-    }
-    Some(Found {
+    let found = Found {
         zone_conf,
         zone,
         hash,
         slot,
-    })
+    };
+    (found, evicted)
+}
+
+/// After an eviction: say that the zone is full, once a second at most.
+#[cold]
+pub(crate) fn log_zone_full(found: &Found, now_ns: u64, log: *mut ngx::ffi::ngx_log_t) {
+    if found.zone.should_log_full(now_ns) {
+        ngx_log_error!(
+            NGX_LOG_WARN,
+            log,
+            "rate_limit zone \"{}\" is full: evicted the key nearest to its fresh state",
+            found.zone_conf.name
+        );
+    }
 }
 
 /// The location's precomputed bucket constants for this key, when they apply: a leaky or

@@ -2,7 +2,7 @@
 //! sliding windows kept in shared memory, an admin API, and limit_req-compatible directives.
 //!
 //! This file only registers the module; see `conf` (directives), `zone` (shared memory),
-//! `handler` (the request path) and `admin` (the JSON API).
+//! `handler` (the request path), `admin` (the JSON API) and `lua` (the C ABI of the Lua API).
 
 use core::ffi::c_void;
 use core::ptr;
@@ -22,6 +22,7 @@ mod admin;
 mod conf;
 mod handler;
 mod key;
+mod lua;
 mod zone;
 
 use conf::{LocConf, MainConf, ZoneConf};

@@ -712,6 +712,29 @@ impl Zone {
         }
     }
 
+    /// Give back `policy.cost` requests charged to the key in `index` (lua-resty-limit-traffic's
+    /// `uncommit`): compare-and-swap for single-word states, under the lock for the log.
+    pub fn uncommit(&self, index: SlotIndex, now_ns: u64, policy: &Policy) {
+        let slot = self.slot(index.0);
+        if policy.algorithm == Algorithm::SlidingLog {
+            let _lock = self.lock();
+            ratelimit_core::uncommit::uncommit_log(log_words_mut(&slot[1..]), policy);
+            return;
+        }
+        let state = &slot[1];
+        let mut current = state.load(Ordering::Acquire);
+        loop {
+            let next = ratelimit_core::uncommit::uncommit_word(current, now_ns, policy);
+            if next == current {
+                return;
+            }
+            match state.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
     /// Charge a request to a single-word state (not `SlidingLog`) and return only its
     /// outcome, with the state it was decided on. The decision's other fields (divisions)
     /// are not computed: a caller that needs them gets the identical decision from

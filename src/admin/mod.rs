@@ -48,3 +48,17 @@ pub fn zone_ready(zone_conf: &mut ZoneConf, fresh: bool) {
         persist::restore(zone_conf);
     }
 }
+
+/// Change the rate and/or burst of zone `name` the way `PATCH zones/NAME` does (every worker
+/// sees it at once, the state file keeps it); the Lua API's `set_rate` and `set_burst`.
+pub fn patch_zone(
+    mcf: &crate::conf::MainConf,
+    name: &str,
+    patch: &ratelimit_admin::body::LimitsBody,
+    log: *mut ngx::ffi::ngx_log_t,
+) -> Result<(), ratelimit_admin::error::ApiError> {
+    let zones = zones::shared_zones(mcf, crate::handler::now_ns());
+    ratelimit_admin::patch_zone(&zones, name, patch)?;
+    persist::save(mcf, log);
+    Ok(())
+}

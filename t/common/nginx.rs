@@ -7,10 +7,12 @@
 //! - `%%PREFIX%%`: the absolute prefix directory (it ends without a slash);
 //! - `%%MODULE%%`: the absolute path of the rate limit module, for `load_module %%MODULE%%;`.
 //!
-//! The harness passes `-g "daemon off;"`, so configs must not set `daemon`. Keep the error log
-//! at its default path, `logs/error.log` (any level): [`Nginx::error_log`] and the failure
-//! reports read it there. The prefix gets `html/index.html` (`ok\n`), so `root html;` or the
-//! default root serves a static file. Workers run as the default user (`nobody` when the tests
+//! The harness passes `-g "daemon off;"`, so configs must not set `daemon`, and
+//! `-e <prefix>/logs/error.log`, so startup is logged there even by a binary built with
+//! `--error-log-path=stderr` (Debian's). Keep the config's error log at that path,
+//! `logs/error.log` (any level): [`Nginx::error_log`] and the failure reports read it there.
+//! The prefix gets `html/index.html` (`ok\n`), so `root html;` or the default root serves a
+//! static file. Workers run as the default user (`nobody` when the tests
 //! run as root): the prefix is world-readable, and a config that needs workers to write files
 //! says `user root;`.
 //!
@@ -74,9 +76,21 @@ mod sys {
     }
 }
 
-/// The nginx binary the tests run: the one built by `cargo build` (vendored nginx), or the
-/// `NGINX_BINARY` given to `cargo build` (build.rs forwards it at compile time).
+/// The nginx binary the tests run: `TEST_NGINX_BINARY` from the environment when set (as in
+/// nginx-tests; e.g. Debian's `/usr/sbin/nginx`, with `RATE_LIMIT_MODULE` naming a module built
+/// for it), else the one built by `cargo build` from the vendored source, or the
+/// `NGINX_BINARY` given to `cargo build` (build.rs compiles that path in; cargo also sets it
+/// when it runs the tests, so it cannot name another binary at run time).
 pub fn nginx_binary() -> PathBuf {
+    if let Some(path) = env::var_os("TEST_NGINX_BINARY") {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "TEST_NGINX_BINARY={} does not exist",
+            path.display()
+        );
+        return path;
+    }
     let path = PathBuf::from(env!("NGINX_BINARY"));
     assert!(
         path.is_file(),
@@ -580,7 +594,8 @@ fn spawn_master(prefix: &Path) -> Child {
     command
         .arg("-p")
         .arg(prefix)
-        .args(["-c", "nginx.conf", "-g", "daemon off;"])
+        .args(["-c", "nginx.conf", "-g", "daemon off;", "-e"])
+        .arg(prefix.join("logs/error.log"))
         .stdin(Stdio::null())
         .stdout(output.try_clone().expect("cannot duplicate a file handle"))
         .stderr(output)
@@ -625,7 +640,8 @@ pub fn check_config(config: &str) -> (bool, String) {
         .arg("-t")
         .arg("-p")
         .arg(&prefix)
-        .args(["-c", "nginx.conf"])
+        .args(["-c", "nginx.conf", "-e"])
+        .arg(prefix.join("logs/error.log"))
         .stdin(Stdio::null())
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", nginx_binary().display()));

@@ -163,6 +163,32 @@ fn shown(key: &[u8]) -> String {
     String::from_utf8_lossy(key).into_owned()
 }
 
+/// Apply a parsed `PATCH zones/NAME` body to the zone called `name`: what the route does, and
+/// what the Lua API's `set_rate` and `set_burst` do, so every worker sees the change at once.
+/// The caller persists the change (the state file) when this succeeds.
+pub fn patch_zone<'a, Z: AdminZone>(
+    zones: &'a [Z],
+    name: &str,
+    patch: &body::LimitsBody,
+) -> Result<&'a Z, ApiError> {
+    let zone = find(zones, name)?;
+    let info = zone.info();
+    let mut current = zone.limits();
+    for _ in 0..REPLACE_ATTEMPTS {
+        let new = patch.apply_to(current);
+        let burst_given = patch.burst.is_some();
+        let capacity = info.log_capacity();
+        body::check_limits(name, info.algorithm, &new, burst_given, capacity)?;
+        match zone.replace_limits(current, new) {
+            Ok(()) => return Ok(zone),
+            Err(found) => current = found,
+        }
+    }
+    Err(ApiError::BadValue(format!(
+        "zone \"{name}\" changed too often meanwhile, try again"
+    )))
+}
+
 fn try_execute<Z: AdminZone>(
     route: &Route,
     body: &[u8],
@@ -182,29 +208,7 @@ fn try_execute<Z: AdminZone>(
             Response::json(200, &ZoneJson::from(&info))
         }
         Route::PatchZone { zone: name } => {
-            let zone = find(zones, name)?;
-            let patch = body::parse_patch(body)?;
-            let info = zone.info();
-            let mut current = zone.limits();
-            let mut replaced = false;
-            for _ in 0..REPLACE_ATTEMPTS {
-                let new = patch.apply_to(current);
-                let burst_given = patch.burst.is_some();
-                let capacity = info.log_capacity();
-                body::check_limits(name, info.algorithm, &new, burst_given, capacity)?;
-                match zone.replace_limits(current, new) {
-                    Ok(()) => {
-                        replaced = true;
-                        break;
-                    }
-                    Err(found) => current = found,
-                }
-            }
-            if !replaced {
-                return Err(ApiError::BadValue(format!(
-                    "zone \"{name}\" changed too often meanwhile, try again"
-                )));
-            }
+            let zone = patch_zone(zones, name, &body::parse_patch(body)?)?;
             Response::json(200, &ZoneJson::from(&zone.info())).changed()
         }
         Route::GetKey { zone: name, key } => {

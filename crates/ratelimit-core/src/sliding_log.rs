@@ -268,6 +268,18 @@ pub fn inspect(log: &[u64], now_ns: u64, policy: &Policy) -> Decision {
     plan(log, now_ns, policy).decision
 }
 
+/// Remove the `cost` newest entries (the requests last charged), for `uncommit`.
+pub fn drop_newest(log: &mut [u64], cost: u64) {
+    let Some((header, entries)) = log.split_first_mut() else {
+        return;
+    };
+    let Some((head, count)) = read_header(*header, entries.len()) else {
+        return;
+    };
+    let kept = (count as u64).saturating_sub(cost);
+    *header = ((head as u64) << 32) | kept;
+}
+
 /// The earliest time at which `log` is equivalent to a fresh key: when its newest entry stops
 /// counting (0 for an empty log).
 pub fn idle_at_ns(log: &[u64], limits: &Limits) -> u64 {

@@ -104,6 +104,19 @@ fn pack(window: u64, prev: u64, cur: u64) -> u64 {
         | (cur & COUNT_MASK)
 }
 
+/// `state` with `policy.cost` requests given back at `now_ns`: taken from the current
+/// window's count first (where a request charged just now went), then from the previous one.
+pub fn uncommit(state: u64, now_ns: u64, policy: &Policy) -> u64 {
+    let window_ns = policy.limits.rate.window_ns().max(1);
+    let view = view(state, now_ns, window_ns);
+    let from_cur = policy.cost.min(view.cur);
+    let from_prev = (policy.cost - from_cur).min(view.prev);
+    if view.prev - from_prev == 0 && view.cur - from_cur == 0 {
+        return 0;
+    }
+    pack(view.window, view.prev - from_prev, view.cur - from_cur)
+}
+
 /// Decide one request; `state` 0 is a fresh key. See [`crate::decide_word`].
 ///
 /// `remaining` is `floor(N - n)` after the charge; `reset_ns` the time until the state is

@@ -1,0 +1,325 @@
+-- resty.rate_limit: the zones of ngx_http_rate_limit_module from Lua (OpenResty).
+--
+-- The shape of lua-resty-limit-traffic (resty.limit.req and friends): new, incoming,
+-- uncommit, set_rate, set_burst, combine, and errors as `nil, "rejected"`. State lives in
+-- the module's shared-memory zones (declared with rate_limit_zone), so a Lua location and a
+-- rate_limit location count together, and the admin API, metrics and runtime changes see
+-- both. The C functions called here are documented in docs/lua.md.
+
+local ffi = require "ffi"
+local base = require "resty.core.base"
+
+local C = ffi.C
+local get_request = base.get_request
+local ffi_new = ffi.new
+local ffi_string = ffi.string
+local tonumber = tonumber
+local tostring = tostring
+local type = type
+local setmetatable = setmetatable
+
+ffi.cdef[[
+typedef struct {
+    int64_t   burst;
+    uint64_t  delay;
+    uint64_t  cost;
+    int32_t   delay_mode;
+} ngx_http_rate_limit_lua_opts_t;
+
+typedef struct {
+    int32_t   outcome;
+    uint64_t  delay_ns;
+    uint64_t  excess_milli;
+    uint64_t  remaining;
+    uint64_t  reset_ns;
+    uint64_t  retry_after_ns;
+} ngx_http_rate_limit_lua_decision_t;
+
+int ngx_http_rate_limit_lua_abi_version(void);
+int ngx_http_rate_limit_lua_parse_opts(const unsigned char *words, size_t len,
+    ngx_http_rate_limit_lua_opts_t *out, unsigned char *err, size_t *err_len);
+int ngx_http_rate_limit_lua_incoming(void *r, const unsigned char *zone, size_t zone_len,
+    const unsigned char *key, size_t key_len, const ngx_http_rate_limit_lua_opts_t *opts,
+    int commit, ngx_http_rate_limit_lua_decision_t *out);
+int ngx_http_rate_limit_lua_uncommit(void *r, const unsigned char *zone, size_t zone_len,
+    const unsigned char *key, size_t key_len, const ngx_http_rate_limit_lua_opts_t *opts);
+int ngx_http_rate_limit_lua_state(void *r, const unsigned char *zone, size_t zone_len,
+    const unsigned char *key, size_t key_len, const ngx_http_rate_limit_lua_opts_t *opts,
+    ngx_http_rate_limit_lua_decision_t *out);
+int ngx_http_rate_limit_lua_set_limits(void *r, const unsigned char *zone, size_t zone_len,
+    const unsigned char *rate, size_t rate_len, int64_t burst,
+    unsigned char *err, size_t *err_len);
+]]
+
+local _M = {
+    _VERSION = "0.1.0",
+    -- The C ABI this file was written for; the module must export the same.
+    ABI_VERSION = 1,
+}
+
+local mt = { __index = _M }
+
+local NS_PER_SEC = 1e9
+local MAX_KEY_BYTES = 65535
+local PASSED, DELAYED, REJECTED = 1, 2, 3
+
+-- One of each per worker: Lua runs one handler at a time and none of the calls yields.
+local decision = ffi_new("ngx_http_rate_limit_lua_decision_t")
+local err_buf_len = 512
+local err_buf = ffi.new("unsigned char[?]", err_buf_len)
+local err_len = ffi.new("size_t[1]")
+
+local function abi_error()
+    local ok, version = pcall(function() return C.ngx_http_rate_limit_lua_abi_version() end)
+    if not ok then
+        return "ngx_http_rate_limit_module is not loaded (load_module it after the lua module)"
+    end
+    if version ~= _M.ABI_VERSION then
+        return "ABI version mismatch: ngx_http_rate_limit_module has " .. tostring(version)
+               .. ", resty.rate_limit needs " .. _M.ABI_VERSION
+    end
+    return nil
+end
+
+local function buffer_error()
+    return ffi_string(err_buf, err_len[0])
+end
+
+-- A negative status as a message, for limiter `self` (nil for errors without one).
+local function status_error(self, status)
+    if status == -1 then
+        return "no request: resty.rate_limit works only while handling a request"
+    elseif status == -2 then
+        return 'unknown zone "' .. self.zone .. '"'
+    elseif status == -3 then
+        return "empty key"
+    elseif status == -4 then
+        return "key is more than " .. MAX_KEY_BYTES .. " bytes"
+    elseif status == -6 then
+        return buffer_error()
+    elseif status == -7 then
+        return '"burst" is not used by the algorithm of zone "' .. self.zone .. '"'
+    elseif status == -8 then
+        return 'internal error in zone "' .. self.zone .. '"'
+    end
+    return "bad argument (status " .. tostring(status) .. ")"
+end
+
+-- The options table as rate_limit's words: the module parses them as the directive does.
+local function option_words(opts)
+    local words = {}
+    for _, name in ipairs({ "burst", "delay", "cost" }) do
+        local value = opts[name]
+        if value ~= nil then
+            if type(value) ~= "number" then
+                return nil, name .. " must be a number, got " .. type(value)
+            end
+            words[#words + 1] = name .. "=" .. tostring(value)
+        end
+    end
+    if opts.nodelay then
+        words[#words + 1] = "nodelay"
+    end
+    for name in pairs(opts) do
+        if name ~= "burst" and name ~= "delay" and name ~= "cost" and name ~= "nodelay" then
+            return nil, 'unknown option "' .. tostring(name) .. '"'
+        end
+    end
+    return table.concat(words, " ")
+end
+
+--- A limiter over zone `zone_name` (a rate_limit_zone), with `rate_limit`'s options:
+--- `{burst = N, delay = N, nodelay = true, cost = N}`. Returns the limiter or nil and a
+--- message. May run in any phase; the zone itself is looked up by each call.
+function _M.new(zone_name, opts)
+    local err = abi_error()
+    if err then
+        return nil, err
+    end
+    if type(zone_name) ~= "string" or zone_name == "" then
+        return nil, "zone name must be a non-empty string"
+    end
+    if opts ~= nil and type(opts) ~= "table" then
+        return nil, "options must be a table"
+    end
+    local words, werr = option_words(opts or {})
+    if not words then
+        return nil, werr
+    end
+    local parsed = ffi_new("ngx_http_rate_limit_lua_opts_t")
+    err_len[0] = err_buf_len
+    local status = C.ngx_http_rate_limit_lua_parse_opts(words, #words, parsed, err_buf, err_len)
+    if status ~= 0 then
+        if status == -6 then
+            return nil, buffer_error()
+        end
+        return nil, "invalid options (status " .. status .. ")"
+    end
+    return setmetatable({ zone = zone_name, opts = parsed }, mt)
+end
+
+local function check_key(key)
+    if type(key) ~= "string" then
+        return "key must be a string, got " .. type(key)
+    end
+    return nil
+end
+
+--- Decide a request for `key`. With `commit` true it is charged (and counted in the zone's
+--- metrics); otherwise nothing changes. Returns `0, excess, remaining` (pass), `seconds,
+--- excess, remaining` (delay: the caller sleeps, as with resty.limit.req), `nil, "rejected",
+--- retry_after` or `nil, message`.
+function _M.incoming(self, key, commit)
+    local kerr = check_key(key)
+    if kerr then
+        return nil, kerr
+    end
+    local r = get_request()
+    if not r then
+        return nil, status_error(self, -1)
+    end
+    local zone = self.zone
+    local status = C.ngx_http_rate_limit_lua_incoming(r, zone, #zone, key, #key, self.opts,
+                                                      commit and 1 or 0, decision)
+    if status ~= 0 then
+        return nil, status_error(self, status)
+    end
+    local outcome = decision.outcome
+    local remaining = tonumber(decision.remaining)
+    if outcome == REJECTED then
+        return nil, "rejected", tonumber(decision.retry_after_ns) / NS_PER_SEC
+    end
+    local excess = tonumber(decision.excess_milli) / 1000
+    if outcome == DELAYED then
+        return tonumber(decision.delay_ns) / NS_PER_SEC, excess, remaining
+    end
+    return 0, excess, remaining
+end
+
+--- Give back a request charged to `key` (after a later limit refused, or the request was
+--- not served after all). Returns true or nil and a message.
+function _M.uncommit(self, key)
+    local kerr = check_key(key)
+    if kerr then
+        return nil, kerr
+    end
+    local r = get_request()
+    if not r then
+        return nil, status_error(self, -1)
+    end
+    local zone = self.zone
+    local status = C.ngx_http_rate_limit_lua_uncommit(r, zone, #zone, key, #key, self.opts)
+    if status ~= 0 then
+        return nil, status_error(self, status)
+    end
+    return true
+end
+
+--- Where `key` stands, charging nothing: `remaining` requests, `reset` seconds until the key
+--- is fresh again, `retry_after` seconds until a request would pass (0: it would now). For
+--- the RateLimit and Retry-After headers. Returns nil and a message on error.
+function _M.state(self, key)
+    local kerr = check_key(key)
+    if kerr then
+        return nil, kerr
+    end
+    local r = get_request()
+    if not r then
+        return nil, status_error(self, -1)
+    end
+    local zone = self.zone
+    local status = C.ngx_http_rate_limit_lua_state(r, zone, #zone, key, #key, self.opts,
+                                                   decision)
+    if status ~= 0 then
+        return nil, status_error(self, status)
+    end
+    local retry_after = 0
+    if decision.outcome == REJECTED then
+        retry_after = tonumber(decision.retry_after_ns) / NS_PER_SEC
+    end
+    return tonumber(decision.remaining), tonumber(decision.reset_ns) / NS_PER_SEC, retry_after
+end
+
+local function set_limits(self, rate, burst)
+    local r = get_request()
+    if not r then
+        return nil, status_error(self, -1)
+    end
+    local zone = self.zone
+    err_len[0] = err_buf_len
+    local status = C.ngx_http_rate_limit_lua_set_limits(r, zone, #zone, rate, #rate, burst,
+                                                        err_buf, err_len)
+    if status ~= 0 then
+        return nil, status_error(self, status)
+    end
+    return true
+end
+
+--- Change the zone's rate for every worker at once, as the admin API's PATCH does (and with
+--- its checks). `rate`: a number of requests per second, or a rate string ("30r/m").
+function _M.set_rate(self, rate)
+    if type(rate) == "number" then
+        rate = tostring(rate) .. "r/s"
+    elseif type(rate) ~= "string" then
+        return nil, "rate must be a number or a string, got " .. type(rate)
+    end
+    return set_limits(self, rate, -1)
+end
+
+--- Change the zone's burst for every worker at once, as the admin API's PATCH does.
+function _M.set_burst(self, burst)
+    if type(burst) ~= "number" or burst < 0 or burst % 1 ~= 0 then
+        return nil, "burst must be a non-negative integer"
+    end
+    return set_limits(self, "", burst)
+end
+
+--- resty.limit.traffic's combine: `limiters[i]` decides `keys[i]`; the request is charged to
+--- all of them or to none. Returns the longest delay, or nil and the first refusal
+--- ("rejected" or a message). With `states`, `states[i]` receives limiter i's second value.
+function _M.combine(limiters, keys, states)
+    local n = #limiters
+    local longest = 0
+    -- Look at all but the last, charge the last, then charge the others: a refusal found
+    -- while charging (another worker got there first) gives back what was charged.
+    for i = 1, n do
+        local lim, key = limiters[i], keys[i]
+        if not lim then
+            return nil, "missing limiters[" .. i .. "]"
+        end
+        if key == nil then
+            return nil, "missing keys[" .. i .. "]"
+        end
+        local delay, info = lim:incoming(key, i == n)
+        if not delay then
+            return nil, info
+        end
+        if i == n then
+            if states then
+                states[i] = info
+            end
+            if delay > longest then
+                longest = delay
+            end
+        end
+    end
+    for i = 1, n - 1 do
+        local delay, info = limiters[i]:incoming(keys[i], true)
+        if not delay then
+            for j = 1, i - 1 do
+                limiters[j]:uncommit(keys[j])
+            end
+            limiters[n]:uncommit(keys[n])
+            return nil, info
+        end
+        if states then
+            states[i] = info
+        end
+        if delay > longest then
+            longest = delay
+        end
+    end
+    return longest
+end
+
+return _M

@@ -1,0 +1,480 @@
+//! The C ABI that `lib/resty/rate_limit.lua` calls through LuaJIT's FFI (OpenResty).
+//!
+//! nginx loads modules with `RTLD_GLOBAL`, so these `#[no_mangle]` functions are visible to
+//! `ffi.C`. The ABI is versioned ([`ABI_VERSION`]) and documented in `docs/lua.md`; the Lua
+//! side declares the same structs and checks the version before its first call.
+//!
+//! Every function takes the request (`ngx_http_request_t *`, from
+//! `resty.core.base.get_request()`) and reaches the zone through the module's http main
+//! configuration, by name. Decisions then go through the directive's own steps
+//! (`handler::find_slot`, `handler::effective_policy`, `Zone::decide`, the zone counters), so
+//! a Lua location and a `rate_limit` location share state and decide alike.
+//!
+//! No panic may cross `extern "C"`: each body runs under `catch_unwind` and answers
+//! [`Status::Internal`] if it panics. Pointers are checked before use; errors are negative
+//! codes the Lua side turns into messages.
+
+use core::ffi::c_int;
+use core::ptr;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use ngx::ffi::{ngx_http_request_t, ngx_log_t};
+use ngx::http::HttpModuleMainConf;
+use ratelimit_core::{Algorithm, Decision, DelayMode, LimitSpec, Limits, Outcome, Rate};
+
+use crate::conf::{LimitConf, MainConf, ZoneConf};
+use crate::handler::{self, MAX_KEY_BYTES};
+use crate::zone::{Counter, Zone};
+use crate::RateLimitModule;
+
+/// Bumped whenever a struct or a function signature below changes.
+pub const ABI_VERSION: c_int = 1;
+
+/// What a function returns: 0 or a negative error code (`docs/lua.md` lists them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+enum Status {
+    Ok = 0,
+    /// No request: called from a phase without one (`init_by_lua`, in the master, before
+    /// the zones exist).
+    NoRequest = -1,
+    UnknownZone = -2,
+    EmptyKey = -3,
+    KeyTooLong = -4,
+    /// A null pointer or an options struct no `rate_limit` line could produce.
+    BadArgument = -5,
+    /// Refused, with the reason written to the caller's error buffer.
+    Refused = -6,
+    /// `burst` given for a sliding zone, which has none (the directive refuses it too).
+    BurstNotUsed = -7,
+    /// The zone's shared memory is not set up, or a panic was caught.
+    Internal = -8,
+}
+
+/// How a `rate_limit` line's delay words read: `delay_mode` of [`LuaOptions`].
+const DELAY_ALL: i32 = 0;
+const NO_DELAY: i32 = 1;
+const DELAY_THRESHOLD: i32 = 2;
+
+/// `ngx_http_rate_limit_lua_opts_t`: a `rate_limit` line's `burst=`, `delay=`/`nodelay` and
+/// `cost=`, as [`ngx_http_rate_limit_lua_parse_opts`] fills it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LuaOptions {
+    /// `burst=N`, or -1 for the zone's burst.
+    pub burst: i64,
+    /// `delay=N`'s N, read with `delay_mode` 2.
+    pub delay: u64,
+    pub cost: u64,
+    /// 0: delay every excess request (limit_req's default), 1: `nodelay`, 2: `delay=N`.
+    pub delay_mode: i32,
+}
+
+/// `ngx_http_rate_limit_lua_decision_t`: one decision, in the units of `ratelimit_core`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LuaDecision {
+    /// 1 passed, 2 delayed, 3 rejected.
+    pub outcome: i32,
+    pub delay_ns: u64,
+    pub excess_milli: u64,
+    pub remaining: u64,
+    pub reset_ns: u64,
+    pub retry_after_ns: u64,
+}
+
+impl From<Decision> for LuaDecision {
+    fn from(decision: Decision) -> LuaDecision {
+        LuaDecision {
+            outcome: match decision.outcome {
+                Outcome::Passed => 1,
+                Outcome::Delayed => 2,
+                Outcome::Rejected => 3,
+            },
+            delay_ns: decision.delay_ns,
+            excess_milli: decision.excess_milli,
+            remaining: decision.remaining,
+            reset_ns: decision.reset_ns,
+            retry_after_ns: decision.retry_after_ns,
+        }
+    }
+}
+
+impl LuaOptions {
+    /// The `rate_limit` line these options stand for, for `handler::effective_policy`.
+    fn limit_conf(&self, zone_conf: &ZoneConf) -> Result<LimitConf, Status> {
+        let delay = match self.delay_mode {
+            DELAY_ALL => DelayMode::Delay,
+            NO_DELAY => DelayMode::NoDelay,
+            DELAY_THRESHOLD => DelayMode::Threshold(self.delay),
+            _ => return Err(Status::BadArgument),
+        };
+        let burst = match self.burst {
+            -1 => None,
+            burst => Some(
+                u64::try_from(burst)
+                    .ok()
+                    .filter(|&burst| burst <= Limits::MAX_BURST)
+                    .ok_or(Status::BadArgument)?,
+            ),
+        };
+        let sliding = matches!(
+            zone_conf.algorithm,
+            Algorithm::SlidingLog | Algorithm::SlidingWindow
+        );
+        if burst.is_some() && sliding {
+            return Err(Status::BurstNotUsed);
+        }
+        if self.cost == 0 {
+            return Err(Status::BadArgument);
+        }
+        Ok(LimitConf {
+            name: String::new(),
+            shm_zone: zone_conf.shm_zone,
+            burst,
+            delay,
+            global: None,
+            cost: self.cost,
+            charge_cache: Default::default(),
+        })
+    }
+}
+
+/// Run `body` with a panic turned into [`Status::Internal`].
+fn guarded(body: impl FnOnce() -> Result<(), Status>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => Status::Ok as c_int,
+        Ok(Err(status)) => status as c_int,
+        Err(_) => Status::Internal as c_int,
+    }
+}
+
+/// `len` bytes at `data`, or `None` for a null pointer with a length.
+///
+/// # Safety
+/// A non-null `data` points to `len` readable bytes that outlive the call.
+unsafe fn bytes<'a>(data: *const u8, len: usize) -> Option<&'a [u8]> {
+    if len == 0 {
+        return Some(&[]);
+    }
+    if data.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's contract; LuaJIT passes a Lua string's bytes, alive for the call.
+    Some(unsafe { core::slice::from_raw_parts(data, len) })
+}
+
+/// Copy `message` into the caller's buffer (`*len`: its capacity, then the length written).
+///
+/// # Safety
+/// `err` and `len` are null or point to a buffer of `*len` bytes and its length.
+unsafe fn write_error(err: *mut u8, len: *mut usize, message: &str) {
+    if err.is_null() || len.is_null() {
+        return;
+    }
+    // SAFETY: checked non-null; the caller's contract gives the capacity.
+    let capacity = unsafe { *len };
+    let written = message.len().min(capacity);
+    // SAFETY: `written` bytes fit the buffer; the message does not overlap it.
+    unsafe {
+        ptr::copy_nonoverlapping(message.as_ptr(), err, written);
+        *len = written;
+    }
+}
+
+/// The request's zone called `name`, with its shared memory.
+fn zone_by_name<'r>(
+    r: &'r ngx_http_request_t,
+    name: &[u8],
+) -> Result<(&'r ZoneConf, &'r Zone), Status> {
+    let mcf: &MainConf = RateLimitModule::main_conf(r).ok_or(Status::UnknownZone)?;
+    let zone_conf = mcf
+        .zones
+        .iter()
+        // SAFETY: zone configurations live in the pool of the cycle serving the request.
+        .filter_map(|&zone_conf| unsafe { zone_conf.as_ref() })
+        .find(|zone_conf| zone_conf.name.as_bytes() == name)
+        .ok_or(Status::UnknownZone)?;
+    let zone = zone_conf.zone.as_ref().ok_or(Status::Internal)?;
+    Ok((zone_conf, zone))
+}
+
+fn request<'r>(r: *mut ngx_http_request_t) -> Result<&'r ngx_http_request_t, Status> {
+    // SAFETY: a non-null `r` is the current request, as `get_request()` gives it; it is live
+    // while the Lua code handling it runs.
+    let r = unsafe { r.as_ref() }.ok_or(Status::NoRequest)?;
+    if r.main_conf.is_null() || r.connection.is_null() {
+        return Err(Status::NoRequest);
+    }
+    Ok(r)
+}
+
+fn connection_log(r: &ngx_http_request_t) -> *mut ngx_log_t {
+    // SAFETY: `request` checked the connection; a live connection has a log.
+    unsafe { (*r.connection).log }
+}
+
+/// A key, its zone and the options, resolved as the directive resolves a request's.
+struct Target<'r> {
+    zone: &'r Zone,
+    found: handler::Found<'r>,
+    limit: LimitConf,
+    now_ns: u64,
+}
+
+/// # Safety
+/// Pointers as for the exported functions: each null or valid for its length.
+unsafe fn target<'r>(
+    r: *mut ngx_http_request_t,
+    zone: (*const u8, usize),
+    key: (*const u8, usize),
+    opts: *const LuaOptions,
+) -> Result<Target<'r>, Status> {
+    let r = request(r)?;
+    // SAFETY: the caller's contract.
+    let name = unsafe { bytes(zone.0, zone.1) }.ok_or(Status::BadArgument)?;
+    // SAFETY: the caller's contract.
+    let key = unsafe { bytes(key.0, key.1) }.ok_or(Status::BadArgument)?;
+    // SAFETY: a non-null `opts` points to a struct the Lua side allocated.
+    let opts = unsafe { opts.as_ref() }.ok_or(Status::BadArgument)?;
+    let (zone_conf, zone) = zone_by_name(r, name)?;
+    if key.is_empty() {
+        return Err(Status::EmptyKey);
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(Status::KeyTooLong);
+    }
+    let limit = opts.limit_conf(zone_conf)?;
+    let now_ns = handler::now_ns();
+    let (found, evicted) = handler::find_slot(zone_conf, zone, key, now_ns);
+    if evicted {
+        handler::log_zone_full(&found, now_ns, connection_log(r));
+    }
+    Ok(Target {
+        zone,
+        found,
+        limit,
+        now_ns,
+    })
+}
+
+impl Target<'_> {
+    fn policy(&self) -> Result<ratelimit_core::Policy, Status> {
+        handler::effective_policy(self.zone, &self.limit, self.found.hash).ok_or(Status::Internal)
+    }
+}
+
+/// The ABI version this module exports; `resty.rate_limit` refuses to run on another.
+#[no_mangle]
+pub extern "C" fn ngx_http_rate_limit_lua_abi_version() -> c_int {
+    ABI_VERSION
+}
+
+/// Parse a `rate_limit` line's option words (`"burst=5 nodelay cost=2"`) exactly as the
+/// directive does. No request needed: limiters may be built in `init_by_lua`. On error the
+/// directive's message is written to `err` (capacity `*err_len`, then its length).
+///
+/// # Safety
+/// `words` points to `len` bytes; `out` to a writable options struct; `err`/`err_len` as for
+/// every error buffer of this ABI (or null).
+#[no_mangle]
+pub unsafe extern "C" fn ngx_http_rate_limit_lua_parse_opts(
+    words: *const u8,
+    len: usize,
+    out: *mut LuaOptions,
+    err: *mut u8,
+    err_len: *mut usize,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: the caller's contract.
+        let words = unsafe { bytes(words, len) }.ok_or(Status::BadArgument)?;
+        let text = core::str::from_utf8(words).map_err(|_| Status::BadArgument)?;
+        let words: Vec<&str> = text.split_ascii_whitespace().collect();
+        if let Some(word) = words
+            .iter()
+            .find(|word| word.starts_with("zone=") || word.starts_with("global="))
+        {
+            let message = format!("invalid parameter \"{word}\"");
+            // SAFETY: the caller's contract.
+            unsafe { write_error(err, err_len, &message) };
+            return Err(Status::Refused);
+        }
+        let spec = LimitSpec::parse_words(&words).map_err(|error| {
+            // SAFETY: the caller's contract.
+            unsafe { write_error(err, err_len, &error.to_string()) };
+            Status::Refused
+        })?;
+        let (delay_mode, delay) = match spec.delay {
+            DelayMode::Delay => (DELAY_ALL, 0),
+            DelayMode::NoDelay => (NO_DELAY, 0),
+            DelayMode::Threshold(threshold) => (DELAY_THRESHOLD, threshold),
+        };
+        let options = LuaOptions {
+            burst: spec.burst.map_or(-1, |burst| burst as i64),
+            delay,
+            cost: spec.cost,
+            delay_mode,
+        };
+        // SAFETY: a non-null `out` is writable (the caller's contract).
+        unsafe { out.as_mut() }
+            .ok_or(Status::BadArgument)?
+            .clone_from(&options);
+        Ok(())
+    })
+}
+
+/// Decide a request of `opts.cost` for `key` in zone `zone` now, as a `rate_limit` line with
+/// these options would. With `commit`, a passing or delayed request is charged and counted in
+/// the zone's metrics (a rejection is counted too); without it nothing changes.
+///
+/// # Safety
+/// `r` is null or the current request; `zone`/`key` point to their lengths in bytes; `opts`
+/// and `out` to the ABI's structs.
+#[no_mangle]
+pub unsafe extern "C" fn ngx_http_rate_limit_lua_incoming(
+    r: *mut ngx_http_request_t,
+    zone: *const u8,
+    zone_len: usize,
+    key: *const u8,
+    key_len: usize,
+    opts: *const LuaOptions,
+    commit: c_int,
+    out: *mut LuaDecision,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: the caller's contract.
+        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts) }?;
+        // SAFETY: a non-null `out` is writable (the caller's contract).
+        let out = unsafe { out.as_mut() }.ok_or(Status::BadArgument)?;
+        let policy = target.policy()?;
+        let commit = commit != 0;
+        let decision = target
+            .zone
+            .decide(target.found.slot, target.now_ns, &policy, commit);
+        if commit {
+            target.zone.count(match decision.outcome {
+                Outcome::Passed => Counter::Passed,
+                Outcome::Delayed => Counter::Delayed,
+                Outcome::Rejected => Counter::Rejected,
+            });
+        }
+        *out = decision.into();
+        Ok(())
+    })
+}
+
+/// Give back a request of `opts.cost` charged to `key` (resty.limit.req's `uncommit`).
+///
+/// # Safety
+/// As for [`ngx_http_rate_limit_lua_incoming`].
+#[no_mangle]
+pub unsafe extern "C" fn ngx_http_rate_limit_lua_uncommit(
+    r: *mut ngx_http_request_t,
+    zone: *const u8,
+    zone_len: usize,
+    key: *const u8,
+    key_len: usize,
+    opts: *const LuaOptions,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: the caller's contract.
+        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts) }?;
+        let policy = target.policy()?;
+        target
+            .zone
+            .uncommit(target.found.slot, target.now_ns, &policy);
+        Ok(())
+    })
+}
+
+/// Where `key` stands, charging nothing: `remaining` and `reset_ns` of the key as it is, and
+/// the `outcome` and `retry_after_ns` a request of `opts.cost` would get now.
+///
+/// # Safety
+/// As for [`ngx_http_rate_limit_lua_incoming`].
+#[no_mangle]
+pub unsafe extern "C" fn ngx_http_rate_limit_lua_state(
+    r: *mut ngx_http_request_t,
+    zone: *const u8,
+    zone_len: usize,
+    key: *const u8,
+    key_len: usize,
+    opts: *const LuaOptions,
+    out: *mut LuaDecision,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: the caller's contract.
+        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts) }?;
+        // SAFETY: a non-null `out` is writable (the caller's contract).
+        let out = unsafe { out.as_mut() }.ok_or(Status::BadArgument)?;
+        let policy = target.policy()?;
+        let (slot, now_ns) = (target.found.slot, target.now_ns);
+        let next = target.zone.decide(slot, now_ns, &policy, false);
+        let standing = target.zone.standing(slot, now_ns, &policy);
+        *out = LuaDecision {
+            remaining: standing.remaining,
+            reset_ns: target.zone.time_to_fresh_ns(slot, &policy.limits, now_ns),
+            ..next.into()
+        };
+        Ok(())
+    })
+}
+
+/// Change zone `zone`'s rate (`rate_len` 0: unchanged) and/or burst (`burst` -1: unchanged)
+/// exactly as the admin API's `PATCH zones/NAME` does: every worker sees it at once and the
+/// state file keeps it. On error the API's message is written to `err`.
+///
+/// # Safety
+/// `r` is null or the current request; `zone`/`rate` point to their lengths in bytes;
+/// `err`/`err_len` as for [`ngx_http_rate_limit_lua_parse_opts`].
+#[no_mangle]
+pub unsafe extern "C" fn ngx_http_rate_limit_lua_set_limits(
+    r: *mut ngx_http_request_t,
+    zone: *const u8,
+    zone_len: usize,
+    rate: *const u8,
+    rate_len: usize,
+    burst: i64,
+    err: *mut u8,
+    err_len: *mut usize,
+) -> c_int {
+    guarded(|| {
+        let r = request(r)?;
+        // SAFETY: the caller's contract.
+        let name = unsafe { bytes(zone, zone_len) }.ok_or(Status::BadArgument)?;
+        // SAFETY: the caller's contract.
+        let rate = unsafe { bytes(rate, rate_len) }.ok_or(Status::BadArgument)?;
+        let (zone_conf, _) = zone_by_name(r, name)?;
+        let mcf: &MainConf = RateLimitModule::main_conf(r).ok_or(Status::UnknownZone)?;
+        let refused = |message: String| {
+            // SAFETY: the caller's contract.
+            unsafe { write_error(err, err_len, &message) };
+            Status::Refused
+        };
+        // What a PATCH body with these fields parses to; the API's checks follow in patch_zone.
+        let mut patch = ratelimit_admin::body::LimitsBody::default();
+        if !rate.is_empty() {
+            let text = String::from_utf8_lossy(rate);
+            let parsed = Rate::parse(&text).map_err(|_| {
+                refused(format!(
+                    "invalid rate \"{text}\": must be a positive number of requests (at most \
+                     3 decimals) per s, m, h or d, such as \"10r/s\""
+                ))
+            })?;
+            patch.rate = Some(parsed);
+        }
+        if burst != -1 {
+            let valid = u64::try_from(burst)
+                .ok()
+                .filter(|&burst| burst <= Limits::MAX_BURST);
+            patch.burst = Some(valid.ok_or_else(|| {
+                refused(format!(
+                    "invalid burst {burst}: must be an integer from 0 to {}",
+                    Limits::MAX_BURST
+                ))
+            })?);
+        }
+        crate::admin::patch_zone(mcf, &zone_conf.name, &patch, connection_log(r))
+            .map_err(|error| refused(error.to_string()))
+    })
+}

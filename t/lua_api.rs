@@ -1,0 +1,678 @@
+//! The Lua API (`lib/resty/rate_limit.lua` over `src/lua.rs`), in a real nginx with the Lua
+//! modules loaded: Lua and the directive decide alike and share zones, `combine` charges all
+//! or nothing, `set_rate`/`set_burst` reach every worker, errors come back as messages, and
+//! the README's migration examples work as written.
+//!
+//! The Lua modules are Debian's (`libnginx-mod-http-lua`, `lua-resty-core`), built for
+//! Debian's nginx: these tests run against it (`TEST_NGINX_BINARY=/usr/sbin/nginx` and
+//! `RATE_LIMIT_MODULE` built for it by `scripts/build-for-nginx.sh`), where they must run. An
+//! nginx that cannot load those modules makes them print why and return.
+//!
+//! Rates are per hour (or minute) so that nothing refills while a test runs: every expected
+//! outcome is far from a threshold.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::env;
+use std::path::{Path, PathBuf};
+
+use common::{check_config, nginx_binary, send, start_request, Nginx, Request, Response};
+
+/// Where Debian's `libnginx-mod-http-ndk` and `libnginx-mod-http-lua` put their modules.
+fn lua_modules_dir() -> PathBuf {
+    env::var_os("LUA_NGINX_MODULES_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/lib/nginx/modules"))
+}
+
+/// A whole nginx.conf: the Lua modules and ours, `WORKERS` workers, `HTTP` in the http block
+/// and `LOCATIONS` in its one server, which says which worker answered in `X-Pid`.
+const TEMPLATE: &str = r#"
+load_module LUA_DIR/ndk_http_module.so;
+load_module LUA_DIR/ngx_http_lua_module.so;
+load_module %%MODULE%%;
+worker_processes WORKERS;
+error_log logs/error.log info;
+events { worker_connections 256; }
+http {
+    access_log off;
+    lua_package_path "LUA_LIB/?.lua;;";
+    HTTP
+    server {
+        listen 127.0.0.1:%%PORT%% reuseport;
+        root html;
+        add_header X-Pid $pid always;
+        LOCATIONS
+    }
+}
+"#;
+
+fn config(workers: usize, http: &str, locations: &str) -> String {
+    let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("lib");
+    TEMPLATE
+        .replace("LUA_DIR", &lua_modules_dir().display().to_string())
+        .replace("LUA_LIB", &lib.display().to_string())
+        .replace("WORKERS", &workers.to_string())
+        .replace("HTTP", http)
+        .replace("LOCATIONS", locations)
+}
+
+/// Debian's nginx, for which Debian's Lua modules are built.
+const DEBIAN_NGINX: &str = "/usr/sbin/nginx";
+
+/// Why the Lua tests cannot run against this nginx, if they cannot: `nginx -t` of a config
+/// loading the Lua modules and ours, and requiring `resty.rate_limit`. Against Debian's nginx
+/// they must run: a failure there panics.
+fn lua_unavailable() -> Option<String> {
+    let probe = config(
+        1,
+        "rate_limit_zone $arg_k zone=probe:1m rate=1r/s;",
+        "location / { content_by_lua_block { require \"resty.rate_limit\" } }",
+    );
+    let (ok, output) = check_config(&probe);
+    if ok {
+        return None;
+    }
+    let binary = nginx_binary();
+    if binary.canonicalize().unwrap_or(binary.clone()) == Path::new(DEBIAN_NGINX) {
+        panic!(
+            "Debian's nginx does not load the Lua modules with ours (apt-get install \
+             libnginx-mod-http-lua lua-resty-core; RATE_LIMIT_MODULE must be built for this \
+             nginx): {output}"
+        );
+    }
+    Some(output.trim().to_string())
+}
+
+/// Returns from the test, printing why, when the nginx under test cannot load the Lua modules.
+macro_rules! require_lua {
+    () => {
+        if let Some(reason) = lua_unavailable() {
+            eprintln!(
+                "skipped: {} cannot load the Lua modules of {} (these tests run against \
+                 Debian's nginx: TEST_NGINX_BINARY={DEBIAN_NGINX} with RATE_LIMIT_MODULE \
+                 built by scripts/build-for-nginx.sh): {reason}",
+                nginx_binary().display(),
+                lua_modules_dir().display()
+            );
+            return;
+        }
+    };
+}
+
+fn get(nginx: &Nginx, path: &str) -> Response {
+    send(nginx.port(), &Request::get(path))
+}
+
+fn body(nginx: &Nginx, path: &str) -> String {
+    let response = get(nginx, path);
+    assert_eq!(response.status, 200, "{path}: {}", response.text());
+    response.text()
+}
+
+/// A location answering with limiter `zone`'s decision for `?k=`, like a `rate_limit zone=
+/// nodelay` location: 429 with `Retry-After` when rejected, and the remaining requests in
+/// `X-Remaining` when passed.
+const LUA_DECIDE: &str = r#"
+location = /lua {
+    access_by_lua_block {
+        local rl = require "resty.rate_limit"
+        local lim, err = rl.new(ngx.var.arg_zone, {nodelay = true})
+        if not lim then ngx.log(ngx.ERR, err) return ngx.exit(500) end
+        local delay, err, info = lim:incoming(ngx.var.arg_k, true)
+        if not delay then
+            if err == "rejected" then
+                ngx.header["Retry-After"] = math.max(1, math.ceil(info))
+                return ngx.exit(429)
+            end
+            ngx.log(ngx.ERR, err)
+            return ngx.exit(500)
+        end
+        ngx.header["X-Remaining"] = info
+    }
+    empty_gif;
+}
+"#;
+
+/// One decision as both sides report it: status, Retry-After, remaining (for a pass).
+#[derive(Debug, PartialEq)]
+struct Seen {
+    status: u16,
+    retry_after: Option<u64>,
+    remaining: Option<u64>,
+}
+
+fn seen_lua(response: &Response) -> Seen {
+    Seen {
+        status: response.status,
+        retry_after: response.header("Retry-After").map(|v| v.parse().unwrap()),
+        remaining: response.header("X-Remaining").map(|v| v.parse().unwrap()),
+    }
+}
+
+/// The directive's `RateLimit: "zone";r=N;t=T` gives `remaining` for a passed request.
+fn seen_directive(response: &Response) -> Seen {
+    let remaining = (response.status == 200).then(|| {
+        let item = response.header("RateLimit").expect("RateLimit header");
+        let r = item.split(';').find_map(|field| field.strip_prefix("r="));
+        r.expect("r= in RateLimit").parse().unwrap()
+    });
+    Seen {
+        status: response.status,
+        retry_after: response.header("Retry-After").map(|v| v.parse().unwrap()),
+        remaining,
+    }
+}
+
+/// Retry-After in whole seconds may round differently across a second boundary between the
+/// two requests of a step: equal within one second.
+fn same_decision(lua: &Seen, directive: &Seen) -> bool {
+    let close = match (lua.retry_after, directive.retry_after) {
+        (Some(a), Some(b)) => a.abs_diff(b) <= 1,
+        (a, b) => a == b,
+    };
+    lua.status == directive.status && lua.remaining == directive.remaining && close
+}
+
+#[test]
+fn lua_and_directive_decide_alike_for_every_algorithm() {
+    require_lua!();
+    let algorithms = [
+        ("leaky_bucket", "rate=3r/h burst=2"),
+        ("token_bucket", "rate=3r/h burst=3"),
+        ("sliding_window", "rate=3r/h"),
+        ("sliding_log", "rate=3r/h"),
+    ];
+    let mut http = String::new();
+    let mut locations = LUA_DECIDE.to_string();
+    for (algorithm, limits) in algorithms {
+        for side in ["lua", "dir"] {
+            http += &format!(
+                "rate_limit_zone $arg_k zone={side}_{algorithm}:1m {limits} \
+                 algorithm={algorithm};\n"
+            );
+        }
+        locations += &format!(
+            "location = /dir/{algorithm} {{ rate_limit zone=dir_{algorithm} nodelay; \
+             empty_gif; }}\n"
+        );
+    }
+    let nginx = Nginx::start(&config(1, &http, &locations));
+    // Two keys, one exhausted and one not, then the first again.
+    let keys = ["a", "a", "b", "a", "a", "a", "b", "a"];
+    for (algorithm, _) in algorithms {
+        let mut lua_statuses = Vec::new();
+        for (step, key) in keys.iter().enumerate() {
+            let directive = seen_directive(&get(&nginx, &format!("/dir/{algorithm}?k={key}")));
+            let lua = seen_lua(&get(&nginx, &format!("/lua?zone=lua_{algorithm}&k={key}")));
+            assert!(
+                same_decision(&lua, &directive),
+                "{algorithm}, step {step} (key {key}): Lua {lua:?}, directive {directive:?}"
+            );
+            lua_statuses.push(lua.status);
+        }
+        let passed = lua_statuses.iter().filter(|&&status| status == 200).count();
+        // Key a: 3 pass (leaky: 1 + burst 2; token: 3 tokens; sliding: 3 per window), then
+        // rejections; key b: both pass.
+        assert_eq!(passed, 5, "{algorithm}: {lua_statuses:?}");
+    }
+}
+
+/// resty.limit.req is limit_req's arithmetic in Lua; resty.rate_limit on a leaky bucket zone
+/// decides a timeline as nginx's own limit_req does (the "Done when" of issue 13: switching
+/// keeps the decisions).
+#[test]
+fn lua_decides_like_nginx_limit_req() {
+    require_lua!();
+    let http = "rate_limit_zone $arg_k zone=lua_leaky:1m rate=1r/m burst=2;
+                limit_req_zone $arg_k zone=native:1m rate=1r/m;
+                limit_req_status 429;";
+    let locations = format!(
+        "{LUA_DECIDE}
+         location = /native {{ limit_req zone=native burst=2 nodelay; empty_gif; }}"
+    );
+    let nginx = Nginx::start(&config(1, http, &locations));
+    let keys = ["a", "a", "b", "a", "a", "b", "b", "b", "a"];
+    let native: Vec<u16> = keys
+        .iter()
+        .map(|key| get(&nginx, &format!("/native?k={key}")).status)
+        .collect();
+    let lua: Vec<u16> = keys
+        .iter()
+        .map(|key| get(&nginx, &format!("/lua?zone=lua_leaky&k={key}")).status)
+        .collect();
+    assert_eq!(lua, native, "keys {keys:?}");
+    assert_eq!(native, [200, 200, 200, 200, 429, 200, 200, 429, 429]);
+}
+
+#[test]
+fn lua_and_directive_share_one_zone_and_its_counters() {
+    require_lua!();
+    let http = "rate_limit_zone $arg_k zone=shared:1m rate=3r/h burst=2;";
+    let locations = format!(
+        "{LUA_DECIDE}
+         location = /dir {{ rate_limit zone=shared nodelay; empty_gif; }}
+         location /admin/ {{ rate_limit_admin write=on; }}"
+    );
+    let nginx = Nginx::start(&config(1, http, &locations));
+    let lua = |key: &str| get(&nginx, &format!("/lua?zone=shared&k={key}")).status;
+    let directive = |key: &str| get(&nginx, &format!("/dir?k={key}")).status;
+    // One budget of 3 for key k, spent from both sides.
+    assert_eq!(lua("k"), 200);
+    assert_eq!(directive("k"), 200);
+    assert_eq!(lua("k"), 200);
+    assert_eq!(directive("k"), 429);
+    assert_eq!(lua("k"), 429);
+    // Another key has its own budget.
+    assert_eq!(directive("other"), 200);
+
+    let zone: serde_json::Value =
+        serde_json::from_str(&body(&nginx, "/admin/zones/shared")).unwrap();
+    assert_eq!(zone["passed"], 4, "{zone}");
+    assert_eq!(zone["rejected"], 2, "{zone}");
+
+    // A per-key override set through the admin API applies to Lua's decisions too: 1 + 5.
+    let put = Request::new("PUT", "/admin/zones/shared/overrides/vip")
+        .json(r#"{"rate": "3r/h", "burst": 5}"#);
+    assert_eq!(send(nginx.port(), &put).status, 201);
+    let vip: Vec<u16> = (0..7).map(|_| lua("vip")).collect();
+    assert_eq!(vip, [200, 200, 200, 200, 200, 200, 429]);
+}
+
+#[test]
+fn delays_follow_the_leaky_bucket() {
+    require_lua!();
+    let http = "rate_limit_zone $arg_k zone=slow:1m rate=1r/h burst=5;";
+    let locations = r#"
+        location = /delays {
+            content_by_lua_block {
+                local rl = require "resty.rate_limit"
+                local lim = rl.new("slow")
+                local threshold = rl.new("slow", {delay = 2})
+                for _, l in ipairs({lim, lim, lim, threshold, threshold}) do
+                    local delay, excess = l:incoming("k", true)
+                    ngx.say(string.format("%.0f %.3f", delay, excess))
+                end
+            }
+        }
+    "#;
+    let nginx = Nginx::start(&config(1, http, locations));
+    // limit_req at 1r/h: the n-th request is delayed (n - 1) hours' worth of interval; with
+    // delay=2 the excess up to 2 goes at once (excess 3 waits one interval, 4 two).
+    let lines: Vec<String> = body(&nginx, "/delays").lines().map(String::from).collect();
+    let delays: Vec<u64> = lines
+        .iter()
+        .map(|line| line.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(delays, [0, 3600, 7200, 3600, 7200], "{lines:?}");
+}
+
+#[test]
+fn combine_charges_every_limiter_or_none() {
+    require_lua!();
+    let http = "rate_limit_zone $arg_k zone=one:1m rate=1r/h burst=1 algorithm=token_bucket;
+                rate_limit_zone $arg_k zone=two:1m rate=1r/h burst=2 algorithm=token_bucket;";
+    let locations = r#"
+        location = /combine {
+            content_by_lua_block {
+                local rl = require "resty.rate_limit"
+                local one, two = rl.new("one"), rl.new("two")
+                local function remaining(lim, key) return (lim:state(key)) end
+                -- two limiters: "one" refuses the second request, which then costs "two"
+                -- nothing
+                ngx.say(rl.combine({one, two}, {"x", "x"}))
+                ngx.say(rl.combine({one, two}, {"x", "x"}))
+                ngx.say(remaining(one, "x"), " ", remaining(two, "x"))
+                -- the same limiter twice on a key with one token: the look passes both, the
+                -- last is charged, the first then refused: the last is given back
+                ngx.say(rl.combine({one, one}, {"y", "y"}))
+                ngx.say(remaining(one, "y"))
+                local states = {}
+                ngx.say(rl.combine({two, two}, {"z", "z"}, states), " ", #states)
+                ngx.say(rl.combine({one}, {}))
+            }
+        }
+    "#;
+    let nginx = Nginx::start(&config(1, http, locations));
+    assert_eq!(
+        body(&nginx, "/combine"),
+        "0\nnilrejected\n0 1\nnilrejected\n1\n0 2\nnilmissing keys[1]\n"
+    );
+}
+
+#[test]
+fn uncommit_gives_back_in_every_algorithm() {
+    require_lua!();
+    let http = "rate_limit_zone $arg_k zone=lb:1m rate=1r/h burst=1;
+                rate_limit_zone $arg_k zone=tb:1m rate=1r/h burst=2 algorithm=token_bucket;
+                rate_limit_zone $arg_k zone=sw:1m rate=2r/h algorithm=sliding_window;
+                rate_limit_zone $arg_k zone=sl:1m rate=2r/h algorithm=sliding_log;";
+    let locations = r#"
+        location = /uncommit {
+            content_by_lua_block {
+                local rl = require "resty.rate_limit"
+                for _, zone in ipairs({"lb", "tb", "sw", "sl"}) do
+                    local lim = rl.new(zone, {nodelay = true})
+                    local out = {zone}
+                    for i = 1, 2 do out[#out + 1] = (lim:incoming("k", true)) end
+                    out[#out + 1] = select(2, lim:incoming("k", true))
+                    out[#out + 1] = tostring(lim:uncommit("k"))
+                    out[#out + 1] = (lim:incoming("k", true))
+                    out[#out + 1] = select(2, lim:incoming("k", true))
+                    ngx.say(table.concat(out, " "))
+                end
+            }
+        }
+    "#;
+    let nginx = Nginx::start(&config(1, http, locations));
+    // Two pass, the third is refused; one given back lets exactly one more through.
+    let expected: String = ["lb", "tb", "sw", "sl"]
+        .iter()
+        .map(|zone| format!("{zone} 0 0 rejected true 0 rejected\n"))
+        .collect();
+    assert_eq!(body(&nginx, "/uncommit"), expected);
+}
+
+/// `/probe?k=KEY`: which worker answered, and for a fresh KEY what `state` shows (remaining)
+/// and, after two requests, the second's retry-after in whole seconds.
+const PROBE: &str = r#"
+location = /probe {
+    content_by_lua_block {
+        local rl = require "resty.rate_limit"
+        local lim = rl.new("tunable", {nodelay = true})
+        local remaining = lim:state(ngx.var.arg_k)
+        lim:incoming(ngx.var.arg_k, true)
+        local delay, _, info = lim:incoming(ngx.var.arg_k, true)
+        ngx.say(ngx.worker.pid(), " ", remaining, " ", delay and 0 or math.ceil(info))
+    }
+}
+location = /set {
+    content_by_lua_block {
+        local lim = require("resty.rate_limit").new("tunable")
+        local ok, err
+        if ngx.var.arg_rate then
+            ok, err = lim:set_rate(tonumber(ngx.var.arg_rate) or ngx.var.arg_rate)
+        else
+            ok, err = lim:set_burst(tonumber(ngx.var.arg_burst))
+        end
+        ngx.say(tostring(ok), " ", tostring(err))
+    }
+}
+location = /dir { rate_limit zone=tunable nodelay; empty_gif; }
+location /admin/ { rate_limit_admin; }
+"#;
+
+/// Probes on 40 fresh connections (the kernel spreads them over both workers): the set of
+/// worker pids seen, and every `remaining retry_after` answered.
+fn probe_all(nginx: &Nginx, round: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    let mut pids = BTreeSet::new();
+    let mut answers = BTreeSet::new();
+    for i in 0..40 {
+        let text = body(nginx, &format!("/probe?k={round}{i}"));
+        let (pid, answer) = text.trim().split_once(' ').unwrap();
+        pids.insert(pid.to_string());
+        answers.insert(answer.to_string());
+    }
+    (pids, answers)
+}
+
+#[test]
+fn set_rate_and_set_burst_reach_both_workers() {
+    require_lua!();
+    let http = "rate_limit_zone $arg_k zone=tunable:1m rate=1r/h burst=1 algorithm=token_bucket;";
+    let nginx = Nginx::start(&config(2, http, PROBE));
+
+    // Before: one token, refilled once an hour; both workers answer (and have decided once).
+    let (pids, answers) = probe_all(&nginx, "before");
+    assert_eq!(pids.len(), 2, "both workers answered");
+    assert_eq!(answers, BTreeSet::from(["1 3600".to_string()]));
+
+    assert_eq!(body(&nginx, "/set?burst=4"), "true nil\n");
+    assert_eq!(body(&nginx, "/set?rate=2"), "true nil\n");
+    let (pids, answers) = probe_all(&nginx, "after");
+    assert_eq!(pids.len(), 2, "both workers answered");
+    // 4 tokens; the second request passes too, so no retry-after.
+    assert_eq!(answers, BTreeSet::from(["4 0".to_string()]));
+
+    // The directive sees it as well, and the admin API shows it.
+    assert_eq!(body(&nginx, "/set?rate=1r/m"), "true nil\n");
+    assert_eq!(body(&nginx, "/set?burst=1"), "true nil\n");
+    assert_eq!(get(&nginx, "/dir?k=d").status, 200);
+    let refused = get(&nginx, "/dir?k=d");
+    assert_eq!(refused.status, 429);
+    let retry: u64 = refused.header("Retry-After").unwrap().parse().unwrap();
+    assert!((55..=60).contains(&retry), "Retry-After {retry} at 1r/m");
+    let zone: serde_json::Value =
+        serde_json::from_str(&body(&nginx, "/admin/zones/tunable")).unwrap();
+    assert_eq!(zone["rate"], "1r/m", "{zone}");
+    assert_eq!(zone["burst"], 1, "{zone}");
+
+    // The admin API's checks and messages.
+    assert_eq!(
+        body(&nginx, "/set?rate=fast"),
+        "nil invalid rate \"fast\": must be a positive number of requests (at most 3 decimals) \
+         per s, m, h or d, such as \"10r/s\"\n"
+    );
+    assert_eq!(
+        body(&nginx, "/set?burst=-1"),
+        "nil burst must be a non-negative integer\n"
+    );
+}
+
+#[test]
+fn bad_use_gets_an_error_and_no_worker_crashes() {
+    require_lua!();
+    let http = r#"
+        rate_limit_zone $arg_k zone=z:1m rate=1r/h burst=1;
+        rate_limit_zone $arg_k zone=window:1m rate=5r/h algorithm=sliding_window;
+        rate_limit_zone $arg_k zone=log:1m rate=5r/h algorithm=sliding_log;
+        init_by_lua_block {
+            local rl = require "resty.rate_limit"
+            local lim = assert(rl.new("z"))
+            INIT_RESULT = table.concat({tostring((lim:incoming("k", true))),
+                                        select(2, lim:incoming("k", true))}, " ")
+        }
+        init_worker_by_lua_block {
+            local lim = assert(require("resty.rate_limit").new("z"))
+            INIT_WORKER_RESULT = table.concat({lim:incoming("worker", true)}, " ")
+        }
+    "#;
+    let locations = r#"
+        location = /errors {
+            content_by_lua_block {
+                local rl = require "resty.rate_limit"
+                local z = rl.new("z")
+                local function show(...) ngx.say(table.concat({tostring(select(1, ...)),
+                                                               tostring(select(2, ...))}, " | ")) end
+                ngx.say(INIT_RESULT)
+                ngx.say(INIT_WORKER_RESULT)
+                show(rl.new("nope"):incoming("k", true))
+                show(z:incoming(42, true))
+                show(z:incoming(nil, true))
+                show(z:incoming("", true))
+                show(z:incoming(string.rep("k", 65536), true))
+                show(z:incoming(string.rep("k", 65535), true))
+                show(z:state({}))
+                show(z:uncommit(1))
+                show(rl.new("z", {burst = -1}))
+                show(rl.new("z", {burst = "5"}))
+                show(rl.new("z", {delay = 1, nodelay = true}))
+                show(rl.new("z", {cost = 0}))
+                show(rl.new("z", {speed = 1}))
+                show(rl.new("z", 5))
+                show(rl.new(""))
+                show(rl.new("window", {burst = 2}):incoming("k", true))
+                show(rl.new("log"):set_rate("10r/h"))
+                rl.ABI_VERSION = 2
+                show(rl.new("z"))
+                rl.ABI_VERSION = 1
+                show(rl.new("z"):incoming("fine", true))
+            }
+        }
+    "#;
+    let nginx = Nginx::start(&config(1, http, locations));
+    let workers = nginx.worker_pids();
+    let expected = [
+        "nil no request: resty.rate_limit works only while handling a request",
+        "0 0 1",
+        "nil | unknown zone \"nope\"",
+        "nil | key must be a string, got number",
+        "nil | key must be a string, got nil",
+        "nil | empty key",
+        "nil | key is more than 65535 bytes",
+        "0 | 0",
+        "nil | key must be a string, got table",
+        "nil | key must be a string, got number",
+        "nil | invalid burst value \"burst=-1\"",
+        "nil | burst must be a number, got string",
+        "nil | \"nodelay\" and \"delay\" cannot be used together",
+        "nil | invalid cost value \"cost=0\"",
+        "nil | unknown option \"speed\"",
+        "nil | options must be a table",
+        "nil | zone name must be a non-empty string",
+        "nil | \"burst\" is not used by the algorithm of zone \"window\"",
+        "nil | rate \"10r/h\" is more than zone \"log\" can count: each key's sliding_log has \
+         room for 5 requests per window, as configured; raise the rate in the configuration \
+         and reload instead",
+        "nil | ABI version mismatch: ngx_http_rate_limit_module has 1, resty.rate_limit needs 2",
+        "0 | 0",
+    ];
+    let text = body(&nginx, "/errors");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines, expected);
+    assert_eq!(nginx.worker_pids(), workers, "no worker was replaced");
+    assert!(
+        !nginx.error_log().contains("[alert]"),
+        "{}",
+        nginx.error_log()
+    );
+}
+
+/// The README's "From Lua (OpenResty)" examples: each ```nginx block with a `location`, its
+/// lines before the first `location` going into `http` and the rest into the server.
+fn readme_examples() -> Vec<(String, String)> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let section = readme
+        .split("\n## From Lua (OpenResty)\n")
+        .nth(1)
+        .expect("README has a \"From Lua (OpenResty)\" section");
+    let section = section.split("\n## ").next().unwrap();
+    section
+        .split("```nginx\n")
+        .skip(1)
+        .filter_map(|block| {
+            let block = block.split("```").next().unwrap();
+            let start = block.find("\nlocation ")?;
+            Some((block[..start].to_string(), block[start..].to_string()))
+        })
+        .collect()
+}
+
+fn statuses(nginx: &Nginx, paths: &[&str]) -> Vec<u16> {
+    paths.iter().map(|path| get(nginx, path).status).collect()
+}
+
+#[test]
+fn readme_migration_examples_run() {
+    require_lua!();
+    let examples = readme_examples();
+    assert_eq!(
+        examples.len(),
+        5,
+        "the README's Lua examples: {examples:#?}"
+    );
+    let mut tested = Vec::new();
+    for (http, locations) in &examples {
+        let nginx = Nginx::start(&config(1, http, locations));
+        let path = locations
+            .split_whitespace()
+            .nth(1)
+            .expect("location PATH")
+            .to_string();
+        match path.as_str() {
+            "/req/" => {
+                // Four at once at 1r/s with burst=2: one at once, two delayed 1 s and 2 s
+                // (ngx.sleep), the fourth refused.
+                let pending: Vec<_> = (0..4)
+                    .map(|_| start_request(nginx.port(), &Request::get("/req/")))
+                    .collect();
+                let responses: Vec<Response> = pending.into_iter().map(|p| p.finish()).collect();
+                let mut got: Vec<u16> = responses.iter().map(|response| response.status).collect();
+                got.sort_unstable();
+                assert_eq!(got, [200, 200, 200, 503]);
+                // Read one after the other, the last answer is read after the longest sleep.
+                let longest = responses
+                    .iter()
+                    .map(|response| response.elapsed)
+                    .max()
+                    .unwrap();
+                assert!(
+                    longest.as_millis() >= 1500,
+                    "the second delayed request waited {longest:?}"
+                );
+            }
+            "/login" => {
+                let remaining: Vec<String> = (0..3)
+                    .map(|_| {
+                        let response = get(&nginx, "/login?user=ann");
+                        assert_eq!(response.status, 200);
+                        response
+                            .header("X-RateLimit-Remaining")
+                            .unwrap()
+                            .to_string()
+                    })
+                    .collect();
+                assert_eq!(remaining, ["2", "1", "0"]);
+                let refused = get(&nginx, "/login?user=ann");
+                assert_eq!(refused.status, 429);
+                let retry: u64 = refused.header("Retry-After").unwrap().parse().unwrap();
+                assert!(retry > 1 && retry <= 120, "Retry-After {retry}");
+                assert_eq!(get(&nginx, "/login?user=bob").status, 200);
+            }
+            "/combined" => {
+                // ann's third request is refused by her limit and takes nothing from the
+                // server's 3 tokens, so bob gets the third; carl finds none left.
+                let got = statuses(
+                    &nginx,
+                    &[
+                        "/combined?user=ann",
+                        "/combined?user=ann",
+                        "/combined?user=ann",
+                        "/combined?user=bob",
+                        "/combined?user=carl",
+                    ],
+                );
+                assert_eq!(got, [200, 200, 429, 200, 429]);
+            }
+            "/upload" => {
+                let paths = ["/upload?token=t"; 6];
+                assert_eq!(statuses(&nginx, &paths), [200, 200, 200, 200, 200, 429]);
+            }
+            "/pooled" => {
+                // ann: her 2 tokens and the pool's 3 (each request takes one of each while
+                // there are), then none; bob: his own 2 only.
+                let got = statuses(
+                    &nginx,
+                    &[
+                        "/pooled?user=ann",
+                        "/pooled?user=ann",
+                        "/pooled?user=ann",
+                        "/pooled?user=ann",
+                        "/pooled?user=bob",
+                        "/pooled?user=bob",
+                        "/pooled?user=bob",
+                    ],
+                );
+                assert_eq!(got, [200, 200, 200, 429, 200, 200, 429]);
+            }
+            other => panic!("no expectations for the README example at {other}"),
+        }
+        tested.push(path);
+    }
+    assert_eq!(
+        tested,
+        ["/req/", "/login", "/combined", "/upload", "/pooled"]
+    );
+}
