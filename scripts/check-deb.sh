@@ -84,7 +84,8 @@ EOF
 "$nginx" -t -q || die "nginx -t with $pair"
 say "the stock nginx.conf with $pair passes nginx -t"
 
-# The stock config's modules and conf.d, without sites-enabled (port 80 is not ours to take).
+# The stock config's modules and conf.d, without sites-enabled (port 80 is not ours to take);
+# the default prefix, against which modules-enabled/*.conf name modules/*.so.
 cat >"$scratch/nginx.conf" <<EOF
 include /etc/nginx/modules-enabled/*.conf;
 pid $scratch/nginx.pid;
@@ -101,7 +102,7 @@ http {
     include /etc/nginx/conf.d/*.conf;
 }
 EOF
-"$nginx" -p "$scratch" -c "$scratch/nginx.conf" -e "$scratch/error.log" ||
+"$nginx" -c "$scratch/nginx.conf" -e "$scratch/error.log" ||
     { cat "$scratch/error.log" >&2; die "Debian's nginx did not start"; }
 statuses=""
 for _ in 1 2 3; do

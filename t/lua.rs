@@ -16,8 +16,6 @@ use common::{get, nginx_binary, start_request, Nginx, Request};
 const DEBIAN_NGINX: &str = "/usr/sbin/nginx";
 const NDK_MODULE: &str = "/usr/lib/nginx/modules/ndk_http_module.so";
 const LUA_MODULE: &str = "/usr/lib/nginx/modules/ngx_http_lua_module.so";
-/// Where Debian's `lua-resty-core` puts `resty/core.lua`, which the Lua module loads at start.
-const LUA_PATH: &str = "/usr/share/lua/5.1/?.lua;;";
 
 /// The two `load_module` orders: Debian's (NDK, Lua, then ours: `10-mod-http-ndk.conf`,
 /// `50-mod-http-lua.conf`, `50-mod-http-rate-limit.conf`) and ours first.
@@ -35,7 +33,6 @@ error_log logs/error.log info;
 events { worker_connections 64; }
 http {
     access_log off;
-    lua_package_path "LUA_PATH";
     lua_shared_dict counts 1m;
     RATE_LIMIT_ZONE
     server {
@@ -88,7 +85,6 @@ fn start(load: &str, zone: &str, limit: &str) -> Nginx {
     Nginx::start(
         &TEMPLATE
             .replace("LOAD", &load)
-            .replace("LUA_PATH", LUA_PATH)
             .replace("RATE_LIMIT_ZONE", zone)
             .replace("RATE_LIMIT", limit),
     )
