@@ -149,9 +149,28 @@ pub fn fresh_grant_milli(shape: &FleetShape, instances: u64, sync_ns: u64) -> u6
     whole / instances.max(1)
 }
 
+/// Between syncs that failed: the grant a key gets each round from its `share` alone, as a
+/// bucket of `share` of the limit: `left` refilled by `share` of the interval's drain, up to
+/// `share` of a full bucket plus that drain. One or two missed rounds use the key's last
+/// share; `on_failure=local_share` uses `1 / N̂` ([`local_share_grant_milli`]).
+pub fn share_refill_grant_milli(
+    shape: &FleetShape,
+    share: u64,
+    sync_ns: u64,
+    left_milli: u64,
+) -> u64 {
+    let drained = shape.drained_milli(sync_ns);
+    let refill = mul_div(drained, share, SHARE_ONE);
+    let cap = mul_div(
+        shape.capacity_milli().saturating_add(drained),
+        share,
+        SHARE_ONE,
+    );
+    left_milli.saturating_add(refill).min(cap)
+}
+
 /// During an outage in `local_share` mode: the instance enforces `1 / instances` of the
-/// limit alone. Each round refills `left` by `1 / instances` of the interval's drain, up to
-/// `1 / instances` of the bucket plus that drain.
+/// limit alone (see [`share_refill_grant_milli`]).
 pub fn local_share_grant_milli(
     shape: &FleetShape,
     instances: u64,
@@ -159,7 +178,8 @@ pub fn local_share_grant_milli(
     left_milli: u64,
 ) -> u64 {
     let instances = instances.max(1);
-    let refill = shape.drained_milli(sync_ns) / instances;
+    let drained = shape.drained_milli(sync_ns);
+    let refill = drained / instances;
     let cap = fresh_grant_milli(shape, instances, sync_ns);
     left_milli.saturating_add(refill).min(cap)
 }
@@ -306,6 +326,9 @@ mod tests {
         // local_share: a third of the drain (3.333) each round, up to a third of 31.
         assert_eq!(local_share_grant_milli(&shape, 3, 100 * MS, 0), 3_333);
         assert_eq!(local_share_grant_milli(&shape, 3, 100 * MS, 9_000), 10_333);
+        // The last share (here all of it) refills by the whole drain, up to K + drain.
+        assert_eq!(share_refill_grant_milli(&shape, SHARE_ONE, 100 * MS, 0), 10_000);
+        assert_eq!(share_refill_grant_milli(&shape, SHARE_ONE, 100 * MS, 30_000), 31_000);
     }
 
     #[test]
