@@ -1,0 +1,404 @@
+//! Cluster-wide limits (`rate_limit_sync`): real `redis-server`s started here on free ports,
+//! several real nginx instances (two workers each) sharing one limit through them, and real
+//! traffic paced from this process. Every wait is bounded; measurements last a few seconds.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::nginx::free_port;
+use common::{check_config, Connection, Nginx, Request};
+
+const SIGCONT: i32 = 18;
+const SIGSTOP: i32 = 19;
+
+/// A `redis-server` of its own, killed on drop.
+struct Redis {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        let dir = std::env::temp_dir().join(format!(
+            "ngx-rate-limit-redis-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        std::fs::create_dir_all(&dir).expect("cannot create the redis directory");
+        let mut redis = Redis {
+            port: free_port(),
+            dir,
+            child: None,
+        };
+        redis.spawn();
+        redis
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start redis-server (install redis-server)");
+        self.child = Some(child);
+        for _ in 0..100 {
+            if self.cli(&["PING"]).trim() == "PONG" {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        panic!("redis-server on port {} did not answer PING", self.port);
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let output = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("cannot run redis-cli");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    fn signal(&self, signal: i32) {
+        if let Some(child) = &self.child {
+            common::nginx::sys::signal(child.id() as i32, signal);
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// `INFO commandstats` calls of one command (`evalsha`).
+    fn calls(&self, command: &str) -> u64 {
+        let info = self.cli(&["INFO", "commandstats"]);
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|calls| calls.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Waits (bounded) until `count` instances heartbeat.
+    fn wait_instances(&self, count: usize) {
+        for _ in 0..150 {
+            let seen: usize = self
+                .cli(&["ZCARD", "rl:instances"])
+                .trim()
+                .parse()
+                .unwrap_or(0);
+            if seen == count {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        panic!("{count} instances never heartbeat in Redis");
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.signal(SIGCONT);
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One instance: two workers, a `sync` zone `api` of 100r/s burst=20 on `X-Key`.
+fn instance_config(redis_port: u16, sync_words: &str, zone_words: &str) -> String {
+    format!(
+        r#"
+load_module %%MODULE%%;
+worker_processes 2;
+error_log logs/error.log info;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    keepalive_requests 1000000;
+    rate_limit_sync redis://127.0.0.1:{redis_port} {sync_words};
+    rate_limit_zone $http_x_key zone=api:1m {zone_words} sync;
+    server {{
+        listen 127.0.0.1:%%PORT%% reuseport;
+        root html;
+        location / {{ rate_limit zone=api nodelay; }}
+    }}
+}}
+"#
+    )
+}
+
+const LIMIT_PER_SEC: f64 = 100.0;
+const BURST: f64 = 20.0;
+const ZONE: &str = "rate=100r/s burst=20";
+
+fn fleet(redis: &Redis, count: usize, sync_words: &str) -> Vec<Nginx> {
+    let fleet: Vec<Nginx> = (0..count)
+        .map(|_| Nginx::start(&instance_config(redis.port, sync_words, ZONE)))
+        .collect();
+    redis.wait_instances(count);
+    fleet
+}
+
+/// One answer: when it was sent (from the start), its status and how long it took.
+#[derive(Clone, Copy, Debug)]
+struct Answer {
+    sent: Duration,
+    status: u16,
+    latency: Duration,
+}
+
+/// Offers `per_sec` requests a second for key `key` to each port in `ports`, for `span`,
+/// from two paced keep-alive connections per port. Returns every answer.
+fn offer(ports: &[u16], per_sec: f64, span: Duration, key: &str) -> Vec<Answer> {
+    let answers = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now() + Duration::from_millis(50);
+    let mut threads = Vec::new();
+    for &port in ports {
+        for _ in 0..2 {
+            let answers = answers.clone();
+            let key = key.to_string();
+            threads.push(thread::spawn(move || {
+                let gap = Duration::from_secs_f64(2.0 / per_sec);
+                let mut connection = Connection::open(port);
+                let request = Request::get("/index.html").header("X-Key", &key);
+                let mut mine = Vec::new();
+                let mut next = start;
+                while next < start + span {
+                    let now = Instant::now();
+                    if next > now {
+                        thread::sleep(next - now);
+                    }
+                    let sent = Instant::now();
+                    let status = match connection.try_send(&request) {
+                        Ok(response) => response.status,
+                        Err(_) => {
+                            connection = Connection::open(port);
+                            0
+                        }
+                    };
+                    mine.push(Answer {
+                        sent: sent - start,
+                        status,
+                        latency: sent.elapsed(),
+                    });
+                    next += gap;
+                }
+                answers.lock().unwrap().extend(mine);
+            }));
+        }
+    }
+    for thread in threads {
+        thread.join().expect("load thread panicked");
+    }
+    let answers = answers.lock().unwrap().clone();
+    answers
+}
+
+fn passed_between(answers: &[Answer], from: Duration, to: Duration) -> usize {
+    answers
+        .iter()
+        .filter(|a| a.status == 200 && a.sent >= from && a.sent < to)
+        .count()
+}
+
+fn ports(fleet: &[Nginx]) -> Vec<u16> {
+    fleet.iter().map(Nginx::port).collect()
+}
+
+#[test]
+fn config_errors_name_the_bad_token() {
+    let base = |sync: &str, zone: &str| {
+        format!(
+            r#"
+load_module %%MODULE%%;
+events {{ }}
+http {{
+    {sync}
+    rate_limit_zone $binary_remote_addr zone=api:1m {zone};
+    server {{ listen 127.0.0.1:%%PORT%%; location / {{ rate_limit zone=api; }} }}
+}}
+"#
+        )
+    };
+    let sync = "rate_limit_sync redis://127.0.0.1:1;";
+    #[rustfmt::skip]
+    let rows: &[(String, &str)] = &[
+        (base("rate_limit_sync redis://127.0.0.1:1 interval=5ms;", "rate=1r/s sync"),
+            "invalid interval \"interval=5ms\""),
+        (base("rate_limit_sync redis://127.0.0.1:1 timeout=1s;", "rate=1r/s sync"),
+            "invalid timeout \"timeout=1s\""),
+        (base("rate_limit_sync redis://127.0.0.1:1 on_failure=maybe;", "rate=1r/s sync"),
+            "invalid on_failure \"on_failure=maybe\""),
+        (base("rate_limit_sync redis://127.0.0.1:notaport;", "rate=1r/s sync"),
+            "invalid Redis URL \"redis://127.0.0.1:notaport\""),
+        (base("rate_limit_sync interval=1s;", "rate=1r/s sync"),
+            "\"rate_limit_sync\" must have a redis:// URL"),
+        (base("rate_limit_sync redis://127.0.0.1:1 bogus;", "rate=1r/s sync"),
+            "invalid parameter \"bogus\""),
+        (base(&format!("{sync} {sync}"), "rate=1r/s sync"),
+            "\"rate_limit_sync\" directive is duplicate"),
+        (base(sync, "rate=10r/s algorithm=sliding_log sync"),
+            "\"sync\" is not supported by sliding_log"),
+        (base("", "rate=1r/s sync"),
+            "zone \"api\" has \"sync\" but no \"rate_limit_sync\" is configured"),
+    ];
+    for (config, expected) in rows {
+        let (ok, stderr) = check_config(config);
+        assert!(!ok, "accepted: {config}");
+        assert!(stderr.contains(expected), "{expected:?} not in {stderr}");
+    }
+    let (ok, stderr) = check_config(&base(
+        "rate_limit_sync redis://u:p@127.0.0.1:1/2 interval=250ms timeout=100ms prefix=x: on_failure=open;",
+        "rate=1r/s sync",
+    ));
+    assert!(ok, "{stderr}");
+}
+
+/// 10x the limit spread evenly over three instances for 4 s: the fleet admits at most
+/// 1.05 L t + burst (each instance alone would admit L t + burst: 3x).
+#[test]
+fn three_instances_share_one_limit() {
+    let redis = Redis::start();
+    let fleet = fleet(&redis, 3, "interval=100ms");
+    let span = Duration::from_secs(4);
+    let answers = offer(&ports(&fleet), 10.0 * LIMIT_PER_SEC / 3.0, span, "k");
+    let passed = passed_between(&answers, Duration::ZERO, span);
+    let bound = 1.05 * LIMIT_PER_SEC * span.as_secs_f64() + BURST;
+    assert!(answers.iter().all(|a| a.status == 200 || a.status == 429));
+    assert!(passed as f64 <= bound, "fleet admitted {passed} > {bound}");
+    // And it is a limit, not a block: most of L t passes.
+    assert!(passed as f64 >= 0.8 * LIMIT_PER_SEC * span.as_secs_f64(), "{passed}");
+}
+
+/// All the traffic on one instance of three: after the first second it admits >= 0.9 L.
+#[test]
+fn one_instance_with_all_traffic_reaches_the_limit() {
+    let redis = Redis::start();
+    let fleet = fleet(&redis, 3, "interval=100ms");
+    let span = Duration::from_secs(3);
+    let answers = offer(&[fleet[0].port()], 3.0 * LIMIT_PER_SEC, span, "solo");
+    let passed = passed_between(&answers, Duration::from_secs(1), span);
+    let floor = 0.9 * LIMIT_PER_SEC * 2.0;
+    assert!(passed as f64 >= floor, "admitted {passed} < {floor} after the first second");
+    assert!(passed as f64 <= 1.05 * LIMIT_PER_SEC * 2.0 + BURST, "{passed}");
+}
+
+/// Redis traffic does not grow with the request rate: per interval and instance, one
+/// pipeline of one heartbeat and one call per touched key (read from INFO commandstats).
+#[test]
+fn redis_calls_do_not_grow_with_traffic() {
+    let redis = Redis::start();
+    let fleet = fleet(&redis, 2, "interval=100ms");
+    let calls = |per_sec: f64| {
+        let before = redis.calls("evalsha");
+        let started = Instant::now();
+        offer(&ports(&fleet), per_sec, Duration::from_secs(2), "k");
+        (redis.calls("evalsha") - before, started.elapsed())
+    };
+    let (slow_calls, slow_span) = calls(20.0);
+    let (fast_calls, fast_span) = calls(1000.0);
+    for (calls, span) in [(slow_calls, slow_span), (fast_calls, fast_span)] {
+        // Rounds per instance (+1 for a partial round), two instances, at most two calls each.
+        let rounds = (span.as_secs_f64() / 0.1).ceil() as u64 + 1;
+        assert!(calls <= 2 * 2 * rounds, "{calls} calls in {span:?}");
+    }
+    assert!(fast_calls <= slow_calls + slow_calls / 4 + 8, "{slow_calls} -> {fast_calls}");
+}
+
+/// Redis stopped (SIGSTOP) under load for 2 s: no request waits on it, no 5xx, and with
+/// `local_share` the fleet admits at most 1.10 L over the stop; the stop is logged once.
+#[test]
+fn redis_stopped_under_load_local_share() {
+    let redis = Redis::start();
+    let fleet = fleet(&redis, 3, "interval=100ms timeout=50ms");
+    let ports = ports(&fleet);
+    let load = {
+        let ports = ports.clone();
+        thread::spawn(move || offer(&ports, 10.0 * LIMIT_PER_SEC / 3.0, Duration::from_secs(5), "k"))
+    };
+    thread::sleep(Duration::from_millis(1050));
+    redis.signal(SIGSTOP);
+    thread::sleep(Duration::from_secs(2));
+    redis.signal(SIGCONT);
+    let answers = load.join().expect("load thread");
+    assert!(
+        answers.iter().all(|a| a.status == 200 || a.status == 429),
+        "a request failed"
+    );
+    let slowest = answers.iter().map(|a| a.latency).max().unwrap_or_default();
+    // The sync timeout is 50 ms; a request that waited on Redis would take at least that.
+    assert!(slowest < Duration::from_millis(45), "slowest answer {slowest:?}");
+    // From 0.5 s into the stop (three missed intervals and more) to its end.
+    let (from, to) = (Duration::from_millis(1600), Duration::from_millis(3000));
+    let passed = passed_between(&answers, from, to);
+    let bound = 1.10 * LIMIT_PER_SEC * (to - from).as_secs_f64() + BURST / 3.0 * 3.0;
+    assert!(passed as f64 <= bound, "admitted {passed} > {bound} while Redis was stopped");
+    assert!(passed as f64 >= 0.5 * LIMIT_PER_SEC * (to - from).as_secs_f64(), "{passed}");
+    let logs: String = fleet.iter().map(Nginx::error_log).collect();
+    let fallbacks = logs.matches("on_failure=local_share in force").count();
+    assert_eq!(fallbacks, 3, "one transition logged per instance:\n{logs}");
+}
+
+/// Redis killed and restarted empty: the instances reconnect, reload their scripts and the
+/// fleet limit holds again within three intervals.
+#[test]
+fn redis_restarted_empty_reconverges() {
+    let mut redis = Redis::start();
+    let fleet = fleet(&redis, 3, "interval=100ms");
+    offer(&ports(&fleet), 300.0, Duration::from_millis(500), "k");
+    redis.kill();
+    thread::sleep(Duration::from_millis(500));
+    redis.spawn();
+    redis.wait_instances(3);
+    // Three intervals to converge, then the limit holds.
+    thread::sleep(Duration::from_millis(300));
+    let span = Duration::from_secs(3);
+    let answers = offer(&ports(&fleet), 10.0 * LIMIT_PER_SEC / 3.0, span, "k");
+    let passed = passed_between(&answers, Duration::ZERO, span);
+    let bound = 1.05 * LIMIT_PER_SEC * span.as_secs_f64() + BURST;
+    assert!(passed as f64 <= bound, "fleet admitted {passed} > {bound} after the restart");
+    let keys = redis.cli(&["KEYS", "rl:api:*"]);
+    assert_eq!(keys.lines().count(), 1, "one Redis key for one nginx key: {keys}");
+}
+
+/// With Redis unreachable from the start nginx still starts, logs it once, and applies the
+/// failure mode after three intervals: `closed` rejects with Retry-After, `open` admits the
+/// whole limit locally.
+#[test]
+fn unreachable_redis_applies_the_failure_mode() {
+    let port = free_port();
+    let closed = Nginx::start(&instance_config(port, "interval=50ms on_failure=closed", ZONE));
+    let open = Nginx::start(&instance_config(port, "interval=50ms on_failure=open", ZONE));
+    thread::sleep(Duration::from_millis(600));
+    let mut connection = Connection::open(closed.port());
+    let response = connection.send(&Request::get("/index.html").header("X-Key", "k"));
+    assert_eq!(response.status, 429);
+    assert!(response.header("Retry-After").is_some());
+    let mut connection = Connection::open(open.port());
+    let statuses: Vec<u16> = (0..30)
+        .map(|_| {
+            connection
+                .send(&Request::get("/index.html").header("X-Key", "k"))
+                .status
+        })
+        .collect();
+    // burst=20: 21 pass at once, as without sync.
+    assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), 21, "{statuses:?}");
+    let log = closed.error_log();
+    assert_eq!(log.matches("cannot connect").count(), 1, "{log}");
+    assert_eq!(log.matches("on_failure=closed in force").count(), 1, "{log}");
+}
