@@ -471,7 +471,10 @@ impl Zone {
             return None;
         }
         let slot = self.slot(index);
-        Some((slot[0].load(Ordering::Acquire), [&slot[1], &slot[2], &slot[3]]))
+        Some((
+            slot[0].load(Ordering::Acquire),
+            [&slot[1], &slot[2], &slot[3]],
+        ))
     }
 
     /// The zone-wide limits in force now.
@@ -704,7 +707,13 @@ impl Zone {
     }
 
     /// [`Zone::decide`] for a single-word state, without the fleet's grant.
-    fn decide_word(&self, index: SlotIndex, now_ns: u64, policy: &Policy, commit: bool) -> Decision {
+    fn decide_word(
+        &self,
+        index: SlotIndex,
+        now_ns: u64,
+        policy: &Policy,
+        commit: bool,
+    ) -> Decision {
         let state = self.state_word(index);
         // One loop per algorithm, so each compiles to that algorithm's arithmetic alone.
         match policy.algorithm {
@@ -767,11 +776,6 @@ impl Zone {
     /// Where the key in `index` stands now, charging nothing: `remaining` and `reset_ns` of its
     /// unchanged state.
     pub fn standing(&self, index: SlotIndex, now_ns: u64, policy: &Policy) -> Decision {
-        self.standing_unsynced(index, now_ns, policy)
-    }
-
-    /// [`Zone::standing`]; the name says that no grant is involved (nothing is charged).
-    pub fn standing_unsynced(&self, index: SlotIndex, now_ns: u64, policy: &Policy) -> Decision {
         self.decide(
             index,
             now_ns,

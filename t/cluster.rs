@@ -209,6 +209,15 @@ fn offer(ports: &[u16], per_sec: f64, span: Duration, key: &str) -> Vec<Answer> 
 }
 
 fn passed_between(answers: &[Answer], from: Duration, to: Duration) -> usize {
+    let passed = passed_between_quiet(answers, from, to);
+    eprintln!(
+        "passed {passed} of {} between {from:?} and {to:?}",
+        answers.len()
+    );
+    passed
+}
+
+fn passed_between_quiet(answers: &[Answer], from: Duration, to: Duration) -> usize {
     answers
         .iter()
         .filter(|a| a.status == 200 && a.sent >= from && a.sent < to)
@@ -281,7 +290,10 @@ fn three_instances_share_one_limit() {
     assert!(answers.iter().all(|a| a.status == 200 || a.status == 429));
     assert!(passed as f64 <= bound, "fleet admitted {passed} > {bound}");
     // And it is a limit, not a block: most of L t passes.
-    assert!(passed as f64 >= 0.8 * LIMIT_PER_SEC * span.as_secs_f64(), "{passed}");
+    assert!(
+        passed as f64 >= 0.8 * LIMIT_PER_SEC * span.as_secs_f64(),
+        "{passed}"
+    );
 }
 
 /// All the traffic on one instance of three: after the first second it admits >= 0.9 L.
@@ -293,8 +305,14 @@ fn one_instance_with_all_traffic_reaches_the_limit() {
     let answers = offer(&[fleet[0].port()], 3.0 * LIMIT_PER_SEC, span, "solo");
     let passed = passed_between(&answers, Duration::from_secs(1), span);
     let floor = 0.9 * LIMIT_PER_SEC * 2.0;
-    assert!(passed as f64 >= floor, "admitted {passed} < {floor} after the first second");
-    assert!(passed as f64 <= 1.05 * LIMIT_PER_SEC * 2.0 + BURST, "{passed}");
+    assert!(
+        passed as f64 >= floor,
+        "admitted {passed} < {floor} after the first second"
+    );
+    assert!(
+        passed as f64 <= 1.05 * LIMIT_PER_SEC * 2.0 + BURST,
+        "{passed}"
+    );
 }
 
 /// Redis traffic does not grow with the request rate: per interval and instance, one
@@ -316,19 +334,30 @@ fn redis_calls_do_not_grow_with_traffic() {
         let rounds = (span.as_secs_f64() / 0.1).ceil() as u64 + 1;
         assert!(calls <= 2 * 2 * rounds, "{calls} calls in {span:?}");
     }
-    assert!(fast_calls <= slow_calls + slow_calls / 4 + 8, "{slow_calls} -> {fast_calls}");
+    assert!(
+        fast_calls <= slow_calls + slow_calls / 4 + 8,
+        "{slow_calls} -> {fast_calls}"
+    );
 }
 
-/// Redis stopped (SIGSTOP) under load for 2 s: no request waits on it, no 5xx, and with
+/// Redis stopped (SIGSTOP) under load for 2 s: no request waits on it (none takes anything
+/// near the sync timeout), no 5xx, and with
 /// `local_share` the fleet admits at most 1.10 L over the stop; the stop is logged once.
 #[test]
 fn redis_stopped_under_load_local_share() {
     let redis = Redis::start();
-    let fleet = fleet(&redis, 3, "interval=100ms timeout=50ms");
+    let fleet = fleet(&redis, 3, "interval=100ms timeout=100ms");
     let ports = ports(&fleet);
     let load = {
         let ports = ports.clone();
-        thread::spawn(move || offer(&ports, 10.0 * LIMIT_PER_SEC / 3.0, Duration::from_secs(5), "k"))
+        thread::spawn(move || {
+            offer(
+                &ports,
+                10.0 * LIMIT_PER_SEC / 3.0,
+                Duration::from_secs(5),
+                "k",
+            )
+        })
     };
     thread::sleep(Duration::from_millis(1050));
     redis.signal(SIGSTOP);
@@ -340,14 +369,23 @@ fn redis_stopped_under_load_local_share() {
         "a request failed"
     );
     let slowest = answers.iter().map(|a| a.latency).max().unwrap_or_default();
-    // The sync timeout is 50 ms; a request that waited on Redis would take at least that.
-    assert!(slowest < Duration::from_millis(45), "slowest answer {slowest:?}");
+    // A request that waited on the stopped Redis would take the sync timeout (100 ms) at least.
+    assert!(
+        slowest < Duration::from_millis(80),
+        "slowest answer {slowest:?}"
+    );
     // From 0.5 s into the stop (three missed intervals and more) to its end.
     let (from, to) = (Duration::from_millis(1600), Duration::from_millis(3000));
     let passed = passed_between(&answers, from, to);
     let bound = 1.10 * LIMIT_PER_SEC * (to - from).as_secs_f64() + BURST / 3.0 * 3.0;
-    assert!(passed as f64 <= bound, "admitted {passed} > {bound} while Redis was stopped");
-    assert!(passed as f64 >= 0.5 * LIMIT_PER_SEC * (to - from).as_secs_f64(), "{passed}");
+    assert!(
+        passed as f64 <= bound,
+        "admitted {passed} > {bound} while Redis was stopped"
+    );
+    assert!(
+        passed as f64 >= 0.5 * LIMIT_PER_SEC * (to - from).as_secs_f64(),
+        "{passed}"
+    );
     let logs: String = fleet.iter().map(Nginx::error_log).collect();
     let fallbacks = logs.matches("on_failure=local_share in force").count();
     assert_eq!(fallbacks, 3, "one transition logged per instance:\n{logs}");
@@ -370,9 +408,16 @@ fn redis_restarted_empty_reconverges() {
     let answers = offer(&ports(&fleet), 10.0 * LIMIT_PER_SEC / 3.0, span, "k");
     let passed = passed_between(&answers, Duration::ZERO, span);
     let bound = 1.05 * LIMIT_PER_SEC * span.as_secs_f64() + BURST;
-    assert!(passed as f64 <= bound, "fleet admitted {passed} > {bound} after the restart");
+    assert!(
+        passed as f64 <= bound,
+        "fleet admitted {passed} > {bound} after the restart"
+    );
     let keys = redis.cli(&["KEYS", "rl:api:*"]);
-    assert_eq!(keys.lines().count(), 1, "one Redis key for one nginx key: {keys}");
+    assert_eq!(
+        keys.lines().count(),
+        1,
+        "one Redis key for one nginx key: {keys}"
+    );
 }
 
 /// With Redis unreachable from the start nginx still starts, logs it once, and applies the
@@ -381,8 +426,16 @@ fn redis_restarted_empty_reconverges() {
 #[test]
 fn unreachable_redis_applies_the_failure_mode() {
     let port = free_port();
-    let closed = Nginx::start(&instance_config(port, "interval=50ms on_failure=closed", ZONE));
-    let open = Nginx::start(&instance_config(port, "interval=50ms on_failure=open", ZONE));
+    let closed = Nginx::start(&instance_config(
+        port,
+        "interval=50ms on_failure=closed",
+        ZONE,
+    ));
+    let open = Nginx::start(&instance_config(
+        port,
+        "interval=50ms on_failure=open",
+        ZONE,
+    ));
     thread::sleep(Duration::from_millis(600));
     let mut connection = Connection::open(closed.port());
     let response = connection.send(&Request::get("/index.html").header("X-Key", "k"));
@@ -397,8 +450,16 @@ fn unreachable_redis_applies_the_failure_mode() {
         })
         .collect();
     // burst=20: 21 pass at once, as without sync.
-    assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), 21, "{statuses:?}");
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 200).count(),
+        21,
+        "{statuses:?}"
+    );
     let log = closed.error_log();
     assert_eq!(log.matches("cannot connect").count(), 1, "{log}");
-    assert_eq!(log.matches("on_failure=closed in force").count(), 1, "{log}");
+    assert_eq!(
+        log.matches("on_failure=closed in force").count(),
+        1,
+        "{log}"
+    );
 }

@@ -254,7 +254,9 @@ fn watch_now(cycle: &mut ngx_cycle_t) {
 fn elect(cycle: &mut ngx_cycle_t, sync: &'static SyncShared) {
     let me = u64::from(std::process::id());
     let owner = sync.owner_pid.load(Ordering::Acquire);
-    let mut running = RUNNING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut running = RUNNING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     if owner == me {
         if running.as_ref().is_some_and(|r| !r.handle.is_finished()) {
             return;

@@ -185,7 +185,13 @@ pub fn decide(
     let (pending, grant) = zone.sync_words(index);
     let mode = sync.mode();
     if mode == Mode::Closed {
-        return refused(zone, index, now_ns, policy, sync.interval_ns().max(1_000_000_000));
+        return refused(
+            zone,
+            index,
+            now_ns,
+            policy,
+            sync.interval_ns().max(1_000_000_000),
+        );
     }
     let cost = policy.cost.max(1);
     let granted = mode == Mode::Open || take_grant(grant, sync, policy, cost);
@@ -221,13 +227,14 @@ fn take_grant(grant: &AtomicU64, sync: &SyncShared, policy: &Policy, cost: u64) 
 /// A rejection for want of a grant (or in `closed` mode): where the key stands, retried after
 /// `retry_ns` (the next sync, or a second when closed).
 fn refused(zone: &Zone, index: SlotIndex, now_ns: u64, policy: &Policy, retry_ns: u64) -> Decision {
-    let standing = zone.standing_unsynced(index, now_ns, policy);
+    // What the zone alone would say, charging nothing (a peek never takes a grant).
+    let alone = zone.decide(index, now_ns, policy, false);
     Decision {
         remaining: 0,
         ..Decision::rejected(
-            retry_ns.max(standing.retry_after_ns),
-            standing.reset_ns,
-            standing.excess_milli.max(1000),
+            retry_ns.max(alone.retry_after_ns),
+            alone.reset_ns,
+            alone.excess_milli,
         )
     }
 }

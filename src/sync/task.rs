@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ratelimit_core::fleet::{self, grant_word, FleetShape, ASKED, SHARE_ONE};
+use ratelimit_core::fleet::{self, grant_word, FleetShape, ASKED};
 use ratelimit_core::sync_spec::{OnFailure, SyncSpec};
 
 use super::shared::{Mode, SyncError, SyncShared};
@@ -109,7 +109,10 @@ impl Task {
             .build();
         match runtime {
             Ok(runtime) => runtime.block_on(self.main_loop()),
-            Err(_) => self.sync.last_error.store(SyncError::Connect as u64, Ordering::Relaxed),
+            Err(_) => self
+                .sync
+                .last_error
+                .store(SyncError::Connect as u64, Ordering::Relaxed),
         }
     }
 
@@ -164,11 +167,15 @@ impl Task {
             Ok((instances, replies)) => {
                 let lag_us = started.elapsed().as_micros() as u64;
                 self.apply(&entries, &replies, instances, round, memory);
-                self.sync.instances.store(instances.max(1), Ordering::Relaxed);
+                self.sync
+                    .instances
+                    .store(instances.max(1), Ordering::Relaxed);
                 self.sync.lag_us.store(lag_us, Ordering::Relaxed);
                 self.sync.last_ok_ms.store(now_ms(), Ordering::Relaxed);
                 self.sync.round_trips.fetch_add(1, Ordering::Relaxed);
-                self.sync.keys_pushed.fetch_add(entries.len() as u64, Ordering::Relaxed);
+                self.sync
+                    .keys_pushed
+                    .fetch_add(entries.len() as u64, Ordering::Relaxed);
                 self.sync.missed.store(0, Ordering::Relaxed);
                 self.sync.last_error.store(0, Ordering::Relaxed);
                 self.sync.mode.store(Mode::Synced as u64, Ordering::Release);
@@ -243,7 +250,10 @@ impl Task {
         let mut pipe = redis::pipe();
         if !link.scripts_loaded {
             pipe.cmd("SCRIPT").arg("LOAD").arg(KEY_SCRIPT).ignore();
-            pipe.cmd("SCRIPT").arg("LOAD").arg(HEARTBEAT_SCRIPT).ignore();
+            pipe.cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(HEARTBEAT_SCRIPT)
+                .ignore();
         }
         let alive_ms = (3 * self.spec.interval_ms).max(1000);
         pipe.cmd("EVALSHA")
@@ -260,7 +270,10 @@ impl Task {
             pipe.cmd("EVALSHA")
                 .arg(key_script.get_hash())
                 .arg(1)
-                .arg(format!("{}{}:{:016x}", self.spec.prefix, zone.name, entry.hash))
+                .arg(format!(
+                    "{}{}:{:016x}",
+                    self.spec.prefix, zone.name, entry.hash
+                ))
                 .arg(entry.delta)
                 .arg(interval_us)
                 .arg(entry.shape.capacity)
@@ -268,8 +281,7 @@ impl Task {
                 .arg(idle_ms);
         }
         let (instances, replies): (u64, Vec<(i64, i64)>) = {
-            let values: Vec<redis::Value> =
-                pipe.query_async(connection).await.map_err(classify)?;
+            let values: Vec<redis::Value> = pipe.query_async(connection).await.map_err(classify)?;
             let mut values = values.into_iter();
             let instances = values
                 .next()
@@ -370,7 +382,6 @@ impl Task {
             };
             grant.store(grant_word::pack(round as u32, granted), Ordering::Release);
         }
-        let _ = SHARE_ONE;
     }
 }
 

@@ -327,8 +327,14 @@ mod tests {
         assert_eq!(local_share_grant_milli(&shape, 3, 100 * MS, 0), 3_333);
         assert_eq!(local_share_grant_milli(&shape, 3, 100 * MS, 9_000), 10_333);
         // The last share (here all of it) refills by the whole drain, up to K + drain.
-        assert_eq!(share_refill_grant_milli(&shape, SHARE_ONE, 100 * MS, 0), 10_000);
-        assert_eq!(share_refill_grant_milli(&shape, SHARE_ONE, 100 * MS, 30_000), 31_000);
+        assert_eq!(
+            share_refill_grant_milli(&shape, SHARE_ONE, 100 * MS, 0),
+            10_000
+        );
+        assert_eq!(
+            share_refill_grant_milli(&shape, SHARE_ONE, 100 * MS, 30_000),
+            31_000
+        );
     }
 
     #[test]
