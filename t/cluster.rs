@@ -463,3 +463,49 @@ fn unreachable_redis_applies_the_failure_mode() {
         "{log}"
     );
 }
+
+/// The instance's heartbeat score (Redis milliseconds) in the fleet's sorted set.
+fn heartbeat_ms(redis: &Redis) -> u64 {
+    let reply = redis.cli(&["ZRANGE", "rl:instances", "0", "-1", "WITHSCORES"]);
+    reply
+        .lines()
+        .nth(1)
+        .and_then(|score| score.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The loop lives in one worker: when every worker is SIGKILLed a new one takes it over (the
+/// instance's heartbeat in Redis moves on), and a reload under load (old and new workers
+/// overlapping) keeps one loop that counts nothing twice: the instance alone still admits
+/// at least 0.9 L across the reload (a delta counted twice would push the fleet's state
+/// ahead and cut it), and at most L t + burst.
+#[test]
+fn loop_survives_worker_kill_and_reload() {
+    let redis = Redis::start();
+    let mut fleet = fleet(&redis, 1, "interval=100ms");
+    let old = fleet[0].kill_workers();
+    fleet[0].wait_workers_replaced(&old);
+    let killed_at = heartbeat_ms(&redis);
+    thread::sleep(Duration::from_millis(1500));
+    let after = heartbeat_ms(&redis);
+    assert!(
+        after > killed_at + 1000,
+        "heartbeat stopped: {killed_at} -> {after}"
+    );
+
+    let port = fleet[0].port();
+    let load =
+        thread::spawn(move || offer(&[port], 3.0 * LIMIT_PER_SEC, Duration::from_secs(3), "k"));
+    thread::sleep(Duration::from_millis(1200));
+    fleet[0].reload();
+    let answers = load.join().expect("load thread");
+    let passed = passed_between(&answers, Duration::from_secs(1), Duration::from_secs(3));
+    let floor = 0.9 * LIMIT_PER_SEC * 2.0;
+    assert!(
+        passed as f64 >= floor,
+        "admitted {passed} < {floor} across the reload"
+    );
+    let all = passed_between(&answers, Duration::ZERO, Duration::from_secs(3));
+    let bound = 1.05 * LIMIT_PER_SEC * 3.0 + BURST;
+    assert!(all as f64 <= bound, "admitted {all} > {bound}");
+}
