@@ -135,6 +135,7 @@ http {{
         listen 127.0.0.1:%%PORT%% reuseport;
         root html;
         location / {{ rate_limit zone=api nodelay; }}
+        location /ratelimit/ {{ rate_limit_admin; }}
     }}
 }}
 "#
@@ -224,6 +225,14 @@ fn passed_between_quiet(answers: &[Answer], from: Duration, to: Duration) -> usi
         .count()
 }
 
+/// `GET zones/api` of the admin API: the zone's `sync` object.
+fn sync_state(nginx: &Nginx) -> serde_json::Value {
+    let response = common::get(nginx.port(), "/ratelimit/zones/api");
+    assert_eq!(response.status, 200, "{}", response.text());
+    let zone: serde_json::Value = serde_json::from_str(&response.text()).expect("zone JSON");
+    zone["sync"].clone()
+}
+
 fn ports(fleet: &[Nginx]) -> Vec<u16> {
     fleet.iter().map(Nginx::port).collect()
 }
@@ -289,6 +298,16 @@ fn three_instances_share_one_limit() {
     let bound = 1.05 * LIMIT_PER_SEC * span.as_secs_f64() + BURST;
     assert!(answers.iter().all(|a| a.status == 200 || a.status == 429));
     assert!(passed as f64 <= bound, "fleet admitted {passed} > {bound}");
+    let state = sync_state(&fleet[0]);
+    assert_eq!(state["mode"], "synced", "{state}");
+    assert_eq!(state["connected"], true, "{state}");
+    assert_eq!(state["instances"], 3, "{state}");
+    assert!(
+        state["last_sync_age_ms"]
+            .as_u64()
+            .is_some_and(|age| age < 1000),
+        "{state}"
+    );
     // And it is a limit, not a block: most of L t passes.
     assert!(
         passed as f64 >= 0.8 * LIMIT_PER_SEC * span.as_secs_f64(),
@@ -361,9 +380,22 @@ fn redis_stopped_under_load_local_share() {
     };
     thread::sleep(Duration::from_millis(1050));
     redis.signal(SIGSTOP);
-    thread::sleep(Duration::from_secs(2));
+    thread::sleep(Duration::from_millis(1500));
+    let stopped = sync_state(&fleet[0]);
+    let metrics = common::get(fleet[0].port(), "/ratelimit/metrics").text();
+    thread::sleep(Duration::from_millis(500));
     redis.signal(SIGCONT);
     let answers = load.join().expect("load thread");
+    assert_eq!(stopped["mode"], "local_share", "{stopped}");
+    assert_eq!(stopped["fallback"], true, "{stopped}");
+    assert!(
+        metrics.contains("rate_limit_sync_fallback{zone=\"api\"} 1"),
+        "{metrics}"
+    );
+    // Recovery within three intervals of Redis answering again.
+    thread::sleep(Duration::from_millis(300));
+    let resumed = sync_state(&fleet[0]);
+    assert_eq!(resumed["mode"], "synced", "{resumed}");
     assert!(
         answers.iter().all(|a| a.status == 200 || a.status == 429),
         "a request failed"

@@ -416,3 +416,20 @@ fn redact(url: &str) -> String {
         _ => url.to_string(),
     }
 }
+
+/// The instance's sync state for the admin API; `None` without `rate_limit_sync`.
+pub fn info() -> Option<ratelimit_admin::SyncInfo> {
+    let sync = shared::shared()?;
+    let mode = sync.mode();
+    let last_ok_ms = sync.last_ok_ms.load(Ordering::Relaxed);
+    Some(ratelimit_admin::SyncInfo {
+        connected: mode == Mode::Synced,
+        mode: mode.as_str(),
+        last_sync_age_ms: (last_ok_ms != 0).then(|| task::now_ms().saturating_sub(last_ok_ms)),
+        instances: sync.instances(),
+        round_trips: sync.round_trips.load(Ordering::Relaxed),
+        errors: sync.errors.load(Ordering::Relaxed),
+        lag_us: sync.lag_us.load(Ordering::Relaxed),
+        fallback: mode.is_fallback(),
+    })
+}
