@@ -541,3 +541,93 @@ fn loop_survives_worker_kill_and_reload() {
     let bound = 1.05 * LIMIT_PER_SEC * 3.0 + BURST;
     assert!(all as f64 <= bound, "admitted {all} > {bound}");
 }
+
+/// The bench (`bench/cluster.sh`, not part of `cargo test`): three instances of two workers,
+/// one key, L = 100r/s burst=20, each sync interval offered 2x and 10x L spread evenly for
+/// 10 s, plus the same fleet without `sync` and one instance taking all the traffic.
+/// Writes the table to `bench/results/cluster.md` (or `CLUSTER_BENCH_OUT`).
+#[test]
+#[ignore = "bench: run by bench/cluster.sh"]
+fn bench_cluster_table() {
+    let span = Duration::from_secs(10);
+    let limit_t = LIMIT_PER_SEC * span.as_secs_f64();
+    let bound = 1.05 + BURST / limit_t;
+    let mut rows = Vec::new();
+    let p99 = |answers: &[Answer]| {
+        let mut latencies: Vec<Duration> = answers.iter().map(|a| a.latency).collect();
+        latencies.sort();
+        latencies[latencies.len() * 99 / 100].as_secs_f64() * 1000.0
+    };
+    let failed = |answers: &[Answer]| {
+        answers
+            .iter()
+            .filter(|a| a.status != 200 && a.status != 429)
+            .count()
+    };
+    for interval_ms in [20, 50, 100, 250] {
+        for offered in [2.0, 10.0] {
+            let redis = Redis::start();
+            let fleet = fleet(&redis, 3, &format!("interval={interval_ms}ms"));
+            let answers = offer(&ports(&fleet), offered * LIMIT_PER_SEC / 3.0, span, "k");
+            let passed = passed_between(&answers, Duration::ZERO, span);
+            let ratio = passed as f64 / limit_t;
+            rows.push(format!(
+                "| {interval_ms} ms | {offered}x | 3 (even) | {passed} | {ratio:.3} | {} | {:.1} | {} |",
+                if ratio <= bound { format!("<= {bound:.2} yes") } else { format!("<= {bound:.2} NO") },
+                p99(&answers),
+                failed(&answers),
+            ));
+        }
+    }
+    // All the traffic on one instance of three: admitted/L after the first second.
+    {
+        let redis = Redis::start();
+        let fleet = fleet(&redis, 3, "interval=100ms");
+        let answers = offer(&[fleet[0].port()], 3.0 * LIMIT_PER_SEC, span, "k");
+        let passed = passed_between(&answers, Duration::from_secs(1), span);
+        let ratio = passed as f64 / (LIMIT_PER_SEC * (span.as_secs_f64() - 1.0));
+        rows.push(format!(
+            "| 100 ms | 3x | 1 of 3 (after 1 s) | {passed} | {ratio:.3} | {} | {:.1} | {} |",
+            if ratio >= 0.9 {
+                ">= 0.90 yes"
+            } else {
+                ">= 0.90 NO"
+            },
+            p99(&answers),
+            failed(&answers),
+        ));
+    }
+    // The same fleet without `sync`: each instance enforces L alone.
+    {
+        let config = instance_config(1, "", ZONE)
+            .replace("rate_limit_sync redis://127.0.0.1:1 ;", "")
+            .replace(" sync;", ";");
+        let fleet: Vec<Nginx> = (0..3).map(|_| Nginx::start(&config)).collect();
+        let answers = offer(&ports(&fleet), 10.0 * LIMIT_PER_SEC / 3.0, span, "k");
+        let passed = passed_between(&answers, Duration::ZERO, span);
+        rows.push(format!(
+            "| no sync | 10x | 3 (even) | {passed} | {:.3} | (3x expected) | {:.1} | {} |",
+            passed as f64 / limit_t,
+            p99(&answers),
+            failed(&answers),
+        ));
+    }
+    let table = format!(
+        "# Cluster bench (bench/cluster.sh)\n\n\
+         Three nginx instances (2 workers each) on loopback, one Redis, one key, L = 100r/s \
+         burst=20 nodelay (leaky bucket), offered load paced from two keep-alive connections \
+         per instance for {} s. `admitted/L·t` is the fleet's 200s over L times the span; the \
+         target is <= 1.05 + burst/(L·t) = {bound:.2}. p99 is the client's latency in ms \
+         (debug build of the module on a shared 2-core machine). `errors`: answers other \
+         than 200/429.\n\n\
+         | interval | offered | instances loaded | admitted | admitted/L·t | target | p99 ms | errors |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- |\n{}\n",
+        span.as_secs(),
+        rows.join("\n")
+    );
+    let out = std::env::var("CLUSTER_BENCH_OUT").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/bench/results/cluster.md").to_string()
+    });
+    std::fs::write(&out, &table).expect("cannot write the bench table");
+    eprintln!("{table}");
+}
