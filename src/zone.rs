@@ -458,10 +458,11 @@ impl Zone {
         self.sync
     }
 
-    /// A sync zone's `pending` and `grant` words of the key in `index`.
-    pub fn sync_words(&self, index: SlotIndex) -> (&AtomicU64, &AtomicU64) {
+    /// A sync zone's `pending` and `grant` words of the key in `index` (`None` if the slots
+    /// have no room for them, which a sync zone's layout never allows).
+    pub fn sync_words(&self, index: SlotIndex) -> Option<(&AtomicU64, &AtomicU64)> {
         let slot = self.slot(index.0);
-        (&slot[2], &slot[3])
+        Some((slot.get(2)?, slot.get(3)?))
     }
 
     /// A sync zone's slot `index` for the loop: its hash (0: empty), state, pending and

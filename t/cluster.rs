@@ -597,6 +597,92 @@ fn bench_cluster_table() {
             failed(&answers),
         ));
     }
+    // Redis SIGSTOPped from 2 s to 7 s under 10x: local_share after three intervals.
+    {
+        let redis = Redis::start();
+        let fleet = fleet(&redis, 3, "interval=100ms timeout=100ms");
+        let ports = ports(&fleet);
+        let load = thread::spawn(move || {
+            offer(
+                &ports,
+                10.0 * LIMIT_PER_SEC / 3.0,
+                Duration::from_secs(10),
+                "k",
+            )
+        });
+        thread::sleep(Duration::from_millis(2050));
+        redis.signal(SIGSTOP);
+        thread::sleep(Duration::from_secs(5));
+        redis.signal(SIGCONT);
+        let answers = load.join().expect("load thread");
+        let (from, to) = (Duration::from_millis(2500), Duration::from_millis(7000));
+        let passed = passed_between(&answers, from, to);
+        let window = (to - from).as_secs_f64();
+        let ratio = passed as f64 / (LIMIT_PER_SEC * window);
+        let stop_bound = 1.10 + BURST / (LIMIT_PER_SEC * window);
+        let during: Vec<Answer> = answers
+            .iter()
+            .copied()
+            .filter(|a| a.sent >= from && a.sent < to)
+            .collect();
+        rows.push(format!(
+            "| 100 ms, Redis SIGSTOPped 2-7 s | 10x | 3 (even), 2.5-7 s | {passed} | {ratio:.3} | <= {stop_bound:.2} {} | {:.1} | {} |",
+            if ratio <= stop_bound { "yes" } else { "NO" },
+            p99(&during),
+            failed(&answers),
+        ));
+    }
+    // Round trips per instance per interval at 2x and 10x (the admin API's counter), and
+    // the time for every instance to be synced again after Redis restarts empty.
+    {
+        let mut redis = Redis::start();
+        let fleet = fleet(&redis, 3, "interval=100ms");
+        for offered in [2.0, 10.0] {
+            let before: Vec<u64> = fleet
+                .iter()
+                .map(|n| sync_state(n)["round_trips"].as_u64().unwrap_or(0))
+                .collect();
+            let started = Instant::now();
+            let answers = offer(
+                &ports(&fleet),
+                offered * LIMIT_PER_SEC / 3.0,
+                Duration::from_secs(5),
+                "k",
+            );
+            let elapsed = started.elapsed().as_secs_f64();
+            let trips: u64 = fleet
+                .iter()
+                .zip(&before)
+                .map(|(n, b)| sync_state(n)["round_trips"].as_u64().unwrap_or(0) - b)
+                .sum();
+            // A loop turning every 100 ms makes at most floor(t / 100 ms) + 1 turns in t.
+            let allowed = 3 * ((elapsed / 0.1).floor() as u64 + 1);
+            rows.push(format!(
+                "| 100 ms, round trips | {offered}x | 3 (even) | {trips} round trips in {elapsed:.2} s | {:.3} per instance per interval | <= {allowed} (1 per interval) {} | {:.1} | {} |",
+                trips as f64 / 3.0 / (elapsed / 0.1),
+                if trips <= allowed { "yes" } else { "NO" },
+                p99(&answers),
+                failed(&answers),
+            ));
+        }
+        redis.kill();
+        thread::sleep(Duration::from_millis(500));
+        redis.spawn();
+        let restarted = Instant::now();
+        let mut synced_after = None;
+        while restarted.elapsed() < Duration::from_secs(5) {
+            if fleet.iter().all(|n| sync_state(n)["mode"] == "synced") {
+                synced_after = Some(restarted.elapsed());
+                break;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        let ms = synced_after.map_or(f64::INFINITY, |d| d.as_secs_f64() * 1000.0);
+        rows.push(format!(
+            "| 100 ms, Redis restarted empty | - | 3 | all synced {ms:.0} ms after Redis answered | - | <= 300 ms {} | - | - |",
+            if ms <= 300.0 { "yes" } else { "NO" },
+        ));
+    }
     // The same fleet without `sync`: each instance enforces L alone.
     {
         let config = instance_config(1, "", ZONE)

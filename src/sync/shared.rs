@@ -182,7 +182,9 @@ pub fn decide(
     let Some(sync) = shared() else {
         return decide_local();
     };
-    let (pending, grant) = zone.sync_words(index);
+    let Some((pending, grant)) = zone.sync_words(index) else {
+        return decide_local();
+    };
     let mode = sync.mode();
     if mode == Mode::Closed {
         return refused(
