@@ -135,7 +135,7 @@ http {{
         listen 127.0.0.1:%%PORT%% reuseport;
         root html;
         location / {{ rate_limit zone=api nodelay; }}
-        location /ratelimit/ {{ rate_limit_admin; }}
+        location /ratelimit/ {{ rate_limit_admin write=on; }}
     }}
 }}
 "#
@@ -716,4 +716,47 @@ fn bench_cluster_table() {
     });
     std::fs::write(&out, &table).expect("cannot write the bench table");
     eprintln!("{table}");
+}
+
+/// Polls (bounded by `within`) until `nginx`'s zone `api` has `rate`; returns how long it took.
+fn wait_rate(nginx: &Nginx, rate: &str, within: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let response = common::get(nginx.port(), "/ratelimit/zones/api");
+        let zone: serde_json::Value = serde_json::from_str(&response.text()).expect("zone JSON");
+        if zone["rate"] == rate {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "rate still {} after {within:?}, not {rate}",
+            zone["rate"]
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A PATCH on one instance's admin API reaches the others within two intervals (plus the
+/// scheduling of a loaded machine), an instance started later takes it too, and a reload
+/// with an edited file makes the file's value the fleet's, as on one instance.
+#[test]
+fn admin_change_reaches_the_fleet_and_survives_restarts() {
+    let redis = Redis::start();
+    let mut fleet = fleet(&redis, 2, "interval=100ms");
+    let patch =
+        Request::new("PATCH", "/ratelimit/zones/api").json(r#"{"rate": "50r/s", "burst": 5}"#);
+    assert_eq!(common::send(fleet[0].port(), &patch).status, 200);
+    let took = wait_rate(&fleet[1], "50r/s", Duration::from_millis(500));
+    eprintln!("PATCH reached the other instance in {took:?}");
+    // A new instance with the same file takes the fleet's value.
+    let late = Nginx::start(&instance_config(redis.port, "interval=100ms", ZONE));
+    wait_rate(&late, "50r/s", Duration::from_millis(1000));
+    // The file edited and reloaded on one instance: its value becomes the fleet's.
+    fleet[1].reload_with(&instance_config(
+        redis.port,
+        "interval=100ms",
+        "rate=30r/s burst=20",
+    ));
+    wait_rate(&fleet[0], "30r/s", Duration::from_millis(1000));
+    wait_rate(&late, "30r/s", Duration::from_millis(1000));
 }

@@ -58,10 +58,34 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return redis.call('ZCARD', KEYS[1])
 "#;
 
+/// A zone's limits (packed `Limits`) shared by the fleet, in a hash: `v` the limits in force,
+/// `c` the configuration file's value they were last set from. ARGV[1], when not empty, is
+/// this instance's value; ARGV[2], sent in a loop's first round only, its file's value.
+/// An admin change (ARGV[1] alone) replaces `v`. A loop's first round replaces `v` only
+/// when its file says something else than `c` (the file was edited and reloaded): a restart
+/// with the same file takes the fleet's value, as one instance keeps an admin change across
+/// reloads until its file changes. The reply is `v` (`false` when never set).
+const LIMITS_SCRIPT: &str = r#"
+if ARGV[2] ~= '' then
+  if redis.call('HGET', KEYS[1], 'c') ~= ARGV[2] then
+    redis.call('HSET', KEYS[1], 'c', ARGV[2], 'v', ARGV[1])
+  end
+elseif ARGV[1] ~= '' then
+  redis.call('HSET', KEYS[1], 'v', ARGV[1])
+end
+return redis.call('HGET', KEYS[1], 'v')
+"#;
+
 /// One sync zone as the loop sees it.
 pub struct SyncZone {
     pub name: String,
     pub zone: Zone,
+    /// The zone's limits as last agreed with the fleet (packed): a different local value is
+    /// an admin change to push, a different fleet value one to apply.
+    pub agreed_limits: std::cell::Cell<u64>,
+    /// Until the first successful round: the file's value is sent along (see
+    /// `LIMITS_SCRIPT`).
+    pub first_round: std::cell::Cell<bool>,
 }
 
 /// Everything the thread needs; built by a worker, moved into the thread.
@@ -254,6 +278,7 @@ impl Task {
                 .arg("LOAD")
                 .arg(HEARTBEAT_SCRIPT)
                 .ignore();
+            pipe.cmd("SCRIPT").arg("LOAD").arg(LIMITS_SCRIPT).ignore();
         }
         let alive_ms = (3 * self.spec.interval_ms).max(1000);
         pipe.cmd("EVALSHA")
@@ -262,6 +287,28 @@ impl Task {
             .arg(format!("{}instances", self.spec.prefix))
             .arg(format!("{:016x}", self.sync.instance_id))
             .arg(alive_ms);
+        let limits_script = redis::Script::new(LIMITS_SCRIPT);
+        for zone in &self.zones {
+            let header = zone.zone.header();
+            let local = header.limits.load(Ordering::Acquire);
+            let first = zone.first_round.get();
+            let changed = first || local != zone.agreed_limits.get();
+            let config = header.config_limits.load(Ordering::Acquire);
+            pipe.cmd("EVALSHA")
+                .arg(limits_script.get_hash())
+                .arg(1)
+                .arg(format!("{}{}:limits", self.spec.prefix, zone.name))
+                .arg(if changed {
+                    local.to_string()
+                } else {
+                    String::new()
+                })
+                .arg(if first {
+                    config.to_string()
+                } else {
+                    String::new()
+                });
+        }
         for entry in entries {
             let zone = &self.zones[entry.zone];
             let interval_us = (entry.shape.interval_ns / 1000).max(1);
@@ -280,19 +327,29 @@ impl Task {
                 .arg(self.spec.interval_ms)
                 .arg(idle_ms);
         }
-        let (instances, replies): (u64, Vec<(i64, i64)>) = {
+        let (instances, fleet_limits, replies): (u64, Vec<Option<u64>>, Vec<(i64, i64)>) = {
             let values: Vec<redis::Value> = pipe.query_async(connection).await.map_err(classify)?;
             let mut values = values.into_iter();
             let instances = values
                 .next()
                 .and_then(|value| redis::from_redis_value::<u64>(&value).ok())
                 .ok_or(SyncError::Reply)?;
+            let fleet_limits = values
+                .by_ref()
+                .take(self.zones.len())
+                .map(|value| {
+                    redis::from_redis_value::<Option<String>>(&value)
+                        .map(|text| text.and_then(|text| text.parse().ok()))
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| SyncError::Reply)?;
             let replies = values
                 .map(|value| redis::from_redis_value::<(i64, i64)>(&value))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|_| SyncError::Reply)?;
-            (instances, replies)
+            (instances, fleet_limits, replies)
         };
+        self.agree_limits(&fleet_limits);
         link.scripts_loaded = true;
         if replies.len() != entries.len() {
             return Err(SyncError::Reply);
@@ -302,6 +359,28 @@ impl Task {
             .map(|(ahead_us, recent)| (ahead_us.max(0) as u64, recent.max(0) as u64))
             .collect();
         Ok((instances, replies))
+    }
+
+    /// After a round trip: the fleet's value of each zone's limits is agreed on; when it is
+    /// not the zone's own (another instance's admin API changed it), the zone takes it.
+    fn agree_limits(&self, fleet_limits: &[Option<u64>]) {
+        let now = crate::handler::now_ns();
+        for (zone, fleet) in self.zones.iter().zip(fleet_limits) {
+            zone.first_round.set(false);
+            let local = zone.zone.header().limits.load(Ordering::Acquire);
+            let Some(fleet) = fleet.filter(|&fleet| fleet != local) else {
+                zone.agreed_limits.set(local);
+                continue;
+            };
+            if local != zone.agreed_limits.get() {
+                // Changed here after this round's push was built: pushed next round.
+                continue;
+            }
+            if let Some(limits) = ratelimit_core::Limits::unpack(fleet) {
+                zone.zone.set_limits(limits, now);
+                zone.agreed_limits.set(fleet);
+            }
+        }
     }
 
     /// Set each key's grant and local state from the fleet's.
