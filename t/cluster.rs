@@ -21,10 +21,18 @@ struct Redis {
     port: u16,
     dir: PathBuf,
     child: Option<Child>,
+    extra: Vec<String>,
+    /// For redis-cli, when the server requires one.
+    password: Option<String>,
 }
 
 impl Redis {
     fn start() -> Redis {
+        Redis::start_with(&[])
+    }
+
+    /// A server with more `redis-server` arguments (`--requirepass`, ...).
+    fn start_with(extra: &[&str]) -> Redis {
         let dir = std::env::temp_dir().join(format!(
             "ngx-rate-limit-redis-{}-{}",
             std::process::id(),
@@ -35,6 +43,12 @@ impl Redis {
             port: free_port(),
             dir,
             child: None,
+            extra: extra.iter().map(|arg| arg.to_string()).collect(),
+            password: extra
+                .iter()
+                .position(|&arg| arg == "--requirepass")
+                .and_then(|at| extra.get(at + 1))
+                .map(|password| password.to_string()),
         };
         redis.spawn();
         redis
@@ -46,6 +60,7 @@ impl Redis {
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&self.dir)
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -61,7 +76,11 @@ impl Redis {
     }
 
     fn cli(&self, args: &[&str]) -> String {
-        let output = Command::new("redis-cli")
+        let mut command = Command::new("redis-cli");
+        if let Some(password) = &self.password {
+            command.args(["--no-auth-warning", "-a", password]);
+        }
+        let output = command
             .args(["-p", &self.port.to_string()])
             .args(args)
             .output()
@@ -265,6 +284,10 @@ http {{
             "invalid Redis URL \"redis://127.0.0.1:notaport\""),
         (base("rate_limit_sync interval=1s;", "rate=1r/s sync"),
             "\"rate_limit_sync\" must have a redis:// URL"),
+        (base("rate_limit_sync rediss://127.0.0.1:1;", "rate=1r/s sync"),
+            "invalid Redis URL \"rediss://127.0.0.1:1\""),
+        (base("rate_limit_sync redis://127.0.0.1:1 cluster;", "rate=1r/s sync"),
+            "\"cluster\" is not supported yet"),
         (base("rate_limit_sync redis://127.0.0.1:1 bogus;", "rate=1r/s sync"),
             "invalid parameter \"bogus\""),
         (base(&format!("{sync} {sync}"), "rate=1r/s sync"),
@@ -759,4 +782,29 @@ fn admin_change_reaches_the_fleet_and_survives_restarts() {
     ));
     wait_rate(&fleet[0], "30r/s", Duration::from_millis(1000));
     wait_rate(&late, "30r/s", Duration::from_millis(1000));
+}
+
+/// AUTH with a password (`requirepass`) and with an ACL user, each in its URL; a wrong
+/// password is logged once as such and the failure mode applies.
+#[test]
+fn auth_with_password_and_acl_user() {
+    let redis = Redis::start_with(&["--requirepass", "s3cret"]);
+    redis.cli(&["ACL", "SETUSER", "syncer", "on", ">pw", "~rl:*", "+@all"]);
+    let with_url = |url: &str| {
+        instance_config(redis.port, "interval=50ms", ZONE).replace(
+            &format!("redis://127.0.0.1:{}", redis.port),
+            &url.replace("PORT", &redis.port.to_string()),
+        )
+    };
+    let password = Nginx::start(&with_url("redis://:s3cret@127.0.0.1:PORT"));
+    let user = Nginx::start(&with_url("redis://syncer:pw@127.0.0.1:PORT"));
+    let wrong = Nginx::start(&with_url("redis://syncer:nope@127.0.0.1:PORT"));
+    redis.wait_instances(2);
+    thread::sleep(Duration::from_millis(400));
+    assert_eq!(sync_state(&password)["mode"], "synced");
+    assert_eq!(sync_state(&user)["mode"], "synced");
+    assert_eq!(sync_state(&wrong)["mode"], "local_share");
+    let log = wrong.error_log();
+    assert_eq!(log.matches("authentication failed").count(), 1, "{log}");
+    assert!(!log.contains("nope"), "the password is not logged: {log}");
 }
