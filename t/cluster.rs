@@ -810,3 +810,34 @@ fn auth_with_password_and_acl_user() {
     assert_eq!(log.matches("authentication failed").count(), 1, "{log}");
     assert!(!log.contains("nope"), "the password is not logged: {log}");
 }
+
+/// Every algorithm that can sync holds one limit across the fleet: a token bucket (K = burst)
+/// and a sliding window (bounded fleet-wide by a bucket of N at N per window), 10x spread
+/// over three instances for 3 s: at most 1.05 L t + K + L interval (the room is granted one
+/// interval ahead), and most of L t passes.
+#[test]
+fn token_bucket_and_sliding_window_share_one_limit() {
+    #[rustfmt::skip]
+    let rows = [
+        ("rate=100r/s burst=20 algorithm=token_bucket", 20.0),
+        ("rate=100r/s algorithm=sliding_window", 100.0),
+    ];
+    for (zone_words, capacity) in rows {
+        let redis = Redis::start();
+        let fleet: Vec<Nginx> = (0..3)
+            .map(|_| Nginx::start(&instance_config(redis.port, "interval=100ms", zone_words)))
+            .collect();
+        redis.wait_instances(3);
+        let span = Duration::from_secs(3);
+        let answers = offer(&ports(&fleet), 10.0 * LIMIT_PER_SEC / 3.0, span, "k");
+        let passed = passed_between(&answers, Duration::ZERO, span) as f64;
+        let limit_t = LIMIT_PER_SEC * span.as_secs_f64();
+        // One interval's drain (L I = 10) is granted ahead of time on top of the bucket.
+        let bound = 1.05 * limit_t + capacity + LIMIT_PER_SEC * 0.1;
+        assert!(
+            passed <= bound,
+            "{zone_words}: fleet admitted {passed} > {bound}"
+        );
+        assert!(passed >= 0.8 * limit_t, "{zone_words}: only {passed}");
+    }
+}
