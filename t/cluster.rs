@@ -77,11 +77,13 @@ impl Redis {
 
     fn cli(&self, args: &[&str]) -> String {
         let mut command = Command::new("redis-cli");
+        command.stdin(Stdio::null());
         if let Some(password) = &self.password {
             command.args(["--no-auth-warning", "-a", password]);
         }
+        // -c follows a cluster's redirections (and changes nothing on a single server).
         let output = command
-            .args(["-p", &self.port.to_string()])
+            .args(["-c", "-p", &self.port.to_string()])
             .args(args)
             .output()
             .expect("cannot run redis-cli");
@@ -164,6 +166,10 @@ http {{
 const LIMIT_PER_SEC: f64 = 100.0;
 const BURST: f64 = 20.0;
 const ZONE: &str = "rate=100r/s burst=20";
+/// What a fleet admits beyond `L t + burst` by design: each grant includes the interval's
+/// drain ahead of time (L x 100 ms). The target, `1.05 L t + burst` over 10 s, has it
+/// inside its 5% (bench/cluster.sh); these shorter runs add it explicitly.
+const AHEAD: f64 = LIMIT_PER_SEC * 0.1;
 
 fn fleet(redis: &Redis, count: usize, sync_words: &str) -> Vec<Nginx> {
     let fleet: Vec<Nginx> = (0..count)
@@ -286,8 +292,8 @@ http {{
             "\"rate_limit_sync\" must have a redis:// URL"),
         (base("rate_limit_sync rediss://127.0.0.1:1;", "rate=1r/s sync"),
             "invalid Redis URL \"rediss://127.0.0.1:1\""),
-        (base("rate_limit_sync redis://127.0.0.1:1 cluster;", "rate=1r/s sync"),
-            "\"cluster\" is not supported yet"),
+        (base("rate_limit_sync redis://127.0.0.1:1 redis://127.0.0.1:2;", "rate=1r/s sync"),
+            "invalid Redis URL \"redis://127.0.0.1:2\": several URLs need \"cluster\""),
         (base("rate_limit_sync redis://127.0.0.1:1 bogus;", "rate=1r/s sync"),
             "invalid parameter \"bogus\""),
         (base(&format!("{sync} {sync}"), "rate=1r/s sync"),
@@ -318,7 +324,7 @@ fn three_instances_share_one_limit() {
     let span = Duration::from_secs(4);
     let answers = offer(&ports(&fleet), 10.0 * LIMIT_PER_SEC / 3.0, span, "k");
     let passed = passed_between(&answers, Duration::ZERO, span);
-    let bound = 1.05 * LIMIT_PER_SEC * span.as_secs_f64() + BURST;
+    let bound = 1.05 * LIMIT_PER_SEC * span.as_secs_f64() + BURST + AHEAD;
     assert!(answers.iter().all(|a| a.status == 200 || a.status == 429));
     assert!(passed as f64 <= bound, "fleet admitted {passed} > {bound}");
     let state = sync_state(&fleet[0]);
@@ -464,7 +470,7 @@ fn redis_restarted_empty_reconverges() {
     let span = Duration::from_secs(3);
     let answers = offer(&ports(&fleet), 10.0 * LIMIT_PER_SEC / 3.0, span, "k");
     let passed = passed_between(&answers, Duration::ZERO, span);
-    let bound = 1.05 * LIMIT_PER_SEC * span.as_secs_f64() + BURST;
+    let bound = 1.05 * LIMIT_PER_SEC * span.as_secs_f64() + BURST + AHEAD;
     assert!(
         passed as f64 <= bound,
         "fleet admitted {passed} > {bound} after the restart"
@@ -563,7 +569,7 @@ fn loop_survives_worker_kill_and_reload() {
         "admitted {passed} < {floor} across the reload"
     );
     let all = passed_between(&answers, Duration::ZERO, Duration::from_secs(3));
-    let bound = 1.05 * LIMIT_PER_SEC * 3.0 + BURST;
+    let bound = 1.05 * LIMIT_PER_SEC * 3.0 + BURST + AHEAD;
     assert!(all as f64 <= bound, "admitted {all} > {bound}");
 }
 
@@ -708,6 +714,29 @@ fn bench_cluster_table() {
             if ms <= 300.0 { "yes" } else { "NO" },
         ));
     }
+    // Redis Cluster of three masters, 10x spread evenly.
+    {
+        let nodes = redis_cluster();
+        let fleet: Vec<Nginx> = (0..3)
+            .map(|_| {
+                Nginx::start(&instance_config(
+                    nodes[0].port,
+                    "cluster interval=100ms",
+                    ZONE,
+                ))
+            })
+            .collect();
+        nodes[0].wait_instances(3);
+        let answers = offer(&ports(&fleet), 10.0 * LIMIT_PER_SEC / 3.0, span, "k");
+        let passed = passed_between(&answers, Duration::ZERO, span);
+        let ratio = passed as f64 / limit_t;
+        rows.push(format!(
+            "| 100 ms, Redis Cluster (3 masters) | 10x | 3 (even) | {passed} | {ratio:.3} | <= {bound:.2} {} | {:.1} | {} |",
+            if ratio <= bound { "yes" } else { "NO" },
+            p99(&answers),
+            failed(&answers),
+        ));
+    }
     // The same fleet without `sync`: each instance enforces L alone.
     {
         let config = instance_config(1, "", ZONE)
@@ -833,11 +862,108 @@ fn token_bucket_and_sliding_window_share_one_limit() {
         let passed = passed_between(&answers, Duration::ZERO, span) as f64;
         let limit_t = LIMIT_PER_SEC * span.as_secs_f64();
         // One interval's drain (L I = 10) is granted ahead of time on top of the bucket.
-        let bound = 1.05 * limit_t + capacity + LIMIT_PER_SEC * 0.1;
+        let bound = 1.05 * limit_t + capacity + AHEAD;
         assert!(
             passed <= bound,
             "{zone_words}: fleet admitted {passed} > {bound}"
         );
         assert!(passed >= 0.8 * limit_t, "{zone_words}: only {passed}");
     }
+}
+
+/// Three masters made into a Redis Cluster with `redis-cli --cluster create`, ready when
+/// every node reports `cluster_state:ok` (bounded wait).
+fn redis_cluster() -> Vec<Redis> {
+    let nodes: Vec<Redis> = (0..3)
+        .map(|_| Redis::start_with(&["--cluster-enabled", "yes"]))
+        .collect();
+    let addresses: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let output = Command::new("redis-cli")
+        .arg("--cluster")
+        .arg("create")
+        .args(&addresses)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("cannot run redis-cli --cluster create");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    for _ in 0..250 {
+        if nodes
+            .iter()
+            .all(|node| node.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+        {
+            return nodes;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    panic!("the cluster never reached cluster_state:ok");
+}
+
+/// Redis Cluster: three instances share one limit through three masters, one pipeline per
+/// node per round (each node's `evalsha` calls stay within its rounds), and the keys of one
+/// zone spread over the nodes.
+#[test]
+fn redis_cluster_shares_one_limit() {
+    let nodes = redis_cluster();
+    let seed = nodes[0].port;
+    let fleet: Vec<Nginx> = (0..3)
+        .map(|_| Nginx::start(&instance_config(seed, "cluster interval=100ms", ZONE)))
+        .collect();
+    nodes[0].wait_instances(3);
+    for instance in &fleet {
+        assert_eq!(
+            sync_state(instance)["mode"],
+            "synced",
+            "{}",
+            instance.error_log()
+        );
+    }
+    // A few keys, one request each: their Redis keys land on several nodes.
+    for key in 0..24 {
+        let response = common::send(
+            fleet[0].port(),
+            &Request::get("/index.html").header("X-Key", &format!("spread-{key}")),
+        );
+        assert_eq!(response.status, 200);
+    }
+    let before: Vec<u64> = nodes.iter().map(|n| n.calls("evalsha")).collect();
+    let started = Instant::now();
+    let span = Duration::from_secs(3);
+    let answers = offer(&ports(&fleet), 10.0 * LIMIT_PER_SEC / 3.0, span, "k");
+    let elapsed = started.elapsed().as_secs_f64();
+    let passed = passed_between(&answers, Duration::ZERO, span) as f64;
+    let bound = 1.05 * LIMIT_PER_SEC * span.as_secs_f64() + BURST + AHEAD;
+    assert!(
+        passed <= bound,
+        "fleet admitted {passed} > {bound} through the cluster"
+    );
+    assert!(
+        passed >= 0.8 * LIMIT_PER_SEC * span.as_secs_f64(),
+        "only {passed}"
+    );
+    // Per node: three instances, each round at most the heartbeat, the zone's limits and
+    // the one loaded key (when they live there).
+    let rounds = (elapsed / 0.1).ceil() as u64 + 1;
+    for (node, before) in nodes.iter().zip(before) {
+        let calls = node.calls("evalsha") - before;
+        assert!(
+            calls <= 3 * 3 * rounds,
+            "{calls} calls on one node in {elapsed:.1} s"
+        );
+    }
+    let holding = nodes
+        .iter()
+        .filter(|node| node.cli(&["DBSIZE"]).trim().parse::<u64>().unwrap_or(0) > 0)
+        .count();
+    assert!(
+        holding >= 2,
+        "the zone's keys did not spread over the nodes"
+    );
 }

@@ -2,7 +2,7 @@
 //!
 //! * `shared`: the instance's sync record in its own shared memory, and the request path's
 //!   grant (no Redis call, no lock on the request path);
-//! * `task`: the loop thread and its Redis I/O;
+//! * `task`: the loop thread and its Redis I/O; `cluster`: its routing for a Redis Cluster;
 //! * here: the directive, the election of the worker that runs the loop (an owner pid and a
 //!   heartbeat in shared memory, checked by every worker on a timer), its start after fork
 //!   (`init_process`, never in the master), take-over when its worker dies, and its stop and
@@ -11,6 +11,7 @@
 //!
 //! The arithmetic is in `ratelimit_core::fleet`.
 
+mod cluster;
 pub mod shared;
 mod task;
 
@@ -71,13 +72,7 @@ pub extern "C" fn cmd_rate_limit_sync(
             return conf_error(cf, &format!("invalid Redis URL \"{url}\": {error}"));
         }
     }
-    if spec.cluster {
-        return conf_error(
-            cf,
-            "\"cluster\" is not supported yet by \"rate_limit_sync\": give one redis:// URL",
-        );
-    }
-    if spec.urls.len() > 1 {
+    if spec.urls.len() > 1 && !spec.cluster {
         return conf_error(
             cf,
             &format!(

@@ -16,12 +16,13 @@ use std::time::Duration;
 use ratelimit_core::fleet::{self, grant_word, FleetShape, ASKED};
 use ratelimit_core::sync_spec::{OnFailure, SyncSpec};
 
+use super::cluster;
 use super::shared::{Mode, SyncError, SyncShared};
 use crate::zone::Zone;
 
 /// Applies one instance's delta to a key's fleet state on Redis's clock and returns the
-/// fleet TAT's lead over Redis's now (µs) and the fleet's requests in this and the previous
-/// sync window. ARGV: delta, T (µs per request), K, interval (ms), idle expiry (ms).
+/// fleet TAT's lead over Redis's now (µs), the fleet's requests in this and the previous
+/// sync window, and in the previous one alone. ARGV: delta, T (µs per request), K, interval (ms), idle expiry (ms).
 /// Numbers are written with `%.0f`: Lua's `tostring` would round a µs time to 14 digits.
 const KEY_SCRIPT: &str = r#"
 local t = redis.call('TIME')
@@ -44,7 +45,7 @@ if hw == w - 1 then p = c; c = 0 elseif hw ~= w then p = 0; c = 0 end
 c = c + delta
 redis.call('HSET', KEYS[1], 't', string.format('%.0f', tat), 'w', string.format('%.0f', w), 'c', c, 'p', p)
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
-return {tat - now, p + c}
+return {tat - now, p + c, p}
 "#;
 
 /// Records this instance alive (a sorted set scored by Redis's milliseconds) and returns how
@@ -118,11 +119,83 @@ struct Entry {
     shape: FleetShape,
 }
 
-/// The connection, opened lazily and dropped after any failure.
-struct Link {
+/// The connection(s), opened lazily and dropped after any failure.
+enum Link {
+    Single(SingleLink),
+    Cluster(cluster::ClusterLink),
+}
+
+impl Link {
+    fn reset(&mut self) {
+        match self {
+            Link::Single(single) => {
+                single.connection = None;
+                single.scripts_loaded = false;
+            }
+            Link::Cluster(cluster) => cluster.reset(),
+        }
+    }
+}
+
+/// One Redis server.
+struct SingleLink {
     client: Option<redis::Client>,
     connection: Option<redis::aio::MultiplexedConnection>,
     scripts_loaded: bool,
+}
+
+impl SingleLink {
+    /// One pipeline with every command; the replies in order.
+    async fn send(
+        &mut self,
+        commands: &[cluster::Routed],
+        scripts: &[&str],
+    ) -> Result<Vec<redis::Value>, SyncError> {
+        let Some(client) = &self.client else {
+            return Err(SyncError::BadUrl);
+        };
+        if self.connection.is_none() {
+            let connection = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(classify)?;
+            self.connection = Some(connection);
+        }
+        let Some(connection) = self.connection.as_mut() else {
+            return Err(SyncError::Connect);
+        };
+        let mut pipe = redis::pipe();
+        if !self.scripts_loaded {
+            for script in scripts {
+                pipe.cmd("SCRIPT").arg("LOAD").arg(*script).ignore();
+            }
+        }
+        for routed in commands {
+            pipe.add_command(routed.command.clone());
+        }
+        let values: Vec<redis::Value> = pipe.query_async(connection).await.map_err(classify)?;
+        self.scripts_loaded = true;
+        Ok(values)
+    }
+}
+
+/// A key script's reply: the fleet's lead (µs), recent requests, and those of the previous
+/// window.
+fn key_reply(value: &redis::Value) -> Result<(u64, u64, u64), SyncError> {
+    let (ahead_us, recent, before) =
+        redis::from_redis_value::<(i64, i64, i64)>(value).map_err(|_| SyncError::Reply)?;
+    Ok((
+        ahead_us.max(0) as u64,
+        recent.max(0) as u64,
+        before.max(0) as u64,
+    ))
+}
+
+/// A limits script's reply: `Some(None)` when the fleet has no value yet, `None` when the
+/// reply cannot be read.
+fn limits_reply(value: &redis::Value) -> Option<Option<u64>> {
+    let text = redis::from_redis_value::<Option<String>>(value).ok()?;
+    Some(text.and_then(|text| text.parse().ok()))
 }
 
 impl Task {
@@ -145,10 +218,14 @@ impl Task {
     }
 
     async fn main_loop(self) {
-        let mut link = Link {
-            client: redis::Client::open(self.spec.urls[0].as_str()).ok(),
-            connection: None,
-            scripts_loaded: false,
+        let mut link = if self.spec.cluster {
+            Link::Cluster(cluster::ClusterLink::new(&self.spec.urls))
+        } else {
+            Link::Single(SingleLink {
+                client: redis::Client::open(self.spec.urls[0].as_str()).ok(),
+                connection: None,
+                scripts_loaded: false,
+            })
         };
         let mut memory = HashMap::new();
         let mut next = tokio::time::Instant::now();
@@ -181,19 +258,48 @@ impl Task {
         let entries = self.collect();
         let started = std::time::Instant::now();
         let timeout = Duration::from_millis(self.spec.timeout_ms);
-        let result = tokio::time::timeout(timeout, self.exchange(link, &entries)).await;
-        let outcome = match result {
-            Ok(Ok(replies)) => Ok(replies),
-            Ok(Err(error)) => Err(error),
-            Err(_) => Err(SyncError::Timeout),
+        let commands = self.commands(&entries);
+        let results = match tokio::time::timeout(timeout, self.exchange(link, &commands)).await {
+            Ok(results) => results,
+            Err(_) => {
+                link.reset();
+                commands.iter().map(|_| Err(SyncError::Timeout)).collect()
+            }
         };
-        match outcome {
-            Ok((instances, replies)) => {
+        let mut results = results.into_iter();
+        let heartbeat = results.next().unwrap_or(Err(SyncError::Reply));
+        let fleet_limits: Vec<Option<Option<u64>>> = results
+            .by_ref()
+            .take(self.zones.len())
+            .map(|result| result.ok().and_then(|value| limits_reply(&value)))
+            .collect();
+        self.agree_limits(&fleet_limits);
+        let mut first_error = heartbeat.as_ref().err().copied();
+        let instances = match heartbeat
+            .and_then(|value| redis::from_redis_value::<u64>(&value).map_err(|_| SyncError::Reply))
+        {
+            Ok(instances) => instances.max(1),
+            Err(error) => {
+                first_error = first_error.or(Some(error));
+                self.sync.instances()
+            }
+        };
+        let mut synced = Vec::new();
+        let mut failed = Vec::new();
+        for (entry, result) in entries.iter().zip(results) {
+            match result.and_then(|value| key_reply(&value)) {
+                Ok(reply) => synced.push((entry, reply)),
+                Err(error) => {
+                    first_error = first_error.or(Some(error));
+                    failed.push(entry);
+                }
+            }
+        }
+        self.apply(&synced, instances, round, memory);
+        match first_error {
+            None => {
                 let lag_us = started.elapsed().as_micros() as u64;
-                self.apply(&entries, &replies, instances, round, memory);
-                self.sync
-                    .instances
-                    .store(instances.max(1), Ordering::Relaxed);
+                self.sync.instances.store(instances, Ordering::Relaxed);
                 self.sync.lag_us.store(lag_us, Ordering::Relaxed);
                 self.sync.last_ok_ms.store(now_ms(), Ordering::Relaxed);
                 self.sync.round_trips.fetch_add(1, Ordering::Relaxed);
@@ -204,12 +310,11 @@ impl Task {
                 self.sync.last_error.store(0, Ordering::Relaxed);
                 self.sync.mode.store(Mode::Synced as u64, Ordering::Release);
             }
-            Err(error) => {
-                link.connection = None;
-                link.scripts_loaded = false;
+            Some(error) => {
+                link.reset();
                 self.sync.errors.fetch_add(1, Ordering::Relaxed);
                 self.sync.last_error.store(error as u64, Ordering::Relaxed);
-                self.missed(&entries, round, memory);
+                self.missed(&failed, round, memory);
             }
         }
         memory.retain(|_, key| round.wrapping_sub(key.round) < 100);
@@ -250,54 +355,33 @@ impl Task {
         entries
     }
 
-    /// One pipeline: scripts (when not known to be loaded), the heartbeat, one call per key.
-    async fn exchange(
-        &self,
-        link: &mut Link,
-        entries: &[Entry],
-    ) -> Result<(u64, Vec<(u64, u64)>), SyncError> {
-        let Some(client) = &link.client else {
-            return Err(SyncError::BadUrl);
-        };
-        if link.connection.is_none() {
-            let connection = client
-                .get_multiplexed_async_connection()
-                .await
-                .map_err(classify)?;
-            link.connection = Some(connection);
-        }
-        let Some(connection) = link.connection.as_mut() else {
-            return Err(SyncError::Connect);
-        };
-        let key_script = redis::Script::new(KEY_SCRIPT);
-        let heartbeat_script = redis::Script::new(HEARTBEAT_SCRIPT);
-        let mut pipe = redis::pipe();
-        if !link.scripts_loaded {
-            pipe.cmd("SCRIPT").arg("LOAD").arg(KEY_SCRIPT).ignore();
-            pipe.cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(HEARTBEAT_SCRIPT)
-                .ignore();
-            pipe.cmd("SCRIPT").arg("LOAD").arg(LIMITS_SCRIPT).ignore();
-        }
+    /// The round's commands, each with the key that routes it: the heartbeat, each zone's
+    /// limits, each touched key.
+    fn commands(&self, entries: &[Entry]) -> Vec<cluster::Routed> {
+        let mut commands = Vec::with_capacity(1 + self.zones.len() + entries.len());
         let alive_ms = (3 * self.spec.interval_ms).max(1000);
-        pipe.cmd("EVALSHA")
-            .arg(heartbeat_script.get_hash())
+        let key = format!("{}instances", self.spec.prefix);
+        let mut command = redis::cmd("EVALSHA");
+        command
+            .arg(redis::Script::new(HEARTBEAT_SCRIPT).get_hash())
             .arg(1)
-            .arg(format!("{}instances", self.spec.prefix))
+            .arg(&key)
             .arg(format!("{:016x}", self.sync.instance_id))
             .arg(alive_ms);
-        let limits_script = redis::Script::new(LIMITS_SCRIPT);
+        commands.push(cluster::Routed { key, command });
+        let limits_hash = redis::Script::new(LIMITS_SCRIPT).get_hash().to_string();
         for zone in &self.zones {
             let header = zone.zone.header();
             let local = header.limits.load(Ordering::Acquire);
             let first = zone.first_round.get();
             let changed = first || local != zone.agreed_limits.get();
             let config = header.config_limits.load(Ordering::Acquire);
-            pipe.cmd("EVALSHA")
-                .arg(limits_script.get_hash())
+            let key = format!("{}{}:limits", self.spec.prefix, zone.name);
+            let mut command = redis::cmd("EVALSHA");
+            command
+                .arg(&limits_hash)
                 .arg(1)
-                .arg(format!("{}{}:limits", self.spec.prefix, zone.name))
+                .arg(&key)
                 .arg(if changed {
                     local.to_string()
                 } else {
@@ -308,64 +392,59 @@ impl Task {
                 } else {
                     String::new()
                 });
+            commands.push(cluster::Routed { key, command });
         }
+        let key_hash = redis::Script::new(KEY_SCRIPT).get_hash().to_string();
         for entry in entries {
             let zone = &self.zones[entry.zone];
             let interval_us = (entry.shape.interval_ns / 1000).max(1);
             let idle_ms =
                 (entry.shape.capacity * entry.shape.interval_ns) / 1_000_000 + 2 * alive_ms;
-            pipe.cmd("EVALSHA")
-                .arg(key_script.get_hash())
+            let key = format!("{}{}:{:016x}", self.spec.prefix, zone.name, entry.hash);
+            let mut command = redis::cmd("EVALSHA");
+            command
+                .arg(&key_hash)
                 .arg(1)
-                .arg(format!(
-                    "{}{}:{:016x}",
-                    self.spec.prefix, zone.name, entry.hash
-                ))
+                .arg(&key)
                 .arg(entry.delta)
                 .arg(interval_us)
                 .arg(entry.shape.capacity)
                 .arg(self.spec.interval_ms)
                 .arg(idle_ms);
+            commands.push(cluster::Routed { key, command });
         }
-        let (instances, fleet_limits, replies): (u64, Vec<Option<u64>>, Vec<(i64, i64)>) = {
-            let values: Vec<redis::Value> = pipe.query_async(connection).await.map_err(classify)?;
-            let mut values = values.into_iter();
-            let instances = values
-                .next()
-                .and_then(|value| redis::from_redis_value::<u64>(&value).ok())
-                .ok_or(SyncError::Reply)?;
-            let fleet_limits = values
-                .by_ref()
-                .take(self.zones.len())
-                .map(|value| {
-                    redis::from_redis_value::<Option<String>>(&value)
-                        .map(|text| text.and_then(|text| text.parse().ok()))
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|_| SyncError::Reply)?;
-            let replies = values
-                .map(|value| redis::from_redis_value::<(i64, i64)>(&value))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|_| SyncError::Reply)?;
-            (instances, fleet_limits, replies)
-        };
-        self.agree_limits(&fleet_limits);
-        link.scripts_loaded = true;
-        if replies.len() != entries.len() {
-            return Err(SyncError::Reply);
+        commands
+    }
+
+    /// Send the commands: one pipeline to the server, or one per node of a cluster (scripts
+    /// loaded in the same pipeline when not known to be). Each command's reply or error.
+    async fn exchange(
+        &self,
+        link: &mut Link,
+        commands: &[cluster::Routed],
+    ) -> Vec<Result<redis::Value, SyncError>> {
+        let scripts = [KEY_SCRIPT, HEARTBEAT_SCRIPT, LIMITS_SCRIPT];
+        match link {
+            Link::Cluster(cluster) => cluster.send(commands, &scripts).await,
+            Link::Single(single) => match single.send(commands, &scripts).await {
+                Ok(values) if values.len() == commands.len() => {
+                    values.into_iter().map(Ok).collect()
+                }
+                Ok(_) => commands.iter().map(|_| Err(SyncError::Reply)).collect(),
+                Err(error) => commands.iter().map(|_| Err(error)).collect(),
+            },
         }
-        let replies = replies
-            .into_iter()
-            .map(|(ahead_us, recent)| (ahead_us.max(0) as u64, recent.max(0) as u64))
-            .collect();
-        Ok((instances, replies))
     }
 
     /// After a round trip: the fleet's value of each zone's limits is agreed on; when it is
     /// not the zone's own (another instance's admin API changed it), the zone takes it.
-    fn agree_limits(&self, fleet_limits: &[Option<u64>]) {
+    fn agree_limits(&self, fleet_limits: &[Option<Option<u64>>]) {
         let now = crate::handler::now_ns();
         for (zone, fleet) in self.zones.iter().zip(fleet_limits) {
+            // A zone whose call failed this round tries again next round.
+            let Some(fleet) = fleet else {
+                continue;
+            };
             zone.first_round.set(false);
             let local = zone.zone.header().limits.load(Ordering::Acquire);
             let Some(fleet) = fleet.filter(|&fleet| fleet != local) else {
@@ -386,15 +465,14 @@ impl Task {
     /// Set each key's grant and local state from the fleet's.
     fn apply(
         &self,
-        entries: &[Entry],
-        replies: &[(u64, u64)],
+        synced: &[(&Entry, (u64, u64, u64))],
         instances: u64,
         round: u64,
         memory: &mut HashMap<(usize, u64), KeyMemory>,
     ) {
         let sync_ns = self.spec.interval_ms * 1_000_000;
         let now = crate::handler::now_ns();
-        for (entry, &(ahead_us, fleet_recent)) in entries.iter().zip(replies) {
+        for &(entry, (ahead_us, fleet_recent, fleet_before)) in synced {
             let Some((hash, [state, pending, grant])) =
                 self.zones[entry.zone].zone.sync_slot(entry.slot)
             else {
@@ -406,7 +484,7 @@ impl Task {
             let key = memory.entry((entry.zone, entry.hash)).or_default();
             let mine = entry.delta + key.last_delta;
             key.last_delta = entry.delta;
-            key.share = fleet::share(mine, fleet_recent, instances);
+            key.share = fleet::share(mine, fleet_recent, fleet_before, instances);
             key.round = round;
             let ahead_ns = ahead_us.saturating_mul(1000);
             let room = fleet::fleet_room_milli(&entry.shape, ahead_ns, sync_ns);
@@ -423,7 +501,12 @@ impl Task {
 
     /// A failed round: the deltas go back (the fleet is charged for them later), the mode
     /// follows the misses, and the touched keys get grants from shares.
-    fn missed(&self, entries: &[Entry], round: u64, memory: &mut HashMap<(usize, u64), KeyMemory>) {
+    fn missed(
+        &self,
+        entries: &[&Entry],
+        round: u64,
+        memory: &mut HashMap<(usize, u64), KeyMemory>,
+    ) {
         let missed = self.sync.missed.fetch_add(1, Ordering::AcqRel) + 1;
         let was = self.sync.mode();
         let mode = if missed >= u64::from(SyncSpec::FAILED_AFTER_ROUNDS) {
@@ -469,7 +552,8 @@ pub fn now_ms() -> u64 {
     crate::handler::now_ns() / 1_000_000
 }
 
-fn classify(error: redis::RedisError) -> SyncError {
+/// What a client error means for the log.
+pub(super) fn classify(error: redis::RedisError) -> SyncError {
     use redis::ErrorKind;
     match error.kind() {
         ErrorKind::AuthenticationFailed => SyncError::Auth,

@@ -10,7 +10,7 @@
 //! the room [`fleet_room_milli`] `= K * T + I - ahead` (in requests: what the bucket holds
 //! plus what drains during the interval), and this instance gets its share of it
 //! ([`share`]): its part of the key's recent fleet traffic, never below `1 / N̂` for the `N̂`
-//! instances seen alive. The grant is spent by the request path with one compare-and-swap
+//! instances seen alive, and exactly `1 / N̂` while the fleet has no history of the key. The grant is spent by the request path with one compare-and-swap
 //! ([`take_grant`]); the instance's own algorithm still decides each request too.
 //!
 //! # Bound
@@ -115,16 +115,26 @@ pub fn fleet_room_milli(shape: &FleetShape, ahead_ns: u64, sync_ns: u64) -> u64 
 /// This instance's share of a key (fixed point, [`SHARE_ONE`] is all of it): its recent
 /// requests over the fleet's, at least `1 / instances` and at most 1.
 ///
+/// `fleet_before` is the fleet's requests in the previous sync window: without any (a key
+/// new to the fleet, or a store restarted empty) the store cannot tell whether the other
+/// instances have traffic they did not report yet, and each instance takes `1 / instances`.
+/// Otherwise every instance, seeing itself alone in its first round, would take the whole
+/// room at once.
+///
 /// ```
 /// use ratelimit_core::fleet::{share, SHARE_ONE};
 ///
-/// assert_eq!(share(30, 30, 3), SHARE_ONE); // all the traffic came here
-/// assert_eq!(share(10, 30, 3), SHARE_ONE / 3);
-/// assert_eq!(share(0, 30, 3), SHARE_ONE / 3); // never below 1/N
-/// assert_eq!(share(0, 0, 0), SHARE_ONE); // alone (nobody else seen)
+/// assert_eq!(share(30, 30, 20, 3), SHARE_ONE); // all the traffic came here
+/// assert_eq!(share(10, 30, 20, 3), SHARE_ONE / 3);
+/// assert_eq!(share(0, 30, 20, 3), SHARE_ONE / 3); // never below 1/N
+/// assert_eq!(share(30, 30, 0, 3), SHARE_ONE / 3); // no history yet
+/// assert_eq!(share(0, 0, 0, 0), SHARE_ONE); // alone (nobody else seen)
 /// ```
-pub fn share(mine: u64, fleet: u64, instances: u64) -> u64 {
+pub fn share(mine: u64, fleet: u64, fleet_before: u64, instances: u64) -> u64 {
     let floor = SHARE_ONE / instances.max(1);
+    if fleet_before == 0 {
+        return floor;
+    }
     // The store may not have counted all of our own delta yet (or lost it): never less.
     let fleet = fleet.max(mine);
     if fleet == 0 {
@@ -403,7 +413,7 @@ mod tests {
                     let fleet_recent = fleet_window.1 + fleet_window.2;
                     let mine = delta + last[i];
                     last[i] = delta;
-                    let s = share(mine, fleet_recent, n as u64);
+                    let s = share(mine, fleet_recent, fleet_window.1, n as u64);
                     let room = fleet_room_milli(&shape, tat - now, sync_ns);
                     grants[i] = grant_word::pack(rounds[i], grant_milli(room, s, 0));
                     rounds[i] = rounds[i].wrapping_add(1);
