@@ -967,3 +967,70 @@ fn redis_cluster_shares_one_limit() {
         "the zone's keys did not spread over the nodes"
     );
 }
+
+/// Requests admitted while Redis was stopped are charged to the fleet once it answers: the
+/// key's fleet state in Redis is then ahead by what the instance admitted during the outage,
+/// up to the bound Redis keeps (two buckets and one interval ahead of its clock).
+#[test]
+fn consumption_during_an_outage_is_carried_over() {
+    let redis = Redis::start();
+    let fleet = fleet(&redis, 1, "interval=100ms timeout=50ms on_failure=open");
+    // One request so that the key exists in Redis.
+    let one = Request::get("/index.html").header("X-Key", "k");
+    assert_eq!(common::send(fleet[0].port(), &one).status, 200);
+    thread::sleep(Duration::from_millis(300));
+    redis.signal(SIGSTOP);
+    let answers = offer(
+        &[fleet[0].port()],
+        3.0 * LIMIT_PER_SEC,
+        Duration::from_secs(1),
+        "k",
+    );
+    let admitted = answers.iter().filter(|a| a.status == 200).count();
+    redis.signal(SIGCONT);
+    // The first round after Redis answers pushes the carried deltas.
+    let resumed = Instant::now();
+    while sync_state(&fleet[0])["mode"] != "synced" {
+        assert!(
+            resumed.elapsed() < Duration::from_secs(2),
+            "never synced again"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+    // The key's fleet TAT and Redis's clock, read together (bounded wait for the key).
+    let (tat_us, now_us) = loop {
+        let keys = redis.cli(&["KEYS", "rl:api:*"]);
+        let key = keys
+            .lines()
+            .map(str::trim)
+            .find(|key| !key.is_empty() && !key.ends_with(":limits"));
+        let tat = key.and_then(|key| redis.cli(&["HGET", key, "t"]).trim().parse::<f64>().ok());
+        if let Some(tat_us) = tat {
+            let time = redis.cli(&["TIME"]);
+            let mut time = time
+                .lines()
+                .map(|line| line.trim().parse::<f64>().unwrap_or(0.0));
+            let now_us = time.next().unwrap_or(0.0) * 1e6 + time.next().unwrap_or(0.0);
+            break (tat_us, now_us);
+        }
+        assert!(
+            resumed.elapsed() < Duration::from_secs(2),
+            "no fleet state: {keys}"
+        );
+        thread::sleep(Duration::from_millis(5));
+    };
+    let ahead_ms = (tat_us - now_us) / 1000.0;
+    eprintln!("after the outage: {admitted} admitted, fleet state {ahead_ms:.0} ms ahead");
+    // Over 100 requests at 10 ms each were charged; Redis keeps a key at most 2 K T + I =
+    // 520 ms ahead (the bound on what an outage carries over). Read within a round of the
+    // push, the state is still well ahead; dropped deltas would leave it at 0 (the one
+    // request before the outage drained long ago).
+    assert!(
+        admitted >= 100,
+        "only {admitted} admitted during the outage"
+    );
+    assert!(
+        ahead_ms >= 250.0,
+        "fleet state only {ahead_ms:.0} ms ahead after {admitted} requests"
+    );
+}
