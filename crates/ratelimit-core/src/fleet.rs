@@ -10,17 +10,20 @@
 //! the room [`fleet_room_milli`] `= K * T + I - ahead` (in requests: what the bucket holds
 //! plus what drains during the interval), and this instance gets its share of it
 //! ([`share`]): its part of the key's recent fleet traffic, never below `1 / N̂` for the `N̂`
-//! instances seen alive, and exactly `1 / N̂` while the fleet has no history of the key. The grant is spent by the request path with one compare-and-swap
-//! ([`take_grant`]); the instance's own algorithm still decides each request too.
+//! instances seen alive, and exactly `1 / N̂` while the fleet has no history of the key.
+//! The grant is spent by the request path with one compare-and-swap ([`take_grant`]); the
+//! instance's own algorithm still decides each request too.
 //!
 //! # Bound
 //!
 //! Every admitted request ends up in the store's TAT, and no instance is granted anything
 //! once `ahead >= K * T + I`. Over any span `t`, the fleet admits at most
-//! `L * t + K + L * I` plus what the grants handed out in one round exceed the room by (the
-//! shares sum to at most `1 + (N̂ - 1) / N̂ < 2`: an instance at the floor may not use its
-//! share) plus the fresh grants spent before a key's first sync: below `L * t + 3 * (K + L * I)`
-//! whatever the attack rate (the proptest checks it). With the traffic spread evenly the
+//! `L * t + K + L * I` plus what the grants handed out in one round exceed the room by, plus
+//! the fresh grants spent before a key's first sync. Shares computed from the store's recent
+//! counts sum to about 1, but the counts lag by up to a round (instances sync at different
+//! phases) and an instance at the floor may not use its share; the proptest checks that the
+//! total stays below `L * t + 3 * (K + L * I)` for one to four instances, any load, spread
+//! and phases: the overshoot does not grow with the attack rate. With the traffic spread evenly the
 //! shares sum to 1 and the fleet stays near `L * t + K + L * I`.
 //!
 //! Time is passed in; nothing here reads a clock.
