@@ -34,6 +34,8 @@ pub struct MainConf {
     pub status_variable: Option<ngx_uint_t>,
     /// `rate_limit_state_file`: where admin changes are persisted.
     pub state_file: Option<String>,
+    /// `rate_limit_sync`: the fleet's shared store.
+    pub sync: Option<crate::sync::SyncConf>,
 }
 
 /// A zone name used by `rate_limit zone=` or `global=`, with where it was written.
@@ -77,6 +79,8 @@ pub struct ZoneConf {
     pub size: u64,
     /// The process-local view of the shared memory, set by the zone's init callback.
     pub zone: Option<Zone>,
+    /// `sync`: the zone's limits hold across the fleet (`rate_limit_sync`).
+    pub sync: bool,
 }
 
 impl ZoneConf {
@@ -85,6 +89,7 @@ impl ZoneConf {
             algorithm: self.algorithm,
             limits: self.limits,
             fingerprint: fingerprint(&self.key_text, self.algorithm),
+            sync_seed: self.sync.then(|| crate::sync::name_seed(&self.name)),
         }
     }
 }
@@ -169,7 +174,7 @@ fn fingerprint(key_text: &str, algorithm: Algorithm) -> u64 {
 }
 
 /// The directive's arguments, name included (`args[0]`).
-fn args(cf: &ngx_conf_t) -> &'static [ngx_str_t] {
+pub(crate) fn args(cf: &ngx_conf_t) -> &'static [ngx_str_t] {
     // SAFETY: while a directive handler runs, `cf.args` is an array of `ngx_str_t` holding the
     // directive name and its arguments, allocated in the configuration pool, which outlives
     // configuration parsing (the only time this is called).
@@ -179,7 +184,7 @@ fn args(cf: &ngx_conf_t) -> &'static [ngx_str_t] {
     }
 }
 
-fn words(args: &[ngx_str_t]) -> Result<Vec<&str>, String> {
+pub(crate) fn words(args: &[ngx_str_t]) -> Result<Vec<&str>, String> {
     args.iter()
         .map(|word| {
             core::str::from_utf8(word.as_bytes()).map_err(|_| {
@@ -193,7 +198,7 @@ fn words(args: &[ngx_str_t]) -> Result<Vec<&str>, String> {
 }
 
 /// Log `message` against the directive being parsed and fail it.
-fn conf_error(cf: &mut ngx_conf_t, message: &str) -> *mut c_char {
+pub(crate) fn conf_error(cf: &mut ngx_conf_t, message: &str) -> *mut c_char {
     ngx_conf_log_error!(NGX_LOG_EMERG, cf, "{message}");
     NGX_CONF_ERROR
 }
@@ -212,7 +217,7 @@ fn conf_alloc<T>(cf: &ngx_conf_t, value: T) -> *mut T {
     pool.allocate(value)
 }
 
-fn add_shared_zone(cf: &mut ngx_conf_t, name: &str, size: u64) -> *mut ngx_shm_zone_t {
+pub(crate) fn add_shared_zone(cf: &mut ngx_conf_t, name: &str, size: u64) -> *mut ngx_shm_zone_t {
     let mut name_str = ngx_str_t {
         len: name.len(),
         data: name.as_ptr().cast_mut(),
@@ -319,6 +324,7 @@ pub extern "C" fn cmd_rate_limit_zone(
             limits: spec.limits(),
             size,
             zone: None,
+            sync: spec.sync,
         },
     );
     if zone_conf.is_null() {

@@ -462,7 +462,8 @@ fn limit_one(
         return Status::NGX_DECLINED.into();
     };
     let (zone, hash) = (found.zone, found.hash);
-    let charge = if lcf.headers() {
+    // A sync zone decides through `Zone::decide`, which takes the fleet's grant first.
+    let charge = if lcf.headers() || zone.is_sync() {
         None
     } else {
         bucket_charge(limit, zone, hash)
@@ -488,7 +489,8 @@ fn limit_one(
     let Some(policy) = effective_policy(zone, limit, hash) else {
         return Status::NGX_DECLINED.into();
     };
-    let decision = if policy.algorithm != Algorithm::SlidingLog && !lcf.headers() {
+    let decision = if policy.algorithm != Algorithm::SlidingLog && !lcf.headers() && !zone.is_sync()
+    {
         let (outcome, previous) = zone.charge(found.slot, now, &policy);
         if outcome == Outcome::Passed {
             return passed(zone, state);

@@ -23,6 +23,7 @@ mod conf;
 mod handler;
 mod key;
 mod lua;
+mod sync;
 mod zone;
 
 use conf::{LocConf, MainConf, ZoneConf};
@@ -55,7 +56,7 @@ impl HttpModule for RateLimitModule {
     unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
         // SAFETY: nginx passes a valid configuration context.
         let cf = unsafe { &mut *cf };
-        if conf::check_references(cf).is_err() {
+        if conf::check_references(cf).is_err() || sync::check_zones(cf).is_err() {
             return Status::NGX_ERROR.into();
         }
         let index = conf::variable_index(cf, b"rate_limit_status");
@@ -96,7 +97,7 @@ pub(crate) fn module_ptr() -> *mut ngx_module_t {
 
 const LOC_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 
-static mut COMMANDS: [ngx_command_t; 10] = [
+static mut COMMANDS: [ngx_command_t; 11] = [
     ngx_command_t {
         name: ngx_string!("rate_limit_zone"),
         type_: (NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE) as ngx_uint_t,
@@ -161,6 +162,14 @@ static mut COMMANDS: [ngx_command_t; 10] = [
         offset: 0,
         post: ptr::null_mut(),
     },
+    ngx_command_t {
+        name: ngx_string!("rate_limit_sync"),
+        type_: (NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE) as ngx_uint_t,
+        set: Some(sync::cmd_rate_limit_sync),
+        conf: NGX_HTTP_MAIN_CONF_OFFSET,
+        offset: 0,
+        post: ptr::null_mut(),
+    },
     ngx_command_t::empty(),
     ngx_command_t::empty(),
 ];
@@ -188,9 +197,25 @@ pub static mut ngx_http_rate_limit_module: ngx_module_t = ngx_module_t {
     commands: unsafe { ptr::addr_of_mut!(COMMANDS[0]) },
     type_: NGX_HTTP_MODULE as _,
     init_module: Some(init_module),
-    init_process: Some(admin::init_process),
+    init_process: Some(init_process),
+    exit_process: Some(exit_process),
     ..ngx_module_t::default()
 };
+
+/// Runs in each worker (or the single process) after fork.
+extern "C" fn init_process(cycle: *mut ngx::ffi::ngx_cycle_t) -> ngx_int_t {
+    let status = admin::init_process(cycle);
+    // SAFETY: nginx passes the running cycle.
+    if let Some(cycle) = unsafe { cycle.as_mut() } {
+        sync::init_process(cycle);
+    }
+    status
+}
+
+/// Runs in each worker when it exits.
+extern "C" fn exit_process(_cycle: *mut ngx::ffi::ngx_cycle_t) {
+    sync::exit_process();
+}
 
 /// Runs in the master (or the single process) once a configuration cycle is complete.
 extern "C" fn init_module(cycle: *mut ngx::ffi::ngx_cycle_t) -> ngx_int_t {

@@ -40,7 +40,7 @@ use ratelimit_core::{
 };
 
 /// Identifies the layout below; a zone inherited over a reload with another magic is reformatted.
-const MAGIC: u64 = 0x726c_7a6f_6e65_0002;
+const MAGIC: u64 = 0x726c_7a6f_6e65_0003;
 
 pub const SLOTS_PER_BUCKET: usize = 4;
 pub const PROBE_BUCKETS: usize = 2;
@@ -131,6 +131,8 @@ pub struct ZoneShared {
     pub full_logged_sec: AtomicU64,
     pub override_count: AtomicU64,
     pub overrides: [OverrideSlot; OVERRIDE_CAPACITY],
+    /// 1 for a `sync` zone: each slot has two more words (see `crate::sync::shared`).
+    sync: AtomicU64,
 }
 
 /// Offset of the slot table from the header, rounded to a cache line.
@@ -142,11 +144,18 @@ pub struct ZoneLayout {
     pub algorithm: Algorithm,
     pub limits: Limits,
     pub fingerprint: u64,
+    /// For a `sync` zone, the hash seed derived from its name: every instance of the fleet
+    /// gives a key the same id.
+    pub sync_seed: Option<u64>,
 }
 
 impl ZoneLayout {
     /// State words per slot: one for the single-word algorithms, the log for `sliding_log`.
     pub fn slot_words(&self) -> usize {
+        if self.sync_seed.is_some() {
+            // state, pending delta, grant (sliding_log cannot sync).
+            return 3;
+        }
         match self.algorithm {
             Algorithm::SlidingLog => {
                 sliding_log::words_for(self.limits.rate.whole_requests().unwrap_or(1))
@@ -273,6 +282,7 @@ pub struct Zone {
     slots: usize,
     algorithm: Algorithm,
     seed: [u64; 2],
+    sync: bool,
 }
 
 /// Where a key's state is: the index of its slot.
@@ -349,6 +359,7 @@ impl Zone {
             slots: buckets as usize * SLOTS_PER_BUCKET,
             algorithm: algorithm_from_code(header.algorithm.load(Ordering::Relaxed)),
             seed: header.seed,
+            sync: header.sync.load(Ordering::Relaxed) != 0,
         }
     }
 
@@ -385,6 +396,13 @@ impl Zone {
         header
             .fingerprint
             .store(layout.fingerprint, Ordering::Relaxed);
+        header
+            .sync
+            .store(u64::from(layout.sync_seed.is_some()), Ordering::Relaxed);
+        if let Some(seed) = layout.sync_seed {
+            // SAFETY: written only here and in `init`, in the master before workers start.
+            unsafe { (*self.shared).seed = [seed, seed.rotate_left(32)] };
+        }
         true
     }
 
@@ -474,6 +492,32 @@ impl Zone {
 
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm
+    }
+
+    /// Whether this is a `sync` zone (its requests also take the fleet's grant).
+    #[inline]
+    pub fn is_sync(&self) -> bool {
+        self.sync
+    }
+
+    /// A sync zone's `pending` and `grant` words of the key in `index` (`None` if the slots
+    /// have no room for them, which a sync zone's layout never allows).
+    pub fn sync_words(&self, index: SlotIndex) -> Option<(&AtomicU64, &AtomicU64)> {
+        let slot = self.slot(index.0);
+        Some((slot.get(2)?, slot.get(3)?))
+    }
+
+    /// A sync zone's slot `index` for the loop: its hash (0: empty), state, pending and
+    /// grant words. `None` for a zone that is not (or no longer) a sync zone.
+    pub fn sync_slot(&self, index: usize) -> Option<(u64, [&AtomicU64; 3])> {
+        if !self.sync || self.header().sync.load(Ordering::Relaxed) == 0 || self.stride != 4 {
+            return None;
+        }
+        let slot = self.slot(index);
+        Some((
+            slot[0].load(Ordering::Acquire),
+            [&slot[1], &slot[2], &slot[3]],
+        ))
     }
 
     /// The zone-wide limits in force now.
@@ -697,7 +741,23 @@ impl Zone {
             return sliding_log::decide(log, now_ns, policy);
         }
 
-        let state = &slot[1];
+        if self.sync && commit {
+            return crate::sync::shared::decide(self, index, now_ns, policy, || {
+                self.decide_word(index, now_ns, policy, true)
+            });
+        }
+        self.decide_word(index, now_ns, policy, commit)
+    }
+
+    /// [`Zone::decide`] for a single-word state, without the fleet's grant.
+    fn decide_word(
+        &self,
+        index: SlotIndex,
+        now_ns: u64,
+        policy: &Policy,
+        commit: bool,
+    ) -> Decision {
+        let state = self.state_word(index);
         // One loop per algorithm, so each compiles to that algorithm's arithmetic alone.
         match policy.algorithm {
             Algorithm::LeakyBucket => {

@@ -71,6 +71,7 @@ impl AdminZone for SharedZone<'_> {
             evictions: header.evictions.load(Ordering::Relaxed),
             overrides: header.override_count.load(Ordering::Relaxed),
             override_capacity: OVERRIDE_CAPACITY as u64,
+            sync: self.zone.is_sync().then(crate::sync::info).flatten(),
         }
     }
 

@@ -42,7 +42,7 @@ const MODULE_FILE: &str = "libngx_http_rate_limit_module.so";
 const WORKER_TITLE: &str = "nginx: worker process";
 
 /// Signals and `prctl`, declared here rather than pulling in a crate for three calls.
-mod sys {
+pub mod sys {
     use std::io;
     use std::os::raw::c_int;
 
@@ -187,7 +187,7 @@ pub fn dep_info_paths(list: &str) -> Vec<PathBuf> {
 ///
 /// The listener is closed before nginx binds the port, so another process may take it in
 /// between: [`Nginx::try_start`] retries with new ports when nginx reports the address in use.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
     loop {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("cannot bind 127.0.0.1:0");

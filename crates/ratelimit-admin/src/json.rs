@@ -4,7 +4,7 @@ use ratelimit_core::{Limits, Outcome};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
-use crate::store::{KeyState, ZoneInfo};
+use crate::store::{KeyState, SyncInfo, ZoneInfo};
 
 /// `{"rate": "10r/s", "burst": 5}`
 #[derive(Serialize)]
@@ -41,6 +41,37 @@ pub struct ZoneJson<'a> {
     pub overrides: u64,
     /// What the configuration file says, for comparison with `rate` and `burst`.
     pub config: LimitsJson,
+    /// Only for a `sync` zone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sync: Option<SyncJson>,
+}
+
+/// `"sync": {"connected": true, "mode": "synced", "last_sync_age_ms": 40, ...}`
+#[derive(Serialize)]
+pub struct SyncJson {
+    pub connected: bool,
+    pub mode: &'static str,
+    pub last_sync_age_ms: Option<u64>,
+    pub instances: u64,
+    pub round_trips: u64,
+    pub errors: u64,
+    pub lag_ms: f64,
+    pub fallback: bool,
+}
+
+impl From<&SyncInfo> for SyncJson {
+    fn from(info: &SyncInfo) -> SyncJson {
+        SyncJson {
+            connected: info.connected,
+            mode: info.mode,
+            last_sync_age_ms: info.last_sync_age_ms,
+            instances: info.instances,
+            round_trips: info.round_trips,
+            errors: info.errors,
+            lag_ms: info.lag_us as f64 / 1000.0,
+            fallback: info.fallback,
+        }
+    }
 }
 
 impl<'a> From<&'a ZoneInfo> for ZoneJson<'a> {
@@ -61,6 +92,7 @@ impl<'a> From<&'a ZoneInfo> for ZoneJson<'a> {
             evictions: info.evictions,
             overrides: info.overrides,
             config: LimitsJson::from(&info.config_limits),
+            sync: info.sync.as_ref().map(SyncJson::from),
         }
     }
 }

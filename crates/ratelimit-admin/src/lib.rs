@@ -43,7 +43,7 @@ pub mod store;
 
 pub use error::ApiError;
 pub use route::Route;
-pub use store::{AdminZone, Counters, KeyState, OverridesFull, ZoneInfo};
+pub use store::{AdminZone, Counters, KeyState, OverridesFull, SyncInfo, ZoneInfo};
 
 use json::{Entries, ErrorJson, KeyJson, LimitsJson, OverrideJson, ZoneJson};
 

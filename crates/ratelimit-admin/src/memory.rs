@@ -36,6 +36,7 @@ impl MemoryZone {
             evictions: 0,
             overrides: 0,
             override_capacity: 4,
+            sync: None,
         };
         MemoryZone {
             name: name.to_string(),

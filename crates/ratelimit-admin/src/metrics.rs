@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use ratelimit_core::{Limits, NANOS_PER_SEC};
 
-use crate::store::ZoneInfo;
+use crate::store::{SyncInfo, ZoneInfo};
 
 /// The `Content-Type` of the exposition.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -16,7 +16,7 @@ struct Family {
     help: &'static str,
 }
 
-const FAMILIES: [Family; 9] = [
+const FAMILIES: [Family; 14] = [
     Family {
         name: "rate_limit_requests_total",
         kind: "counter",
@@ -62,6 +62,31 @@ const FAMILIES: [Family; 9] = [
         kind: "gauge",
         help: "The zone's burst now.",
     },
+    Family {
+        name: "rate_limit_sync_round_trips_total",
+        kind: "counter",
+        help: "Successful sync round trips to Redis of the instance (sync zones only).",
+    },
+    Family {
+        name: "rate_limit_sync_errors_total",
+        kind: "counter",
+        help: "Sync rounds that failed or timed out (sync zones only).",
+    },
+    Family {
+        name: "rate_limit_sync_lag_seconds",
+        kind: "gauge",
+        help: "Duration of the last successful sync round trip (sync zones only).",
+    },
+    Family {
+        name: "rate_limit_sync_instances",
+        kind: "gauge",
+        help: "Instances seen alive in the fleet's heartbeats (sync zones only).",
+    },
+    Family {
+        name: "rate_limit_sync_fallback",
+        kind: "gauge",
+        help: "1 while the on_failure mode is in force (sync zones only).",
+    },
 ];
 
 /// Render every zone's metrics.
@@ -94,11 +119,27 @@ pub fn render(zones: &[(String, ZoneInfo)]) -> String {
                 "rate_limit_evictions_total" => sample("", &info.evictions.to_string()),
                 "rate_limit_overrides" => sample("", &info.overrides.to_string()),
                 "rate_limit_rate_per_second" => sample("", &per_second(&info.limits)),
-                _ => sample("", &info.limits.burst.to_string()),
+                "rate_limit_burst" => sample("", &info.limits.burst.to_string()),
+                sync_family => {
+                    if let Some(sync) = &info.sync {
+                        sample("", &sync_value(sync_family, sync));
+                    }
+                }
             }
         }
     }
     out
+}
+
+/// The value of a `rate_limit_sync_*` family.
+fn sync_value(family: &str, sync: &SyncInfo) -> String {
+    match family {
+        "rate_limit_sync_round_trips_total" => sync.round_trips.to_string(),
+        "rate_limit_sync_errors_total" => sync.errors.to_string(),
+        "rate_limit_sync_lag_seconds" => format!("{:.6}", sync.lag_us as f64 / 1e6),
+        "rate_limit_sync_instances" => sync.instances.to_string(),
+        _ => u8::from(sync.fallback).to_string(),
+    }
 }
 
 fn fullness(info: &ZoneInfo) -> String {
@@ -165,6 +206,16 @@ mod tests {
             evictions: 5,
             overrides: 1,
             override_capacity: 512,
+            sync: Some(SyncInfo {
+                connected: true,
+                mode: "synced",
+                last_sync_age_ms: Some(40),
+                instances: 3,
+                round_trips: 12,
+                errors: 1,
+                lag_us: 1_500,
+                fallback: false,
+            }),
         }
     }
 
@@ -190,6 +241,11 @@ mod tests {
             "rate_limit_overrides{zone=\"one\"} 1",
             "rate_limit_rate_per_second{zone=\"one\"} 0.5",
             "rate_limit_burst{zone=\"one\"} 4",
+            "rate_limit_sync_round_trips_total{zone=\"one\"} 12",
+            "rate_limit_sync_errors_total{zone=\"one\"} 1",
+            "rate_limit_sync_lag_seconds{zone=\"one\"} 0.001500",
+            "rate_limit_sync_instances{zone=\"one\"} 3",
+            "rate_limit_sync_fallback{zone=\"one\"} 0",
             "rate_limit_keys{zone=\"t\\\"w\\\\o\\n\"} 25",
         ];
         for sample in samples {

@@ -47,6 +47,29 @@ pub struct ZoneInfo {
     pub evictions: u64,
     pub overrides: u64,
     pub override_capacity: u64,
+    /// For a `sync` zone (`rate_limit_sync`): the instance's sync state.
+    pub sync: Option<SyncInfo>,
+}
+
+/// The sync state of the instance a `sync` zone belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyncInfo {
+    /// Whether the last sync round reached Redis.
+    pub connected: bool,
+    /// `starting`, `synced`, `degraded`, or the failure mode in force (`local_share`,
+    /// `open`, `closed`).
+    pub mode: &'static str,
+    /// Milliseconds since the last successful sync; `None` before the first one.
+    pub last_sync_age_ms: Option<u64>,
+    /// Instances seen alive in the fleet's heartbeats (N̂).
+    pub instances: u64,
+    /// Successful round trips and failed rounds since the instance started.
+    pub round_trips: u64,
+    pub errors: u64,
+    /// Duration of the last successful round trip, in microseconds.
+    pub lag_us: u64,
+    /// Whether the failure mode is in force.
+    pub fallback: bool,
 }
 
 impl ZoneInfo {

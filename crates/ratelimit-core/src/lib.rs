@@ -21,6 +21,7 @@ mod reference;
 
 pub mod bucket_charge;
 pub mod decision;
+pub mod fleet;
 pub mod key;
 pub mod leaky_bucket;
 pub mod rate;
@@ -28,6 +29,7 @@ pub mod replay;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod spec;
+pub mod sync_spec;
 pub mod token_bucket;
 pub mod uncommit;
 

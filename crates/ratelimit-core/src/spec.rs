@@ -181,6 +181,8 @@ pub struct ZoneSpec {
     pub burst: Option<u64>,
     /// `algorithm=`, `leaky_bucket` when not given.
     pub algorithm: Algorithm,
+    /// `sync`: the zone's limits hold across the fleet (`rate_limit_sync`).
+    pub sync: bool,
 }
 
 impl ZoneSpec {
@@ -206,9 +208,12 @@ impl ZoneSpec {
         let mut rate = None;
         let mut burst = None;
         let mut algorithm = Algorithm::LeakyBucket;
+        let mut sync = false;
 
         for &word in words {
-            if let Some(value) = word.strip_prefix("zone=") {
+            if word == "sync" {
+                sync = true;
+            } else if let Some(value) = word.strip_prefix("zone=") {
                 let (name, size) = value
                     .split_once(':')
                     .ok_or_else(|| SpecError::InvalidZoneSize(word.into()))?;
@@ -237,8 +242,16 @@ impl ZoneSpec {
             rate,
             burst,
             algorithm,
+            sync,
         };
         spec.check_sliding()?;
+        if sync && algorithm == Algorithm::SlidingLog {
+            return Err(SpecError::Conflict(
+                "\"sync\" is not supported by sliding_log: its log of request times cannot be \
+                 merged across instances; use sliding_window"
+                    .into(),
+            ));
+        }
         Ok(spec)
     }
 

@@ -1,0 +1,275 @@
+//! Redis Cluster for the sync loop: one pipeline per master node per round.
+//!
+//! The `redis` crate's async cluster connection sends a pipeline to one slot only (its
+//! commands must share a slot), while a sync round holds keys of many slots. So the loop
+//! routes itself: the slot map from `CLUSTER SLOTS` (read from a seed URL, again after any
+//! failure such as `MOVED`/`ASK`), a key's slot by CRC16 of its hash tag or whole name (the
+//! `crc16` crate), one multiplexed connection per master, and every node's pipeline sent at
+//! once. A node that fails fails only its own commands.
+
+use futures_util::future::join_all;
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
+
+use super::shared::SyncError;
+
+/// Slots of a Redis Cluster.
+const SLOTS: u16 = 16384;
+
+struct Node {
+    client: redis::Client,
+    connection: Option<redis::aio::MultiplexedConnection>,
+    scripts_loaded: bool,
+}
+
+/// The loop's view of the cluster.
+pub struct ClusterLink {
+    seeds: Vec<ConnectionInfo>,
+    nodes: Vec<Node>,
+    /// `(first slot, last slot, node)`.
+    slots: Vec<(u16, u16, usize)>,
+}
+
+/// One command of a round, with the key that routes it.
+pub struct Routed {
+    pub key: String,
+    pub command: redis::Cmd,
+}
+
+impl ClusterLink {
+    pub fn new(urls: &[String]) -> ClusterLink {
+        ClusterLink {
+            seeds: urls
+                .iter()
+                .filter_map(|url| url.as_str().into_connection_info().ok())
+                .collect(),
+            nodes: Vec::new(),
+            slots: Vec::new(),
+        }
+    }
+
+    /// Forget the slot map and connections (after a failure): the next round reads them again.
+    pub fn reset(&mut self) {
+        self.nodes.clear();
+        self.slots.clear();
+    }
+
+    async fn refresh(&mut self) -> Result<(), SyncError> {
+        let mut last = SyncError::Connect;
+        for seed in self.seeds.clone() {
+            match read_slots(&seed).await {
+                Ok(map) => {
+                    self.nodes.clear();
+                    self.slots.clear();
+                    for (first, last_slot, host, port) in map {
+                        let node = self.node_index(&seed, &host, port)?;
+                        self.slots.push((first, last_slot, node));
+                    }
+                    return Ok(());
+                }
+                Err(error) => last = error,
+            }
+        }
+        Err(last)
+    }
+
+    fn node_index(
+        &mut self,
+        seed: &ConnectionInfo,
+        host: &str,
+        port: u16,
+    ) -> Result<usize, SyncError> {
+        let wanted = ConnectionAddr::Tcp(host.to_string(), port);
+        if let Some(index) = self
+            .nodes
+            .iter()
+            .position(|node| node.client.get_connection_info().addr == wanted)
+        {
+            return Ok(index);
+        }
+        // The seed's credentials and database, at the node's address.
+        let mut info = seed.clone();
+        info.addr = wanted;
+        let client = redis::Client::open(info).map_err(|_| SyncError::BadUrl)?;
+        self.nodes.push(Node {
+            client,
+            connection: None,
+            scripts_loaded: false,
+        });
+        Ok(self.nodes.len() - 1)
+    }
+
+    fn node_for(&self, key: &str) -> Option<usize> {
+        let slot = key_slot(key.as_bytes());
+        self.slots
+            .iter()
+            .find(|&&(first, last, _)| first <= slot && slot <= last)
+            .map(|&(_, _, node)| node)
+    }
+
+    /// Send every command, one pipeline per node (scripts loaded first where needed).
+    /// Returns each command's reply, or the error of its node.
+    pub async fn send(
+        &mut self,
+        commands: &[Routed],
+        scripts: &[&str],
+    ) -> Vec<Result<Value, SyncError>> {
+        if self.slots.is_empty() {
+            if let Err(error) = self.refresh().await {
+                return commands.iter().map(|_| Err(error)).collect();
+            }
+        }
+        let routes: Vec<Option<usize>> = commands.iter().map(|c| self.node_for(&c.key)).collect();
+        let sends = self.nodes.iter_mut().enumerate().map(|(index, node)| {
+            let mine: Vec<&Routed> = commands
+                .iter()
+                .zip(&routes)
+                .filter(|(_, route)| **route == Some(index))
+                .map(|(command, _)| command)
+                .collect();
+            send_to_node(node, mine, scripts)
+        });
+        let results = join_all(sends).await;
+        let mut per_node: Vec<std::vec::IntoIter<Value>> = Vec::new();
+        let mut errors = Vec::new();
+        let mut failed = false;
+        for result in results {
+            match result {
+                Ok(values) => {
+                    per_node.push(values.into_iter());
+                    errors.push(None);
+                }
+                Err(error) => {
+                    failed = true;
+                    per_node.push(Vec::new().into_iter());
+                    errors.push(Some(error));
+                }
+            }
+        }
+        let replies = routes
+            .iter()
+            .map(|route| {
+                let node = route.ok_or(SyncError::Cluster)?;
+                if let Some(error) = errors[node] {
+                    return Err(error);
+                }
+                per_node[node].next().ok_or(SyncError::Reply)
+            })
+            .collect();
+        if failed {
+            // MOVED, ASK, a node down: read the slot map again next round.
+            self.reset();
+        }
+        replies
+    }
+}
+
+async fn send_to_node(
+    node: &mut Node,
+    commands: Vec<&Routed>,
+    scripts: &[&str],
+) -> Result<Vec<Value>, SyncError> {
+    if commands.is_empty() {
+        return Ok(Vec::new());
+    }
+    if node.connection.is_none() {
+        let connection = node
+            .client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(super::task::classify)?;
+        node.connection = Some(connection);
+    }
+    let Some(connection) = node.connection.as_mut() else {
+        return Err(SyncError::Connect);
+    };
+    let mut pipe = redis::pipe();
+    if !node.scripts_loaded {
+        for script in scripts {
+            pipe.cmd("SCRIPT").arg("LOAD").arg(*script).ignore();
+        }
+    }
+    for routed in &commands {
+        pipe.add_command(routed.command.clone());
+    }
+    match pipe.query_async::<Vec<Value>>(connection).await {
+        Ok(values) => {
+            node.scripts_loaded = true;
+            Ok(values)
+        }
+        Err(error) => {
+            node.connection = None;
+            node.scripts_loaded = false;
+            Err(super::task::classify(error))
+        }
+    }
+}
+
+/// `CLUSTER SLOTS` of one node: `(first, last, master host, master port)`.
+async fn read_slots(seed: &ConnectionInfo) -> Result<Vec<(u16, u16, String, u16)>, SyncError> {
+    let client = redis::Client::open(seed.clone()).map_err(|_| SyncError::BadUrl)?;
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(super::task::classify)?;
+    let value: Value = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async(&mut connection)
+        .await
+        .map_err(super::task::classify)?;
+    let Value::Array(ranges) = value else {
+        return Err(SyncError::Cluster);
+    };
+    let mut map = Vec::new();
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            return Err(SyncError::Cluster);
+        };
+        let number = |value: Option<&Value>| match value {
+            Some(Value::Int(n)) => u16::try_from(*n).ok(),
+            _ => None,
+        };
+        let (Some(first), Some(last)) = (number(fields.first()), number(fields.get(1))) else {
+            return Err(SyncError::Cluster);
+        };
+        let Some(Value::Array(master)) = fields.get(2) else {
+            return Err(SyncError::Cluster);
+        };
+        let host = match master.first() {
+            Some(Value::BulkString(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+            Some(Value::SimpleString(text)) => text.clone(),
+            _ => return Err(SyncError::Cluster),
+        };
+        let Some(port) = number(master.get(1)) else {
+            return Err(SyncError::Cluster);
+        };
+        // An empty host means "the address you reached me on".
+        let host = if host.is_empty() {
+            match &seed.addr {
+                ConnectionAddr::Tcp(seed_host, _) => seed_host.clone(),
+                _ => return Err(SyncError::Cluster),
+            }
+        } else {
+            host
+        };
+        map.push((first, last, host, port));
+    }
+    if map.is_empty() {
+        return Err(SyncError::Cluster);
+    }
+    Ok(map)
+}
+
+/// A key's cluster slot: CRC16 (XMODEM) of its hash tag (`{...}`, when not empty) or of the
+/// whole key, modulo 16384.
+pub fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&byte| byte == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&byte| byte == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16::State::<crc16::XMODEM>::calculate(tagged) % SLOTS
+}

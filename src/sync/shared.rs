@@ -1,0 +1,242 @@
+//! What the sync loop and the workers share: the instance's sync record (its own small shared
+//! memory zone, `rate_limit_sync`) and, per key of a sync zone, two more words in its slot
+//! (`pending`, `grant`; see `ratelimit_core::fleet`).
+//!
+//! Everything here is an atomic in shared memory: the loop thread and the workers of every
+//! generation (old and new workers overlap across a reload) exchange data only through it.
+
+use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+use ratelimit_core::fleet::{self, FleetShape, ASKED};
+use ratelimit_core::{Decision, Outcome, Policy};
+
+use crate::zone::{SlotIndex, Zone};
+
+/// The sync state of the instance, read by the request path (`mode`, `round`, `instances`,
+/// `interval_ns`), written by the loop thread (the owner), and by workers for the election.
+#[repr(C)]
+pub struct SyncShared {
+    /// Set once when the memory is first laid out; a reload keeps it.
+    pub magic: u64,
+    /// This instance's id in the fleet's heartbeats: random, kept across reloads.
+    pub instance_id: u64,
+    /// The pid of the worker whose thread runs the loop; 0 when none.
+    pub owner_pid: AtomicU64,
+    /// Monotonic milliseconds of the owner's last loop turn.
+    pub heartbeat_ms: AtomicU64,
+    /// The sync rounds done (the loop turns, successful or not).
+    pub round: AtomicU64,
+    /// A [`Mode`].
+    pub mode: AtomicU64,
+    /// The mode a worker last logged (so each transition is logged once).
+    pub logged_mode: AtomicU64,
+    /// Instances seen alive in the fleet's heartbeats at the last successful sync (N̂).
+    pub instances: AtomicU64,
+    /// `interval=` in nanoseconds (from the configuration of the current cycle).
+    pub interval_ns: AtomicU64,
+    /// Rounds missed in a row.
+    pub missed: AtomicU64,
+    /// Monotonic milliseconds of the last successful sync (0: never).
+    pub last_ok_ms: AtomicU64,
+    /// Round trip of the last successful sync, microseconds.
+    pub lag_us: AtomicU64,
+    /// Successful round trips and failed ones since start.
+    pub round_trips: AtomicU64,
+    pub errors: AtomicU64,
+    /// Keys pushed in total.
+    pub keys_pushed: AtomicU64,
+    /// A [`SyncError`] code of the last failure (0 none), for the workers to log.
+    pub last_error: AtomicU64,
+    pub logged_error: AtomicU64,
+}
+
+/// Identifies [`SyncShared`]'s layout.
+pub const SYNC_MAGIC: u64 = 0x726c_7379_6e63_0001;
+
+/// What the request path does with a sync zone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub enum Mode {
+    /// Not connected yet (the first rounds): grants as in `Synced`, fresh ones from defaults.
+    Starting = 0,
+    /// Grants from the fleet's state.
+    Synced = 1,
+    /// One or two rounds missed: grants from the last known shares.
+    Degraded = 2,
+    /// `on_failure=local_share` in force.
+    LocalShare = 3,
+    /// `on_failure=open` in force: the whole limit locally.
+    Open = 4,
+    /// `on_failure=closed` in force: every request rejected.
+    Closed = 5,
+}
+
+impl Mode {
+    pub fn from_code(code: u64) -> Mode {
+        match code {
+            1 => Mode::Synced,
+            2 => Mode::Degraded,
+            3 => Mode::LocalShare,
+            4 => Mode::Open,
+            5 => Mode::Closed,
+            _ => Mode::Starting,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Starting => "starting",
+            Mode::Synced => "synced",
+            Mode::Degraded => "degraded",
+            Mode::LocalShare => "local_share",
+            Mode::Open => "open",
+            Mode::Closed => "closed",
+        }
+    }
+
+    /// Whether the failure mode is in force.
+    pub fn is_fallback(self) -> bool {
+        matches!(self, Mode::LocalShare | Mode::Open | Mode::Closed)
+    }
+}
+
+/// Why a sync round failed, as the workers log it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub enum SyncError {
+    None = 0,
+    Connect = 1,
+    Timeout = 2,
+    Auth = 3,
+    Reply = 4,
+    BadUrl = 5,
+    Cluster = 6,
+}
+
+impl SyncError {
+    pub fn from_code(code: u64) -> SyncError {
+        match code {
+            1 => SyncError::Connect,
+            2 => SyncError::Timeout,
+            3 => SyncError::Auth,
+            4 => SyncError::Reply,
+            5 => SyncError::BadUrl,
+            6 => SyncError::Cluster,
+            _ => SyncError::None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SyncError::None => "no error",
+            SyncError::Connect => "cannot connect",
+            SyncError::Timeout => "timed out",
+            SyncError::Auth => "authentication failed",
+            SyncError::Reply => "unexpected reply",
+            SyncError::BadUrl => "invalid URL",
+            SyncError::Cluster => "cluster error",
+        }
+    }
+}
+
+/// This process's view of the instance's [`SyncShared`], set when its shared memory is
+/// initialized (in the master, before workers fork; the address is the same in all of them).
+static SYNC: AtomicPtr<SyncShared> = AtomicPtr::new(core::ptr::null_mut());
+
+pub fn set_shared(shared: *mut SyncShared) {
+    SYNC.store(shared, Ordering::Release);
+}
+
+/// The instance's sync record, when `rate_limit_sync` is configured.
+pub fn shared() -> Option<&'static SyncShared> {
+    // SAFETY: the pointer is null or points at the record inside the `rate_limit_sync` shared
+    // memory, mapped for the life of this process.
+    unsafe { SYNC.load(Ordering::Acquire).as_ref() }
+}
+
+impl SyncShared {
+    pub fn mode(&self) -> Mode {
+        Mode::from_code(self.mode.load(Ordering::Relaxed))
+    }
+
+    /// N̂, at least 1.
+    pub fn instances(&self) -> u64 {
+        self.instances.load(Ordering::Relaxed).max(1)
+    }
+
+    pub fn interval_ns(&self) -> u64 {
+        self.interval_ns.load(Ordering::Relaxed).max(1_000_000)
+    }
+}
+
+/// Decide a request of a sync zone: the fleet's grant first (one compare-and-swap), then the
+/// zone's own algorithm; a request the algorithm rejects gives its grant back, one it charges
+/// is added to the key's pending delta for the loop. No lock, no I/O.
+pub fn decide(
+    zone: &Zone,
+    index: SlotIndex,
+    now_ns: u64,
+    policy: &Policy,
+    decide_local: impl Fn() -> Decision,
+) -> Decision {
+    let Some(sync) = shared() else {
+        return decide_local();
+    };
+    let Some((pending, grant)) = zone.sync_words(index) else {
+        return decide_local();
+    };
+    let mode = sync.mode();
+    if mode == Mode::Closed {
+        return refused(
+            zone,
+            index,
+            now_ns,
+            policy,
+            sync.interval_ns().max(1_000_000_000),
+        );
+    }
+    let cost = policy.cost.max(1);
+    let granted = mode == Mode::Open || take_grant(grant, sync, policy, cost);
+    if !granted {
+        pending.fetch_or(ASKED, Ordering::Relaxed);
+        return refused(zone, index, now_ns, policy, sync.interval_ns());
+    }
+    let decision = decide_local();
+    if decision.outcome == Outcome::Rejected {
+        if mode != Mode::Open {
+            let _ = grant.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+                Some(fleet::return_grant(word, cost))
+            });
+        }
+    } else {
+        pending.fetch_add(cost, Ordering::Relaxed);
+    }
+    decision
+}
+
+fn take_grant(grant: &AtomicU64, sync: &SyncShared, policy: &Policy, cost: u64) -> bool {
+    let round = sync.round.load(Ordering::Acquire) as u32;
+    let fresh = FleetShape::of(policy.algorithm, &policy.limits).map_or(0, |shape| {
+        fleet::fresh_grant_milli(&shape, sync.instances(), sync.interval_ns())
+    });
+    grant
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+            fleet::take_grant(word, round, cost, fresh)
+        })
+        .is_ok()
+}
+
+/// A rejection for want of a grant (or in `closed` mode): where the key stands, retried after
+/// `retry_ns` (the next sync, or a second when closed).
+fn refused(zone: &Zone, index: SlotIndex, now_ns: u64, policy: &Policy, retry_ns: u64) -> Decision {
+    // What the zone alone would say, charging nothing (a peek never takes a grant).
+    let alone = zone.decide(index, now_ns, policy, false);
+    Decision {
+        remaining: 0,
+        ..Decision::rejected(
+            retry_ns.max(alone.retry_after_ns),
+            alone.reset_ns,
+            alone.excess_milli,
+        )
+    }
+}

@@ -1,0 +1,576 @@
+//! The sync loop: one thread per nginx instance (in the worker that owns the election in
+//! [`SyncShared`]), with a current-thread tokio runtime and the `redis` crate's multiplexed
+//! connection. It never calls an nginx API; it reads and writes shared memory only.
+//!
+//! Each round: take every touched key's pending delta (atomic swap, so a delta is sent by
+//! exactly one loop even when two overlap across a reload), send one pipeline (the heartbeat
+//! and one `EVALSHA` per key, scripts loaded in the same pipeline when needed), and from the
+//! replies set each key's grant and raise its local state (`ratelimit_core::fleet`). A round
+//! that fails or times out puts the deltas back (bounded when sent) and grants from shares.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratelimit_core::fleet::{self, grant_word, FleetShape, ASKED};
+use ratelimit_core::sync_spec::{OnFailure, SyncSpec};
+
+use super::cluster;
+use super::shared::{Mode, SyncError, SyncShared};
+use crate::zone::Zone;
+
+/// Applies one instance's delta to a key's fleet state on Redis's clock and returns the
+/// fleet TAT's lead over Redis's now (µs), the fleet's requests in this and the previous
+/// sync window, and in the previous one alone. ARGV: delta, T (µs per request), K, interval (ms), idle expiry (ms).
+/// Numbers are written with `%.0f`: Lua's `tostring` would round a µs time to 14 digits.
+const KEY_SCRIPT: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local delta = tonumber(ARGV[1])
+local T = tonumber(ARGV[2])
+local K = tonumber(ARGV[3])
+local I = tonumber(ARGV[4]) * 1000
+local h = redis.call('HMGET', KEYS[1], 't', 'w', 'c', 'p')
+local tat = tonumber(h[1]) or 0
+if tat < now then tat = now end
+tat = tat + delta * T
+local cap = now + 2 * K * T + I
+if tat > cap then tat = cap end
+local w = math.floor(now / I)
+local hw = tonumber(h[2]) or w
+local c = tonumber(h[3]) or 0
+local p = tonumber(h[4]) or 0
+if hw == w - 1 then p = c; c = 0 elseif hw ~= w then p = 0; c = 0 end
+c = c + delta
+redis.call('HSET', KEYS[1], 't', string.format('%.0f', tat), 'w', string.format('%.0f', w), 'c', c, 'p', p)
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return {tat - now, p + c, p}
+"#;
+
+/// Records this instance alive (a sorted set scored by Redis's milliseconds) and returns how
+/// many were alive within ARGV[2] ms.
+const HEARTBEAT_SCRIPT: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return redis.call('ZCARD', KEYS[1])
+"#;
+
+/// A zone's limits (packed `Limits`) shared by the fleet, in a hash: `v` the limits in force,
+/// `c` the configuration file's value they were last set from. ARGV[1], when not empty, is
+/// this instance's value; ARGV[2], sent in a loop's first round only, its file's value.
+/// An admin change (ARGV[1] alone) replaces `v`. A loop's first round replaces `v` only
+/// when its file says something else than `c` (the file was edited and reloaded): a restart
+/// with the same file takes the fleet's value, as one instance keeps an admin change across
+/// reloads until its file changes. The reply is `v` (`false` when never set).
+const LIMITS_SCRIPT: &str = r#"
+if ARGV[2] ~= '' then
+  if redis.call('HGET', KEYS[1], 'c') ~= ARGV[2] then
+    redis.call('HSET', KEYS[1], 'c', ARGV[2], 'v', ARGV[1])
+  end
+elseif ARGV[1] ~= '' then
+  redis.call('HSET', KEYS[1], 'v', ARGV[1])
+end
+return redis.call('HGET', KEYS[1], 'v')
+"#;
+
+/// One sync zone as the loop sees it.
+pub struct SyncZone {
+    pub name: String,
+    pub zone: Zone,
+    /// The zone's limits as last agreed with the fleet (packed): a different local value is
+    /// an admin change to push, a different fleet value one to apply.
+    pub agreed_limits: std::cell::Cell<u64>,
+    /// Until the first successful round: the file's value is sent along (see
+    /// `LIMITS_SCRIPT`).
+    pub first_round: std::cell::Cell<bool>,
+}
+
+/// Everything the thread needs; built by a worker, moved into the thread.
+pub struct Task {
+    pub zones: Vec<SyncZone>,
+    pub spec: SyncSpec,
+    pub sync: &'static SyncShared,
+    pub pid: u64,
+    pub stop: Arc<AtomicBool>,
+}
+
+// SAFETY: `Zone` holds pointers into shared memory mapped for the whole life of the process;
+// the thread only uses its atomic accessors, which are valid from any thread.
+unsafe impl Send for Task {}
+
+/// What the loop remembers of a key between rounds.
+#[derive(Clone, Copy, Default)]
+struct KeyMemory {
+    last_delta: u64,
+    share: u64,
+    round: u64,
+}
+
+/// A touched key taken in this round.
+struct Entry {
+    zone: usize,
+    slot: usize,
+    hash: u64,
+    delta: u64,
+    shape: FleetShape,
+}
+
+/// The connection(s), opened lazily and dropped after any failure.
+enum Link {
+    Single(SingleLink),
+    Cluster(cluster::ClusterLink),
+}
+
+impl Link {
+    fn reset(&mut self) {
+        match self {
+            Link::Single(single) => {
+                single.connection = None;
+                single.scripts_loaded = false;
+            }
+            Link::Cluster(cluster) => cluster.reset(),
+        }
+    }
+}
+
+/// One Redis server.
+struct SingleLink {
+    client: Option<redis::Client>,
+    connection: Option<redis::aio::MultiplexedConnection>,
+    scripts_loaded: bool,
+}
+
+impl SingleLink {
+    /// One pipeline with every command; the replies in order.
+    async fn send(
+        &mut self,
+        commands: &[cluster::Routed],
+        scripts: &[&str],
+    ) -> Result<Vec<redis::Value>, SyncError> {
+        let Some(client) = &self.client else {
+            return Err(SyncError::BadUrl);
+        };
+        if self.connection.is_none() {
+            let connection = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(classify)?;
+            self.connection = Some(connection);
+        }
+        let Some(connection) = self.connection.as_mut() else {
+            return Err(SyncError::Connect);
+        };
+        let mut pipe = redis::pipe();
+        if !self.scripts_loaded {
+            for script in scripts {
+                pipe.cmd("SCRIPT").arg("LOAD").arg(*script).ignore();
+            }
+        }
+        for routed in commands {
+            pipe.add_command(routed.command.clone());
+        }
+        let values: Vec<redis::Value> = pipe.query_async(connection).await.map_err(classify)?;
+        self.scripts_loaded = true;
+        Ok(values)
+    }
+}
+
+/// A key script's reply: the fleet's lead (µs), recent requests, and those of the previous
+/// window.
+fn key_reply(value: &redis::Value) -> Result<(u64, u64, u64), SyncError> {
+    let (ahead_us, recent, before) =
+        redis::from_redis_value::<(i64, i64, i64)>(value).map_err(|_| SyncError::Reply)?;
+    Ok((
+        ahead_us.max(0) as u64,
+        recent.max(0) as u64,
+        before.max(0) as u64,
+    ))
+}
+
+/// A limits script's reply: `Some(None)` when the fleet has no value yet, `None` when the
+/// reply cannot be read.
+fn limits_reply(value: &redis::Value) -> Option<Option<u64>> {
+    let text = redis::from_redis_value::<Option<String>>(value).ok()?;
+    Some(text.and_then(|text| text.parse().ok()))
+}
+
+impl Task {
+    /// The thread's body.
+    pub fn run(self) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        match runtime {
+            Ok(runtime) => runtime.block_on(self.main_loop()),
+            Err(_) => self
+                .sync
+                .last_error
+                .store(SyncError::Connect as u64, Ordering::Relaxed),
+        }
+    }
+
+    fn interval(&self) -> Duration {
+        Duration::from_millis(self.spec.interval_ms)
+    }
+
+    async fn main_loop(self) {
+        let mut link = if self.spec.cluster {
+            Link::Cluster(cluster::ClusterLink::new(&self.spec.urls))
+        } else {
+            Link::Single(SingleLink {
+                client: redis::Client::open(self.spec.urls[0].as_str()).ok(),
+                connection: None,
+                scripts_loaded: false,
+            })
+        };
+        let mut memory = HashMap::new();
+        let mut next = tokio::time::Instant::now();
+        loop {
+            if self.sync.owner_pid.load(Ordering::Acquire) != self.pid {
+                // Another worker took over (this one looked dead): its loop goes on.
+                return;
+            }
+            let stopping = self.stop.load(Ordering::Acquire);
+            self.sync.heartbeat_ms.store(now_ms(), Ordering::Release);
+            self.round(&mut link, &mut memory).await;
+            if stopping {
+                return;
+            }
+            next += self.interval();
+            let now = tokio::time::Instant::now();
+            if next < now {
+                next = now;
+            }
+            // Sleep in short steps so that a stop is noticed quickly.
+            while tokio::time::Instant::now() < next && !self.stop.load(Ordering::Acquire) {
+                let step = next.saturating_duration_since(tokio::time::Instant::now());
+                tokio::time::sleep(step.min(Duration::from_millis(20))).await;
+            }
+        }
+    }
+
+    async fn round(&self, link: &mut Link, memory: &mut HashMap<(usize, u64), KeyMemory>) {
+        let round = self.sync.round.load(Ordering::Acquire);
+        let entries = self.collect();
+        let started = std::time::Instant::now();
+        let timeout = Duration::from_millis(self.spec.timeout_ms);
+        let commands = self.commands(&entries);
+        let results = match tokio::time::timeout(timeout, self.exchange(link, &commands)).await {
+            Ok(results) => results,
+            Err(_) => {
+                link.reset();
+                commands.iter().map(|_| Err(SyncError::Timeout)).collect()
+            }
+        };
+        let mut results = results.into_iter();
+        let heartbeat = results.next().unwrap_or(Err(SyncError::Reply));
+        let fleet_limits: Vec<Option<Option<u64>>> = results
+            .by_ref()
+            .take(self.zones.len())
+            .map(|result| result.ok().and_then(|value| limits_reply(&value)))
+            .collect();
+        self.agree_limits(&fleet_limits);
+        let mut first_error = heartbeat.as_ref().err().copied();
+        let instances = match heartbeat
+            .and_then(|value| redis::from_redis_value::<u64>(&value).map_err(|_| SyncError::Reply))
+        {
+            Ok(instances) => instances.max(1),
+            Err(error) => {
+                first_error = first_error.or(Some(error));
+                self.sync.instances()
+            }
+        };
+        let mut synced = Vec::new();
+        let mut failed = Vec::new();
+        for (entry, result) in entries.iter().zip(results) {
+            match result.and_then(|value| key_reply(&value)) {
+                Ok(reply) => synced.push((entry, reply)),
+                Err(error) => {
+                    first_error = first_error.or(Some(error));
+                    failed.push(entry);
+                }
+            }
+        }
+        self.apply(&synced, instances, round, memory);
+        match first_error {
+            None => {
+                let lag_us = started.elapsed().as_micros() as u64;
+                self.sync.instances.store(instances, Ordering::Relaxed);
+                self.sync.lag_us.store(lag_us, Ordering::Relaxed);
+                self.sync.last_ok_ms.store(now_ms(), Ordering::Relaxed);
+                self.sync.round_trips.fetch_add(1, Ordering::Relaxed);
+                self.sync
+                    .keys_pushed
+                    .fetch_add(entries.len() as u64, Ordering::Relaxed);
+                self.sync.missed.store(0, Ordering::Relaxed);
+                self.sync.last_error.store(0, Ordering::Relaxed);
+                self.sync.mode.store(Mode::Synced as u64, Ordering::Release);
+            }
+            Some(error) => {
+                link.reset();
+                self.sync.errors.fetch_add(1, Ordering::Relaxed);
+                self.sync.last_error.store(error as u64, Ordering::Relaxed);
+                self.missed(&failed, round, memory);
+            }
+        }
+        memory.retain(|_, key| round.wrapping_sub(key.round) < 100);
+        // Grants were written for `round`; from now on they age.
+        self.sync.round.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Take the pending delta of every touched key (swapped to 0: whatever is charged from now
+    /// on goes to the next round).
+    fn collect(&self) -> Vec<Entry> {
+        let mut entries = Vec::new();
+        for (zone_index, synced) in self.zones.iter().enumerate() {
+            let zone = &synced.zone;
+            let Some(limits) = zone.limits() else {
+                continue;
+            };
+            for slot in 0..zone.slot_count() {
+                let Some((hash, [_, pending, _])) = zone.sync_slot(slot) else {
+                    break;
+                };
+                if hash == 0 || pending.load(Ordering::Relaxed) == 0 {
+                    continue;
+                }
+                let word = pending.swap(0, Ordering::AcqRel);
+                let limits = zone.override_for(hash).unwrap_or(limits);
+                let Some(shape) = FleetShape::of(zone.algorithm(), &limits) else {
+                    continue;
+                };
+                entries.push(Entry {
+                    zone: zone_index,
+                    slot,
+                    hash,
+                    delta: (word & !ASKED).min(shape.carry_limit()),
+                    shape,
+                });
+            }
+        }
+        entries
+    }
+
+    /// The round's commands, each with the key that routes it: the heartbeat, each zone's
+    /// limits, each touched key.
+    fn commands(&self, entries: &[Entry]) -> Vec<cluster::Routed> {
+        let mut commands = Vec::with_capacity(1 + self.zones.len() + entries.len());
+        let alive_ms = (3 * self.spec.interval_ms).max(1000);
+        let key = format!("{}instances", self.spec.prefix);
+        let mut command = redis::cmd("EVALSHA");
+        command
+            .arg(redis::Script::new(HEARTBEAT_SCRIPT).get_hash())
+            .arg(1)
+            .arg(&key)
+            .arg(format!("{:016x}", self.sync.instance_id))
+            .arg(alive_ms);
+        commands.push(cluster::Routed { key, command });
+        let limits_hash = redis::Script::new(LIMITS_SCRIPT).get_hash().to_string();
+        for zone in &self.zones {
+            let header = zone.zone.header();
+            let local = header.limits.load(Ordering::Acquire);
+            let first = zone.first_round.get();
+            let changed = first || local != zone.agreed_limits.get();
+            let config = header.config_limits.load(Ordering::Acquire);
+            let key = format!("{}{}:limits", self.spec.prefix, zone.name);
+            let mut command = redis::cmd("EVALSHA");
+            command
+                .arg(&limits_hash)
+                .arg(1)
+                .arg(&key)
+                .arg(if changed {
+                    local.to_string()
+                } else {
+                    String::new()
+                })
+                .arg(if first {
+                    config.to_string()
+                } else {
+                    String::new()
+                });
+            commands.push(cluster::Routed { key, command });
+        }
+        let key_hash = redis::Script::new(KEY_SCRIPT).get_hash().to_string();
+        for entry in entries {
+            let zone = &self.zones[entry.zone];
+            let interval_us = (entry.shape.interval_ns / 1000).max(1);
+            let idle_ms =
+                (entry.shape.capacity * entry.shape.interval_ns) / 1_000_000 + 2 * alive_ms;
+            let key = format!("{}{}:{:016x}", self.spec.prefix, zone.name, entry.hash);
+            let mut command = redis::cmd("EVALSHA");
+            command
+                .arg(&key_hash)
+                .arg(1)
+                .arg(&key)
+                .arg(entry.delta)
+                .arg(interval_us)
+                .arg(entry.shape.capacity)
+                .arg(self.spec.interval_ms)
+                .arg(idle_ms);
+            commands.push(cluster::Routed { key, command });
+        }
+        commands
+    }
+
+    /// Send the commands: one pipeline to the server, or one per node of a cluster (scripts
+    /// loaded in the same pipeline when not known to be). Each command's reply or error.
+    async fn exchange(
+        &self,
+        link: &mut Link,
+        commands: &[cluster::Routed],
+    ) -> Vec<Result<redis::Value, SyncError>> {
+        let scripts = [KEY_SCRIPT, HEARTBEAT_SCRIPT, LIMITS_SCRIPT];
+        match link {
+            Link::Cluster(cluster) => cluster.send(commands, &scripts).await,
+            Link::Single(single) => match single.send(commands, &scripts).await {
+                Ok(values) if values.len() == commands.len() => {
+                    values.into_iter().map(Ok).collect()
+                }
+                Ok(_) => commands.iter().map(|_| Err(SyncError::Reply)).collect(),
+                Err(error) => commands.iter().map(|_| Err(error)).collect(),
+            },
+        }
+    }
+
+    /// After a round trip: the fleet's value of each zone's limits is agreed on; when it is
+    /// not the zone's own (another instance's admin API changed it), the zone takes it.
+    fn agree_limits(&self, fleet_limits: &[Option<Option<u64>>]) {
+        let now = crate::handler::now_ns();
+        for (zone, fleet) in self.zones.iter().zip(fleet_limits) {
+            // A zone whose call failed this round tries again next round.
+            let Some(fleet) = fleet else {
+                continue;
+            };
+            zone.first_round.set(false);
+            let local = zone.zone.header().limits.load(Ordering::Acquire);
+            let Some(fleet) = fleet.filter(|&fleet| fleet != local) else {
+                zone.agreed_limits.set(local);
+                continue;
+            };
+            if local != zone.agreed_limits.get() {
+                // Changed here after this round's push was built: pushed next round.
+                continue;
+            }
+            if let Some(limits) = ratelimit_core::Limits::unpack(fleet) {
+                zone.zone.set_limits(limits, now);
+                zone.agreed_limits.set(fleet);
+            }
+        }
+    }
+
+    /// Set each key's grant and local state from the fleet's.
+    fn apply(
+        &self,
+        synced: &[(&Entry, (u64, u64, u64))],
+        instances: u64,
+        round: u64,
+        memory: &mut HashMap<(usize, u64), KeyMemory>,
+    ) {
+        let sync_ns = self.spec.interval_ms * 1_000_000;
+        let now = crate::handler::now_ns();
+        for &(entry, (ahead_us, fleet_recent, fleet_before)) in synced {
+            let Some((hash, [state, pending, grant])) =
+                self.zones[entry.zone].zone.sync_slot(entry.slot)
+            else {
+                continue;
+            };
+            if hash != entry.hash {
+                continue; // evicted meanwhile: the new key starts from a fresh grant.
+            }
+            let key = memory.entry((entry.zone, entry.hash)).or_default();
+            let mine = entry.delta + key.last_delta;
+            key.last_delta = entry.delta;
+            key.share = fleet::share(mine, fleet_recent, fleet_before, instances);
+            key.round = round;
+            let ahead_ns = ahead_us.saturating_mul(1000);
+            let room = fleet::fleet_room_milli(&entry.shape, ahead_ns, sync_ns);
+            let spent_since = pending.load(Ordering::Acquire) & !ASKED;
+            let granted = fleet::grant_milli(room, key.share, spent_since);
+            grant.store(grant_word::pack(round as u32, granted), Ordering::Release);
+            let algorithm = self.zones[entry.zone].zone.algorithm();
+            let _ = state.fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+                let raised = fleet::raise_local_state(current, algorithm, ahead_ns, now);
+                (raised != current).then_some(raised)
+            });
+        }
+    }
+
+    /// A failed round: the deltas go back (the fleet is charged for them later), the mode
+    /// follows the misses, and the touched keys get grants from shares.
+    fn missed(
+        &self,
+        entries: &[&Entry],
+        round: u64,
+        memory: &mut HashMap<(usize, u64), KeyMemory>,
+    ) {
+        let missed = self.sync.missed.fetch_add(1, Ordering::AcqRel) + 1;
+        let was = self.sync.mode();
+        let mode = if missed >= u64::from(SyncSpec::FAILED_AFTER_ROUNDS) {
+            match self.spec.on_failure {
+                OnFailure::LocalShare => Mode::LocalShare,
+                OnFailure::Open => Mode::Open,
+                OnFailure::Closed => Mode::Closed,
+            }
+        } else if was == Mode::Starting {
+            Mode::Starting
+        } else {
+            Mode::Degraded
+        };
+        self.sync.mode.store(mode as u64, Ordering::Release);
+        let sync_ns = self.spec.interval_ms * 1_000_000;
+        let instances = self.sync.instances();
+        for entry in entries {
+            let Some((hash, [_, pending, grant])) =
+                self.zones[entry.zone].zone.sync_slot(entry.slot)
+            else {
+                continue;
+            };
+            if hash != entry.hash {
+                continue;
+            }
+            pending.fetch_add(entry.delta, Ordering::AcqRel);
+            let key = memory.entry((entry.zone, entry.hash)).or_default();
+            key.round = round;
+            let (_, left) = grant_word::unpack(grant.load(Ordering::Acquire));
+            let granted = match mode {
+                Mode::Degraded if key.share > 0 => {
+                    fleet::share_refill_grant_milli(&entry.shape, key.share, sync_ns, left)
+                }
+                _ => fleet::local_share_grant_milli(&entry.shape, instances, sync_ns, left),
+            };
+            grant.store(grant_word::pack(round as u32, granted), Ordering::Release);
+        }
+    }
+}
+
+/// Monotonic milliseconds (the clock every worker reads too).
+pub fn now_ms() -> u64 {
+    crate::handler::now_ns() / 1_000_000
+}
+
+/// What a client error means for the log.
+pub(super) fn classify(error: redis::RedisError) -> SyncError {
+    use redis::ErrorKind;
+    match error.kind() {
+        ErrorKind::AuthenticationFailed => SyncError::Auth,
+        ErrorKind::IoError => {
+            if error.is_timeout() {
+                SyncError::Timeout
+            } else {
+                SyncError::Connect
+            }
+        }
+        _ if error.is_connection_refusal() || error.is_connection_dropped() => SyncError::Connect,
+        _ => {
+            if error.to_string().contains("NOAUTH") || error.to_string().contains("WRONGPASS") {
+                SyncError::Auth
+            } else {
+                SyncError::Reply
+            }
+        }
+    }
+}

@@ -1,0 +1,1036 @@
+//! Cluster-wide limits (`rate_limit_sync`): real `redis-server`s started here on free ports,
+//! several real nginx instances (two workers each) sharing one limit through them, and real
+//! traffic paced from this process. Every wait is bounded; measurements last a few seconds.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::nginx::free_port;
+use common::{check_config, Connection, Nginx, Request};
+
+const SIGCONT: i32 = 18;
+const SIGSTOP: i32 = 19;
+
+/// A `redis-server` of its own, killed on drop.
+struct Redis {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+    extra: Vec<String>,
+    /// For redis-cli, when the server requires one.
+    password: Option<String>,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        Redis::start_with(&[])
+    }
+
+    /// A server with more `redis-server` arguments (`--requirepass`, ...).
+    fn start_with(extra: &[&str]) -> Redis {
+        let dir = std::env::temp_dir().join(format!(
+            "ngx-rate-limit-redis-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        std::fs::create_dir_all(&dir).expect("cannot create the redis directory");
+        let mut redis = Redis {
+            port: free_port(),
+            dir,
+            child: None,
+            extra: extra.iter().map(|arg| arg.to_string()).collect(),
+            password: extra
+                .iter()
+                .position(|&arg| arg == "--requirepass")
+                .and_then(|at| extra.get(at + 1))
+                .map(|password| password.to_string()),
+        };
+        redis.spawn();
+        redis
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start redis-server (install redis-server)");
+        self.child = Some(child);
+        for _ in 0..100 {
+            if self.cli(&["PING"]).trim() == "PONG" {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        panic!("redis-server on port {} did not answer PING", self.port);
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let mut command = Command::new("redis-cli");
+        command.stdin(Stdio::null());
+        if let Some(password) = &self.password {
+            command.args(["--no-auth-warning", "-a", password]);
+        }
+        // -c follows a cluster's redirections (and changes nothing on a single server).
+        let output = command
+            .args(["-c", "-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("cannot run redis-cli");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    fn signal(&self, signal: i32) {
+        if let Some(child) = &self.child {
+            common::nginx::sys::signal(child.id() as i32, signal);
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// `INFO commandstats` calls of one command (`evalsha`).
+    fn calls(&self, command: &str) -> u64 {
+        let info = self.cli(&["INFO", "commandstats"]);
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|calls| calls.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Waits (bounded) until `count` instances heartbeat.
+    fn wait_instances(&self, count: usize) {
+        for _ in 0..150 {
+            let seen: usize = self
+                .cli(&["ZCARD", "rl:instances"])
+                .trim()
+                .parse()
+                .unwrap_or(0);
+            if seen == count {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        panic!("{count} instances never heartbeat in Redis");
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.signal(SIGCONT);
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One instance: two workers, a `sync` zone `api` of 100r/s burst=20 on `X-Key`.
+fn instance_config(redis_port: u16, sync_words: &str, zone_words: &str) -> String {
+    format!(
+        r#"
+load_module %%MODULE%%;
+worker_processes 2;
+error_log logs/error.log info;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    keepalive_requests 1000000;
+    rate_limit_sync redis://127.0.0.1:{redis_port} {sync_words};
+    rate_limit_zone $http_x_key zone=api:1m {zone_words} sync;
+    server {{
+        listen 127.0.0.1:%%PORT%% reuseport;
+        root html;
+        location / {{ rate_limit zone=api nodelay; }}
+        location /ratelimit/ {{ rate_limit_admin write=on; }}
+    }}
+}}
+"#
+    )
+}
+
+const LIMIT_PER_SEC: f64 = 100.0;
+const BURST: f64 = 20.0;
+const ZONE: &str = "rate=100r/s burst=20";
+/// What a fleet admits beyond `L t + burst` by design: each grant includes the interval's
+/// drain ahead of time (L x 100 ms). The issue's target, `1.05 L t + burst` over 10 s, has it
+/// inside its 5% (bench/cluster.sh); these shorter runs add it explicitly.
+const AHEAD: f64 = LIMIT_PER_SEC * 0.1;
+
+fn fleet(redis: &Redis, count: usize, sync_words: &str) -> Vec<Nginx> {
+    let fleet: Vec<Nginx> = (0..count)
+        .map(|_| Nginx::start(&instance_config(redis.port, sync_words, ZONE)))
+        .collect();
+    redis.wait_instances(count);
+    fleet
+}
+
+/// One answer: when it was sent (from the start), its status and how long it took.
+#[derive(Clone, Copy, Debug)]
+struct Answer {
+    sent: Duration,
+    status: u16,
+    latency: Duration,
+}
+
+/// Offers `per_sec` requests a second for key `key` to each port in `ports`, for `span`,
+/// from two paced keep-alive connections per port. Returns every answer.
+fn offer(ports: &[u16], per_sec: f64, span: Duration, key: &str) -> Vec<Answer> {
+    let answers = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now() + Duration::from_millis(50);
+    let mut threads = Vec::new();
+    for &port in ports {
+        for _ in 0..2 {
+            let answers = answers.clone();
+            let key = key.to_string();
+            threads.push(thread::spawn(move || {
+                let gap = Duration::from_secs_f64(2.0 / per_sec);
+                let mut connection = Connection::open(port);
+                let request = Request::get("/index.html").header("X-Key", &key);
+                let mut mine = Vec::new();
+                let mut next = start;
+                while next < start + span {
+                    let now = Instant::now();
+                    if next > now {
+                        thread::sleep(next - now);
+                    }
+                    let sent = Instant::now();
+                    let status = match connection.try_send(&request) {
+                        Ok(response) => response.status,
+                        Err(_) => {
+                            connection = Connection::open(port);
+                            0
+                        }
+                    };
+                    mine.push(Answer {
+                        sent: sent - start,
+                        status,
+                        latency: sent.elapsed(),
+                    });
+                    next += gap;
+                }
+                answers.lock().unwrap().extend(mine);
+            }));
+        }
+    }
+    for thread in threads {
+        thread.join().expect("load thread panicked");
+    }
+    let answers = answers.lock().unwrap().clone();
+    answers
+}
+
+fn passed_between(answers: &[Answer], from: Duration, to: Duration) -> usize {
+    let passed = passed_between_quiet(answers, from, to);
+    eprintln!(
+        "passed {passed} of {} between {from:?} and {to:?}",
+        answers.len()
+    );
+    passed
+}
+
+fn passed_between_quiet(answers: &[Answer], from: Duration, to: Duration) -> usize {
+    answers
+        .iter()
+        .filter(|a| a.status == 200 && a.sent >= from && a.sent < to)
+        .count()
+}
+
+/// `GET zones/api` of the admin API: the zone's `sync` object.
+fn sync_state(nginx: &Nginx) -> serde_json::Value {
+    let response = common::get(nginx.port(), "/ratelimit/zones/api");
+    assert_eq!(response.status, 200, "{}", response.text());
+    let zone: serde_json::Value = serde_json::from_str(&response.text()).expect("zone JSON");
+    zone["sync"].clone()
+}
+
+fn ports(fleet: &[Nginx]) -> Vec<u16> {
+    fleet.iter().map(Nginx::port).collect()
+}
+
+#[test]
+fn config_errors_name_the_bad_token() {
+    let base = |sync: &str, zone: &str| {
+        format!(
+            r#"
+load_module %%MODULE%%;
+events {{ }}
+http {{
+    {sync}
+    rate_limit_zone $binary_remote_addr zone=api:1m {zone};
+    server {{ listen 127.0.0.1:%%PORT%%; location / {{ rate_limit zone=api; }} }}
+}}
+"#
+        )
+    };
+    let sync = "rate_limit_sync redis://127.0.0.1:1;";
+    #[rustfmt::skip]
+    let rows: &[(String, &str)] = &[
+        (base("rate_limit_sync redis://127.0.0.1:1 interval=5ms;", "rate=1r/s sync"),
+            "invalid interval \"interval=5ms\""),
+        (base("rate_limit_sync redis://127.0.0.1:1 timeout=1s;", "rate=1r/s sync"),
+            "invalid timeout \"timeout=1s\""),
+        (base("rate_limit_sync redis://127.0.0.1:1 on_failure=maybe;", "rate=1r/s sync"),
+            "invalid on_failure \"on_failure=maybe\""),
+        (base("rate_limit_sync redis://127.0.0.1:notaport;", "rate=1r/s sync"),
+            "invalid Redis URL \"redis://127.0.0.1:notaport\""),
+        (base("rate_limit_sync interval=1s;", "rate=1r/s sync"),
+            "\"rate_limit_sync\" must have a redis:// URL"),
+        (base("rate_limit_sync rediss://127.0.0.1:1;", "rate=1r/s sync"),
+            "invalid Redis URL \"rediss://127.0.0.1:1\""),
+        (base("rate_limit_sync redis://127.0.0.1:1 redis://127.0.0.1:2;", "rate=1r/s sync"),
+            "invalid Redis URL \"redis://127.0.0.1:2\": several URLs need \"cluster\""),
+        (base("rate_limit_sync redis://127.0.0.1:1 bogus;", "rate=1r/s sync"),
+            "invalid parameter \"bogus\""),
+        (base(&format!("{sync} {sync}"), "rate=1r/s sync"),
+            "\"rate_limit_sync\" directive is duplicate"),
+        (base(sync, "rate=10r/s algorithm=sliding_log sync"),
+            "\"sync\" is not supported by sliding_log"),
+        (base("", "rate=1r/s sync"),
+            "zone \"api\" has \"sync\" but no \"rate_limit_sync\" is configured"),
+    ];
+    for (config, expected) in rows {
+        let (ok, stderr) = check_config(config);
+        assert!(!ok, "accepted: {config}");
+        assert!(stderr.contains(expected), "{expected:?} not in {stderr}");
+    }
+    let (ok, stderr) = check_config(&base(
+        "rate_limit_sync redis://u:p@127.0.0.1:1/2 interval=250ms timeout=100ms prefix=x: on_failure=open;",
+        "rate=1r/s sync",
+    ));
+    assert!(ok, "{stderr}");
+}
+
+/// 10x the limit spread evenly over three instances for 4 s: the fleet admits at most
+/// 1.05 L t + burst (each instance alone would admit L t + burst: 3x).
+#[test]
+fn three_instances_share_one_limit() {
+    let redis = Redis::start();
+    let fleet = fleet(&redis, 3, "interval=100ms");
+    let span = Duration::from_secs(4);
+    let answers = offer(&ports(&fleet), 10.0 * LIMIT_PER_SEC / 3.0, span, "k");
+    let passed = passed_between(&answers, Duration::ZERO, span);
+    let bound = 1.05 * LIMIT_PER_SEC * span.as_secs_f64() + BURST + AHEAD;
+    assert!(answers.iter().all(|a| a.status == 200 || a.status == 429));
+    assert!(passed as f64 <= bound, "fleet admitted {passed} > {bound}");
+    let state = sync_state(&fleet[0]);
+    assert_eq!(state["mode"], "synced", "{state}");
+    assert_eq!(state["connected"], true, "{state}");
+    assert_eq!(state["instances"], 3, "{state}");
+    assert!(
+        state["last_sync_age_ms"]
+            .as_u64()
+            .is_some_and(|age| age < 1000),
+        "{state}"
+    );
+    // And it is a limit, not a block: most of L t passes.
+    assert!(
+        passed as f64 >= 0.8 * LIMIT_PER_SEC * span.as_secs_f64(),
+        "{passed}"
+    );
+}
+
+/// All the traffic on one instance of three: after the first second it admits >= 0.9 L.
+#[test]
+fn one_instance_with_all_traffic_reaches_the_limit() {
+    let redis = Redis::start();
+    let fleet = fleet(&redis, 3, "interval=100ms");
+    let span = Duration::from_secs(3);
+    let answers = offer(&[fleet[0].port()], 3.0 * LIMIT_PER_SEC, span, "solo");
+    let passed = passed_between(&answers, Duration::from_secs(1), span);
+    let floor = 0.9 * LIMIT_PER_SEC * 2.0;
+    assert!(
+        passed as f64 >= floor,
+        "admitted {passed} < {floor} after the first second"
+    );
+    assert!(
+        passed as f64 <= 1.05 * LIMIT_PER_SEC * 2.0 + BURST,
+        "{passed}"
+    );
+}
+
+/// Redis traffic does not grow with the request rate: per interval and instance, one
+/// pipeline of a heartbeat, one call per sync zone (its limits) and one per touched key
+/// (read from INFO commandstats).
+#[test]
+fn redis_calls_do_not_grow_with_traffic() {
+    let redis = Redis::start();
+    let fleet = fleet(&redis, 2, "interval=100ms");
+    let calls = |per_sec: f64| {
+        let before = redis.calls("evalsha");
+        let started = Instant::now();
+        offer(&ports(&fleet), per_sec, Duration::from_secs(2), "k");
+        (redis.calls("evalsha") - before, started.elapsed())
+    };
+    let (slow_calls, slow_span) = calls(20.0);
+    let (fast_calls, fast_span) = calls(1000.0);
+    for (calls, span) in [(slow_calls, slow_span), (fast_calls, fast_span)] {
+        // Rounds per instance (+1 for a partial round), two instances, at most three calls
+        // in each round's one pipeline: the heartbeat, the zone's limits, the one key.
+        let rounds = (span.as_secs_f64() / 0.1).ceil() as u64 + 1;
+        assert!(calls <= 2 * 3 * rounds, "{calls} calls in {span:?}");
+    }
+    assert!(
+        fast_calls <= slow_calls + slow_calls / 4 + 8,
+        "{slow_calls} -> {fast_calls}"
+    );
+}
+
+/// Redis stopped (SIGSTOP) under load for 2 s: no request waits on it (none takes anything
+/// near the sync timeout), no 5xx, and with
+/// `local_share` the fleet admits at most 1.10 L over the stop; the stop is logged once.
+#[test]
+fn redis_stopped_under_load_local_share() {
+    let redis = Redis::start();
+    let fleet = fleet(&redis, 3, "interval=100ms timeout=100ms");
+    let ports = ports(&fleet);
+    let load = {
+        let ports = ports.clone();
+        thread::spawn(move || {
+            offer(
+                &ports,
+                10.0 * LIMIT_PER_SEC / 3.0,
+                Duration::from_secs(5),
+                "k",
+            )
+        })
+    };
+    thread::sleep(Duration::from_millis(1050));
+    redis.signal(SIGSTOP);
+    thread::sleep(Duration::from_millis(1500));
+    let stopped = sync_state(&fleet[0]);
+    let metrics = common::get(fleet[0].port(), "/ratelimit/metrics").text();
+    thread::sleep(Duration::from_millis(500));
+    redis.signal(SIGCONT);
+    let answers = load.join().expect("load thread");
+    assert_eq!(stopped["mode"], "local_share", "{stopped}");
+    assert_eq!(stopped["fallback"], true, "{stopped}");
+    assert!(
+        metrics.contains("rate_limit_sync_fallback{zone=\"api\"} 1"),
+        "{metrics}"
+    );
+    // Recovery within three intervals of Redis answering again.
+    thread::sleep(Duration::from_millis(300));
+    let resumed = sync_state(&fleet[0]);
+    assert_eq!(resumed["mode"], "synced", "{resumed}");
+    assert!(
+        answers.iter().all(|a| a.status == 200 || a.status == 429),
+        "a request failed"
+    );
+    let slowest = answers.iter().map(|a| a.latency).max().unwrap_or_default();
+    // A request that waited on the stopped Redis would take the sync timeout (100 ms) at least.
+    assert!(
+        slowest < Duration::from_millis(80),
+        "slowest answer {slowest:?}"
+    );
+    // From 0.5 s into the stop (three missed intervals and more) to its end.
+    let (from, to) = (Duration::from_millis(1600), Duration::from_millis(3000));
+    let passed = passed_between(&answers, from, to);
+    let bound = 1.10 * LIMIT_PER_SEC * (to - from).as_secs_f64() + BURST / 3.0 * 3.0;
+    assert!(
+        passed as f64 <= bound,
+        "admitted {passed} > {bound} while Redis was stopped"
+    );
+    assert!(
+        passed as f64 >= 0.5 * LIMIT_PER_SEC * (to - from).as_secs_f64(),
+        "{passed}"
+    );
+    let logs: String = fleet.iter().map(Nginx::error_log).collect();
+    let fallbacks = logs.matches("on_failure=local_share in force").count();
+    assert_eq!(fallbacks, 3, "one transition logged per instance:\n{logs}");
+}
+
+/// Redis killed and restarted empty: the instances reconnect, reload their scripts and the
+/// fleet limit holds again within three intervals.
+#[test]
+fn redis_restarted_empty_reconverges() {
+    let mut redis = Redis::start();
+    let fleet = fleet(&redis, 3, "interval=100ms");
+    offer(&ports(&fleet), 300.0, Duration::from_millis(500), "k");
+    redis.kill();
+    thread::sleep(Duration::from_millis(500));
+    redis.spawn();
+    redis.wait_instances(3);
+    // Three intervals to converge, then the limit holds.
+    thread::sleep(Duration::from_millis(300));
+    let span = Duration::from_secs(3);
+    let answers = offer(&ports(&fleet), 10.0 * LIMIT_PER_SEC / 3.0, span, "k");
+    let passed = passed_between(&answers, Duration::ZERO, span);
+    let bound = 1.05 * LIMIT_PER_SEC * span.as_secs_f64() + BURST + AHEAD;
+    assert!(
+        passed as f64 <= bound,
+        "fleet admitted {passed} > {bound} after the restart"
+    );
+    let keys = redis.cli(&["KEYS", "rl:api:*"]);
+    assert_eq!(
+        keys.lines().count(),
+        1,
+        "one Redis key for one nginx key: {keys}"
+    );
+}
+
+/// With Redis unreachable from the start nginx still starts, logs it once, and applies the
+/// failure mode after three intervals: `closed` rejects with Retry-After, `open` admits the
+/// whole limit locally.
+#[test]
+fn unreachable_redis_applies_the_failure_mode() {
+    let port = free_port();
+    let closed = Nginx::start(&instance_config(
+        port,
+        "interval=50ms on_failure=closed",
+        ZONE,
+    ));
+    let open = Nginx::start(&instance_config(
+        port,
+        "interval=50ms on_failure=open",
+        ZONE,
+    ));
+    thread::sleep(Duration::from_millis(600));
+    let mut connection = Connection::open(closed.port());
+    let response = connection.send(&Request::get("/index.html").header("X-Key", "k"));
+    assert_eq!(response.status, 429);
+    assert!(response.header("Retry-After").is_some());
+    let mut connection = Connection::open(open.port());
+    let statuses: Vec<u16> = (0..30)
+        .map(|_| {
+            connection
+                .send(&Request::get("/index.html").header("X-Key", "k"))
+                .status
+        })
+        .collect();
+    // burst=20: 21 pass at once, as without sync.
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 200).count(),
+        21,
+        "{statuses:?}"
+    );
+    let log = closed.error_log();
+    assert_eq!(log.matches("cannot connect").count(), 1, "{log}");
+    assert_eq!(
+        log.matches("on_failure=closed in force").count(),
+        1,
+        "{log}"
+    );
+}
+
+/// The instance's heartbeat score (Redis milliseconds) in the fleet's sorted set.
+fn heartbeat_ms(redis: &Redis) -> u64 {
+    let reply = redis.cli(&["ZRANGE", "rl:instances", "0", "-1", "WITHSCORES"]);
+    reply
+        .lines()
+        .nth(1)
+        .and_then(|score| score.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The loop lives in one worker: when every worker is SIGKILLed a new one takes it over (the
+/// instance's heartbeat in Redis moves on), and a reload under load (old and new workers
+/// overlapping) keeps one loop that counts nothing twice: the instance alone still admits
+/// at least 0.9 L across the reload (a delta counted twice would push the fleet's state
+/// ahead and cut it), and at most L t + burst.
+#[test]
+fn loop_survives_worker_kill_and_reload() {
+    let redis = Redis::start();
+    let mut fleet = fleet(&redis, 1, "interval=100ms");
+    let old = fleet[0].kill_workers();
+    fleet[0].wait_workers_replaced(&old);
+    let killed_at = heartbeat_ms(&redis);
+    thread::sleep(Duration::from_millis(1500));
+    let after = heartbeat_ms(&redis);
+    assert!(
+        after > killed_at + 1000,
+        "heartbeat stopped: {killed_at} -> {after}"
+    );
+
+    let port = fleet[0].port();
+    let load =
+        thread::spawn(move || offer(&[port], 3.0 * LIMIT_PER_SEC, Duration::from_secs(3), "k"));
+    thread::sleep(Duration::from_millis(1200));
+    fleet[0].reload();
+    let answers = load.join().expect("load thread");
+    let passed = passed_between(&answers, Duration::from_secs(1), Duration::from_secs(3));
+    let floor = 0.9 * LIMIT_PER_SEC * 2.0;
+    assert!(
+        passed as f64 >= floor,
+        "admitted {passed} < {floor} across the reload"
+    );
+    let all = passed_between(&answers, Duration::ZERO, Duration::from_secs(3));
+    let bound = 1.05 * LIMIT_PER_SEC * 3.0 + BURST + AHEAD;
+    assert!(all as f64 <= bound, "admitted {all} > {bound}");
+}
+
+/// The bench (`bench/cluster.sh`, not part of `cargo test`): three instances of two workers,
+/// one key, L = 100r/s burst=20, each sync interval offered 2x and 10x L spread evenly for
+/// 10 s, plus the same fleet without `sync` and one instance taking all the traffic.
+/// Writes the table to `bench/results/cluster.md` (or `CLUSTER_BENCH_OUT`).
+#[test]
+#[ignore = "bench: run by bench/cluster.sh"]
+fn bench_cluster_table() {
+    let span = Duration::from_secs(10);
+    let limit_t = LIMIT_PER_SEC * span.as_secs_f64();
+    let bound = 1.05 + BURST / limit_t;
+    let mut rows = Vec::new();
+    let p99 = |answers: &[Answer]| {
+        let mut latencies: Vec<Duration> = answers.iter().map(|a| a.latency).collect();
+        latencies.sort();
+        latencies[latencies.len() * 99 / 100].as_secs_f64() * 1000.0
+    };
+    let failed = |answers: &[Answer]| {
+        answers
+            .iter()
+            .filter(|a| a.status != 200 && a.status != 429)
+            .count()
+    };
+    for interval_ms in [20, 50, 100, 250] {
+        for offered in [2.0, 10.0] {
+            let redis = Redis::start();
+            let fleet = fleet(&redis, 3, &format!("interval={interval_ms}ms"));
+            let answers = offer(&ports(&fleet), offered * LIMIT_PER_SEC / 3.0, span, "k");
+            let passed = passed_between(&answers, Duration::ZERO, span);
+            let ratio = passed as f64 / limit_t;
+            rows.push(format!(
+                "| {interval_ms} ms | {offered}x | 3 (even) | {passed} | {ratio:.3} | {} | {:.1} | {} |",
+                if ratio <= bound { format!("<= {bound:.2} yes") } else { format!("<= {bound:.2} NO") },
+                p99(&answers),
+                failed(&answers),
+            ));
+        }
+    }
+    // All the traffic on one instance of three: admitted/L after the first second.
+    {
+        let redis = Redis::start();
+        let fleet = fleet(&redis, 3, "interval=100ms");
+        let answers = offer(&[fleet[0].port()], 3.0 * LIMIT_PER_SEC, span, "k");
+        let passed = passed_between(&answers, Duration::from_secs(1), span);
+        let ratio = passed as f64 / (LIMIT_PER_SEC * (span.as_secs_f64() - 1.0));
+        rows.push(format!(
+            "| 100 ms | 3x | 1 of 3 (after 1 s) | {passed} | {ratio:.3} | {} | {:.1} | {} |",
+            if ratio >= 0.9 {
+                ">= 0.90 yes"
+            } else {
+                ">= 0.90 NO"
+            },
+            p99(&answers),
+            failed(&answers),
+        ));
+    }
+    // Redis SIGSTOPped from 2 s to 7 s under 10x: local_share after three intervals.
+    {
+        let redis = Redis::start();
+        let fleet = fleet(&redis, 3, "interval=100ms timeout=100ms");
+        let ports = ports(&fleet);
+        let load = thread::spawn(move || {
+            offer(
+                &ports,
+                10.0 * LIMIT_PER_SEC / 3.0,
+                Duration::from_secs(10),
+                "k",
+            )
+        });
+        thread::sleep(Duration::from_millis(2050));
+        redis.signal(SIGSTOP);
+        thread::sleep(Duration::from_secs(5));
+        redis.signal(SIGCONT);
+        let answers = load.join().expect("load thread");
+        let (from, to) = (Duration::from_millis(2500), Duration::from_millis(7000));
+        let passed = passed_between(&answers, from, to);
+        let window = (to - from).as_secs_f64();
+        let ratio = passed as f64 / (LIMIT_PER_SEC * window);
+        let stop_bound = 1.10 + BURST / (LIMIT_PER_SEC * window);
+        let during: Vec<Answer> = answers
+            .iter()
+            .copied()
+            .filter(|a| a.sent >= from && a.sent < to)
+            .collect();
+        rows.push(format!(
+            "| 100 ms, Redis SIGSTOPped 2-7 s | 10x | 3 (even), 2.5-7 s | {passed} | {ratio:.3} | <= {stop_bound:.2} {} | {:.1} | {} |",
+            if ratio <= stop_bound { "yes" } else { "NO" },
+            p99(&during),
+            failed(&answers),
+        ));
+    }
+    // Round trips per instance per interval at 2x and 10x (the admin API's counter), and
+    // the time for every instance to be synced again after Redis restarts empty.
+    {
+        let mut redis = Redis::start();
+        let fleet = fleet(&redis, 3, "interval=100ms");
+        for offered in [2.0, 10.0] {
+            let before: Vec<u64> = fleet
+                .iter()
+                .map(|n| sync_state(n)["round_trips"].as_u64().unwrap_or(0))
+                .collect();
+            let started = Instant::now();
+            let answers = offer(
+                &ports(&fleet),
+                offered * LIMIT_PER_SEC / 3.0,
+                Duration::from_secs(5),
+                "k",
+            );
+            let elapsed = started.elapsed().as_secs_f64();
+            let trips: u64 = fleet
+                .iter()
+                .zip(&before)
+                .map(|(n, b)| sync_state(n)["round_trips"].as_u64().unwrap_or(0) - b)
+                .sum();
+            // A loop turning every 100 ms makes at most floor(t / 100 ms) + 1 turns in t.
+            let allowed = 3 * ((elapsed / 0.1).floor() as u64 + 1);
+            rows.push(format!(
+                "| 100 ms, round trips | {offered}x | 3 (even) | {trips} round trips in {elapsed:.2} s | {:.3} per instance per interval | <= {allowed} (1 per interval) {} | {:.1} | {} |",
+                trips as f64 / 3.0 / (elapsed / 0.1),
+                if trips <= allowed { "yes" } else { "NO" },
+                p99(&answers),
+                failed(&answers),
+            ));
+        }
+        redis.kill();
+        thread::sleep(Duration::from_millis(500));
+        redis.spawn();
+        let restarted = Instant::now();
+        let mut synced_after = None;
+        while restarted.elapsed() < Duration::from_secs(5) {
+            if fleet.iter().all(|n| sync_state(n)["mode"] == "synced") {
+                synced_after = Some(restarted.elapsed());
+                break;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        let ms = synced_after.map_or(f64::INFINITY, |d| d.as_secs_f64() * 1000.0);
+        rows.push(format!(
+            "| 100 ms, Redis restarted empty | - | 3 | all synced {ms:.0} ms after Redis answered | - | <= 300 ms {} | - | - |",
+            if ms <= 300.0 { "yes" } else { "NO" },
+        ));
+    }
+    // Redis Cluster of three masters, 10x spread evenly.
+    {
+        let nodes = redis_cluster();
+        let fleet: Vec<Nginx> = (0..3)
+            .map(|_| {
+                Nginx::start(&instance_config(
+                    nodes[0].port,
+                    "cluster interval=100ms",
+                    ZONE,
+                ))
+            })
+            .collect();
+        nodes[0].wait_instances(3);
+        let answers = offer(&ports(&fleet), 10.0 * LIMIT_PER_SEC / 3.0, span, "k");
+        let passed = passed_between(&answers, Duration::ZERO, span);
+        let ratio = passed as f64 / limit_t;
+        rows.push(format!(
+            "| 100 ms, Redis Cluster (3 masters) | 10x | 3 (even) | {passed} | {ratio:.3} | <= {bound:.2} {} | {:.1} | {} |",
+            if ratio <= bound { "yes" } else { "NO" },
+            p99(&answers),
+            failed(&answers),
+        ));
+    }
+    // The same fleet without `sync`: each instance enforces L alone.
+    {
+        let config = instance_config(1, "", ZONE)
+            .replace("rate_limit_sync redis://127.0.0.1:1 ;", "")
+            .replace(" sync;", ";");
+        let fleet: Vec<Nginx> = (0..3).map(|_| Nginx::start(&config)).collect();
+        let answers = offer(&ports(&fleet), 10.0 * LIMIT_PER_SEC / 3.0, span, "k");
+        let passed = passed_between(&answers, Duration::ZERO, span);
+        rows.push(format!(
+            "| no sync | 10x | 3 (even) | {passed} | {:.3} | (3x expected) | {:.1} | {} |",
+            passed as f64 / limit_t,
+            p99(&answers),
+            failed(&answers),
+        ));
+    }
+    let table = format!(
+        "# Cluster bench (bench/cluster.sh)\n\n\
+         Three nginx instances (2 workers each) on loopback, one Redis, one key, L = 100r/s \
+         burst=20 nodelay (leaky bucket), offered load paced from two keep-alive connections \
+         per instance for {} s. `admitted/L·t` is the fleet's 200s over L times the span; the \
+         target is <= 1.05 + burst/(L·t) = {bound:.2}. p99 is the client's latency in ms \
+         (debug build of the module on a shared 2-core machine). `errors`: answers other \
+         than 200/429.\n\n\
+         | interval | offered | instances loaded | admitted | admitted/L·t | target | p99 ms | errors |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- |\n{}\n",
+        span.as_secs(),
+        rows.join("\n")
+    );
+    let out = std::env::var("CLUSTER_BENCH_OUT").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/bench/results/cluster.md").to_string()
+    });
+    std::fs::write(&out, &table).expect("cannot write the bench table");
+    eprintln!("{table}");
+}
+
+/// Polls (bounded by `within`) until `nginx`'s zone `api` has `rate`; returns how long it took.
+fn wait_rate(nginx: &Nginx, rate: &str, within: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let response = common::get(nginx.port(), "/ratelimit/zones/api");
+        let zone: serde_json::Value = serde_json::from_str(&response.text()).expect("zone JSON");
+        if zone["rate"] == rate {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "rate still {} after {within:?}, not {rate}",
+            zone["rate"]
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A PATCH on one instance's admin API reaches the others within two intervals (plus the
+/// scheduling of a loaded machine), an instance started later takes it too, and a reload
+/// with an edited file makes the file's value the fleet's, as on one instance.
+#[test]
+fn admin_change_reaches_the_fleet_and_survives_restarts() {
+    let redis = Redis::start();
+    let mut fleet = fleet(&redis, 2, "interval=100ms");
+    let patch =
+        Request::new("PATCH", "/ratelimit/zones/api").json(r#"{"rate": "50r/s", "burst": 5}"#);
+    assert_eq!(common::send(fleet[0].port(), &patch).status, 200);
+    let took = wait_rate(&fleet[1], "50r/s", Duration::from_millis(500));
+    eprintln!("PATCH reached the other instance in {took:?}");
+    // A new instance with the same file takes the fleet's value.
+    let late = Nginx::start(&instance_config(redis.port, "interval=100ms", ZONE));
+    wait_rate(&late, "50r/s", Duration::from_millis(1000));
+    // The file edited and reloaded on one instance: its value becomes the fleet's.
+    fleet[1].reload_with(&instance_config(
+        redis.port,
+        "interval=100ms",
+        "rate=30r/s burst=20",
+    ));
+    wait_rate(&fleet[0], "30r/s", Duration::from_millis(1000));
+    wait_rate(&late, "30r/s", Duration::from_millis(1000));
+}
+
+/// AUTH with a password (`requirepass`) and with an ACL user, each in its URL; a wrong
+/// password is logged once as such and the failure mode applies.
+#[test]
+fn auth_with_password_and_acl_user() {
+    let redis = Redis::start_with(&["--requirepass", "s3cret"]);
+    redis.cli(&["ACL", "SETUSER", "syncer", "on", ">pw", "~rl:*", "+@all"]);
+    let with_url = |url: &str| {
+        instance_config(redis.port, "interval=50ms", ZONE).replace(
+            &format!("redis://127.0.0.1:{}", redis.port),
+            &url.replace("PORT", &redis.port.to_string()),
+        )
+    };
+    let password = Nginx::start(&with_url("redis://:s3cret@127.0.0.1:PORT"));
+    let user = Nginx::start(&with_url("redis://syncer:pw@127.0.0.1:PORT"));
+    let wrong = Nginx::start(&with_url("redis://syncer:nope@127.0.0.1:PORT"));
+    redis.wait_instances(2);
+    thread::sleep(Duration::from_millis(400));
+    assert_eq!(sync_state(&password)["mode"], "synced");
+    assert_eq!(sync_state(&user)["mode"], "synced");
+    assert_eq!(sync_state(&wrong)["mode"], "local_share");
+    let log = wrong.error_log();
+    assert_eq!(log.matches("authentication failed").count(), 1, "{log}");
+    assert!(!log.contains("nope"), "the password is not logged: {log}");
+}
+
+/// Every algorithm that can sync holds one limit across the fleet: a token bucket (K = burst)
+/// and a sliding window (bounded fleet-wide by a bucket of N at N per window), 10x spread
+/// over three instances for 3 s: at most 1.05 L t + K + L interval (the room is granted one
+/// interval ahead), and most of L t passes.
+#[test]
+fn token_bucket_and_sliding_window_share_one_limit() {
+    #[rustfmt::skip]
+    let rows = [
+        ("rate=100r/s burst=20 algorithm=token_bucket", 20.0),
+        ("rate=100r/s algorithm=sliding_window", 100.0),
+    ];
+    for (zone_words, capacity) in rows {
+        let redis = Redis::start();
+        let fleet: Vec<Nginx> = (0..3)
+            .map(|_| Nginx::start(&instance_config(redis.port, "interval=100ms", zone_words)))
+            .collect();
+        redis.wait_instances(3);
+        let span = Duration::from_secs(3);
+        let answers = offer(&ports(&fleet), 10.0 * LIMIT_PER_SEC / 3.0, span, "k");
+        let passed = passed_between(&answers, Duration::ZERO, span) as f64;
+        let limit_t = LIMIT_PER_SEC * span.as_secs_f64();
+        // One interval's drain (L I = 10) is granted ahead of time on top of the bucket.
+        let bound = 1.05 * limit_t + capacity + AHEAD;
+        assert!(
+            passed <= bound,
+            "{zone_words}: fleet admitted {passed} > {bound}"
+        );
+        assert!(passed >= 0.8 * limit_t, "{zone_words}: only {passed}");
+    }
+}
+
+/// Three masters made into a Redis Cluster with `redis-cli --cluster create`, ready when
+/// every node reports `cluster_state:ok` (bounded wait).
+fn redis_cluster() -> Vec<Redis> {
+    let nodes: Vec<Redis> = (0..3)
+        .map(|_| Redis::start_with(&["--cluster-enabled", "yes"]))
+        .collect();
+    let addresses: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let output = Command::new("redis-cli")
+        .arg("--cluster")
+        .arg("create")
+        .args(&addresses)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("cannot run redis-cli --cluster create");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    for _ in 0..250 {
+        if nodes
+            .iter()
+            .all(|node| node.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+        {
+            return nodes;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    panic!("the cluster never reached cluster_state:ok");
+}
+
+/// Redis Cluster: three instances share one limit through three masters, one pipeline per
+/// node per round (each node's `evalsha` calls stay within its rounds), and the keys of one
+/// zone spread over the nodes.
+#[test]
+fn redis_cluster_shares_one_limit() {
+    let nodes = redis_cluster();
+    let seed = nodes[0].port;
+    let fleet: Vec<Nginx> = (0..3)
+        .map(|_| Nginx::start(&instance_config(seed, "cluster interval=100ms", ZONE)))
+        .collect();
+    nodes[0].wait_instances(3);
+    for instance in &fleet {
+        assert_eq!(
+            sync_state(instance)["mode"],
+            "synced",
+            "{}",
+            instance.error_log()
+        );
+    }
+    // A few keys, one request each: their Redis keys land on several nodes.
+    for key in 0..24 {
+        let response = common::send(
+            fleet[0].port(),
+            &Request::get("/index.html").header("X-Key", &format!("spread-{key}")),
+        );
+        assert_eq!(response.status, 200);
+    }
+    let before: Vec<u64> = nodes.iter().map(|n| n.calls("evalsha")).collect();
+    let started = Instant::now();
+    let span = Duration::from_secs(3);
+    let answers = offer(&ports(&fleet), 10.0 * LIMIT_PER_SEC / 3.0, span, "k");
+    let elapsed = started.elapsed().as_secs_f64();
+    let passed = passed_between(&answers, Duration::ZERO, span) as f64;
+    let bound = 1.05 * LIMIT_PER_SEC * span.as_secs_f64() + BURST + AHEAD;
+    assert!(
+        passed <= bound,
+        "fleet admitted {passed} > {bound} through the cluster"
+    );
+    assert!(
+        passed >= 0.8 * LIMIT_PER_SEC * span.as_secs_f64(),
+        "only {passed}"
+    );
+    // Per node: three instances, each round at most the heartbeat, the zone's limits and
+    // the one loaded key (when they live there).
+    let rounds = (elapsed / 0.1).ceil() as u64 + 1;
+    for (node, before) in nodes.iter().zip(before) {
+        let calls = node.calls("evalsha") - before;
+        assert!(
+            calls <= 3 * 3 * rounds,
+            "{calls} calls on one node in {elapsed:.1} s"
+        );
+    }
+    let holding = nodes
+        .iter()
+        .filter(|node| node.cli(&["DBSIZE"]).trim().parse::<u64>().unwrap_or(0) > 0)
+        .count();
+    assert!(
+        holding >= 2,
+        "the zone's keys did not spread over the nodes"
+    );
+}
+
+/// Requests admitted while Redis was stopped are charged to the fleet once it answers: the
+/// key's fleet state in Redis is then ahead by what the instance admitted during the outage,
+/// up to the bound Redis keeps (two buckets and one interval ahead of its clock).
+#[test]
+fn consumption_during_an_outage_is_carried_over() {
+    let redis = Redis::start();
+    let fleet = fleet(&redis, 1, "interval=100ms timeout=50ms on_failure=open");
+    // One request so that the key exists in Redis.
+    let one = Request::get("/index.html").header("X-Key", "k");
+    assert_eq!(common::send(fleet[0].port(), &one).status, 200);
+    thread::sleep(Duration::from_millis(300));
+    redis.signal(SIGSTOP);
+    let answers = offer(
+        &[fleet[0].port()],
+        3.0 * LIMIT_PER_SEC,
+        Duration::from_secs(1),
+        "k",
+    );
+    let admitted = answers.iter().filter(|a| a.status == 200).count();
+    redis.signal(SIGCONT);
+    // The first round after Redis answers pushes the carried deltas.
+    let resumed = Instant::now();
+    while sync_state(&fleet[0])["mode"] != "synced" {
+        assert!(
+            resumed.elapsed() < Duration::from_secs(2),
+            "never synced again"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+    // The key's fleet TAT and Redis's clock, read together (bounded wait for the key).
+    let (tat_us, now_us) = loop {
+        let keys = redis.cli(&["KEYS", "rl:api:*"]);
+        let key = keys
+            .lines()
+            .map(str::trim)
+            .find(|key| !key.is_empty() && !key.ends_with(":limits"));
+        let tat = key.and_then(|key| redis.cli(&["HGET", key, "t"]).trim().parse::<f64>().ok());
+        if let Some(tat_us) = tat {
+            let time = redis.cli(&["TIME"]);
+            let mut time = time
+                .lines()
+                .map(|line| line.trim().parse::<f64>().unwrap_or(0.0));
+            let now_us = time.next().unwrap_or(0.0) * 1e6 + time.next().unwrap_or(0.0);
+            break (tat_us, now_us);
+        }
+        assert!(
+            resumed.elapsed() < Duration::from_secs(2),
+            "no fleet state: {keys}"
+        );
+        thread::sleep(Duration::from_millis(5));
+    };
+    let ahead_ms = (tat_us - now_us) / 1000.0;
+    eprintln!("after the outage: {admitted} admitted, fleet state {ahead_ms:.0} ms ahead");
+    // Over 100 requests at 10 ms each were charged; Redis keeps a key at most 2 K T + I =
+    // 520 ms ahead (the bound on what an outage carries over). Read within a round of the
+    // push, the state is still well ahead; dropped deltas would leave it at 0 (the one
+    // request before the outage drained long ago).
+    assert!(
+        admitted >= 100,
+        "only {admitted} admitted during the outage"
+    );
+    assert!(
+        ahead_ms >= 250.0,
+        "fleet state only {ahead_ms:.0} ms ahead after {admitted} requests"
+    );
+}
