@@ -29,6 +29,7 @@ pub mod sliding_log;
 pub mod sliding_window;
 pub mod spec;
 pub mod token_bucket;
+pub mod top;
 
 pub use bucket_charge::BucketCharge;
 pub use decision::{Decision, Outcome};
