@@ -22,6 +22,7 @@ mod admin;
 mod conf;
 mod handler;
 mod key;
+mod top;
 mod zone;
 
 use conf::{LocConf, MainConf, ZoneConf};

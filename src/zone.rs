@@ -39,7 +39,7 @@ use ratelimit_core::{
 };
 
 /// Identifies the layout below; a zone inherited over a reload with another magic is reformatted.
-const MAGIC: u64 = 0x726c_7a6f_6e65_0002;
+const MAGIC: u64 = 0x726c_7a6f_6e65_0003;
 
 pub const SLOTS_PER_BUCKET: usize = 4;
 pub const PROBE_BUCKETS: usize = 2;
@@ -130,6 +130,9 @@ pub struct ZoneShared {
     pub full_logged_sec: AtomicU64,
     pub override_count: AtomicU64,
     pub overrides: [OverrideSlot; OVERRIDE_CAPACITY],
+    /// Offset from the slab pool of the top-keys region (`src/top.rs`); 0 when the zone is
+    /// too small to keep one.
+    pub top_offset: AtomicU64,
 }
 
 /// Offset of the slot table from the header, rounded to a cache line.
@@ -256,6 +259,9 @@ impl Zone {
         }
 
         let pagesize = nginx_sys::ngx_pagesize;
+        let _lock = PoolLock::take(shpool);
+        // The top-keys region first, so that the table takes what is left.
+        let top_offset = crate::top::allocate_locked(shpool);
         // Leave a few pages for the slab allocator's own use and the override keys.
         let pages = (*shpool).pfree;
         let reserve = if pages > 64 { 8 } else { 1 };
@@ -265,7 +271,6 @@ impl Zone {
             return Err(ZoneInitError::TooSmall);
         }
 
-        let _lock = PoolLock::take(shpool);
         let block = ngx_slab_alloc_locked(shpool, block_bytes).cast::<u8>();
         if block.is_null() {
             return Err(ZoneInitError::NoMemory);
@@ -275,6 +280,7 @@ impl Zone {
         (*shared).magic = MAGIC;
         (*shared).seed = random_seed();
         (*shared).table_bytes = (block_bytes - TABLE_OFFSET) as u64;
+        (*shared).top_offset = AtomicU64::new(top_offset);
         let zone = Zone::view(shpool, shared);
         if !zone.format(layout) {
             ngx_slab_free_locked(shpool, block.cast());
@@ -422,6 +428,11 @@ impl Zone {
                 Err(actual) => current = actual,
             }
         }
+    }
+
+    /// The slab pool the zone lives in (its regions are located from it).
+    pub fn pool(&self) -> *mut ngx_slab_pool_t {
+        self.shpool
     }
 
     pub fn header(&self) -> &ZoneShared {
