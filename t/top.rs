@@ -181,7 +181,10 @@ fn the_root_says_what_the_location_offers() {
     assert_eq!(status, 200);
     assert_eq!(
         root,
-        json!({"write": true, "zones": ["one", "slow", "tiny"], "dashboard": "dashboard"})
+        json!({
+            "write": true, "zones": ["one", "slow", "tiny"], "top": ["one", "slow"],
+            "dashboard": "dashboard"
+        })
     );
     assert_eq!(get_json(&nginx, "/readonly/").1["write"], false);
 

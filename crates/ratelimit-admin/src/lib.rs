@@ -49,6 +49,8 @@ pub use error::ApiError;
 pub use route::Route;
 pub use store::{AdminZone, Counters, KeyState, OverridesFull, ZoneInfo};
 
+use ratelimit_core::top::{TopKind, TopWindow};
+
 use json::{Entries, ErrorJson, KeyJson, LimitsJson, OverrideJson, ZoneJson};
 
 /// `GET` of the admin location's root.
@@ -58,6 +60,8 @@ struct RootJson<'a> {
     write: bool,
     /// The zones, in the configuration's order.
     zones: Vec<&'a str>,
+    /// The zones that keep top keys (`GET zones/NAME/top`).
+    top: Vec<&'a str>,
     /// The dashboard's path, relative to this location.
     dashboard: &'static str,
 }
@@ -318,6 +322,14 @@ fn try_execute<Z: AdminZone>(
             &RootJson {
                 write: *write,
                 zones: zones.iter().map(|zone| zone.name()).collect(),
+                top: zones
+                    .iter()
+                    .filter(|zone| {
+                        let (kind, window) = (TopKind::Rejected, TopWindow::OneMinute);
+                        zone.top(kind, window, 1).is_some()
+                    })
+                    .map(|zone| zone.name())
+                    .collect(),
                 dashboard: "dashboard",
             },
         ),
@@ -349,7 +361,6 @@ fn try_execute<Z: AdminZone>(
 mod tests {
     use super::*;
     use memory::MemoryZone;
-    use ratelimit_core::top::TopKind;
     use ratelimit_core::{Algorithm, Limits, Rate};
     use serde_json::{json, Value};
 
@@ -721,14 +732,19 @@ mod tests {
             let body: Value = serde_json::from_slice(&response.body).unwrap();
             assert_eq!(
                 body,
-                json!({"write": write, "zones": ["one", "log"], "dashboard": "dashboard"})
+                json!({
+                    "write": write, "zones": ["one", "log"], "top": ["one", "log"],
+                    "dashboard": "dashboard"
+                })
             );
         }
         let page = handle(b"GET", b"dashboard", b"", false, &zones);
         assert_eq!((page.status, page.content_type), (200, HTML_CONTENT_TYPE));
         let text = page.body_text();
         // Self-contained: nothing is loaded from elsewhere.
-        for outside in ["http://", "https://", "src=", "<link", "@import", "url("] {
+        // (The SVG namespace is a name, not a resource.)
+        let text = text.replace("\"http://www.w3.org/2000/svg\"", "");
+        for outside in ["http://", "https://", "src=", "@import", "url(", "//cdn"] {
             assert!(!text.contains(outside), "the dashboard refers to {outside}");
         }
         assert!(text.len() < 64 * 1024, "{} bytes", text.len());
