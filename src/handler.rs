@@ -625,7 +625,10 @@ fn finish(
 }
 
 /// Count a delayed or rejected request in the zone's top keys. The key is evaluated again
-/// here so that a passing request carries nothing for it.
+/// here so that a passing request carries nothing for it; cold and out of line, so that the
+/// request path around it compiles as it did without it.
+#[cold]
+#[inline(never)]
 fn record_top(r: &mut ngx_http_request_t, applied: &Applied, kind: TopKind, now: u64) {
     if let Some(key) = evaluate_key(r, applied.zone_conf).filter(|key| !key.is_empty()) {
         crate::top::record(applied.zone, kind, now, key);
