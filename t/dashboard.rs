@@ -97,13 +97,8 @@ fn dashboard_in_a_real_browser() {
         (zone_text(b, "one", "total-rejected") == "5").then_some(())
     });
     let top = browser.wait_for("the top keys", |b| {
-        let rows: Vec<String> = b
-            .find_all("section[data-zone=\"one\"] table.top tr")
-            .iter()
-            .skip(1)
-            .map(|row| b.text(row))
-            .collect();
-        (rows.len() == 2).then_some(rows)
+        let rows = b.texts("section[data-zone=\"one\"] table.top tr");
+        (rows.len() == 3).then(|| rows[1..].to_vec())
     });
     assert!(top[0].starts_with("greedy 4"), "{top:?}");
     assert!(top[1].starts_with("modest 1"), "{top:?}");
@@ -145,6 +140,35 @@ fn dashboard_in_a_real_browser() {
     // far longer than that, all pass now.
     assert_eq!(statuses(&nginx, "after", 5), [200; 5]);
     browser.screenshot(&screenshot_path("dashboard-changed"));
+
+    // Override a top key from its row, then remove the override, each confirmed.
+    let one = "section[data-zone=\"one\"]";
+    browser.click(&browser.find(&format!("{one} table.top .limit-key")));
+    let prefilled = browser
+        .script("return document.querySelector('section[data-zone=\"one\"] .override-key').value");
+    assert_eq!(prefilled, "greedy");
+    browser.type_into(&browser.find(&format!("{one} .override-rate")), "1r/m");
+    browser.click(&browser.find(&format!("{one} .apply-override")));
+    assert_eq!(
+        browser.text(&browser.find(&format!("{one} .question"))),
+        "Give key \"greedy\" of zone \"one\" rate 1r/m?"
+    );
+    browser.click(&browser.find(&format!("{one} .confirm-yes")));
+    browser.wait_for("the new override", |b| {
+        let rows = b.texts(&format!("{one} table.override-list tr"));
+        rows.iter()
+            .any(|row| row.starts_with("greedy 1r/m burst 0"))
+            .then_some(())
+    });
+    assert_eq!(statuses(&nginx, "greedy", 2), [200, 429]);
+    assert_eq!(statuses(&nginx, "other", 2), [200, 200]);
+    browser.click(&browser.find(&format!("{one} table.override-list .remove-override")));
+    browser.click(&browser.find(&format!("{one} .confirm-yes")));
+    browser.wait_for("no override", |b| {
+        let rows = b.texts(&format!("{one} table.override-list tr"));
+        (rows == ["none"]).then_some(())
+    });
+    assert_eq!(statuses(&nginx, "greedy", 2), [200, 200]);
     let errors = browser.console_errors();
     assert!(errors.is_empty(), "console errors: {errors:?}");
 
@@ -153,17 +177,16 @@ fn dashboard_in_a_real_browser() {
     assert_eq!(send(nginx.port(), &put).status, 201);
     browser.goto(&format!("{base}/readonly/dashboard"));
     browser.wait_for("the override, read-only", |b| {
-        let rows = b.find_all("section[data-zone=\"one\"] table.override-list tr");
-        let shown = rows.iter().any(|row| b.text(row).starts_with("vip"));
-        shown.then_some(())
+        let rows = b.texts("section[data-zone=\"one\"] table.override-list tr");
+        rows.iter().any(|row| row.starts_with("vip")).then_some(())
     });
     assert_eq!(browser.text(&browser.find("#mode")), "read-only");
     // greedy 4, before 2, modest 1 (the header row first).
     browser.wait_for("the top keys, read-only", |b| {
-        let rows = b.find_all("section[data-zone=\"one\"] table.top tr");
-        let texts: Vec<String> = rows.iter().skip(1).map(|row| b.text(row)).collect();
-        let firsts: Vec<&str> = texts
+        let rows = b.texts("section[data-zone=\"one\"] table.top tr");
+        let firsts: Vec<&str> = rows
             .iter()
+            .skip(1)
             .filter_map(|t| t.split_whitespace().next())
             .collect();
         (firsts == ["greedy", "before", "modest"]).then_some(())

@@ -161,6 +161,25 @@ impl Browser {
             .unwrap_or_else(|| panic!("no element matches {css:?}"))
     }
 
+    /// The rendered text of every element matching `css` (white space runs as one space),
+    /// read in one script run, so that the page cannot redraw them between two reads.
+    pub fn texts(&self, css: &str) -> Vec<String> {
+        let script = json!({
+            "script": "return [...document.querySelectorAll(arguments[0])]\
+                .map(e => e.innerText.replace(/\\s+/g, ' ').trim())",
+            "args": [css],
+        });
+        let texts = self.session_call("POST", "/execute/sync", Some(script));
+        texts
+            .as_array()
+            .map(|list| {
+                list.iter()
+                    .map(|text| text.as_str().unwrap_or_default().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     pub fn text(&self, element: &Element) -> String {
         let text = self.session_call("GET", &format!("/element/{}/text", element.0), None);
         text.as_str().unwrap_or_default().to_string()
