@@ -169,6 +169,22 @@ fn dashboard_in_a_real_browser() {
         (rows == ["none"]).then_some(())
     });
     assert_eq!(statuses(&nginx, "greedy", 2), [200, 200]);
+    // A zone whose JSON has a `sync` object (cluster sync) shows each of its fields; the
+    // zones here have none, so the renderer is fed one, and the next poll clears it again.
+    let sync = browser.script(
+        "const zone = view.zones.get('one'); \
+         showSync(zone, {state: 'connected', peers: 2, last: {lag_ms: 12}}); \
+         return [...zone.card.querySelectorAll('.sync tr')].map(r => r.innerText.replace(/\\s+/g, ' '))",
+    );
+    assert_eq!(
+        sync,
+        serde_json::json!(["state connected", "peers 2", "last {\"lag_ms\":12}"])
+    );
+    browser.wait_for("no sync state", |b| {
+        b.texts("section[data-zone=\"one\"] .sync tr")
+            .is_empty()
+            .then_some(())
+    });
     let errors = browser.console_errors();
     assert!(errors.is_empty(), "console errors: {errors:?}");
 

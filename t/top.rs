@@ -210,3 +210,61 @@ fn the_root_says_what_the_location_offers() {
     let json_root = page("/ratelimit/", "application/json");
     assert_eq!(json_root.header("Content-Type"), Some("application/json"));
 }
+
+/// Workers SIGKILLed while they record rejections (some of them inside the zone lock, the
+/// master then releases it): the new workers answer, the summary still reads, and later
+/// rejections are counted one for one.
+#[test]
+fn workers_killed_while_recording_leave_a_working_summary() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::thread;
+
+    let nginx = Nginx::start(CONFIG);
+    let stop = AtomicBool::new(false);
+    thread::scope(|scope| {
+        for client in 0..2 {
+            let (nginx, stop) = (&nginx, &stop);
+            scope.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    // A killed worker drops its connections: such a request gets no answer.
+                    let request = Request::get("/").header("X-Key", &format!("flood{client}"));
+                    let _ = std::panic::catch_unwind(|| send(nginx.port(), &request));
+                }
+            });
+        }
+        for _ in 0..3 {
+            // Rejections are flowing before each kill.
+            let before = get_json(&nginx, "/ratelimit/zones/one").1["rejected"].clone();
+            let flowing = || get_json(&nginx, "/ratelimit/zones/one").1["rejected"] != before;
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while !flowing() {
+                assert!(std::time::Instant::now() < deadline, "no rejection counted");
+                thread::yield_now();
+            }
+            let killed = nginx.kill_workers();
+            nginx.wait_workers_replaced(&killed);
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+
+    let count_of = |key: &str| -> u64 {
+        let (status, top) = get_json(&nginx, "/ratelimit/zones/one/top?limit=100");
+        assert_eq!(status, 200, "{top}");
+        top["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|k| k["key"] == key)
+            .and_then(|k| k["count"].as_u64())
+            .unwrap_or(0)
+    };
+    let before = count_of("flood0");
+    assert!(before > 0);
+    for _ in 0..3 {
+        assert_eq!(hit(&nginx, "/", "flood0"), 429);
+    }
+    assert_eq!(count_of("flood0"), before + 3);
+    // The zone lock is free: an admin write that takes it answers.
+    let put = Request::new("PUT", "/ratelimit/zones/one/overrides/x").json(r#"{"rate": "1r/s"}"#);
+    assert_eq!(send(nginx.port(), &put).status, 201);
+}
