@@ -24,15 +24,19 @@ pub const MIN_ZONE_PAGES: usize = 64;
 /// # Safety
 /// `shpool` is an initialized slab pool whose mutex the caller holds.
 pub unsafe fn allocate_locked(shpool: *mut ngx_slab_pool_t) -> u64 {
-    if (*shpool).pfree < MIN_ZONE_PAGES {
+    // SAFETY: the caller passes an initialized pool.
+    if unsafe { (*shpool).pfree } < MIN_ZONE_PAGES {
         return 0;
     }
-    let region = ngx_slab_alloc_locked(shpool, core::mem::size_of::<TopKeys>()).cast::<u8>();
+    let bytes = core::mem::size_of::<TopKeys>();
+    // SAFETY: the caller holds the pool's mutex, as the `_locked` allocator requires.
+    let region = unsafe { ngx_slab_alloc_locked(shpool, bytes) }.cast::<u8>();
     if region.is_null() {
         return 0;
     }
     // All-zero bytes are the empty `TopKeys`.
-    ptr::write_bytes(region, 0, core::mem::size_of::<TopKeys>());
+    // SAFETY: the chunk just allocated is `bytes` long and nobody else knows it yet.
+    unsafe { ptr::write_bytes(region, 0, bytes) };
     region as u64 - shpool as u64
 }
 

@@ -261,7 +261,8 @@ impl Zone {
         let pagesize = nginx_sys::ngx_pagesize;
         let _lock = PoolLock::take(shpool);
         // The top-keys region first, so that the table takes what is left.
-        let top_offset = crate::top::allocate_locked(shpool);
+        // SAFETY: the pool is initialized and its mutex is held (`_lock`).
+        let top_offset = unsafe { crate::top::allocate_locked(shpool) };
         // Leave a few pages for the slab allocator's own use and the override keys.
         let pages = (*shpool).pfree;
         let reserve = if pages > 64 { 8 } else { 1 };
