@@ -1,6 +1,6 @@
 //! The keys limited most in each zone (`GET zones/NAME/top`), kept in the zone's shared memory.
 //!
-//! A zone of at least [`MIN_ZONE_PAGES`] pages gets one [`TopKeys`] region (about 41 KiB) from
+//! A zone of at least [`MIN_ZONE_BYTES`] gets one [`TopKeys`] region (about 41 KiB) from
 //! its slab pool when it is created; its summaries are explained in `ratelimit_core::top`.
 //! Only a delay or a rejection writes to it, under the zone's slab mutex: a passing request
 //! never touches it. The master releases that mutex when a worker dies holding it, and any
@@ -14,9 +14,9 @@ use ratelimit_core::top::{TopCount, TopKeys, TopKind, TopWindow};
 
 use crate::zone::Zone;
 
-/// Free pages a new zone needs for the top-keys region to be taken from it (256 KiB with 4 KiB
-/// pages): in a smaller zone the region would crowd out the keys' slots.
-pub const MIN_ZONE_PAGES: usize = 64;
+/// Size of the smallest zone that keeps top keys (`zone=NAME:256k`): in a smaller one the
+/// region (11 pages of 4 KiB) would crowd out the keys' slots.
+pub const MIN_ZONE_BYTES: usize = 256 * 1024;
 
 /// Allocate and clear the region in a new zone's pool; its offset from the pool, or 0 when
 /// the zone is too small or the pool has no room.
@@ -24,8 +24,9 @@ pub const MIN_ZONE_PAGES: usize = 64;
 /// # Safety
 /// `shpool` is an initialized slab pool whose mutex the caller holds.
 pub unsafe fn allocate_locked(shpool: *mut ngx_slab_pool_t) -> u64 {
-    // SAFETY: the caller passes an initialized pool.
-    if unsafe { (*shpool).pfree } < MIN_ZONE_PAGES {
+    // SAFETY: the caller passes an initialized pool, which spans the zone up to `end`.
+    let zone_bytes = unsafe { (*shpool).end } as usize - shpool as usize;
+    if zone_bytes < MIN_ZONE_BYTES {
         return 0;
     }
     let bytes = core::mem::size_of::<TopKeys>();

@@ -19,7 +19,8 @@ http {
     access_log off;
     rate_limit_zone $http_x_key zone=one:1m rate=1r/m;
     rate_limit_zone $http_x_key zone=slow:1m rate=1r/m burst=5;
-    rate_limit_zone $http_x_key zone=tiny:64k rate=1r/m;
+    rate_limit_zone $http_x_key zone=tiny:252k rate=1r/m;
+    rate_limit_zone $http_x_key zone=quarter:256k rate=1r/m;
 
     server {
         listen 127.0.0.1:%%PORT%% reuseport;
@@ -35,6 +36,10 @@ http {
         }
         location /tiny/ {
             rate_limit zone=tiny nodelay;
+            alias html/;
+        }
+        location /quarter/ {
+            rate_limit zone=quarter nodelay;
             alias html/;
         }
         location /ratelimit/ {
@@ -182,7 +187,8 @@ fn the_root_says_what_the_location_offers() {
     assert_eq!(
         root,
         json!({
-            "write": true, "zones": ["one", "slow", "tiny"], "top": ["one", "slow"],
+            "write": true, "zones": ["one", "slow", "tiny", "quarter"],
+            "top": ["one", "slow", "quarter"],
             "dashboard": "dashboard"
         })
     );
