@@ -267,6 +267,7 @@ pub extern "C" fn cmd_rate_limit_zone(
         algorithm: spec.algorithm,
         limits: spec.limits(),
         fingerprint: 0,
+        sync_seed: spec.sync.then_some(0),
     };
     let fits = usize::try_from(size)
         .is_ok_and(|size| crate::zone::zone_size_fits(size, layout.slot_words(), pagesize));

@@ -12,6 +12,7 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
+use ratelimit_core::top::TopKind;
 use ratelimit_core::{
     Algorithm, BucketCharge, Decision, Limits, Outcome, Policy, Rate, NANOS_PER_SEC,
 };
@@ -585,6 +586,7 @@ fn finish(
             } else {
                 Counter::Rejected
             });
+            record_top(r, applied, TopKind::Rejected, now);
         }
         if lcf.headers() {
             add_rate_limit_headers(r, applied);
@@ -618,6 +620,9 @@ fn finish(
         };
         for applied in limit.applied() {
             applied.zone.count(counter);
+            if delayed {
+                record_top(r, applied, TopKind::Delayed, now);
+            }
         }
         if delayed && decision.delay_ns > delay_ns {
             delay_ns = decision.delay_ns;
@@ -645,6 +650,17 @@ fn finish(
     }
     state.set(LimitStatus::Delayed);
     start_delay(r, delay_ns)
+}
+
+/// Count a delayed or rejected request in the zone's top keys. The key is evaluated again
+/// here so that a passing request carries nothing for it; cold and out of line, so that the
+/// request path around it compiles as it did without it.
+#[cold]
+#[inline(never)]
+fn record_top(r: &mut ngx_http_request_t, applied: &Applied, kind: TopKind, now: u64) {
+    if let Some(key) = evaluate_key(r, applied.zone_conf).filter(|key| !key.is_empty()) {
+        crate::top::record(applied.zone, kind, now, key);
+    }
 }
 
 impl AppliedLimit<'_> {

@@ -24,6 +24,7 @@ mod handler;
 mod key;
 mod lua;
 mod sync;
+mod top;
 mod zone;
 
 use conf::{LocConf, MainConf, ZoneConf};

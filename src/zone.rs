@@ -40,7 +40,7 @@ use ratelimit_core::{
 };
 
 /// Identifies the layout below; a zone inherited over a reload with another magic is reformatted.
-const MAGIC: u64 = 0x726c_7a6f_6e65_0003;
+const MAGIC: u64 = 0x726c_7a6f_6e65_0004;
 
 pub const SLOTS_PER_BUCKET: usize = 4;
 pub const PROBE_BUCKETS: usize = 2;
@@ -133,6 +133,9 @@ pub struct ZoneShared {
     pub overrides: [OverrideSlot; OVERRIDE_CAPACITY],
     /// 1 for a `sync` zone: each slot has two more words (see `crate::sync::shared`).
     sync: AtomicU64,
+    /// Offset from the slab pool of the top-keys region (`src/top.rs`); 0 when the zone is
+    /// too small to keep one.
+    pub top_offset: AtomicU64,
 }
 
 /// Offset of the slot table from the header, rounded to a cache line.
@@ -312,12 +315,41 @@ impl Zone {
         }
 
         let pagesize = nginx_sys::ngx_pagesize;
-        let block_bytes = block_pages((*shpool).pfree) * pagesize;
+        let _lock = PoolLock::take(shpool);
+        // The top-keys region first, so that the table takes what is left; a zone that is
+        // then too small for its table drops the region rather than fail (the minimum size
+        // `nginx -t` states does not count it).
+        // SAFETY: the pool is initialized and its mutex is held (`_lock`).
+        let mut top_offset = unsafe { crate::top::allocate_locked(shpool) };
+        loop {
+            let block_bytes = block_pages((*shpool).pfree) * pagesize;
+            match Self::create_locked(shpool, layout, block_bytes, top_offset) {
+                Err(ZoneInitError::TooSmall) if top_offset != 0 => {
+                    ngx_slab_free_locked(
+                        shpool,
+                        (shpool as *mut u8).add(top_offset as usize).cast(),
+                    );
+                    top_offset = 0;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// Allocates and formats the zone's block of `block_bytes` from a locked pool.
+    ///
+    /// # Safety
+    /// As [`Zone::init`], with the pool's mutex held.
+    unsafe fn create_locked(
+        shpool: *mut ngx_slab_pool_t,
+        layout: &ZoneLayout,
+        block_bytes: usize,
+        top_offset: u64,
+    ) -> Result<(Zone, bool), ZoneInitError> {
         if block_bytes < TABLE_OFFSET + 64 {
             return Err(ZoneInitError::TooSmall);
         }
 
-        let _lock = PoolLock::take(shpool);
         let block = ngx_slab_alloc_locked(shpool, block_bytes).cast::<u8>();
         if block.is_null() {
             return Err(ZoneInitError::NoMemory);
@@ -327,6 +359,7 @@ impl Zone {
         (*shared).magic = MAGIC;
         (*shared).seed = random_seed();
         (*shared).table_bytes = (block_bytes - TABLE_OFFSET) as u64;
+        (*shared).top_offset = AtomicU64::new(top_offset);
         let zone = Zone::view(shpool, shared);
         if !zone.format(layout) {
             ngx_slab_free_locked(shpool, block.cast());
@@ -482,6 +515,11 @@ impl Zone {
                 Err(actual) => current = actual,
             }
         }
+    }
+
+    /// The slab pool the zone lives in (its regions are located from it).
+    pub fn pool(&self) -> *mut ngx_slab_pool_t {
+        self.shpool
     }
 
     pub fn header(&self) -> &ZoneShared {

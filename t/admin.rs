@@ -661,7 +661,6 @@ fn every_error_class_is_json_and_nginx_keeps_serving() {
         ("PATCH", "zones/nozone", "unknown zone \"nozone\""),
         ("GET", "zones/nozone/overrides", "unknown zone \"nozone\""),
         ("DELETE", "zones/nozone/keys/k", "unknown zone \"nozone\""),
-        ("GET", "", "unknown path \"\""),
         ("GET", "zone", "unknown path \"zone\""),
         ("GET", "zones/one/keys", "unknown path"),
         ("GET", "zones/one/other", "unknown path"),

@@ -17,6 +17,12 @@ use crate::admin::zones::shared_zones;
 use crate::handler::{add_header, now_ns};
 use crate::RateLimitModule;
 
+/// The dashboard's Content-Security-Policy: its own inline script and style, and requests to
+/// this server only.
+const DASHBOARD_POLICY: &[u8] = b"default-src 'none'; script-src 'unsafe-inline'; \
+    style-src 'unsafe-inline'; connect-src 'self'; img-src data:; base-uri 'none'; \
+    form-action 'none'";
+
 /// `clcf->handler` of a location with `rate_limit_admin`.
 pub unsafe extern "C" fn admin_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx calls content handlers with the live request.
@@ -77,7 +83,27 @@ fn plan(r: &ngx_http_request_t) -> Result<Route, ApiError> {
             String::from_utf8_lossy(target).into_owned(),
         ));
     };
-    ratelimit_admin::plan(r.method_name.as_bytes(), path, write_allowed)
+    let query = r.args.as_bytes();
+    let route =
+        ratelimit_admin::plan_with_query(r.method_name.as_bytes(), path, query, write_allowed)?;
+    // A browser opening the location gets the dashboard; a script gets the JSON.
+    if matches!(route, Route::Root { .. }) && wants_html(r) {
+        return Ok(Route::Dashboard);
+    }
+    Ok(route)
+}
+
+/// Whether the request's `Accept` header names `text/html`.
+fn wants_html(r: &ngx_http_request_t) -> bool {
+    // SAFETY: `headers_in.headers` is the live request's list of parsed headers.
+    let mut headers = unsafe { ngx::http::list_iterator(&r.headers_in.headers) };
+    headers.any(|(name, value)| {
+        name.as_bytes().eq_ignore_ascii_case(b"accept")
+            && value
+                .as_bytes()
+                .windows(9)
+                .any(|word| word.eq_ignore_ascii_case(b"text/html"))
+    })
 }
 
 fn execute(r: &ngx_http_request_t, route: &Route, body: &[u8]) -> Response {
@@ -177,6 +203,10 @@ fn send(r: &mut ngx_http_request_t, response: &Response) -> ngx_int_t {
         add_header(r, "Allow", allow.as_bytes());
     }
     add_header(r, "Cache-Control", b"no-store");
+    if response.content_type == ratelimit_admin::HTML_CONTENT_TYPE {
+        // The page loads nothing from elsewhere; the browser is told to refuse it if it tried.
+        add_header(r, "Content-Security-Policy", DASHBOARD_POLICY);
+    }
 
     // SAFETY: `r` is the live request; its headers are set.
     let rc = unsafe { ngx_http_send_header(r) };

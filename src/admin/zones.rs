@@ -3,7 +3,9 @@
 
 use core::sync::atomic::Ordering;
 
+use ratelimit_admin::top::TopList;
 use ratelimit_admin::{AdminZone, Counters, KeyState, OverridesFull, ZoneInfo};
+use ratelimit_core::top::{TopKind, TopWindow};
 use ratelimit_core::{DelayMode, Limits, Policy};
 
 use crate::conf::{MainConf, ZoneConf};
@@ -154,5 +156,10 @@ impl AdminZone for SharedZone<'_> {
                 .rescale_key(hash, &before, &self.limits(), self.now_ns);
         }
         removed
+    }
+
+    fn top(&self, kind: TopKind, window: TopWindow, limit: usize) -> Option<TopList> {
+        let (keys, total) = crate::top::top(&self.zone, kind, window, self.now_ns, limit)?;
+        Some(TopList { keys, total })
     }
 }

@@ -7,7 +7,7 @@ pub enum ApiError {
     /// 404: not one of the API's paths.
     #[error(
         "unknown path \"{0}\": the API serves zones, zones/NAME, zones/NAME/keys/KEY, \
-         zones/NAME/overrides, zones/NAME/overrides/KEY and metrics"
+         zones/NAME/overrides, zones/NAME/overrides/KEY, zones/NAME/top, metrics and dashboard"
     )]
     UnknownPath(String),
     /// 400: a `%` not followed by two hex digits.
@@ -44,6 +44,12 @@ pub enum ApiError {
     /// 507: the zone's override table (or its memory for keys) is full.
     #[error("zone \"{zone}\" has no room for another override ({capacity} at most)")]
     OverridesFull { zone: String, capacity: usize },
+    /// 400: a bad parameter of `GET zones/NAME/top`.
+    #[error("{0}")]
+    BadQuery(String),
+    /// 404: a zone too small to keep top keys.
+    #[error("zone \"{0}\" keeps no top keys: it needs 256k of shared memory at least")]
+    NoTopKeys(String),
 }
 
 impl ApiError {
@@ -53,11 +59,13 @@ impl ApiError {
             ApiError::UnknownPath(_)
             | ApiError::UnknownZone(_)
             | ApiError::KeyNotTracked { .. }
-            | ApiError::NoOverride { .. } => 404,
+            | ApiError::NoOverride { .. }
+            | ApiError::NoTopKeys(_) => 404,
             ApiError::BadPercentEncoding(_)
             | ApiError::BadBody(_)
             | ApiError::BadValue(_)
-            | ApiError::EmptyKey => 400,
+            | ApiError::EmptyKey
+            | ApiError::BadQuery(_) => 400,
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::ReadOnly => 403,
             ApiError::BodyTooLarge { .. } => 413,

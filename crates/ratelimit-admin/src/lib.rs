@@ -17,6 +17,9 @@
 //! | `PUT zones/NAME/overrides/KEY` | `{"rate": "100r/s", "burst": 20}`; 201 new, 200 replaced |
 //! | `DELETE zones/NAME/overrides/KEY` | back to the zone's limits (204) |
 //! | `GET metrics` | Prometheus text |
+//! | `GET zones/NAME/top?by=rejected\|delayed&window=1m\|10m&limit=N` | the keys limited most |
+//! | `GET` (the root) | `{"write": bool, "zones": [...], ...}`: what this location offers |
+//! | `GET dashboard` (or the root with `Accept: text/html`) | the live dashboard page |
 //!
 //! ```
 //! use ratelimit_admin::memory::MemoryZone;
@@ -40,18 +43,40 @@ pub mod metrics;
 pub mod route;
 pub mod state;
 pub mod store;
+pub mod top;
 
 pub use error::ApiError;
 pub use route::Route;
 pub use store::{AdminZone, Counters, KeyState, OverridesFull, SyncInfo, ZoneInfo};
 
+use ratelimit_core::top::{TopKind, TopWindow};
+
 use json::{Entries, ErrorJson, KeyJson, LimitsJson, OverrideJson, ZoneJson};
+
+/// `GET` of the admin location's root.
+#[derive(serde::Serialize)]
+struct RootJson<'a> {
+    /// Whether this location accepts changes (`rate_limit_admin write=on`).
+    write: bool,
+    /// The zones, in the configuration's order.
+    zones: Vec<&'a str>,
+    /// The zones that keep top keys (`GET zones/NAME/top`).
+    top: Vec<&'a str>,
+    /// The dashboard's path, relative to this location.
+    dashboard: &'static str,
+}
 
 /// Largest request body read (`413` above), whatever `client_max_body_size` says.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// `Content-Type` of every answer but the metrics.
 pub const JSON_CONTENT_TYPE: &str = "application/json";
+
+/// `Content-Type` of the dashboard.
+pub const HTML_CONTENT_TYPE: &str = "text/html; charset=utf-8";
+
+/// The dashboard: one self-contained page (no external script, style, font or image).
+pub const DASHBOARD_HTML: &str = include_str!("dashboard.html");
 
 /// Attempts at a compare-and-swap of a zone's limits before giving up (another worker changing
 /// the same zone hundreds of times meanwhile; never seen in practice).
@@ -117,9 +142,22 @@ impl Response {
 /// Route a request before its body is read: the path, the method, and whether the location
 /// allows writes (`write_allowed`, from `rate_limit_admin write=on`).
 pub fn plan(method: &[u8], path: &[u8], write_allowed: bool) -> Result<Route, ApiError> {
-    let route = route::parse(method, path)?;
+    plan_with_query(method, path, b"", write_allowed)
+}
+
+/// [`plan`] with the request's query string (without `?`).
+pub fn plan_with_query(
+    method: &[u8],
+    path: &[u8],
+    query: &[u8],
+    write_allowed: bool,
+) -> Result<Route, ApiError> {
+    let mut route = route::parse_with_query(method, path, query)?;
     if route.writes() && !write_allowed {
         return Err(ApiError::ReadOnly);
+    }
+    if let Route::Root { write } = &mut route {
+        *write = write_allowed;
     }
     Ok(route)
 }
@@ -277,6 +315,35 @@ fn try_execute<Z: AdminZone>(
             }
             Response::no_content().changed()
         }
+        Route::Top { zone: name, query } => {
+            let list = find(zones, name)?
+                .top(query.kind, query.window, query.limit)
+                .ok_or_else(|| ApiError::NoTopKeys(name.clone()))?;
+            Response::json(200, &top::TopJson::new(name, query, &list))
+        }
+        Route::Root { write } => Response::json(
+            200,
+            &RootJson {
+                write: *write,
+                zones: zones.iter().map(|zone| zone.name()).collect(),
+                top: zones
+                    .iter()
+                    .filter(|zone| {
+                        let (kind, window) = (TopKind::Rejected, TopWindow::OneMinute);
+                        zone.top(kind, window, 1).is_some()
+                    })
+                    .map(|zone| zone.name())
+                    .collect(),
+                dashboard: "dashboard",
+            },
+        ),
+        Route::Dashboard => Response {
+            status: 200,
+            content_type: HTML_CONTENT_TYPE,
+            body: DASHBOARD_HTML.as_bytes().to_vec(),
+            allow: None,
+            changed: false,
+        },
         Route::Metrics => {
             let infos: Vec<_> = zones
                 .iter()
@@ -593,6 +660,98 @@ mod tests {
             error,
             json!({"error": "method POST is not allowed here, use GET, HEAD, PATCH"})
         );
+    }
+
+    #[test]
+    fn top_keys_and_their_parameters() {
+        let zones = zones();
+        let now_ns = 20_000_000_000;
+        for key in ["a", "b", "a", "c", "a", "b"] {
+            zones[0].record_top(TopKind::Rejected, now_ns, key.as_bytes());
+        }
+        zones[0].record_top(TopKind::Delayed, now_ns, b"slow");
+        let (status, top) = call(&zones, "GET", "zones/one/top", "");
+        assert_eq!(status, 200);
+        assert_eq!(
+            top,
+            json!({
+                "zone": "one", "by": "rejected", "window": "1m", "total": 6,
+                "capacity": 16, "key_bytes": 60,
+                "keys": [
+                    {"key": "a", "count": 3, "error": 0, "truncated": false},
+                    {"key": "b", "count": 2, "error": 0, "truncated": false},
+                    {"key": "c", "count": 1, "error": 0, "truncated": false}
+                ]
+            })
+        );
+        let top = |query: &str| {
+            let response = handle_with_query(b"GET", b"zones/one/top", query.as_bytes(), &zones);
+            let body: Value = serde_json::from_slice(&response.body).unwrap();
+            (response.status, body)
+        };
+        let (_, limited) = top("limit=1&window=10m");
+        assert_eq!(limited["keys"].as_array().unwrap().len(), 1);
+        assert_eq!(limited["window"], "10m");
+        assert_eq!(top("by=delayed").1["keys"][0]["key"], "slow");
+        #[rustfmt::skip]
+        let bad = [
+            ("by=passed", "invalid by \"passed\": use rejected or delayed"),
+            ("window=1h", "invalid window \"1h\": use 1m or 10m"),
+            ("limit=0", "invalid limit \"0\": use a number from 1 to 100"),
+            ("limit=101", "invalid limit \"101\": use a number from 1 to 100"),
+            ("limit=x", "invalid limit \"x\": use a number from 1 to 100"),
+            ("sort=count", "unknown parameter \"sort\": use by, window and limit"),
+            ("by=%zz", "invalid percent-encoding \"%zz\" in path"),
+        ];
+        for (query, error) in bad {
+            let (status, body) = top(query);
+            assert_eq!(
+                (status, body["error"].as_str().unwrap()),
+                (400, error),
+                "{query}"
+            );
+        }
+        assert_eq!(call(&zones, "GET", "zones/nope/top", "").0, 404);
+        assert_eq!(call(&zones, "PUT", "zones/one/top", "").0, 405);
+    }
+
+    /// `handle` with a query string, on a read-only location.
+    fn handle_with_query(
+        method: &[u8],
+        path: &[u8],
+        query: &[u8],
+        zones: &[MemoryZone],
+    ) -> Response {
+        match plan_with_query(method, path, query, false) {
+            Ok(route) => execute(&route, b"", zones),
+            Err(error) => Response::error(&error),
+        }
+    }
+
+    #[test]
+    fn root_says_what_the_location_offers() {
+        let zones = zones();
+        for write in [true, false] {
+            let response = handle(b"GET", b"", b"", write, &zones);
+            let body: Value = serde_json::from_slice(&response.body).unwrap();
+            assert_eq!(
+                body,
+                json!({
+                    "write": write, "zones": ["one", "log"], "top": ["one", "log"],
+                    "dashboard": "dashboard"
+                })
+            );
+        }
+        let page = handle(b"GET", b"dashboard", b"", false, &zones);
+        assert_eq!((page.status, page.content_type), (200, HTML_CONTENT_TYPE));
+        let text = page.body_text();
+        // Self-contained: nothing is loaded from elsewhere.
+        // (The SVG namespace is a name, not a resource.)
+        let text = text.replace("\"http://www.w3.org/2000/svg\"", "");
+        for outside in ["http://", "https://", "src=", "@import", "url(", "//cdn"] {
+            assert!(!text.contains(outside), "the dashboard refers to {outside}");
+        }
+        assert!(text.len() < 64 * 1024, "{} bytes", text.len());
     }
 
     #[test]

@@ -4,7 +4,10 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use ratelimit_core::top::{TopKeys, TopKind, TopWindow};
 use ratelimit_core::{Algorithm, Decision, Limits, Outcome};
+
+use crate::top::TopList;
 
 use crate::store::{AdminZone, Counters, KeyState, OverridesFull, ZoneInfo};
 
@@ -19,6 +22,9 @@ struct MemoryState {
     /// Tracked keys and the decision a request would get now.
     keys: BTreeMap<Vec<u8>, Decision>,
     overrides: BTreeMap<Vec<u8>, Limits>,
+    /// Top keys, and the time of the last request recorded in them (queries are at that time).
+    top: Box<TopKeys>,
+    top_now_ns: u64,
 }
 
 impl MemoryZone {
@@ -44,6 +50,8 @@ impl MemoryZone {
                 info,
                 keys: BTreeMap::new(),
                 overrides: BTreeMap::new(),
+                top: Box::new(TopKeys::EMPTY),
+                top_now_ns: 0,
             }),
         }
     }
@@ -69,6 +77,18 @@ impl MemoryZone {
             excess_milli: 0,
         };
         self.with(|state| state.keys.insert(key.to_vec(), decision));
+    }
+
+    /// Count a delayed or rejected request of `key` at `now_ns` in the zone's top keys.
+    pub fn record_top(&self, kind: TopKind, now_ns: u64, key: &[u8]) {
+        // Any fixed hash will do here: FNV-1a.
+        let hash = key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+        self.with(|state| {
+            state.top.record(kind, now_ns, hash, key);
+            state.top_now_ns = now_ns;
+        });
     }
 
     /// Replace the counters and other numbers `info` reports.
@@ -146,5 +166,14 @@ impl AdminZone for MemoryZone {
 
     fn remove_override(&self, key: &[u8]) -> bool {
         self.with(|state| state.overrides.remove(key).is_some())
+    }
+
+    fn top(&self, kind: TopKind, window: TopWindow, limit: usize) -> Option<TopList> {
+        self.with(|state| {
+            Some(TopList {
+                keys: state.top.top(kind, window, state.top_now_ns, limit),
+                total: state.top.total(kind, window, state.top_now_ns),
+            })
+        })
     }
 }

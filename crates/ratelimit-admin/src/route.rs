@@ -2,6 +2,7 @@
 //! of zone names and keys, and which methods each path accepts.
 
 use crate::error::ApiError;
+use crate::top::{parse_query, TopQuery};
 
 /// What a request asks for, with its method already checked against the path.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,6 +27,13 @@ pub enum Route {
     RemoveOverride { zone: String, key: Vec<u8> },
     /// `GET metrics`
     Metrics,
+    /// `GET zones/NAME/top?by=..&window=..&limit=..`
+    Top { zone: String, query: TopQuery },
+    /// `GET` of the location's root: what the API offers here (`write`: the location allows
+    /// changes, set by [`crate::plan`]).
+    Root { write: bool },
+    /// `GET dashboard` (or the root asked for as `text/html`): the live dashboard page.
+    Dashboard,
 }
 
 impl Route {
@@ -54,13 +62,21 @@ enum Resource {
     Overrides(String),
     Override(String, Vec<u8>),
     Metrics,
+    Top(String),
+    Root,
+    Dashboard,
 }
 
 impl Resource {
     /// Methods the resource accepts, as an `Allow` header says them.
     fn allow(&self) -> &'static str {
         match self {
-            Resource::Zones | Resource::Overrides(_) | Resource::Metrics => "GET, HEAD",
+            Resource::Zones
+            | Resource::Overrides(_)
+            | Resource::Metrics
+            | Resource::Top(_)
+            | Resource::Root
+            | Resource::Dashboard => "GET, HEAD",
             Resource::Zone(_) => "GET, HEAD, PATCH",
             Resource::Key(..) => "GET, HEAD, DELETE",
             Resource::Override(..) => "GET, HEAD, PUT, DELETE",
@@ -82,6 +98,20 @@ impl Resource {
 /// assert_eq!(parse(b"POST", b"zones").unwrap_err().status(), 405);
 /// ```
 pub fn parse(method: &[u8], path: &[u8]) -> Result<Route, ApiError> {
+    parse_with_query(method, path, b"")
+}
+
+/// [`parse`] with the request's query string (without `?`), which only `zones/NAME/top` reads.
+///
+/// ```
+/// use ratelimit_admin::route::{parse_with_query, Route};
+///
+/// let Route::Top { zone, query } = parse_with_query(b"GET", b"zones/api/top", b"limit=3").unwrap()
+/// else { panic!() };
+/// assert_eq!((zone.as_str(), query.limit), ("api", 3));
+/// assert_eq!(parse_with_query(b"GET", b"zones/api/top", b"limit=0").unwrap_err().status(), 400);
+/// ```
+pub fn parse_with_query(method: &[u8], path: &[u8], query: &[u8]) -> Result<Route, ApiError> {
     let resource = resource(path)?;
     let route = match (method, resource) {
         (b"GET" | b"HEAD", Resource::Zones) => Route::ListZones,
@@ -94,6 +124,12 @@ pub fn parse(method: &[u8], path: &[u8]) -> Result<Route, ApiError> {
         (b"PUT", Resource::Override(zone, key)) => Route::PutOverride { zone, key },
         (b"DELETE", Resource::Override(zone, key)) => Route::RemoveOverride { zone, key },
         (b"GET" | b"HEAD", Resource::Metrics) => Route::Metrics,
+        (b"GET" | b"HEAD", Resource::Top(zone)) => Route::Top {
+            zone,
+            query: parse_query(query)?,
+        },
+        (b"GET" | b"HEAD", Resource::Root) => Route::Root { write: false },
+        (b"GET" | b"HEAD", Resource::Dashboard) => Route::Dashboard,
         (_, resource) => {
             return Err(ApiError::MethodNotAllowed {
                 method: String::from_utf8_lossy(method).into_owned(),
@@ -109,6 +145,8 @@ fn resource(path: &[u8]) -> Result<Resource, ApiError> {
     let path = path.strip_prefix(b"/").unwrap_or(path);
     let (first, rest) = split_segment(path);
     match (first, rest) {
+        (b"", None) => return Ok(Resource::Root),
+        (b"dashboard", None) => return Ok(Resource::Dashboard),
         (b"metrics", None | Some(b"")) => return Ok(Resource::Metrics),
         (b"zones", None | Some(b"")) => return Ok(Resource::Zones),
         (b"zones", Some(rest)) => {
@@ -121,6 +159,7 @@ fn resource(path: &[u8]) -> Result<Resource, ApiError> {
                 }
                 Some((b"overrides", None | Some(b""))) => Resource::Overrides(zone),
                 Some((b"overrides", Some(key))) => Resource::Override(zone, percent_decode(key)?),
+                Some((b"top", None | Some(b""))) => Resource::Top(zone),
                 Some(_) => return Err(unknown()),
             };
             return Ok(resource);
@@ -299,10 +338,23 @@ mod tests {
     }
 
     #[test]
+    fn root_dashboard_and_top() {
+        assert_eq!(route("GET", ""), Ok(Route::Root { write: false }));
+        assert_eq!(route("GET", "/"), Ok(Route::Root { write: false }));
+        assert_eq!(route("HEAD", "dashboard"), Ok(Route::Dashboard));
+        assert_eq!(
+            route("GET", "zones/one/top/"),
+            Ok(Route::Top {
+                zone: "one".into(),
+                query: TopQuery::default()
+            })
+        );
+        assert_eq!(route("POST", "").map_err(|e| e.0), Err(405));
+    }
+
+    #[test]
     fn unknown_paths_are_404_and_bad_encoding_400() {
         for path in [
-            "",
-            "/",
             "zone",
             "zones//",
             "zones/one/keys",
@@ -311,6 +363,8 @@ mod tests {
             "zones/one/overrides/k/../x/../..%2F",
             "metrics/x",
             "metricsx",
+            "dashboard/",
+            "zones/one/top/x",
         ] {
             let result = route("GET", path);
             if path == "zones/one/overrides/k/../x/../..%2F" {

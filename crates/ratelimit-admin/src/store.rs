@@ -1,7 +1,10 @@
 //! What the API needs from a zone: the nginx module implements [`AdminZone`] over shared
 //! memory, [`crate::memory::MemoryZone`] implements it for tests.
 
+use ratelimit_core::top::{TopKind, TopWindow};
 use ratelimit_core::{Algorithm, Decision, Limits};
+
+use crate::top::TopList;
 
 /// A zone's decision counters, as `rate_limit_requests_total` and `GET zones/NAME` show them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -128,4 +131,10 @@ pub trait AdminZone {
 
     /// Remove a key's override; false when there was none.
     fn remove_override(&self, key: &[u8]) -> bool;
+
+    /// The `limit` keys with the most requests of `kind` over `window`; `None` when the
+    /// zone keeps no top keys.
+    fn top(&self, _kind: TopKind, _window: TopWindow, _limit: usize) -> Option<TopList> {
+        None
+    }
 }

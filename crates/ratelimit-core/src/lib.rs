@@ -31,6 +31,7 @@ pub mod sliding_window;
 pub mod spec;
 pub mod sync_spec;
 pub mod token_bucket;
+pub mod top;
 pub mod uncommit;
 
 pub use bucket_charge::BucketCharge;

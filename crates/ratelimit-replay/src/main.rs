@@ -2,6 +2,8 @@
 //! show, request by request, what the module would have decided; then per-key totals and the
 //! smallest limit that would have rejected nothing.
 
+mod plot;
+
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
 use std::path::PathBuf;
@@ -43,6 +45,12 @@ struct Args {
     /// One JSON object per request, then one with "summary"
     #[arg(long)]
     json: bool,
+
+    /// Also draw the replay as SVG into FILE: per key (the ones with the most requests when
+    /// there are many), requests over time by decision and the bucket's level against its
+    /// burst
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
 
     /// Input file; standard input when absent or `-`
     input: Option<PathBuf>,
@@ -119,6 +127,7 @@ fn run(args: &Args) -> Result<(), Failure> {
     let mut reader = LineReader::new(format);
     let mut replay = Replay::new(policy);
     let mut requests = 0_u64;
+    let mut plot = args.plot.as_ref().map(|_| plot::Plot::default());
     for (index, line) in input.split(b'\n').enumerate() {
         let number = index + 1;
         let line = line.map_err(|error| Failure::Input(format!("line {number}: {error}")))?;
@@ -145,6 +154,9 @@ fn run(args: &Args) -> Result<(), Failure> {
         }
         requests += 1;
         let decision = replay.decide(&request.key, request.time_ns);
+        if let Some(plot) = &mut plot {
+            plot.add(&request.key, request.time_ns, &decision);
+        }
         output.request(&mut out, &request, &decision)?;
     }
     if requests == 0 {
@@ -159,6 +171,12 @@ fn run(args: &Args) -> Result<(), Failure> {
     }
     output.summary(&mut out, replay.policy(), &replay.summary())?;
     out.flush()?;
+    if let (Some(path), Some(plot)) = (&args.plot, plot) {
+        let svg = plot.render(&describe(replay.policy()), replay.policy().limits.burst);
+        std::fs::write(path, svg).map_err(|error| {
+            Failure::Input(format!("cannot write \"{}\": {error}", path.display()))
+        })?;
+    }
     Ok(())
 }
 

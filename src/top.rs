@@ -1,0 +1,92 @@
+//! The keys limited most in each zone (`GET zones/NAME/top`), kept in the zone's shared memory.
+//!
+//! A zone of at least [`MIN_ZONE_BYTES`] gets one [`TopKeys`] region (about 41 KiB) from
+//! its slab pool when it is created; its summaries are explained in `ratelimit_core::top`.
+//! Only a delay or a rejection writes to it, under the zone's slab mutex: a passing request
+//! never touches it. The master releases that mutex when a worker dies holding it, and any
+//! bit pattern is a valid `TopKeys` (lengths are clamped when read), so a worker killed
+//! mid-update leaves at worst one miscounted entry.
+
+use core::ptr;
+
+use nginx_sys::{ngx_slab_alloc_locked, ngx_slab_pool_t};
+use ratelimit_core::top::{TopCount, TopKeys, TopKind, TopWindow};
+
+use crate::zone::Zone;
+
+/// Size of the smallest zone that keeps top keys (`zone=NAME:256k`): in a smaller one the
+/// region (11 pages of 4 KiB) would crowd out the keys' slots.
+pub const MIN_ZONE_BYTES: usize = 256 * 1024;
+
+/// Allocate and clear the region in a new zone's pool; its offset from the pool, or 0 when
+/// the zone is too small or the pool has no room.
+///
+/// # Safety
+/// `shpool` is an initialized slab pool whose mutex the caller holds.
+pub unsafe fn allocate_locked(shpool: *mut ngx_slab_pool_t) -> u64 {
+    // SAFETY: the caller passes an initialized pool, which spans the zone up to `end`.
+    let zone_bytes = unsafe { (*shpool).end } as usize - shpool as usize;
+    if zone_bytes < MIN_ZONE_BYTES {
+        return 0;
+    }
+    let bytes = core::mem::size_of::<TopKeys>();
+    // SAFETY: the caller holds the pool's mutex, as the `_locked` allocator requires.
+    let region = unsafe { ngx_slab_alloc_locked(shpool, bytes) }.cast::<u8>();
+    if region.is_null() {
+        return 0;
+    }
+    // All-zero bytes are the empty `TopKeys`.
+    // SAFETY: the chunk just allocated is `bytes` long and nobody else knows it yet.
+    unsafe { ptr::write_bytes(region, 0, bytes) };
+    region as u64 - shpool as u64
+}
+
+/// The zone's region, if it has one. Callers hold the zone lock while they use it.
+fn region(zone: &Zone) -> Option<*mut TopKeys> {
+    let offset = zone
+        .header()
+        .top_offset
+        .load(core::sync::atomic::Ordering::Relaxed);
+    if offset == 0 {
+        return None;
+    }
+    // SAFETY: a non-zero offset was returned by `allocate_locked` for this pool, and the
+    // region lives as long as the pool.
+    Some(unsafe {
+        zone.pool()
+            .cast::<u8>()
+            .add(offset as usize)
+            .cast::<TopKeys>()
+    })
+}
+
+/// Count one delayed or rejected request of `key` in the zone.
+pub fn record(zone: &Zone, kind: TopKind, now_ns: u64, key: &[u8]) {
+    let Some(region) = region(zone) else {
+        return;
+    };
+    let hash = zone.hash_key(key);
+    let _lock = zone.lock();
+    // SAFETY: the region is inside the zone's mapping; the zone lock makes this the only
+    // access to it until the lock is released (every access takes it).
+    let top = unsafe { &mut *region };
+    top.record(kind, now_ns, hash, key);
+}
+
+/// The `limit` keys with the highest counts; `None` when the zone keeps no top keys.
+pub fn top(
+    zone: &Zone,
+    kind: TopKind,
+    window: TopWindow,
+    now_ns: u64,
+    limit: usize,
+) -> Option<(Vec<TopCount>, u64)> {
+    let region = region(zone)?;
+    let _lock = zone.lock();
+    // SAFETY: as in `record`; the lock is held while the summaries are read.
+    let top = unsafe { &*region };
+    Some((
+        top.top(kind, window, now_ns, limit),
+        top.total(kind, window, now_ns),
+    ))
+}
