@@ -17,6 +17,10 @@ events { worker_connections 64; }
 http {
     access_log off;
     rate_limit_zone $http_x_key zone=one:1m rate=1r/m;
+    # A sync zone, so that the rate_limit_sync_* families are exported; nothing listens on
+    # the Redis port, and nginx runs in the on_failure mode.
+    rate_limit_sync redis://127.0.0.1:%%PORT2%% interval=100ms;
+    rate_limit_zone $http_x_key zone=fleet:1m rate=1r/m sync;
 
     server {
         listen 127.0.0.1:%%PORT%%;
