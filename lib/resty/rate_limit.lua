@@ -158,11 +158,17 @@ function _M.new(zone_name, opts)
     return setmetatable({ zone = zone_name, opts = parsed }, mt)
 end
 
-local function check_key(key)
+-- The request a call on `key` runs in, or nil and the message for a key that is no string or
+-- a phase without a request.
+local function request_for(self, key)
     if type(key) ~= "string" then
-        return "key must be a string, got " .. type(key)
+        return nil, "key must be a string, got " .. type(key)
     end
-    return nil
+    local r = get_request()
+    if not r then
+        return nil, status_error(self, -1)
+    end
+    return r
 end
 
 --- Decide a request for `key`. With `commit` true it is charged (and counted in the zone's
@@ -170,13 +176,9 @@ end
 --- excess, remaining` (delay: the caller sleeps, as with resty.limit.req), `nil, "rejected",
 --- retry_after` or `nil, message`.
 function _M.incoming(self, key, commit)
-    local kerr = check_key(key)
-    if kerr then
-        return nil, kerr
-    end
-    local r = get_request()
+    local r, err = request_for(self, key)
     if not r then
-        return nil, status_error(self, -1)
+        return nil, err
     end
     local zone = self.zone
     local status = C.ngx_http_rate_limit_lua_incoming(r, zone, #zone, key, #key, self.opts,
@@ -199,13 +201,9 @@ end
 --- Give back a request charged to `key` (after a later limit refused, or the request was
 --- not served after all). Returns true or nil and a message.
 function _M.uncommit(self, key)
-    local kerr = check_key(key)
-    if kerr then
-        return nil, kerr
-    end
-    local r = get_request()
+    local r, err = request_for(self, key)
     if not r then
-        return nil, status_error(self, -1)
+        return nil, err
     end
     local zone = self.zone
     local status = C.ngx_http_rate_limit_lua_uncommit(r, zone, #zone, key, #key, self.opts)
@@ -219,13 +217,9 @@ end
 --- is fresh again, `retry_after` seconds until a request would pass (0: it would now). For
 --- the RateLimit and Retry-After headers. Returns nil and a message on error.
 function _M.state(self, key)
-    local kerr = check_key(key)
-    if kerr then
-        return nil, kerr
-    end
-    local r = get_request()
+    local r, err = request_for(self, key)
     if not r then
-        return nil, status_error(self, -1)
+        return nil, err
     end
     local zone = self.zone
     local status = C.ngx_http_rate_limit_lua_state(r, zone, #zone, key, #key, self.opts,
