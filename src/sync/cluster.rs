@@ -8,9 +8,10 @@
 //! once. A node that fails fails only its own commands.
 
 use futures_util::future::join_all;
-use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
+use redis::{ConnectionAddr, ConnectionInfo, Value};
 
 use super::shared::SyncError;
+use super::tls;
 
 /// Slots of a Redis Cluster.
 const SLOTS: u16 = 16384;
@@ -19,6 +20,8 @@ struct Node {
     client: redis::Client,
     connection: Option<redis::aio::MultiplexedConnection>,
     scripts_loaded: bool,
+    /// Set while its connection is being opened (left set when a timeout cancels it).
+    connecting: bool,
 }
 
 /// The loop's view of the cluster.
@@ -27,6 +30,8 @@ pub struct ClusterLink {
     nodes: Vec<Node>,
     /// `(first slot, last slot, node)`.
     slots: Vec<(u16, u16, usize)>,
+    /// Set while the slot map is being read (left set when a timeout cancels it).
+    refreshing: bool,
 }
 
 /// One command of a round, with the key that routes it.
@@ -36,21 +41,30 @@ pub struct Routed {
 }
 
 impl ClusterLink {
-    pub fn new(urls: &[String]) -> ClusterLink {
+    /// `tls`: the trust settings of `rediss://` seeds, which their nodes get too.
+    pub fn new(urls: &[String], tls: Option<&redis::TlsCertificates>) -> ClusterLink {
         ClusterLink {
             seeds: urls
                 .iter()
-                .filter_map(|url| url.as_str().into_connection_info().ok())
+                .filter_map(|url| tls::client(url, tls).ok())
+                .map(|client| client.get_connection_info().clone())
                 .collect(),
             nodes: Vec::new(),
             slots: Vec::new(),
+            refreshing: false,
         }
+    }
+
+    /// Whether a connection was being opened when the round was cut short.
+    pub fn connecting(&self) -> bool {
+        self.refreshing || self.nodes.iter().any(|node| node.connecting)
     }
 
     /// Forget the slot map and connections (after a failure): the next round reads them again.
     pub fn reset(&mut self) {
         self.nodes.clear();
         self.slots.clear();
+        self.refreshing = false;
     }
 
     async fn refresh(&mut self) -> Result<(), SyncError> {
@@ -78,7 +92,21 @@ impl ClusterLink {
         host: &str,
         port: u16,
     ) -> Result<usize, SyncError> {
-        let wanted = ConnectionAddr::Tcp(host.to_string(), port);
+        // A TLS seed's nodes are reached with TLS and its trust settings (the equality below
+        // compares host, port and `insecure` only).
+        let wanted = match &seed.addr {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host: host.to_string(),
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(host.to_string(), port),
+        };
         if let Some(index) = self
             .nodes
             .iter()
@@ -86,7 +114,7 @@ impl ClusterLink {
         {
             return Ok(index);
         }
-        // The seed's credentials and database, at the node's address.
+        // The seed's credentials, database and TLS settings, at the node's address.
         let mut info = seed.clone();
         info.addr = wanted;
         let client = redis::Client::open(info).map_err(|_| SyncError::BadUrl)?;
@@ -94,6 +122,7 @@ impl ClusterLink {
             client,
             connection: None,
             scripts_loaded: false,
+            connecting: false,
         });
         Ok(self.nodes.len() - 1)
     }
@@ -114,7 +143,10 @@ impl ClusterLink {
         scripts: &[&str],
     ) -> Vec<Result<Value, SyncError>> {
         if self.slots.is_empty() {
-            if let Err(error) = self.refresh().await {
+            self.refreshing = true;
+            let refreshed = self.refresh().await;
+            self.refreshing = false;
+            if let Err(error) = refreshed {
                 return commands.iter().map(|_| Err(error)).collect();
             }
         }
@@ -172,12 +204,10 @@ async fn send_to_node(
         return Ok(Vec::new());
     }
     if node.connection.is_none() {
-        let connection = node
-            .client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(super::task::classify)?;
-        node.connection = Some(connection);
+        node.connecting = true;
+        let connection = node.client.get_multiplexed_async_connection().await;
+        node.connecting = false;
+        node.connection = Some(connection.map_err(super::task::classify)?);
     }
     let Some(connection) = node.connection.as_mut() else {
         return Err(SyncError::Connect);
@@ -245,7 +275,10 @@ async fn read_slots(seed: &ConnectionInfo) -> Result<Vec<(u16, u16, String, u16)
         // An empty host means "the address you reached me on".
         let host = if host.is_empty() {
             match &seed.addr {
-                ConnectionAddr::Tcp(seed_host, _) => seed_host.clone(),
+                ConnectionAddr::Tcp(seed_host, _)
+                | ConnectionAddr::TcpTls {
+                    host: seed_host, ..
+                } => seed_host.clone(),
                 _ => return Err(SyncError::Cluster),
             }
         } else {

@@ -3,6 +3,7 @@
 //! * `shared`: the instance's sync record in its own shared memory, and the request path's
 //!   grant (no Redis call, no lock on the request path);
 //! * `task`: the loop thread and its Redis I/O; `cluster`: its routing for a Redis Cluster;
+//!   `tls`: `rediss://` and its trust settings;
 //! * here: the directive, the election of the worker that runs the loop (an owner pid and a
 //!   heartbeat in shared memory, checked by every worker on a timer), its start after fork
 //!   (`init_process`, never in the master), take-over when its worker dies, and its stop and
@@ -14,6 +15,7 @@
 mod cluster;
 pub mod shared;
 mod task;
+mod tls;
 
 use core::ffi::{c_char, c_void};
 use core::ptr;
@@ -42,6 +44,8 @@ const SHM_SIZE: u64 = 64 * 1024;
 /// `rate_limit_sync` as configured.
 pub struct SyncConf {
     pub spec: SyncSpec,
+    /// The files of `tls_ca=`, `tls_cert=`/`tls_key=`, read at config time.
+    pub tls: Option<redis::TlsCertificates>,
 }
 
 /// The hash seed of a sync zone: derived from its name (not random), so that every instance
@@ -51,7 +55,8 @@ pub fn name_seed(name: &str) -> u64 {
     foldhash::quality::FixedState::with_seed(0x7379_6e63).hash_one(("rate_limit_sync", name))
 }
 
-/// `rate_limit_sync redis://… [cluster] [interval=] [timeout=] [prefix=] [on_failure=];`
+/// `rate_limit_sync redis://… [cluster] [interval=] [timeout=] [prefix=] [on_failure=]
+/// [tls_ca=] [tls_cert= tls_key=];`
 pub extern "C" fn cmd_rate_limit_sync(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
@@ -72,6 +77,10 @@ pub extern "C" fn cmd_rate_limit_sync(
             return conf_error(cf, &format!("invalid Redis URL \"{url}\": {error}"));
         }
     }
+    let tls = match tls::load(&spec, &conf_prefix(cf)) {
+        Ok(tls) => tls,
+        Err(error) => return conf_error(cf, &error.to_string()),
+    };
     if spec.urls.len() > 1 && !spec.cluster {
         return conf_error(
             cf,
@@ -95,11 +104,20 @@ pub extern "C" fn cmd_rate_limit_sync(
     let shm = unsafe { &mut *shm_zone };
     shm.init = Some(shm_init);
     shm.noreuse = 0;
-    mcf.sync = Some(SyncConf { spec });
+    mcf.sync = Some(SyncConf { spec, tls });
     // The interval reaches the shared record through the zone's data: the configuration's
     // main conf lives as long as the cycle.
     shm.data = ptr::from_mut(mcf).cast();
     NGX_CONF_OK
+}
+
+/// The directory of nginx.conf, against which relative `tls_*=` paths are read.
+fn conf_prefix(cf: &ngx_conf_t) -> std::path::PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: `cf.cycle` is the cycle being configured; its `conf_prefix` is set before any
+    // directive is read.
+    let prefix = unsafe { (*cf.cycle).conf_prefix.as_bytes() };
+    std::path::PathBuf::from(std::ffi::OsStr::from_bytes(prefix))
 }
 
 /// Once the `http` block is read: a `sync` zone needs `rate_limit_sync`.
@@ -292,6 +310,7 @@ fn elect(cycle: &mut ngx_cycle_t, sync: &'static SyncShared) {
 fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Option<Running> {
     let mcf = RateLimitModule::main_conf(cycle)?;
     let spec = mcf.sync.as_ref()?.spec.clone();
+    let tls = mcf.sync.as_ref()?.tls.clone();
     let zones = mcf
         .zones
         .iter()
@@ -311,6 +330,7 @@ fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Op
     let job = task::Task {
         zones,
         spec,
+        tls,
         sync,
         pid: me,
         stop: stop.clone(),

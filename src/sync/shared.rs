@@ -111,6 +111,13 @@ pub enum SyncError {
     Reply = 4,
     BadUrl = 5,
     Cluster = 6,
+    /// The TLS handshake failed (the server does not speak TLS, no common version...).
+    Tls = 7,
+    /// The server's certificate is not accepted by the trust settings (`tls_ca=`, the
+    /// system's roots) or does not name the address connected to.
+    TlsCertificate = 8,
+    /// The server did not answer the TLS handshake in TLS (or in time): a plain Redis port.
+    TlsNoAnswer = 9,
 }
 
 impl SyncError {
@@ -122,6 +129,9 @@ impl SyncError {
             4 => SyncError::Reply,
             5 => SyncError::BadUrl,
             6 => SyncError::Cluster,
+            7 => SyncError::Tls,
+            8 => SyncError::TlsCertificate,
+            9 => SyncError::TlsNoAnswer,
             _ => SyncError::None,
         }
     }
@@ -135,6 +145,13 @@ impl SyncError {
             SyncError::Reply => "unexpected reply",
             SyncError::BadUrl => "invalid URL",
             SyncError::Cluster => "cluster error",
+            SyncError::Tls => "TLS handshake failed",
+            SyncError::TlsCertificate => {
+                "TLS handshake failed: the server's certificate is not trusted (see tls_ca=)"
+            }
+            SyncError::TlsNoAnswer => {
+                "TLS handshake failed: no TLS answer (does the server speak TLS on this port?)"
+            }
         }
     }
 }

@@ -18,6 +18,7 @@ use ratelimit_core::sync_spec::{OnFailure, SyncSpec};
 
 use super::cluster;
 use super::shared::{Mode, SyncError, SyncShared};
+use super::tls;
 use crate::zone::Zone;
 
 /// Applies one instance's delta to a key's fleet state on Redis's clock and returns the
@@ -93,6 +94,8 @@ pub struct SyncZone {
 pub struct Task {
     pub zones: Vec<SyncZone>,
     pub spec: SyncSpec,
+    /// `tls_ca=`, `tls_cert=`/`tls_key=` as read at config time.
+    pub tls: Option<redis::TlsCertificates>,
     pub sync: &'static SyncShared,
     pub pid: u64,
     pub stop: Arc<AtomicBool>,
@@ -131,8 +134,17 @@ impl Link {
             Link::Single(single) => {
                 single.connection = None;
                 single.scripts_loaded = false;
+                single.connecting = false;
             }
             Link::Cluster(cluster) => cluster.reset(),
+        }
+    }
+
+    /// Whether a connection was being opened (TCP, TLS, AUTH) when the round was cut short.
+    fn connecting(&self) -> bool {
+        match self {
+            Link::Single(single) => single.connecting,
+            Link::Cluster(cluster) => cluster.connecting(),
         }
     }
 }
@@ -142,6 +154,8 @@ struct SingleLink {
     client: Option<redis::Client>,
     connection: Option<redis::aio::MultiplexedConnection>,
     scripts_loaded: bool,
+    /// Set while a connection is being opened (left set when a timeout cancels it).
+    connecting: bool,
 }
 
 impl SingleLink {
@@ -155,11 +169,10 @@ impl SingleLink {
             return Err(SyncError::BadUrl);
         };
         if self.connection.is_none() {
-            let connection = client
-                .get_multiplexed_async_connection()
-                .await
-                .map_err(classify)?;
-            self.connection = Some(connection);
+            self.connecting = true;
+            let connection = client.get_multiplexed_async_connection().await;
+            self.connecting = false;
+            self.connection = Some(connection.map_err(classify)?);
         }
         let Some(connection) = self.connection.as_mut() else {
             return Err(SyncError::Connect);
@@ -201,6 +214,9 @@ fn limits_reply(value: &redis::Value) -> Option<Option<u64>> {
 impl Task {
     /// The thread's body.
     pub fn run(self) {
+        if self.spec.is_tls() {
+            tls::install_provider();
+        }
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build();
@@ -219,12 +235,16 @@ impl Task {
 
     async fn main_loop(self) {
         let mut link = if self.spec.cluster {
-            Link::Cluster(cluster::ClusterLink::new(&self.spec.urls))
+            Link::Cluster(cluster::ClusterLink::new(
+                &self.spec.urls,
+                self.tls.as_ref(),
+            ))
         } else {
             Link::Single(SingleLink {
-                client: redis::Client::open(self.spec.urls[0].as_str()).ok(),
+                client: tls::client(&self.spec.urls[0], self.tls.as_ref()).ok(),
                 connection: None,
                 scripts_loaded: false,
+                connecting: false,
             })
         };
         let mut memory = HashMap::new();
@@ -262,8 +282,15 @@ impl Task {
         let results = match tokio::time::timeout(timeout, self.exchange(link, &commands)).await {
             Ok(results) => results,
             Err(_) => {
+                // Stuck in a TLS handshake: typically a server that does not speak TLS and
+                // waits for a command line that a ClientHello never ends.
+                let error = if link.connecting() && self.spec.is_tls() {
+                    SyncError::TlsNoAnswer
+                } else {
+                    SyncError::Timeout
+                };
                 link.reset();
-                commands.iter().map(|_| Err(SyncError::Timeout)).collect()
+                commands.iter().map(|_| Err(error)).collect()
             }
         };
         let mut results = results.into_iter();
@@ -555,6 +582,9 @@ pub fn now_ms() -> u64 {
 /// What a client error means for the log.
 pub(super) fn classify(error: redis::RedisError) -> SyncError {
     use redis::ErrorKind;
+    if let Some(tls_error) = tls::classify(&error) {
+        return tls_error;
+    }
     match error.kind() {
         ErrorKind::AuthenticationFailed => SyncError::Auth,
         ErrorKind::IoError => {

@@ -5,12 +5,16 @@
 //!   ports, and kills it on drop; [`check_config`] runs `nginx -t`.
 //! - [`http`]: a small HTTP/1.1 client on `std::net::TcpStream`.
 //! - [`timeline`]: requests sent at fixed offsets from one start instant.
+//! - [`redis`]: real `redis-server`s (single, Cluster, TLS with a throwaway PKI);
+//!   [`fleet`]: nginx instances sharing a limit through them, and paced traffic.
 //!
 //! Every test binary compiles this module but uses only part of it, hence the `allow`s.
 #![allow(dead_code)]
 
+pub mod fleet;
 pub mod http;
 pub mod nginx;
+pub mod redis;
 pub mod timeline;
 
 #[allow(unused_imports)]

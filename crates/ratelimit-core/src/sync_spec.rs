@@ -2,8 +2,11 @@
 //!
 //! ```text
 //! rate_limit_sync redis://[user:password@]host:port[/db] [redis://…]… [cluster]
-//!                 [interval=100ms] [timeout=50ms] [prefix=rl:] [on_failure=local_share|open|closed];
+//!                 [interval=100ms] [timeout=50ms] [prefix=rl:] [on_failure=local_share|open|closed]
+//!                 [tls_ca=ca.pem] [tls_cert=client.pem tls_key=client.key];
 //! ```
+//!
+//! `tls_*=` go with `rediss://` URLs only; the module reads the files (at config time).
 //!
 //! The URLs are only recognised here by their scheme; the module checks them with the Redis
 //! client, which knows every form it accepts.
@@ -51,6 +54,21 @@ pub enum SyncSpecError {
     /// `invalid on_failure "on_failure=maybe"`
     #[error("invalid on_failure \"{0}\": it must be local_share, open or closed")]
     InvalidOnFailure(String),
+    /// `tls_ca=`, `tls_cert=` or `tls_key=` with an empty path.
+    #[error("invalid {0} \"{1}\": it needs a file")]
+    InvalidTlsFile(&'static str, String),
+    /// A `tls_*=` word with a `redis://` URL: `"tls_ca=ca.pem" needs a rediss:// URL, not "redis://a"`.
+    #[error("\"{0}\" needs a rediss:// URL, not \"{1}\"")]
+    TlsWithoutTls(String, String),
+    /// `tls_cert=` without `tls_key=` or the other way round.
+    #[error("\"{0}\" needs \"{1}=\" too")]
+    TlsPairMissing(String, &'static str),
+    /// `tls_ca=` with a URL whose `#insecure` turns every check off.
+    #[error("\"{0}\" has no effect with \"{1}\", which verifies no certificate")]
+    TlsCaInsecure(String, String),
+    /// Seeds of one cluster with and without TLS.
+    #[error("invalid Redis URL \"{0}\": redis:// and rediss:// URLs cannot be mixed")]
+    MixedSchemes(String),
     /// No URL at all.
     #[error("\"rate_limit_sync\" must have a redis:// URL")]
     MissingUrl,
@@ -71,6 +89,10 @@ pub struct SyncSpec {
     pub prefix: String,
     /// `on_failure=`.
     pub on_failure: OnFailure,
+    /// `tls_ca=`: a PEM file of the CA(s) to trust instead of the system's roots.
+    pub tls_ca: Option<String>,
+    /// `tls_cert=` and `tls_key=`: a client certificate (PEM chain) and its key.
+    pub tls_client: Option<(String, String)>,
 }
 
 impl SyncSpec {
@@ -95,8 +117,11 @@ impl SyncSpec {
             timeout_ms: 0,
             prefix: "rl:".to_string(),
             on_failure: OnFailure::LocalShare,
+            tls_ca: None,
+            tls_client: None,
         };
         let mut timeout = None;
+        let (mut tls_cert, mut tls_key) = (None, None);
         for &word in words {
             if word.starts_with("redis://") || word.starts_with("rediss://") {
                 spec.urls.push(word.to_string());
@@ -121,6 +146,12 @@ impl SyncSpec {
                     "closed" => OnFailure::Closed,
                     _ => return Err(SyncSpecError::InvalidOnFailure(word.into())),
                 };
+            } else if let Some(value) = word.strip_prefix("tls_ca=") {
+                spec.tls_ca = Some(tls_file("tls_ca", word, value)?);
+            } else if let Some(value) = word.strip_prefix("tls_cert=") {
+                tls_cert = Some((word, tls_file("tls_cert", word, value)?));
+            } else if let Some(value) = word.strip_prefix("tls_key=") {
+                tls_key = Some((word, tls_file("tls_key", word, value)?));
             } else {
                 return Err(SyncSpecError::InvalidParameter(word.into()));
             }
@@ -134,8 +165,57 @@ impl SyncSpec {
         if spec.urls.is_empty() {
             return Err(SyncSpecError::MissingUrl);
         }
+        spec.tls_client = match (tls_cert, tls_key) {
+            (None, None) => None,
+            (Some((_, cert)), Some((_, key))) => Some((cert, key)),
+            (Some((word, _)), None) => {
+                return Err(SyncSpecError::TlsPairMissing(word.into(), "tls_key"))
+            }
+            (None, Some((word, _))) => {
+                return Err(SyncSpecError::TlsPairMissing(word.into(), "tls_cert"))
+            }
+        };
+        spec.check_tls(words)?;
         Ok(spec)
     }
+
+    /// Whether the URLs are `rediss://` (all of them: they cannot be mixed).
+    pub fn is_tls(&self) -> bool {
+        self.urls[0].starts_with("rediss://")
+    }
+
+    /// `tls_*=` need `rediss://` URLs; `tls_ca=` contradicts `#insecure`.
+    fn check_tls(&self, words: &[&str]) -> Result<(), SyncSpecError> {
+        let tls = self.is_tls();
+        if let Some(url) = self
+            .urls
+            .iter()
+            .find(|url| url.starts_with("rediss://") != tls)
+        {
+            return Err(SyncSpecError::MixedSchemes(url.clone()));
+        }
+        let tls_word = words.iter().find(|word| word.starts_with("tls_"));
+        if let (false, Some(word)) = (tls, tls_word) {
+            return Err(SyncSpecError::TlsWithoutTls(
+                word.to_string(),
+                self.urls[0].clone(),
+            ));
+        }
+        let ca_word = words.iter().find(|word| word.starts_with("tls_ca="));
+        let insecure = self.urls.iter().find(|url| url.ends_with("#insecure"));
+        if let (Some(word), Some(url)) = (ca_word, insecure) {
+            return Err(SyncSpecError::TlsCaInsecure(word.to_string(), url.clone()));
+        }
+        Ok(())
+    }
+}
+
+/// The path of a `tls_*=` word: not empty.
+fn tls_file(name: &'static str, word: &str, value: &str) -> Result<String, SyncSpecError> {
+    if value.is_empty() {
+        return Err(SyncSpecError::InvalidTlsFile(name, word.into()));
+    }
+    Ok(value.to_string())
 }
 
 /// `100ms`, `1s` or a bare number of milliseconds.
@@ -176,6 +256,30 @@ mod tests {
             (spec.prefix.as_str(), spec.on_failure),
             ("x:", OnFailure::Closed)
         );
+        assert_eq!(
+            (spec.is_tls(), spec.tls_ca, spec.tls_client),
+            (false, None, None)
+        );
+    }
+
+    #[test]
+    fn tls_words() {
+        let spec = SyncSpec::parse_words(&[
+            "rediss://a:1",
+            "tls_ca=/etc/ca.pem",
+            "tls_cert=c.pem",
+            "tls_key=c.key",
+        ])
+        .unwrap();
+        assert!(spec.is_tls());
+        assert_eq!(spec.tls_ca.as_deref(), Some("/etc/ca.pem"));
+        assert_eq!(
+            spec.tls_client,
+            Some(("c.pem".to_string(), "c.key".to_string()))
+        );
+        // System roots, and no verification at all (documented as unsafe).
+        assert!(SyncSpec::parse_words(&["rediss://a:1"]).is_ok());
+        assert!(SyncSpec::parse_words(&["rediss://a:1/#insecure"]).is_ok());
     }
 
     #[test]
@@ -189,6 +293,13 @@ mod tests {
             (&["redis://a", "prefix="], "invalid prefix \"prefix=\""),
             (&["redis://a", "http://b"], "invalid parameter \"http://b\""),
             (&["interval=1s"], "\"rate_limit_sync\" must have a redis:// URL"),
+            (&["redis://a:1", "tls_ca=/ca.pem"], "\"tls_ca=/ca.pem\" needs a rediss:// URL, not \"redis://a:1\""),
+            (&["tls_key=k", "tls_cert=c", "redis://a:1"], "\"tls_key=k\" needs a rediss:// URL, not \"redis://a:1\""),
+            (&["rediss://a:1", "tls_ca="], "invalid tls_ca \"tls_ca=\": it needs a file"),
+            (&["rediss://a:1", "tls_cert=c.pem"], "\"tls_cert=c.pem\" needs \"tls_key=\" too"),
+            (&["rediss://a:1", "tls_key=c.key"], "\"tls_key=c.key\" needs \"tls_cert=\" too"),
+            (&["rediss://a:1/#insecure", "tls_ca=c"], "\"tls_ca=c\" has no effect with \"rediss://a:1/#insecure\", which verifies no certificate"),
+            (&["rediss://a:1", "redis://b:2", "cluster"], "invalid Redis URL \"redis://b:2\": redis:// and rediss:// URLs cannot be mixed"),
         ];
         for (words, message) in rows {
             let error = SyncSpec::parse_words(words).unwrap_err();

@@ -1,0 +1,152 @@
+//! `rediss://` for the sync loop: rustls (through the `redis` crate) with the `ring` provider.
+//!
+//! The trust settings (`tls_ca=`, else the system's CA bundle; `tls_cert=`/`tls_key=`) are
+//! read when the configuration is (by the master, as root: a key readable by root only still
+//! works, and `nginx -t` names a file that cannot be read or holds no PEM; a reload reads them
+//! again). The loop gets their bytes and builds every client, the cluster's nodes included,
+//! with them: the system's store is never read again on the loop's thread.
+
+use std::path::{Path, PathBuf};
+
+use ratelimit_core::sync_spec::SyncSpec;
+use redis::{Client, ClientTlsConfig, RedisError, RedisResult, TlsCertificates};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use thiserror::Error;
+
+use super::shared::SyncError;
+
+/// A `tls_*=` file that cannot be used; each message names the parameter and the path.
+#[derive(Debug, Error)]
+pub enum TlsFileError {
+    /// `cannot read tls_ca "/etc/ca.pem": No such file or directory (os error 2)`
+    #[error("cannot read {0} \"{1}\": {2}")]
+    Read(&'static str, String, std::io::Error),
+    /// `tls_ca "/etc/ca.pem" holds no PEM certificate`
+    #[error("{0} \"{1}\" holds no PEM certificate")]
+    NoCertificate(&'static str, String),
+    /// `tls_key "/etc/c.key" holds no PEM private key`
+    #[error("tls_key \"{0}\" holds no PEM private key")]
+    NoKey(String),
+    /// A certificate that rustls cannot take as a trust anchor.
+    #[error("{0} \"{1}\" holds an invalid certificate: {2}")]
+    BadCertificate(&'static str, String, String),
+    /// `rediss://` without `tls_ca=` on a system with no CA bundle.
+    #[error("no system CA bundle found for rediss://: name the CA with \"tls_ca=\"")]
+    NoSystemRoots,
+}
+
+/// The trust settings of `rediss://` URLs, read and checked: `tls_ca=`, else the system's CA
+/// bundle (found as OpenSSL finds it), and `tls_cert=`/`tls_key=`. `None` for `redis://`.
+/// Relative paths are taken from `conf_prefix` (the directory of nginx.conf), as
+/// `ssl_certificate` does.
+pub fn load(spec: &SyncSpec, conf_prefix: &Path) -> Result<Option<TlsCertificates>, TlsFileError> {
+    if !spec.is_tls() {
+        return Ok(None);
+    }
+    let insecure = spec.urls.iter().any(|url| url.ends_with("#insecure"));
+    let root_cert = match &spec.tls_ca {
+        Some(path) => Some(read_ca("tls_ca", path, conf_prefix)?),
+        // Nothing is verified: no roots are needed.
+        None if insecure => None,
+        None => {
+            let bundle = openssl_probe::probe()
+                .cert_file
+                .ok_or(TlsFileError::NoSystemRoots)?;
+            Some(read_ca(
+                "the system's CA bundle",
+                &bundle.display().to_string(),
+                conf_prefix,
+            )?)
+        }
+    };
+    let client_tls = match &spec.tls_client {
+        Some((cert, key)) => Some(read_client(cert, key, conf_prefix)?),
+        None => None,
+    };
+    Ok(Some(TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
+}
+
+fn read(name: &'static str, path: &str, conf_prefix: &Path) -> Result<Vec<u8>, TlsFileError> {
+    let full: PathBuf = conf_prefix.join(path);
+    std::fs::read(&full).map_err(|error| TlsFileError::Read(name, path.to_string(), error))
+}
+
+/// Every certificate of the file must parse and be a usable trust anchor (the client refuses
+/// the whole file otherwise), and there must be one at least: an empty trust store would
+/// refuse every server.
+fn read_ca(name: &'static str, path: &str, conf_prefix: &Path) -> Result<Vec<u8>, TlsFileError> {
+    let pem = read(name, path, conf_prefix)?;
+    let mut store = rustls::RootCertStore::empty();
+    for certificate in CertificateDer::pem_slice_iter(&pem) {
+        let certificate = certificate
+            .map_err(|error| TlsFileError::BadCertificate(name, path.into(), error.to_string()))?;
+        store
+            .add(certificate)
+            .map_err(|error| TlsFileError::BadCertificate(name, path.into(), error.to_string()))?;
+    }
+    if store.is_empty() {
+        return Err(TlsFileError::NoCertificate(name, path.into()));
+    }
+    Ok(pem)
+}
+
+fn read_client(cert: &str, key: &str, conf_prefix: &Path) -> Result<ClientTlsConfig, TlsFileError> {
+    let client_cert = read("tls_cert", cert, conf_prefix)?;
+    let chain = CertificateDer::pem_slice_iter(&client_cert).filter_map(Result::ok);
+    if chain.count() == 0 {
+        return Err(TlsFileError::NoCertificate("tls_cert", cert.into()));
+    }
+    let client_key = read("tls_key", key, conf_prefix)?;
+    if PrivateKeyDer::from_pem_slice(&client_key).is_err() {
+        return Err(TlsFileError::NoKey(key.into()));
+    }
+    Ok(ClientTlsConfig {
+        client_cert,
+        client_key,
+    })
+}
+
+/// A client for `url`: with the trust settings for `rediss://` (there are some, see [`load`]),
+/// as the URL says for `redis://`.
+pub fn client(url: &str, tls: Option<&TlsCertificates>) -> RedisResult<Client> {
+    match tls {
+        Some(certificates) => Client::build_with_tls(url, certificates.clone()),
+        None => Client::open(url),
+    }
+}
+
+/// rustls takes its crypto from a process-wide provider; only `ring` is compiled in, but
+/// installing it explicitly keeps a dependency that enables another one from making rustls
+/// refuse to choose (it would panic). Called by the loop's thread before it connects.
+pub fn install_provider() {
+    // An error means that one is installed already: this one, by an earlier loop.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A TLS failure, told apart from other I/O errors: a certificate the trust settings do not
+/// accept, an answer that is not TLS (a plain Redis port answers a ClientHello with an error
+/// line, or closes), or any other handshake failure (no common protocol version, a client
+/// certificate refused...).
+pub fn classify(error: &RedisError) -> Option<SyncError> {
+    let io_error =
+        std::error::Error::source(error).and_then(|source| source.downcast_ref::<std::io::Error>());
+    // tokio-rustls's words for a peer that closed during the handshake.
+    if io_error.is_some_and(|io| io.to_string() == "tls handshake eof") {
+        return Some(SyncError::TlsNoAnswer);
+    }
+    let rustls_error = io_error
+        .and_then(|io| io.get_ref())
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+    match rustls_error {
+        Some(rustls::Error::InvalidCertificate(_)) => Some(SyncError::TlsCertificate),
+        Some(rustls::Error::InvalidMessage(_)) => Some(SyncError::TlsNoAnswer),
+        Some(_) => Some(SyncError::Tls),
+        // rustls errors raised outside the handshake are flattened into text by the crate.
+        None if error.to_string().starts_with("TLS error") => Some(SyncError::Tls),
+        None => None,
+    }
+}

@@ -1,0 +1,141 @@
+//! A fleet of nginx instances sharing one limit through Redis (`rate_limit_sync`): their
+//! config, paced traffic offered to them from this process, and what their admin API says.
+
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::redis::Redis;
+use super::{Connection, Nginx, Request};
+
+/// One instance: two workers, a `sync` zone `api` of 100r/s burst=20 on `X-Key`.
+pub fn instance_config(redis_port: u16, sync_words: &str, zone_words: &str) -> String {
+    sync_config(
+        &format!("redis://127.0.0.1:{redis_port}"),
+        sync_words,
+        zone_words,
+    )
+}
+
+/// The same with any URL(s) (`rediss://…`) before `sync_words`.
+pub fn sync_config(urls: &str, sync_words: &str, zone_words: &str) -> String {
+    format!(
+        r#"
+load_module %%MODULE%%;
+worker_processes 2;
+error_log logs/error.log info;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    keepalive_requests 1000000;
+    rate_limit_sync {urls} {sync_words};
+    rate_limit_zone $http_x_key zone=api:1m {zone_words} sync;
+    server {{
+        listen 127.0.0.1:%%PORT%% reuseport;
+        root html;
+        location / {{ rate_limit zone=api nodelay; }}
+        location /ratelimit/ {{ rate_limit_admin write=on; }}
+    }}
+}}
+"#
+    )
+}
+
+pub const LIMIT_PER_SEC: f64 = 100.0;
+pub const BURST: f64 = 20.0;
+pub const ZONE: &str = "rate=100r/s burst=20";
+/// What a fleet admits beyond `L t + burst` by design: each grant includes the interval's
+/// drain ahead of time (L x 100 ms). The issue's target, `1.05 L t + burst` over 10 s, has it
+/// inside its 5% (bench/cluster.sh); these shorter runs add it explicitly.
+pub const AHEAD: f64 = LIMIT_PER_SEC * 0.1;
+
+pub fn fleet(redis: &Redis, count: usize, sync_words: &str) -> Vec<Nginx> {
+    let fleet: Vec<Nginx> = (0..count)
+        .map(|_| Nginx::start(&instance_config(redis.port, sync_words, ZONE)))
+        .collect();
+    redis.wait_instances(count);
+    fleet
+}
+
+/// One answer: when it was sent (from the start), its status and how long it took.
+#[derive(Clone, Copy, Debug)]
+pub struct Answer {
+    pub sent: Duration,
+    pub status: u16,
+    pub latency: Duration,
+}
+
+/// Offers `per_sec` requests a second for key `key` to each port in `ports`, for `span`,
+/// from two paced keep-alive connections per port. Returns every answer.
+pub fn offer(ports: &[u16], per_sec: f64, span: Duration, key: &str) -> Vec<Answer> {
+    let answers = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now() + Duration::from_millis(50);
+    let mut threads = Vec::new();
+    for &port in ports {
+        for _ in 0..2 {
+            let answers = answers.clone();
+            let key = key.to_string();
+            threads.push(thread::spawn(move || {
+                let gap = Duration::from_secs_f64(2.0 / per_sec);
+                let mut connection = Connection::open(port);
+                let request = Request::get("/index.html").header("X-Key", &key);
+                let mut mine = Vec::new();
+                let mut next = start;
+                while next < start + span {
+                    let now = Instant::now();
+                    if next > now {
+                        thread::sleep(next - now);
+                    }
+                    let sent = Instant::now();
+                    let status = match connection.try_send(&request) {
+                        Ok(response) => response.status,
+                        Err(_) => {
+                            connection = Connection::open(port);
+                            0
+                        }
+                    };
+                    mine.push(Answer {
+                        sent: sent - start,
+                        status,
+                        latency: sent.elapsed(),
+                    });
+                    next += gap;
+                }
+                answers.lock().unwrap().extend(mine);
+            }));
+        }
+    }
+    for thread in threads {
+        thread.join().expect("load thread panicked");
+    }
+    let answers = answers.lock().unwrap().clone();
+    answers
+}
+
+pub fn passed_between(answers: &[Answer], from: Duration, to: Duration) -> usize {
+    let passed = passed_between_quiet(answers, from, to);
+    eprintln!(
+        "passed {passed} of {} between {from:?} and {to:?}",
+        answers.len()
+    );
+    passed
+}
+
+pub fn passed_between_quiet(answers: &[Answer], from: Duration, to: Duration) -> usize {
+    answers
+        .iter()
+        .filter(|a| a.status == 200 && a.sent >= from && a.sent < to)
+        .count()
+}
+
+/// `GET zones/api` of the admin API: the zone's `sync` object.
+pub fn sync_state(nginx: &Nginx) -> serde_json::Value {
+    let response = super::get(nginx.port(), "/ratelimit/zones/api");
+    assert_eq!(response.status, 200, "{}", response.text());
+    let zone: serde_json::Value = serde_json::from_str(&response.text()).expect("zone JSON");
+    zone["sync"].clone()
+}
+
+pub fn ports(fleet: &[Nginx]) -> Vec<u16> {
+    fleet.iter().map(Nginx::port).collect()
+}

@@ -1,0 +1,363 @@
+//! Real `redis-server`s for the `rate_limit_sync` tests: one server or a Redis Cluster of
+//! three masters, plain or TLS (`--tls-port`, with certificates made here by the `openssl`
+//! CLI), each on a free loopback port and killed on drop.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::Duration;
+
+use super::nginx::free_port;
+
+pub const SIGCONT: i32 = 18;
+pub const SIGSTOP: i32 = 19;
+
+/// A throwaway PKI in a temp dir: a CA, a server certificate it signed for `127.0.0.1` (and
+/// `localhost`), a client certificate it signed, and a second CA that signed nothing here.
+pub struct Pki {
+    pub dir: PathBuf,
+}
+
+impl Pki {
+    pub fn new() -> Pki {
+        let dir = std::env::temp_dir().join(format!(
+            "ngx-rate-limit-pki-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        std::fs::create_dir_all(&dir).expect("cannot create the PKI directory");
+        let pki = Pki { dir };
+        pki.ca("ca");
+        pki.ca("other-ca");
+        pki.signed(
+            "server",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth",
+        );
+        pki.signed("client", "extendedKeyUsage=clientAuth");
+        pki
+    }
+
+    /// `NAME.pem`, `NAME.key`, ... in the PKI's directory.
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.dir.join(file)
+    }
+
+    /// `NAME.pem` as it is written in a config.
+    pub fn file(&self, file: &str) -> String {
+        self.path(file).display().to_string()
+    }
+
+    fn openssl(&self, args: &[&str]) {
+        let output = Command::new("openssl")
+            .current_dir(&self.dir)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("cannot run openssl (install the openssl package)");
+        assert!(
+            output.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// A self-signed CA (P-256, one day): `NAME.pem`, `NAME.key`.
+    fn ca(&self, name: &str) {
+        let (pem, key, subject) = (
+            format!("{name}.pem"),
+            format!("{name}.key"),
+            format!("/CN=ngx-rate-limit test {name}"),
+        );
+        self.openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &pem,
+            "-days",
+            "1",
+            "-subj",
+            &subject,
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ]);
+    }
+
+    /// A certificate signed by `ca` with the extensions `extensions`: `NAME.pem`, `NAME.key`.
+    fn signed(&self, name: &str, extensions: &str) {
+        let (pem, key, csr, ext) = (
+            format!("{name}.pem"),
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.ext"),
+        );
+        std::fs::write(
+            self.path(&ext),
+            format!("basicConstraints=CA:FALSE\n{extensions}\n"),
+        )
+        .expect("cannot write the extensions file");
+        self.openssl(&[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            "/CN=127.0.0.1",
+        ]);
+        self.openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-out",
+            &pem,
+            "-extfile",
+            &ext,
+        ]);
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A `redis-server` of its own, killed on drop.
+pub struct Redis {
+    pub port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+    extra: Vec<String>,
+    /// For redis-cli, when the server requires one.
+    password: Option<String>,
+    /// The PKI's directory for redis-cli (its CA, its client certificate), when the server
+    /// speaks TLS only.
+    tls_dir: Option<PathBuf>,
+}
+
+impl Redis {
+    pub fn start() -> Redis {
+        Redis::start_with(&[])
+    }
+
+    /// A server with more `redis-server` arguments (`--requirepass`, ...).
+    pub fn start_with(extra: &[&str]) -> Redis {
+        Redis::launch(extra, None)
+    }
+
+    /// A server that speaks TLS only (`--port 0 --tls-port P`) with `pki`'s server
+    /// certificate, and more arguments (`--tls-auth-clients yes`, ...). Clients are not asked
+    /// for a certificate unless `extra` says so.
+    pub fn start_tls(pki: &Pki, extra: &[&str]) -> Redis {
+        let (cert, key, ca) = (
+            pki.file("server.pem"),
+            pki.file("server.key"),
+            pki.file("ca.pem"),
+        );
+        let mut args = vec![
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+        ];
+        if !extra.contains(&"--tls-auth-clients") {
+            args.extend(["--tls-auth-clients", "no"]);
+        }
+        args.extend(extra);
+        Redis::launch(&args, Some(pki.dir.clone()))
+    }
+
+    fn launch(extra: &[&str], tls_dir: Option<PathBuf>) -> Redis {
+        let dir = std::env::temp_dir().join(format!(
+            "ngx-rate-limit-redis-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        std::fs::create_dir_all(&dir).expect("cannot create the redis directory");
+        let mut redis = Redis {
+            port: free_port(),
+            dir,
+            child: None,
+            extra: extra.iter().map(|arg| arg.to_string()).collect(),
+            password: extra
+                .iter()
+                .position(|&arg| arg == "--requirepass")
+                .and_then(|at| extra.get(at + 1))
+                .map(|password| password.to_string()),
+            tls_dir,
+        };
+        redis.spawn();
+        redis
+    }
+
+    /// Starts the server (again, after [`Redis::kill`]) and waits (bounded) for its PING.
+    pub fn spawn(&mut self) {
+        let port = self.port.to_string();
+        let ports: Vec<&str> = match self.tls_dir {
+            Some(_) => vec!["--port", "0", "--tls-port", &port],
+            None => vec!["--port", &port],
+        };
+        let child = Command::new("redis-server")
+            .args(ports)
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start redis-server (install redis-server)");
+        self.child = Some(child);
+        for _ in 0..100 {
+            if self.cli(&["PING"]).trim() == "PONG" {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        panic!("redis-server on port {} did not answer PING", self.port);
+    }
+
+    /// `redis-cli` against this server (with TLS and the password when it needs them).
+    pub fn cli(&self, args: &[&str]) -> String {
+        let mut command = Command::new("redis-cli");
+        command.stdin(Stdio::null());
+        if let Some(password) = &self.password {
+            command.args(["--no-auth-warning", "-a", password]);
+        }
+        if let Some(dir) = &self.tls_dir {
+            // The client certificate too, for servers with `--tls-auth-clients yes`.
+            command.arg("--tls").arg("--cacert").arg(dir.join("ca.pem"));
+            command.arg("--cert").arg(dir.join("client.pem"));
+            command.arg("--key").arg(dir.join("client.key"));
+        }
+        // -c follows a cluster's redirections (and changes nothing on a single server).
+        let output = command
+            .args(["-c", "-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("cannot run redis-cli");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    pub fn signal(&self, signal: i32) {
+        if let Some(child) = &self.child {
+            super::nginx::sys::signal(child.id() as i32, signal);
+        }
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// `INFO commandstats` calls of one command (`evalsha`).
+    pub fn calls(&self, command: &str) -> u64 {
+        let info = self.cli(&["INFO", "commandstats"]);
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|calls| calls.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Waits (bounded) until `count` instances heartbeat.
+    pub fn wait_instances(&self, count: usize) {
+        for _ in 0..150 {
+            let seen: usize = self
+                .cli(&["ZCARD", "rl:instances"])
+                .trim()
+                .parse()
+                .unwrap_or(0);
+            if seen == count {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        panic!("{count} instances never heartbeat in Redis");
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.signal(SIGCONT);
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Three masters made into a Redis Cluster with `redis-cli --cluster create`, ready when
+/// every node reports `cluster_state:ok` (bounded wait).
+pub fn redis_cluster() -> Vec<Redis> {
+    let nodes: Vec<Redis> = (0..3)
+        .map(|_| Redis::start_with(&["--cluster-enabled", "yes"]))
+        .collect();
+    create_cluster(nodes, &[])
+}
+
+/// The same over TLS: clients and the cluster bus (`--tls-cluster yes`) speak TLS only.
+pub fn redis_cluster_tls(pki: &Pki) -> Vec<Redis> {
+    let nodes: Vec<Redis> = (0..3)
+        .map(|_| Redis::start_tls(pki, &["--cluster-enabled", "yes", "--tls-cluster", "yes"]))
+        .collect();
+    let ca = pki.file("ca.pem");
+    create_cluster(nodes, &["--tls", "--cacert", &ca])
+}
+
+fn create_cluster(nodes: Vec<Redis>, cli_args: &[&str]) -> Vec<Redis> {
+    let addresses: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let output = Command::new("redis-cli")
+        .args(cli_args)
+        .arg("--cluster")
+        .arg("create")
+        .args(&addresses)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("cannot run redis-cli --cluster create");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    for _ in 0..250 {
+        if nodes
+            .iter()
+            .all(|node| node.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+        {
+            return nodes;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    panic!("the cluster never reached cluster_state:ok");
+}
