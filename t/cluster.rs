@@ -141,6 +141,16 @@ impl Drop for Redis {
 
 /// One instance: two workers, a `sync` zone `api` of 100r/s burst=20 on `X-Key`.
 fn instance_config(redis_port: u16, sync_words: &str, zone_words: &str) -> String {
+    instance_config_with(redis_port, sync_words, zone_words, "nodelay")
+}
+
+/// [`instance_config`] with the `rate_limit` line's own words.
+fn instance_config_with(
+    redis_port: u16,
+    sync_words: &str,
+    zone_words: &str,
+    limit_words: &str,
+) -> String {
     format!(
         r#"
 load_module %%MODULE%%;
@@ -155,7 +165,7 @@ http {{
     server {{
         listen 127.0.0.1:%%PORT%% reuseport;
         root html;
-        location / {{ rate_limit zone=api nodelay; }}
+        location / {{ rate_limit zone=api {limit_words}; }}
         location /ratelimit/ {{ rate_limit_admin write=on; }}
     }}
 }}
@@ -841,6 +851,117 @@ fn auth_with_password_and_acl_user() {
 }
 
 /// Every algorithm that can sync holds one limit across the fleet: a token bucket (K = burst)
+/// `burst=20 delay=5` on the line: over two instances offered 1.5 L for 3 s, the fleet admits
+/// about L t (the excess beyond delay=5 is delayed, the rest rejected), requests are delayed
+/// by the fleet's backlog (some wait tens of milliseconds), and none waits much longer than
+/// the longest delay the line allows, (20 - 5) x 10 ms, plus one interval.
+#[test]
+fn delay_follows_the_fleet_backlog() {
+    let redis = Redis::start();
+    let fleet: Vec<Nginx> = (0..2)
+        .map(|_| {
+            Nginx::start(&instance_config_with(
+                redis.port,
+                "interval=100ms",
+                "rate=100r/s",
+                "burst=20 delay=5",
+            ))
+        })
+        .collect();
+    redis.wait_instances(2);
+    let span = Duration::from_secs(3);
+    let answers = offer(&ports(&fleet), 0.75 * LIMIT_PER_SEC, span, "d");
+    let passed = passed_between(&answers, Duration::ZERO, span);
+    assert!(answers.iter().all(|a| a.status == 200 || a.status == 429));
+    let secs = span.as_secs_f64();
+    assert!(
+        passed as f64 <= 1.05 * LIMIT_PER_SEC * secs + 21.0 + AHEAD,
+        "{passed}"
+    );
+    assert!(passed as f64 >= 0.8 * LIMIT_PER_SEC * secs, "{passed}");
+    let mut delays: Vec<Duration> = answers
+        .iter()
+        .filter(|a| a.status == 200)
+        .map(|a| a.latency)
+        .collect();
+    delays.sort();
+    let longest = delays.last().copied().unwrap_or_default();
+    let delayed = delays
+        .iter()
+        .filter(|&&d| d >= Duration::from_millis(30))
+        .count();
+    eprintln!("{delayed} of {passed} waited 30 ms or more, the longest {longest:?}");
+    assert!(
+        delayed >= 20,
+        "requests beyond delay=5 are delayed: {delayed}"
+    );
+    assert!(
+        longest < Duration::from_millis(150 + 100 + 400),
+        "{longest:?}"
+    );
+}
+
+/// Sends `per_port` requests for `key` back to back on one keep-alive connection per port,
+/// all ports at once. Returns how many passed (every answer must be 200 or 429).
+fn burst(ports: &[u16], per_port: usize, key: &str) -> usize {
+    let threads: Vec<_> = ports
+        .iter()
+        .map(|&port| {
+            let key = key.to_string();
+            thread::spawn(move || {
+                let mut connection = Connection::open(port);
+                let request = Request::get("/index.html").header("X-Key", &key);
+                (0..per_port)
+                    .map(|_| connection.send(&request).status)
+                    .collect::<Vec<u16>>()
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = threads
+        .into_iter()
+        .flat_map(|thread| thread.join().expect("burst thread panicked"))
+        .collect();
+    assert!(
+        statuses.iter().all(|&s| s == 200 || s == 429),
+        "{statuses:?}"
+    );
+    statuses.iter().filter(|&&s| s == 200).count()
+}
+
+/// limit_req's way: the zone gives the rate, the `rate_limit` line the burst. The fleet's
+/// bucket for a key is the line's (burst=20 here, the zone's is 0): after a steady 0.4 L on
+/// two instances keeps the key synced, a burst of 40 spread over both gets about K = 21 plus
+/// the interval's drain granted ahead (L x 100 ms), far more than the zone's own K = 1 would
+/// give (about 11), and no more than K plus that drain (+ a margin for the burst's length).
+#[test]
+fn location_burst_is_the_fleet_bucket() {
+    let redis = Redis::start();
+    let fleet: Vec<Nginx> = (0..2)
+        .map(|_| {
+            Nginx::start(&instance_config_with(
+                redis.port,
+                "interval=100ms",
+                "rate=100r/s",
+                "burst=20 nodelay",
+            ))
+        })
+        .collect();
+    redis.wait_instances(2);
+    let ports = ports(&fleet);
+    let warm = offer(&ports, 0.2 * LIMIT_PER_SEC, Duration::from_secs(1), "b");
+    assert!(
+        warm.iter().all(|a| a.status == 200),
+        "the warm-up is below the limit"
+    );
+    let passed = burst(&ports, 20, "b");
+    eprintln!("burst: {passed} of 40 passed");
+    assert!(
+        passed >= 21,
+        "the line's burst=20 was not the fleet's: {passed} passed"
+    );
+    assert!(passed as f64 <= 21.0 + AHEAD + 6.0, "{passed} passed");
+}
+
 /// and a sliding window (bounded fleet-wide by a bucket of N at N per window), 10x spread
 /// over three instances for 3 s: at most 1.05 L t + K + L interval (the room is granted one
 /// interval ahead), and most of L t passes.
