@@ -162,10 +162,13 @@ http {{
     keepalive_requests 1000000;
     rate_limit_sync redis://127.0.0.1:{redis_port} {sync_words};
     rate_limit_zone $http_x_key zone=api:1m {zone_words} sync;
+    # The same limit without `sync`, side by side (bench: latency with Redis stopped).
+    rate_limit_zone $http_x_key zone=plain:1m {zone_words};
     server {{
         listen 127.0.0.1:%%PORT%% reuseport;
         root html;
         location / {{ rate_limit zone=api {limit_words}; }}
+        location /plain/ {{ rate_limit zone=plain {limit_words}; alias html/; }}
         location /ratelimit/ {{ rate_limit_admin write=on; }}
     }}
 }}
@@ -200,6 +203,11 @@ struct Answer {
 /// Offers `per_sec` requests a second for key `key` to each port in `ports`, for `span`,
 /// from two paced keep-alive connections per port. Returns every answer.
 fn offer(ports: &[u16], per_sec: f64, span: Duration, key: &str) -> Vec<Answer> {
+    offer_path(ports, per_sec, span, key, "/index.html")
+}
+
+/// [`offer`] to another path (`/plain/index.html`: the zone without `sync`).
+fn offer_path(ports: &[u16], per_sec: f64, span: Duration, key: &str, path: &str) -> Vec<Answer> {
     let answers = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now() + Duration::from_millis(50);
     let mut threads = Vec::new();
@@ -207,10 +215,11 @@ fn offer(ports: &[u16], per_sec: f64, span: Duration, key: &str) -> Vec<Answer> 
         for _ in 0..2 {
             let answers = answers.clone();
             let key = key.to_string();
+            let path = path.to_string();
             threads.push(thread::spawn(move || {
                 let gap = Duration::from_secs_f64(2.0 / per_sec);
                 let mut connection = Connection::open(port);
-                let request = Request::get("/index.html").header("X-Key", &key);
+                let request = Request::get(&path).header("X-Key", &key);
                 let mut mine = Vec::new();
                 let mut next = start;
                 while next < start + span {
@@ -638,40 +647,72 @@ fn bench_cluster_table() {
             failed(&answers),
         ));
     }
-    // Redis SIGSTOPped from 2 s to 7 s under 10x: local_share after three intervals.
+    // Redis SIGSTOPped from 2 s to 7 s under 10x: local_share after three intervals. The
+    // same instances serve the same load on a zone without `sync` at the same time: the
+    // latency of both during the stop, and the noise floor (the p99s of the two halves of
+    // the plain requests, alternate answers).
+    let latency_row;
     {
         let redis = Redis::start();
         let fleet = fleet(&redis, 3, "interval=100ms timeout=100ms");
-        let ports = ports(&fleet);
-        let load = thread::spawn(move || {
-            offer(
-                &ports,
-                10.0 * LIMIT_PER_SEC / 3.0,
-                Duration::from_secs(10),
-                "k",
-            )
-        });
+        let loads: Vec<_> = ["/index.html", "/plain/index.html"]
+            .into_iter()
+            .map(|path| {
+                let ports = ports(&fleet);
+                thread::spawn(move || {
+                    offer_path(
+                        &ports,
+                        10.0 * LIMIT_PER_SEC / 3.0,
+                        Duration::from_secs(10),
+                        "k",
+                        path,
+                    )
+                })
+            })
+            .collect();
         thread::sleep(Duration::from_millis(2050));
         redis.signal(SIGSTOP);
         thread::sleep(Duration::from_secs(5));
         redis.signal(SIGCONT);
-        let answers = load.join().expect("load thread");
+        let mut loads = loads
+            .into_iter()
+            .map(|load| load.join().expect("load thread"));
+        let (answers, plain) = (loads.next().unwrap(), loads.next().unwrap());
         let (from, to) = (Duration::from_millis(2500), Duration::from_millis(7000));
         let passed = passed_between(&answers, from, to);
         let window = (to - from).as_secs_f64();
         let ratio = passed as f64 / (LIMIT_PER_SEC * window);
         let stop_bound = 1.10 + BURST / (LIMIT_PER_SEC * window);
-        let during: Vec<Answer> = answers
-            .iter()
-            .copied()
-            .filter(|a| a.sent >= from && a.sent < to)
+        let during = |answers: &[Answer]| -> Vec<Answer> {
+            let mut during: Vec<Answer> = answers
+                .iter()
+                .copied()
+                .filter(|a| a.sent >= from && a.sent < to)
+                .collect();
+            during.sort_by_key(|a| a.sent);
+            during
+        };
+        let (synced, plain_during) = (during(&answers), during(&plain));
+        let halves: Vec<Vec<Answer>> = (0..2)
+            .map(|half| plain_during.iter().copied().skip(half).step_by(2).collect())
             .collect();
+        let (p99_sync, p99_plain) = (p99(&synced), p99(&plain_during));
+        let noise = (p99(&halves[0]) - p99(&halves[1])).abs();
+        let within = p99_sync <= p99_plain + noise.max(0.1);
         rows.push(format!(
-            "| 100 ms, Redis SIGSTOPped 2-7 s | 10x | 3 (even), 2.5-7 s | {passed} | {ratio:.3} | <= {stop_bound:.2} {} | {:.1} | {} |",
+            "| 100 ms, Redis SIGSTOPped 2-7 s | 10x | 3 (even), 2.5-7 s | {passed} | {ratio:.3} | <= {stop_bound:.2} {} | {p99_sync:.2} | {} |",
             if ratio <= stop_bound { "yes" } else { "NO" },
-            p99(&during),
             failed(&answers),
         ));
+        latency_row = format!(
+            "| during the stop, same instances, same load | {:.2} ms ({} requests) | {:.2} ms ({} requests) | {noise:.2} ms | {} | {} |",
+            p99_sync,
+            synced.len(),
+            p99_plain,
+            plain_during.len(),
+            if within { "yes" } else { "NO" },
+            synced.iter().map(|a| a.latency).max().map_or(0.0, |d| d.as_secs_f64() * 1000.0) as u64,
+        );
     }
     // Round trips per instance per interval at 2x and 10x (the admin API's counter), and
     // the time for every instance to be synced again after Redis restarts empty.
@@ -768,12 +809,20 @@ fn bench_cluster_table() {
          burst=20 nodelay (leaky bucket), offered load paced from two keep-alive connections \
          per instance for {} s. `admitted/L·t` is the fleet's 200s over L times the span; the \
          target is <= 1.05 + burst/(L·t) = {bound:.2}. p99 is the client's latency in ms \
-         (debug build of the module on a shared 2-core machine). `errors`: answers other \
+         (on a shared 2-core machine, the module named at the end). `errors`: answers other \
          than 200/429.\n\n\
          | interval | offered | instances loaded | admitted | admitted/L·t | target | p99 ms | errors |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- |\n{}\n",
+         | --- | --- | --- | --- | --- | --- | --- | --- |\n{}\n\n\
+         Latency with Redis stopped (SIGSTOP), side by side: the same instances serve a zone \
+         with `sync` and one without, each offered 10x at once. Target: the sync zone's p99 \
+         within the noise floor (the two halves of the plain requests) of the plain one's \
+         (+0.1 ms when the halves agree closer than that).\n\n\
+         | window | p99 `sync` | p99 without `sync` | noise floor | within | slowest `sync` ms |\n\
+         | --- | --- | --- | --- | --- | --- |\n{latency_row}\n\n\
+         Module: {}.\n",
         span.as_secs(),
-        rows.join("\n")
+        rows.join("\n"),
+        std::env::var("RATE_LIMIT_MODULE").unwrap_or_else(|_| "the debug build".into()),
     );
     let out = std::env::var("CLUSTER_BENCH_OUT").unwrap_or_else(|_| {
         concat!(env!("CARGO_MANIFEST_DIR"), "/bench/results/cluster.md").to_string()
