@@ -950,6 +950,118 @@ fn delay_follows_the_fleet_backlog() {
     );
 }
 
+/// A slot migrated under load, as `redis-cli --cluster reshard` does it: the hot key's slot
+/// is set MIGRATING/IMPORTING, the key MIGRATEd, and for a second every round meets `ASK`;
+/// then the slot is given to its new node and the old one answers `MOVED`. The loop follows
+/// both within the round (`ASKING` on the new node, the slot map read again after `MOVED`):
+/// no round fails, the instances stay synced, the key lives on the new node, and the limit
+/// holds through the move.
+#[test]
+fn a_slot_migrated_under_load_costs_no_sync() {
+    let nodes = redis_cluster();
+    let fleet: Vec<Nginx> = (0..2)
+        .map(|_| {
+            Nginx::start(&instance_config(
+                nodes[0].port,
+                "cluster interval=100ms",
+                ZONE,
+            ))
+        })
+        .collect();
+    nodes[0].wait_instances(2);
+    let ports = ports(&fleet);
+    let span = Duration::from_secs(4);
+    let load = thread::spawn(move || offer(&ports, LIMIT_PER_SEC, span, "moving"));
+    thread::sleep(Duration::from_millis(500));
+    let (from, name) = nodes
+        .iter()
+        .enumerate()
+        .find_map(|(at, node)| {
+            let keys = node.cli(&["KEYS", "rl:api:*"]);
+            let key = keys.lines().find(|key| !key.ends_with(":limits"))?;
+            Some((at, key.to_string()))
+        })
+        .expect("the loaded key is in the cluster");
+    let to = (from + 1) % nodes.len();
+    let slot = nodes[from].cli(&["CLUSTER", "KEYSLOT", &name]);
+    let slot = slot.trim();
+    let id = |at: usize| nodes[at].cli(&["CLUSTER", "MYID"]).trim().to_string();
+    let (from_id, to_id) = (id(from), id(to));
+    let errors = |fleet: &[Nginx]| -> Vec<u64> {
+        fleet
+            .iter()
+            .map(|n| sync_state(n)["errors"].as_u64().expect("errors"))
+            .collect()
+    };
+    let errors_before = errors(&fleet);
+    let asking_before = nodes[to].calls("asking");
+    let ok = |reply: String| assert_eq!(reply.trim(), "OK", "{reply}");
+    ok(nodes[to].cli(&["CLUSTER", "SETSLOT", slot, "IMPORTING", &from_id]));
+    ok(nodes[from].cli(&["CLUSTER", "SETSLOT", slot, "MIGRATING", &to_id]));
+    let to_port = nodes[to].port.to_string();
+    ok(nodes[from].cli(&["MIGRATE", "127.0.0.1", &to_port, &name, "0", "5000"]));
+    thread::sleep(Duration::from_secs(1));
+    for at in [to, from, (from + 2) % nodes.len()] {
+        ok(nodes[at].cli(&["CLUSTER", "SETSLOT", slot, "NODE", &to_id]));
+    }
+    let answers = load.join().expect("load thread");
+    let asked = nodes[to].calls("asking") - asking_before;
+    eprintln!("{asked} commands asked {to_port} during the migration");
+    assert!(asked >= 10, "the rounds did not meet ASK: {asked}");
+    assert_eq!(
+        errors(&fleet),
+        errors_before,
+        "a round failed during the move"
+    );
+    for instance in &fleet {
+        assert_eq!(sync_state(instance)["mode"], "synced");
+    }
+    assert_eq!(nodes[to].cli(&["KEYS", &name]).trim(), name);
+    assert_eq!(nodes[from].cli(&["KEYS", &name]).trim(), "");
+    let passed = passed_between(&answers, Duration::ZERO, span);
+    let bound = 1.05 * LIMIT_PER_SEC * span.as_secs_f64() + BURST + AHEAD;
+    assert!(passed as f64 <= bound, "{passed} > {bound}");
+    assert!(
+        passed as f64 >= 0.8 * LIMIT_PER_SEC * span.as_secs_f64(),
+        "{passed}"
+    );
+}
+
+/// Scripts flushed from Redis (`SCRIPT FLUSH`, as after a failover to a fresh replica) under
+/// load: the next round meets `NOSCRIPT`, the one after loads the scripts again in its
+/// pipeline; the instances stay synced (one round missed at most) and the limit holds.
+#[test]
+fn scripts_flushed_under_load_are_loaded_again() {
+    let redis = Redis::start();
+    let fleet = fleet(&redis, 2, "interval=100ms");
+    let ports = ports(&fleet);
+    let span = Duration::from_secs(3);
+    let load = thread::spawn(move || offer(&ports, LIMIT_PER_SEC, span, "flushed"));
+    thread::sleep(Duration::from_millis(1000));
+    let loads_before = redis.calls("script|load");
+    assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
+    let answers = load.join().expect("load thread");
+    let loads = redis.calls("script|load") - loads_before;
+    assert!(loads >= 3, "the scripts were not loaded again: {loads}");
+    for instance in &fleet {
+        let state = sync_state(instance);
+        assert_eq!(state["mode"], "synced", "{state}");
+        assert!(
+            state["last_sync_age_ms"]
+                .as_u64()
+                .is_some_and(|age| age < 1000),
+            "{state}"
+        );
+    }
+    let passed = passed_between(&answers, Duration::ZERO, span);
+    let bound = 1.05 * LIMIT_PER_SEC * span.as_secs_f64() + BURST + AHEAD;
+    assert!(passed as f64 <= bound, "{passed} > {bound}");
+    assert!(
+        passed as f64 >= 0.8 * LIMIT_PER_SEC * span.as_secs_f64(),
+        "{passed}"
+    );
+}
+
 /// Sends `per_port` requests for `key` back to back on one keep-alive connection per port,
 /// all ports at once. Returns how many passed (every answer must be 200 or 429).
 fn burst(ports: &[u16], per_port: usize, key: &str) -> usize {
