@@ -323,6 +323,7 @@ fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Op
                 zone: view,
                 agreed_limits: std::cell::Cell::new(view.header().limits.load(Ordering::Acquire)),
                 first_round: std::cell::Cell::new(true),
+                bursts: zone.bursts,
             })
         })
         .collect();

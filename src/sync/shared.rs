@@ -72,15 +72,21 @@ pub enum Mode {
 }
 
 impl Mode {
+    const ALL: [Mode; 6] = [
+        Mode::Starting,
+        Mode::Synced,
+        Mode::Degraded,
+        Mode::LocalShare,
+        Mode::Open,
+        Mode::Closed,
+    ];
+
+    /// The mode stored as `code` (`Starting` for anything else).
     pub fn from_code(code: u64) -> Mode {
-        match code {
-            1 => Mode::Synced,
-            2 => Mode::Degraded,
-            3 => Mode::LocalShare,
-            4 => Mode::Open,
-            5 => Mode::Closed,
-            _ => Mode::Starting,
-        }
+        Mode::ALL
+            .into_iter()
+            .find(|&mode| mode as u64 == code)
+            .unwrap_or(Mode::Starting)
     }
 
     pub fn as_str(self) -> &'static str {
@@ -121,19 +127,25 @@ pub enum SyncError {
 }
 
 impl SyncError {
+    const ALL: [SyncError; 10] = [
+        SyncError::None,
+        SyncError::Connect,
+        SyncError::Timeout,
+        SyncError::Auth,
+        SyncError::Reply,
+        SyncError::BadUrl,
+        SyncError::Cluster,
+        SyncError::Tls,
+        SyncError::TlsCertificate,
+        SyncError::TlsNoAnswer,
+    ];
+
+    /// The error stored as `code` (`None` for anything else).
     pub fn from_code(code: u64) -> SyncError {
-        match code {
-            1 => SyncError::Connect,
-            2 => SyncError::Timeout,
-            3 => SyncError::Auth,
-            4 => SyncError::Reply,
-            5 => SyncError::BadUrl,
-            6 => SyncError::Cluster,
-            7 => SyncError::Tls,
-            8 => SyncError::TlsCertificate,
-            9 => SyncError::TlsNoAnswer,
-            _ => SyncError::None,
-        }
+        SyncError::ALL
+            .into_iter()
+            .find(|&error| error as u64 == code)
+            .unwrap_or(SyncError::None)
     }
 
     pub fn as_str(self) -> &'static str {
@@ -229,6 +241,25 @@ pub fn decide(
         pending.fetch_add(cost, Ordering::Relaxed);
     }
     decision
+}
+
+/// A request of a sync zone given back (Lua's `uncommit`): its charge leaves the key's pending
+/// delta and its grant returns. A delta the loop already sent stays charged to the fleet
+/// (it errs on the strict side, by at most the requests given back within one interval).
+pub fn uncommit(zone: &Zone, index: SlotIndex, policy: &Policy) {
+    let (Some(sync), Some((pending, grant))) = (shared(), zone.sync_words(index)) else {
+        return;
+    };
+    let cost = policy.cost.max(1);
+    let _ = pending.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+        let charged = word & !ASKED;
+        (charged > 0).then(|| (word & ASKED) | charged.saturating_sub(cost))
+    });
+    if sync.mode() != Mode::Open {
+        let _ = grant.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+            Some(fleet::return_grant(word, cost))
+        });
+    }
 }
 
 fn take_grant(grant: &AtomicU64, sync: &SyncShared, policy: &Policy, cost: u64) -> bool {

@@ -16,9 +16,12 @@ use std::time::Duration;
 use ratelimit_core::fleet::{self, grant_word, FleetShape, ASKED};
 use ratelimit_core::sync_spec::{OnFailure, SyncSpec};
 
+use ratelimit_core::Limits;
+
 use super::cluster;
 use super::shared::{Mode, SyncError, SyncShared};
 use super::tls;
+use crate::conf::LocationBursts;
 use crate::zone::Zone;
 
 /// Applies one instance's delta to a key's fleet state on Redis's clock and returns the
@@ -88,6 +91,9 @@ pub struct SyncZone {
     /// Until the first successful round: the file's value is sent along (see
     /// `LIMITS_SCRIPT`).
     pub first_round: std::cell::Cell<bool>,
+    /// The bursts the zone's `rate_limit` lines decide with: a key's fleet bucket is the
+    /// largest of them (each request is decided locally with its own line's).
+    pub bursts: LocationBursts,
 }
 
 /// Everything the thread needs; built by a worker, moved into the thread.
@@ -366,7 +372,10 @@ impl Task {
                     continue;
                 }
                 let word = pending.swap(0, Ordering::AcqRel);
-                let limits = zone.override_for(hash).unwrap_or(limits);
+                let limits = zone.override_for(hash).unwrap_or(Limits {
+                    burst: synced.bursts.largest(limits.burst),
+                    ..limits
+                });
                 let Some(shape) = FleetShape::of(zone.algorithm(), &limits) else {
                     continue;
                 };

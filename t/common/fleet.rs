@@ -10,15 +10,36 @@ use super::{Connection, Nginx, Request};
 
 /// One instance: two workers, a `sync` zone `api` of 100r/s burst=20 on `X-Key`.
 pub fn instance_config(redis_port: u16, sync_words: &str, zone_words: &str) -> String {
-    sync_config(
+    instance_config_with(redis_port, sync_words, zone_words, "nodelay")
+}
+
+/// [`instance_config`] with the `rate_limit` line's own words.
+pub fn instance_config_with(
+    redis_port: u16,
+    sync_words: &str,
+    zone_words: &str,
+    limit_words: &str,
+) -> String {
+    sync_config_with(
         &format!("redis://127.0.0.1:{redis_port}"),
         sync_words,
         zone_words,
+        limit_words,
     )
 }
 
-/// The same with any URL(s) (`rediss://…`) before `sync_words`.
+/// [`instance_config`] with any URL(s) (`rediss://…`) before `sync_words`.
 pub fn sync_config(urls: &str, sync_words: &str, zone_words: &str) -> String {
+    sync_config_with(urls, sync_words, zone_words, "nodelay")
+}
+
+/// [`sync_config`] with the `rate_limit` line's own words.
+pub fn sync_config_with(
+    urls: &str,
+    sync_words: &str,
+    zone_words: &str,
+    limit_words: &str,
+) -> String {
     format!(
         r#"
 load_module %%MODULE%%;
@@ -30,10 +51,13 @@ http {{
     keepalive_requests 1000000;
     rate_limit_sync {urls} {sync_words};
     rate_limit_zone $http_x_key zone=api:1m {zone_words} sync;
+    # The same limit without `sync`, side by side (bench: latency with Redis stopped).
+    rate_limit_zone $http_x_key zone=plain:1m {zone_words};
     server {{
         listen 127.0.0.1:%%PORT%% reuseport;
         root html;
-        location / {{ rate_limit zone=api nodelay; }}
+        location / {{ rate_limit zone=api {limit_words}; }}
+        location /plain/ {{ rate_limit zone=plain {limit_words}; alias html/; }}
         location /ratelimit/ {{ rate_limit_admin write=on; }}
     }}
 }}
@@ -63,11 +87,26 @@ pub struct Answer {
     pub sent: Duration,
     pub status: u16,
     pub latency: Duration,
+    /// Which of [`offer_paths`]'s paths it was sent to.
+    pub path: usize,
 }
 
 /// Offers `per_sec` requests a second for key `key` to each port in `ports`, for `span`,
 /// from two paced keep-alive connections per port. Returns every answer.
 pub fn offer(ports: &[u16], per_sec: f64, span: Duration, key: &str) -> Vec<Answer> {
+    offer_paths(ports, per_sec, span, key, &["/index.html"])
+}
+
+/// [`offer`] to several paths in turn on each connection (`/plain/index.html`: the zone
+/// without `sync`): `per_sec` a second for each path.
+pub fn offer_paths(
+    ports: &[u16],
+    per_sec: f64,
+    span: Duration,
+    key: &str,
+    paths: &[&str],
+) -> Vec<Answer> {
+    let per_sec = per_sec * paths.len() as f64;
     let answers = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now() + Duration::from_millis(50);
     let mut threads = Vec::new();
@@ -75,10 +114,13 @@ pub fn offer(ports: &[u16], per_sec: f64, span: Duration, key: &str) -> Vec<Answ
         for _ in 0..2 {
             let answers = answers.clone();
             let key = key.to_string();
+            let requests: Vec<Request> = paths
+                .iter()
+                .map(|path| Request::get(path).header("X-Key", &key))
+                .collect();
             threads.push(thread::spawn(move || {
                 let gap = Duration::from_secs_f64(2.0 / per_sec);
                 let mut connection = Connection::open(port);
-                let request = Request::get("/index.html").header("X-Key", &key);
                 let mut mine = Vec::new();
                 let mut next = start;
                 while next < start + span {
@@ -86,8 +128,9 @@ pub fn offer(ports: &[u16], per_sec: f64, span: Duration, key: &str) -> Vec<Answ
                     if next > now {
                         thread::sleep(next - now);
                     }
+                    let path = mine.len() % requests.len();
                     let sent = Instant::now();
-                    let status = match connection.try_send(&request) {
+                    let status = match connection.try_send(&requests[path]) {
                         Ok(response) => response.status,
                         Err(_) => {
                             connection = Connection::open(port);
@@ -98,6 +141,7 @@ pub fn offer(ports: &[u16], per_sec: f64, span: Duration, key: &str) -> Vec<Answ
                         sent: sent - start,
                         status,
                         latency: sent.elapsed(),
+                        path,
                     });
                     next += gap;
                 }
