@@ -40,6 +40,19 @@ fn wait_mode(nginx: &Nginx, mode: &str, within: Duration) {
     }
 }
 
+/// Polls (bounded by `within`) until the error log holds `text`; returns the log.
+fn wait_log(nginx: &Nginx, text: &str, within: Duration) -> String {
+    let started = Instant::now();
+    loop {
+        let log = nginx.error_log();
+        if log.contains(text) {
+            return log;
+        }
+        assert!(started.elapsed() < within, "{text:?} not in {log}");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// 10x the limit spread over two instances for 3 s through a TLS-only Redis: the fleet admits
 /// about L t (at most 1.05 L t + burst + one interval ahead), far below the 2 L t two
 /// instances alone would, and most of L t passes.
@@ -60,12 +73,17 @@ fn assert_fleet_shares_one_limit(fleet: &[Nginx]) {
 fn two_instances_share_one_limit_over_tls() {
     let pki = Pki::new();
     let redis = Redis::start_tls(&pki, &[]);
-    let config = sync_config(&tls_urls(&pki, &redis), "interval=100ms", ZONE);
+    let config = sync_config(
+        &tls_urls(&pki, &redis),
+        "interval=100ms timeout=100ms",
+        ZONE,
+    );
     let fleet: Vec<Nginx> = (0..2).map(|_| Nginx::start(&config)).collect();
     redis.wait_instances(2);
     assert_fleet_shares_one_limit(&fleet);
     for instance in &fleet {
         let state = sync_state(instance);
+        eprintln!("sync state over TLS: {state}");
         assert_eq!(state["mode"], "synced", "{state}");
         assert_eq!(state["connected"], true, "{state}");
         assert_eq!(state["instances"], 2, "{state}");
@@ -83,8 +101,13 @@ fn tls_failures_are_logged_and_apply_the_failure_mode() {
     let pki = Pki::new();
     let redis = Redis::start_tls(&pki, &[]);
     let plain = Redis::start();
-    let with_urls =
-        |urls: String| Nginx::start(&sync_config(&urls, "interval=50ms on_failure=closed", ZONE));
+    let with_urls = |urls: String| {
+        Nginx::start(&sync_config(
+            &urls,
+            "interval=100ms timeout=100ms on_failure=closed",
+            ZONE,
+        ))
+    };
     let wrong_ca = with_urls(format!(
         "rediss://127.0.0.1:{} tls_ca={}",
         redis.port,
@@ -106,17 +129,20 @@ fn tls_failures_are_logged_and_apply_the_failure_mode() {
             "TLS handshake failed: no TLS answer (does the server speak TLS on this port?)",
         ),
     ] {
-        // Three missed intervals of 50 ms: well within 3 s even on a loaded machine.
+        // Three missed intervals of 100 ms: well within 3 s even on a loaded machine (a
+        // handshake takes about 3 ms in a debug build, the timeout is 100 ms). The error is
+        // logged from the first missed round, the failure mode from the third.
         wait_mode(instance, "closed", Duration::from_secs(3));
-        // The watcher logs within an interval of the error; give it ten.
-        thread::sleep(Duration::from_millis(500));
-        let log = instance.error_log();
+        let log = wait_log(
+            instance,
+            "on_failure=closed in force",
+            Duration::from_secs(3),
+        );
         assert_eq!(
             log.matches(expected).count(),
             1,
             "{expected:?} once in {log}"
         );
-        assert!(log.contains("on_failure=closed in force"), "{log}");
         assert!(!log.contains("exited on signal"), "{log}");
         // nginx still answers: `closed` rejects every request of the sync zone.
         let response = common::send(
@@ -131,8 +157,8 @@ fn tls_failures_are_logged_and_apply_the_failure_mode() {
 }
 
 /// A server that asks for client certificates (`--tls-auth-clients yes`): an instance with
-/// `tls_cert=`/`tls_key=` (signed by the server's CA) syncs; one without is refused and
-/// stays in the failure mode.
+/// `tls_cert=`/`tls_key=` (signed by the server's CA) syncs; one without is refused, logs
+/// the failed handshake once and stays in the failure mode.
 #[test]
 fn client_certificate_for_tls_auth_clients() {
     let pki = Pki::new();
@@ -143,14 +169,22 @@ fn client_certificate_for_tls_auth_clients() {
         pki.file("client.pem"),
         pki.file("client.key")
     );
-    let with_cert = Nginx::start(&sync_config(&client, "interval=50ms", ZONE));
+    let with_cert = Nginx::start(&sync_config(&client, "interval=100ms timeout=100ms", ZONE));
     let without = Nginx::start(&sync_config(
         &tls_urls(&pki, &redis),
-        "interval=50ms on_failure=closed",
+        "interval=100ms timeout=100ms on_failure=closed",
         ZONE,
     ));
     wait_mode(&with_cert, "synced", Duration::from_secs(3));
     wait_mode(&without, "closed", Duration::from_secs(3));
+    // The server refuses the handshake with an alert (certificate required).
+    let log = wait_log(
+        &without,
+        "on_failure=closed in force",
+        Duration::from_secs(3),
+    );
+    assert_eq!(log.matches("TLS handshake failed").count(), 1, "{log}");
+    assert!(!log.contains("not trusted"), "{log}");
     let response = common::send(
         with_cert.port(),
         &Request::get("/index.html").header("X-Key", "k"),
@@ -234,7 +268,11 @@ http {{
 fn redis_cluster_over_tls_shares_one_limit() {
     let pki = Pki::new();
     let nodes = redis_cluster_tls(&pki);
-    let config = sync_config(&tls_urls(&pki, &nodes[0]), "cluster interval=100ms", ZONE);
+    let config = sync_config(
+        &tls_urls(&pki, &nodes[0]),
+        "cluster interval=100ms timeout=100ms",
+        ZONE,
+    );
     let fleet: Vec<Nginx> = (0..2).map(|_| Nginx::start(&config)).collect();
     nodes[0].wait_instances(2);
     for key in 0..24 {
