@@ -156,6 +156,40 @@ fn tls_failures_are_logged_and_apply_the_failure_mode() {
     assert_eq!(sync_state(&insecure)["connected"], true);
 }
 
+/// The TLS files are read again on reload: an instance started with the wrong CA, reloaded
+/// with the right one, syncs; the files are read by the master (as root), so a client key
+/// readable by its owner only still works though workers run as `nobody`.
+#[test]
+fn reload_reads_the_tls_files_again() {
+    use std::os::unix::fs::PermissionsExt;
+    let pki = Pki::new();
+    let redis = Redis::start_tls(&pki, &["--tls-auth-clients", "yes"]);
+    std::fs::set_permissions(
+        pki.path("client.key"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .expect("cannot chmod the client key");
+    let urls = |ca: &str| {
+        format!(
+            "rediss://127.0.0.1:{} tls_ca={} tls_cert={} tls_key={}",
+            redis.port,
+            pki.file(ca),
+            pki.file("client.pem"),
+            pki.file("client.key")
+        )
+    };
+    let words = "interval=100ms timeout=100ms on_failure=closed";
+    let mut instance = Nginx::start(&sync_config(&urls("other-ca.pem"), words, ZONE));
+    wait_mode(&instance, "closed", Duration::from_secs(3));
+    instance.reload_with(&sync_config(&urls("ca.pem"), words, ZONE));
+    wait_mode(&instance, "synced", Duration::from_secs(3));
+    let response = common::send(
+        instance.port(),
+        &Request::get("/index.html").header("X-Key", "k"),
+    );
+    assert_eq!(response.status, 200);
+}
+
 /// A server that asks for client certificates (`--tls-auth-clients yes`): an instance with
 /// `tls_cert=`/`tls_key=` (signed by the server's CA) syncs; one without is refused, logs
 /// the failed handshake once and stays in the failure mode.
