@@ -254,6 +254,7 @@ http {{
         pki.file("client.key"),
     );
     let dir = pki.dir.display().to_string();
+    let server_key = pki.file("server.key");
     #[rustfmt::skip]
     let rows: Vec<(String, String)> = vec![
         (format!("rediss://127.0.0.1:1 tls_ca={missing}"),
@@ -271,6 +272,8 @@ http {{
             format!("\"tls_cert={cert}\" needs \"tls_key=\" too")),
         (format!("rediss://127.0.0.1:1 tls_cert={cert} tls_key={cert}"),
             format!("tls_key \"{cert}\" holds no PEM private key")),
+        (format!("rediss://127.0.0.1:1 tls_cert={cert} tls_key={server_key}"),
+            format!("tls_key \"{server_key}\" cannot be used with tls_cert \"{cert}\"")),
         (format!("rediss://127.0.0.1:1 tls_cert={key} tls_key={key}"),
             format!("tls_cert \"{key}\" holds no PEM certificate")),
         (format!("rediss://127.0.0.1:1/#insecure tls_ca={ca}"),

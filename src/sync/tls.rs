@@ -12,6 +12,7 @@ use ratelimit_core::sync_spec::SyncSpec;
 use redis::{Client, ClientTlsConfig, RedisError, RedisResult, TlsCertificates};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::sign::CertifiedKey;
 use thiserror::Error;
 
 use super::shared::SyncError;
@@ -28,7 +29,10 @@ pub enum TlsFileError {
     /// `tls_key "/etc/c.key" holds no PEM private key`
     #[error("tls_key \"{0}\" holds no PEM private key")]
     NoKey(String),
-    /// A certificate that rustls cannot take as a trust anchor.
+    /// A key that is not the client certificate's, or that cannot sign.
+    #[error("tls_key \"{0}\" cannot be used with tls_cert \"{1}\": {2}")]
+    KeyMismatch(String, String, String),
+    /// A certificate that does not parse, or cannot be a trust anchor.
     #[error("{0} \"{1}\" holds an invalid certificate: {2}")]
     BadCertificate(&'static str, String, String),
     /// `rediss://` without `tls_ca=` on a system with no CA bundle.
@@ -44,10 +48,10 @@ pub fn load(spec: &SyncSpec, conf_prefix: &Path) -> Result<Option<TlsCertificate
     if !spec.is_tls() {
         return Ok(None);
     }
-    let insecure = spec.urls.iter().any(|url| url.ends_with("#insecure"));
+    let insecure = spec.urls.iter().all(|url| url.ends_with("#insecure"));
     let root_cert = match &spec.tls_ca {
         Some(path) => Some(read_ca("tls_ca", path, conf_prefix)?),
-        // Nothing is verified: no roots are needed.
+        // No URL verifies anything: no roots are needed.
         None if insecure => None,
         None => {
             let bundle = openssl_probe::probe()
@@ -94,15 +98,29 @@ fn read_ca(name: &'static str, path: &str, conf_prefix: &Path) -> Result<Vec<u8>
     Ok(pem)
 }
 
+/// The chain must parse, the key too, and be the key of the chain's first certificate, in a
+/// type the provider can sign with: what the client checks when it connects, checked here.
 fn read_client(cert: &str, key: &str, conf_prefix: &Path) -> Result<ClientTlsConfig, TlsFileError> {
     let client_cert = read("tls_cert", cert, conf_prefix)?;
-    let chain = CertificateDer::pem_slice_iter(&client_cert).filter_map(Result::ok);
-    if chain.count() == 0 {
+    let chain = CertificateDer::pem_slice_iter(&client_cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| {
+            TlsFileError::BadCertificate("tls_cert", cert.into(), error.to_string())
+        })?;
+    if chain.is_empty() {
         return Err(TlsFileError::NoCertificate("tls_cert", cert.into()));
     }
     let client_key = read("tls_key", key, conf_prefix)?;
-    if PrivateKeyDer::from_pem_slice(&client_key).is_err() {
+    let Ok(private_key) = PrivateKeyDer::from_pem_slice(&client_key) else {
         return Err(TlsFileError::NoKey(key.into()));
+    };
+    let provider = rustls::crypto::ring::default_provider();
+    if let Err(error) = CertifiedKey::from_der(chain, private_key, &provider) {
+        return Err(TlsFileError::KeyMismatch(
+            key.into(),
+            cert.into(),
+            error.to_string(),
+        ));
     }
     Ok(ClientTlsConfig {
         client_cert,
