@@ -10,6 +10,7 @@ use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use ratelimit_core::fleet::{self, FleetShape, ASKED};
 use ratelimit_core::{Decision, Outcome, Policy};
 
+use super::inbox::Inbox;
 use crate::zone::{SlotIndex, Zone};
 
 /// The sync state of the instance, read by the request path (`mode`, `round`, `instances`,
@@ -48,10 +49,12 @@ pub struct SyncShared {
     /// A [`SyncError`] code of the last failure (0 none), for the workers to log.
     pub last_error: AtomicU64,
     pub logged_error: AtomicU64,
+    /// The fleet's override changes, from the loop to a worker.
+    pub inbox: Inbox,
 }
 
 /// Identifies [`SyncShared`]'s layout.
-pub const SYNC_MAGIC: u64 = 0x726c_7379_6e63_0001;
+pub const SYNC_MAGIC: u64 = 0x726c_7379_6e63_0002;
 
 /// What the request path does with a sync zone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -17,6 +17,8 @@ use ratelimit_core::fleet::{self, grant_word, FleetShape, ASKED};
 use ratelimit_core::sync_spec::{OnFailure, SyncSpec};
 
 use super::cluster;
+use super::inbox::INBOX_ENTRIES;
+use super::overrides::{OverrideSync, OVERRIDES_SCRIPT};
 use super::shared::{Mode, SyncError, SyncShared};
 use crate::zone::Zone;
 
@@ -87,6 +89,10 @@ pub struct SyncZone {
     /// Until the first successful round: the file's value is sent along (see
     /// `LIMITS_SCRIPT`).
     pub first_round: std::cell::Cell<bool>,
+    /// `super::name_seed` of the name: how the inbox names the zone to the workers.
+    pub id: u64,
+    /// The zone's per-key overrides as agreed with the fleet (`super::overrides`).
+    pub overrides: std::cell::RefCell<OverrideSync>,
 }
 
 /// Everything the thread needs; built by a worker, moved into the thread.
@@ -256,9 +262,10 @@ impl Task {
     async fn round(&self, link: &mut Link, memory: &mut HashMap<(usize, u64), KeyMemory>) {
         let round = self.sync.round.load(Ordering::Acquire);
         let entries = self.collect();
+        let busy = self.settle_inbox();
         let started = std::time::Instant::now();
         let timeout = Duration::from_millis(self.spec.timeout_ms);
-        let commands = self.commands(&entries);
+        let (commands, with_overrides) = self.commands(&entries, busy);
         let results = match tokio::time::timeout(timeout, self.exchange(link, &commands)).await {
             Ok(results) => results,
             Err(_) => {
@@ -274,6 +281,14 @@ impl Task {
             .map(|result| result.ok().and_then(|value| limits_reply(&value)))
             .collect();
         self.agree_limits(&fleet_limits);
+        for &zone in &with_overrides {
+            let reply = results.next().and_then(Result::ok);
+            self.zones[zone]
+                .overrides
+                .borrow_mut()
+                .agree(reply.as_ref());
+        }
+        self.post_inbox();
         let mut first_error = heartbeat.as_ref().err().copied();
         let instances = match heartbeat
             .and_then(|value| redis::from_redis_value::<u64>(&value).map_err(|_| SyncError::Reply))
@@ -356,8 +371,9 @@ impl Task {
     }
 
     /// The round's commands, each with the key that routes it: the heartbeat, each zone's
-    /// limits, each touched key.
-    fn commands(&self, entries: &[Entry]) -> Vec<cluster::Routed> {
+    /// limits, the overrides of the zones listed in the second value (those whose overrides
+    /// could be read), each touched key.
+    fn commands(&self, entries: &[Entry], busy: bool) -> (Vec<cluster::Routed>, Vec<usize>) {
         let mut commands = Vec::with_capacity(1 + self.zones.len() + entries.len());
         let alive_ms = (3 * self.spec.interval_ms).max(1000);
         let key = format!("{}instances", self.spec.prefix);
@@ -394,6 +410,15 @@ impl Task {
                 });
             commands.push(cluster::Routed { key, command });
         }
+        let mut with_overrides = Vec::new();
+        for (index, zone) in self.zones.iter().enumerate() {
+            let key = format!("{}{}:overrides", self.spec.prefix, zone.name);
+            let command = zone.overrides.borrow_mut().command(&zone.zone, key, busy);
+            if let Some(command) = command {
+                commands.push(command);
+                with_overrides.push(index);
+            }
+        }
         let key_hash = redis::Script::new(KEY_SCRIPT).get_hash().to_string();
         for entry in entries {
             let zone = &self.zones[entry.zone];
@@ -413,7 +438,7 @@ impl Task {
                 .arg(idle_ms);
             commands.push(cluster::Routed { key, command });
         }
-        commands
+        (commands, with_overrides)
     }
 
     /// Send the commands: one pipeline to the server, or one per node of a cluster (scripts
@@ -423,7 +448,12 @@ impl Task {
         link: &mut Link,
         commands: &[cluster::Routed],
     ) -> Vec<Result<redis::Value, SyncError>> {
-        let scripts = [KEY_SCRIPT, HEARTBEAT_SCRIPT, LIMITS_SCRIPT];
+        let scripts = [
+            KEY_SCRIPT,
+            HEARTBEAT_SCRIPT,
+            LIMITS_SCRIPT,
+            OVERRIDES_SCRIPT,
+        ];
         match link {
             Link::Cluster(cluster) => cluster.send(commands, &scripts).await,
             Link::Single(single) => match single.send(commands, &scripts).await {
@@ -460,6 +490,45 @@ impl Task {
                 zone.agreed_limits.set(fleet);
             }
         }
+    }
+
+    /// Before a round: read what a worker did with the last inbox (a change it could not
+    /// apply is held back from the pushes). Returns whether fleet changes are still on their
+    /// way to the zones, when a local difference is not a local change.
+    fn settle_inbox(&self) -> bool {
+        let mut failed = Vec::new();
+        let free = self.sync.inbox.settle(&mut failed);
+        for (id, change) in failed {
+            if let Some(zone) = self.zones.iter().find(|zone| zone.id == id) {
+                let mut overrides = zone.overrides.borrow_mut();
+                overrides.stuck.insert(change.key, change.to);
+            }
+        }
+        !free
+            || self
+                .zones
+                .iter()
+                .any(|zone| !zone.overrides.borrow().to_apply.is_empty())
+    }
+
+    /// After a round: hand the fleet's override changes to the workers when the inbox is free.
+    fn post_inbox(&self) {
+        if !self.sync.inbox.is_empty() {
+            return;
+        }
+        let mut batch = Vec::new();
+        for zone in &self.zones {
+            let mut overrides = zone.overrides.borrow_mut();
+            let room = INBOX_ENTRIES - batch.len();
+            let take = overrides.to_apply.len().min(room);
+            batch.extend(
+                overrides
+                    .to_apply
+                    .drain(..take)
+                    .map(|change| (zone.id, change)),
+            );
+        }
+        self.sync.inbox.post(&mut batch);
     }
 
     /// Set each key's grant and local state from the fleet's.

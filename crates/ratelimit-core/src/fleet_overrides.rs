@@ -21,8 +21,12 @@ pub type OverrideMap = BTreeMap<Vec<u8>, u64>;
 /// One override to change locally: from the packed limits `from` to `to` (0: none).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Change {
+    /// The key's bytes.
     pub key: Vec<u8>,
+    /// The packed limits the key has locally now (0: none); the change is skipped when the
+    /// key has another value by the time it is applied.
     pub from: u64,
+    /// The fleet's packed limits (0: the override is removed).
     pub to: u64,
 }
 
@@ -98,11 +102,7 @@ mod tests {
         let changes = local_changes(&agreed, &local, &OverrideMap::new());
         assert_eq!(
             changes,
-            vec![
-                (b"b".to_vec(), 5),
-                (b"c".to_vec(), 0),
-                (b"d".to_vec(), 4)
-            ]
+            vec![(b"b".to_vec(), 5), (b"c".to_vec(), 0), (b"d".to_vec(), 4)]
         );
         let mut pushed = agreed.clone();
         apply_pushed(&mut pushed, &changes);
