@@ -1034,3 +1034,259 @@ fn consumption_during_an_outage_is_carried_over() {
         "fleet state only {ahead_ms:.0} ms ahead after {admitted} requests"
     );
 }
+
+// --- per-key overrides shared by the fleet ----------------------------------------------------
+
+/// [`instance_config`] with a state file at `path` (workers as root, to write it).
+fn instance_with_state(redis_port: u16, path: &std::path::Path) -> String {
+    instance_config(redis_port, "interval=100ms", ZONE)
+        .replace(
+            "worker_processes 2;",
+            &format!("worker_processes 2;\nuser root;"),
+        )
+        .replace(
+            "rate_limit_sync",
+            &format!(
+                "rate_limit_state_file {};\n    rate_limit_sync",
+                path.display()
+            ),
+        )
+}
+
+/// `GET zones/api/overrides` of one instance.
+fn overrides_of(nginx: &Nginx) -> serde_json::Value {
+    let response = common::get(nginx.port(), "/ratelimit/zones/api/overrides");
+    assert_eq!(response.status, 200, "{}", response.text());
+    serde_json::from_str(&response.text()).expect("overrides JSON")
+}
+
+/// Polls (bounded by `within`) until `nginx`'s override of `key` is `wanted` (`Null`: none);
+/// returns how long it took.
+fn wait_override(
+    nginx: &Nginx,
+    key: &str,
+    wanted: serde_json::Value,
+    within: Duration,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        let seen = overrides_of(nginx)[key].clone();
+        if seen == wanted {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "override of {key:?} still {seen} after {within:?}, not {wanted}"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn put_override(nginx: &Nginx, key: &str, body: &str) -> u16 {
+    let path = format!("/ratelimit/zones/api/overrides/{key}");
+    common::send(nginx.port(), &Request::new("PUT", &path).json(body)).status
+}
+
+fn delete_override(nginx: &Nginx, key: &str) -> u16 {
+    let path = format!("/ratelimit/zones/api/overrides/{key}");
+    common::send(nginx.port(), &Request::new("DELETE", &path)).status
+}
+
+/// Statuses of `count` back-to-back requests for `key`.
+fn statuses_for(nginx: &Nginx, key: &str, count: usize) -> Vec<u16> {
+    let mut connection = Connection::open(nginx.port());
+    let request = Request::get("/index.html").header("X-Key", key);
+    (0..count)
+        .map(|_| connection.send(&request).status)
+        .collect()
+}
+
+/// Two intervals (100 ms each) for a change to reach another instance, plus a wide margin
+/// for a loaded 2-core machine.
+const OVERRIDE_WITHIN: Duration = Duration::from_millis(1500);
+
+/// A temporary directory for the instances' state files, removed on drop.
+struct StateDir(PathBuf);
+
+impl StateDir {
+    fn new() -> StateDir {
+        let dir = std::env::temp_dir().join(format!(
+            "ngx-rate-limit-ovr-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        std::fs::create_dir_all(&dir).expect("cannot create the state directory");
+        StateDir(dir)
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// An override set on one instance is listed and enforced by another within two intervals;
+/// one deleted there is gone on the first; bad input is refused as on one instance and
+/// reaches nobody; a key too long for the fleet stays on its instance.
+#[test]
+fn override_reaches_the_fleet_and_its_removal_too() {
+    let redis = Redis::start();
+    let dir = StateDir::new();
+    let a = Nginx::start(&instance_with_state(redis.port, &dir.file("a.json")));
+    let b = Nginx::start(&instance_with_state(redis.port, &dir.file("b.json")));
+    redis.wait_instances(2);
+    // Before: the zone's 100r/s burst=20 lets ten requests of the key through on B.
+    assert_eq!(statuses_for(&b, "vip", 10), vec![200; 10]);
+
+    assert_eq!(
+        put_override(&a, "vip", r#"{"rate": "1r/s", "burst": 0}"#),
+        201
+    );
+    let took = wait_override(
+        &b,
+        "vip",
+        serde_json::json!({"rate": "1r/s", "burst": 0}),
+        OVERRIDE_WITHIN,
+    );
+    eprintln!("override PUT reached the other instance in {took:?}");
+    // B enforces it: under 1r/s burst=0, what follows a request back to back is a 429.
+    let statuses = statuses_for(&b, "vip", 5);
+    assert_eq!(
+        statuses[1..],
+        [429; 4],
+        "B does not enforce 1r/s: {statuses:?}"
+    );
+
+    assert_eq!(delete_override(&b, "vip"), 204);
+    let took = wait_override(&a, "vip", serde_json::Value::Null, OVERRIDE_WITHIN);
+    eprintln!("override DELETE reached the other instance in {took:?}");
+    assert_eq!(overrides_of(&b), serde_json::json!({}));
+
+    // Bad input is refused as before, and nothing reaches Redis or the other instance.
+    assert_eq!(put_override(&a, "bad", r#"{"rate": "fast"}"#), 400);
+    assert_eq!(put_override(&a, "bad", r#"{"burst": 3}"#), 400);
+    assert_eq!(delete_override(&a, "never-set"), 404);
+    // A key longer than 256 bytes is kept by its instance only.
+    let long = "L".repeat(300);
+    assert_eq!(
+        put_override(&a, &long, r#"{"rate": "2r/s", "burst": 0}"#),
+        201
+    );
+    // And a short one set after it shows that rounds went by.
+    assert_eq!(
+        put_override(&a, "marker", r#"{"rate": "3r/s", "burst": 0}"#),
+        201
+    );
+    wait_override(
+        &b,
+        "marker",
+        serde_json::json!({"rate": "3r/s", "burst": 0}),
+        OVERRIDE_WITHIN,
+    );
+    thread::sleep(Duration::from_millis(300));
+    let on_b = overrides_of(&b);
+    assert!(
+        on_b.get("bad").is_none() && on_b.get(&long).is_none(),
+        "{on_b}"
+    );
+    let on_a = overrides_of(&a);
+    assert_eq!(
+        on_a[&long],
+        serde_json::json!({"rate": "2r/s", "burst": 0}),
+        "the fleet took A's long key away: {on_a}"
+    );
+    let fields = redis.cli(&["HKEYS", "rl:api:overrides"]);
+    let mut fields: Vec<&str> = fields.lines().collect();
+    fields.sort_unstable();
+    assert_eq!(fields, ["kmarker", "v"], "Redis holds: {fields:?}");
+}
+
+/// An instance restarted with its state file takes the fleet's overrides: one set while it
+/// was down arrives, one deleted while it was down does not come back (from its file), and
+/// Redis restarted empty is seeded again with the fleet's overrides.
+#[test]
+fn overrides_survive_restarts_of_instances_and_redis() {
+    let mut redis = Redis::start();
+    let dir = StateDir::new();
+    let a = Nginx::start(&instance_with_state(redis.port, &dir.file("a.json")));
+    let b_config = instance_with_state(redis.port, &dir.file("b.json"));
+    let b = Nginx::start(&b_config);
+    redis.wait_instances(2);
+    let one = serde_json::json!({"rate": "1r/s", "burst": 0});
+    let five = serde_json::json!({"rate": "5r/s", "burst": 2});
+    assert_eq!(
+        put_override(&a, "gone", r#"{"rate": "1r/s", "burst": 0}"#),
+        201
+    );
+    assert_eq!(
+        put_override(&a, "kept", r#"{"rate": "5r/s", "burst": 2}"#),
+        201
+    );
+    wait_override(&b, "gone", one.clone(), OVERRIDE_WITHIN);
+    wait_override(&b, "kept", five.clone(), OVERRIDE_WITHIN);
+    b.stop();
+    // B's state file has what the fleet gave it.
+    let saved = std::fs::read_to_string(dir.file("b.json")).expect("B's state file");
+    assert!(
+        saved.contains("\"gone\"") && saved.contains("\"kept\""),
+        "{saved}"
+    );
+
+    // While B is down: one removed, one added.
+    assert_eq!(delete_override(&a, "gone"), 204);
+    assert_eq!(
+        put_override(&a, "late", r#"{"rate": "1r/s", "burst": 0}"#),
+        201
+    );
+    let pushed = Instant::now();
+    while redis.cli(&["HEXISTS", "rl:api:overrides", "klate"]).trim() != "1" {
+        assert!(
+            pushed.elapsed() < OVERRIDE_WITHIN,
+            "A never pushed its change"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    let b = Nginx::start(&b_config);
+    let took = wait_override(&b, "late", one.clone(), OVERRIDE_WITHIN);
+    eprintln!("restarted instance had the fleet's overrides {took:?} after its start");
+    // Rounds later, still the fleet's map on both (the file's "gone" did not come back).
+    thread::sleep(Duration::from_millis(300));
+    let expected = serde_json::json!({"kept": five, "late": one});
+    assert_eq!(overrides_of(&b), expected);
+    assert_eq!(overrides_of(&a), expected);
+
+    // Redis restarted empty: the instances seed it again with the fleet's overrides.
+    redis.kill();
+    thread::sleep(Duration::from_millis(300));
+    redis.spawn();
+    let restarted = Instant::now();
+    loop {
+        let mut fields: Vec<String> = redis
+            .cli(&["HKEYS", "rl:api:overrides"])
+            .lines()
+            .map(str::to_string)
+            .collect();
+        fields.sort_unstable();
+        if fields == ["kkept", "klate", "v"] {
+            break;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(3),
+            "Redis not seeded again: {fields:?}"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!(
+        "Redis seeded again {:?} after its restart",
+        restarted.elapsed()
+    );
+    // And changes flow again.
+    assert_eq!(delete_override(&b, "kept"), 204);
+    wait_override(&a, "kept", serde_json::Value::Null, OVERRIDE_WITHIN);
+    assert_eq!(overrides_of(&a), serde_json::json!({"late": one}));
+}

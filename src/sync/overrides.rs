@@ -16,36 +16,38 @@ use ratelimit_core::fleet_overrides::{self, Change, OverrideMap};
 use super::cluster::Routed;
 use crate::zone::Zone;
 
-/// ARGV: the version last seen (empty: none), `seed` or empty, then pairs of key bytes and
-/// packed limits (`0`: removed). A `seed` call (a loop's first round, or after Redis lost the
-/// map) writes its pairs only when the fleet has no map yet: a restarted instance takes the
-/// fleet's map, and a fresh or emptied Redis gets the instances' own. Any other call applies
-/// its pairs, except when the fleet has no map (reply `{-1}`: seed next round).
-/// The reply is `{version}`, or `{version, 'map', key, limits, ...}` when the version is not
-/// ARGV[1].
+/// ARGV: the version last seen (empty: none), the number of seed pairs (empty: not a seed
+/// call), the seed pairs, then the changes: pairs of key bytes and packed limits (`0`: removed).
+/// Seed pairs are written only when the fleet has no map yet, so a restarted instance takes
+/// the fleet's map while a fresh or emptied Redis gets the instances' own. The changes are
+/// applied unless the fleet has no map and the call seeds nothing (reply `{-1}`: the loop
+/// seeds next round). The reply is `{version}`, or `{version, 'map', key, limits, ...}` when
+/// the version is not ARGV[1].
 pub const OVERRIDES_SCRIPT: &str = r#"
 local v = redis.call('HGET', KEYS[1], 'v')
-if ARGV[2] == 'seed' then
+local first = 3
+if ARGV[2] ~= '' then
+  first = 3 + 2 * tonumber(ARGV[2])
   if not v then
-    for i = 3, #ARGV, 2 do
+    for i = 3, first - 1, 2 do
       redis.call('HSET', KEYS[1], 'k' .. ARGV[i], ARGV[i + 1])
     end
     v = redis.call('HINCRBY', KEYS[1], 'v', 1)
   end
-else
-  if not v then return {-1} end
-  local changed = false
-  for i = 3, #ARGV, 2 do
-    local field = 'k' .. ARGV[i]
-    if ARGV[i + 1] == '0' then
-      if redis.call('HDEL', KEYS[1], field) == 1 then changed = true end
-    elseif redis.call('HGET', KEYS[1], field) ~= ARGV[i + 1] then
-      redis.call('HSET', KEYS[1], field, ARGV[i + 1])
-      changed = true
-    end
-  end
-  if changed then v = redis.call('HINCRBY', KEYS[1], 'v', 1) end
+elseif not v then
+  return {-1}
 end
+local changed = false
+for i = first, #ARGV, 2 do
+  local field = 'k' .. ARGV[i]
+  if ARGV[i + 1] == '0' then
+    if redis.call('HDEL', KEYS[1], field) == 1 then changed = true end
+  elseif redis.call('HGET', KEYS[1], field) ~= ARGV[i + 1] then
+    redis.call('HSET', KEYS[1], field, ARGV[i + 1])
+    changed = true
+  end
+end
+if changed then v = redis.call('HINCRBY', KEYS[1], 'v', 1) end
 v = tonumber(v)
 if tostring(v) == ARGV[1] then return {v} end
 local reply = {v, 'map'}
@@ -62,9 +64,12 @@ return reply
 /// What the loop remembers of one zone's overrides between rounds.
 #[derive(Default)]
 pub struct OverrideSync {
-    /// The map last agreed on with the fleet; `None` until the first reply (and after Redis
-    /// lost its map): the next call seeds.
+    /// The map last agreed on with the fleet; `None` until the first reply: the first call
+    /// seeds with the local overrides.
     agreed: Option<OverrideMap>,
+    /// Redis lost the map (restarted empty): the next call seeds with `agreed`, and pushes
+    /// this instance's changes since as usual.
+    reseed: bool,
     /// The fleet's version of `agreed`.
     version: Option<u64>,
     /// The local overrides when this round's call was built, and what it pushed.
@@ -89,27 +94,34 @@ impl OverrideSync {
             .arg(redis::Script::new(OVERRIDES_SCRIPT).get_hash())
             .arg(1)
             .arg(&key);
-        match &self.agreed {
-            None => {
-                command.arg("").arg("seed");
-                let seeds = local
+        let seeds = match &self.agreed {
+            None => Some(&local),
+            Some(agreed) => self.reseed.then_some(agreed),
+        };
+        command.arg(match (&self.agreed, self.version) {
+            (Some(_), Some(version)) => version.to_string(),
+            _ => String::new(),
+        });
+        match seeds {
+            Some(seeds) => {
+                let seeds: Vec<_> = seeds
                     .iter()
-                    .filter(|(key, _)| key.len() <= fleet_overrides::KEY_MAX);
+                    .filter(|(key, _)| key.len() <= fleet_overrides::KEY_MAX)
+                    .collect();
+                command.arg(seeds.len());
                 for (key, limits) in seeds {
                     command.arg(key.as_slice()).arg(limits.to_string());
                 }
             }
-            Some(agreed) => {
-                command
-                    .arg(self.version.map(|v| v.to_string()).unwrap_or_default())
-                    .arg("");
-                if !busy {
-                    self.pushed = fleet_overrides::local_changes(agreed, &local, &self.stuck);
-                }
-                for (key, limits) in &self.pushed {
-                    command.arg(key.as_slice()).arg(limits.to_string());
-                }
+            None => {
+                command.arg("");
             }
+        }
+        if let Some(agreed) = self.agreed.as_ref().filter(|_| !busy) {
+            self.pushed = fleet_overrides::local_changes(agreed, &local, &self.stuck);
+        }
+        for (key, limits) in &self.pushed {
+            command.arg(key.as_slice()).arg(limits.to_string());
         }
         self.snapshot = Some(local);
         Some(Routed { key, command })
@@ -125,11 +137,12 @@ impl OverrideSync {
             return;
         };
         if version < 0 {
-            // Redis lost the map (restarted empty): seed it from what is in force here.
-            self.agreed = None;
+            // Redis lost the map (restarted empty): seed it again with the agreed one.
+            self.reseed = true;
             self.version = None;
             return;
         }
+        self.reseed = false;
         self.version = Some(version as u64);
         match fleet {
             None => {
