@@ -1040,10 +1040,7 @@ fn consumption_during_an_outage_is_carried_over() {
 /// [`instance_config`] with a state file at `path` (workers as root, to write it).
 fn instance_with_state(redis_port: u16, path: &std::path::Path) -> String {
     instance_config(redis_port, "interval=100ms", ZONE)
-        .replace(
-            "worker_processes 2;",
-            &format!("worker_processes 2;\nuser root;"),
-        )
+        .replace("worker_processes 2;", "worker_processes 2;\nuser root;")
         .replace(
             "rate_limit_sync",
             &format!(
