@@ -1291,3 +1291,38 @@ fn overrides_survive_restarts_of_instances_and_redis() {
     wait_override(&a, "kept", serde_json::Value::Null, OVERRIDE_WITHIN);
     assert_eq!(overrides_of(&a), serde_json::json!({"late": one}));
 }
+
+/// Instances started while Redis does not answer: an override set on one of them then is
+/// not lost when Redis answers, even though the fleet already has a map (which a restarted
+/// instance otherwise takes), and it reaches the others.
+#[test]
+fn override_set_before_redis_answers_reaches_the_fleet() {
+    let redis = Redis::start();
+    // The fleet's map exists (empty), as when other instances seeded it earlier.
+    redis.cli(&["HSET", "rl:api:overrides", "v", "1"]);
+    redis.signal(SIGSTOP);
+    let dir = StateDir::new();
+    let a = Nginx::start(&instance_with_state(redis.port, &dir.file("a.json")));
+    let b = Nginx::start(&instance_with_state(redis.port, &dir.file("b.json")));
+    assert_eq!(
+        put_override(&a, "early", r#"{"rate": "2r/s", "burst": 0}"#),
+        201
+    );
+    thread::sleep(Duration::from_millis(300));
+    redis.signal(SIGCONT);
+    let two = serde_json::json!({"rate": "2r/s", "burst": 0});
+    let took = wait_override(&b, "early", two.clone(), Duration::from_secs(3));
+    eprintln!("override set while Redis was stopped reached the other instance {took:?} after");
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(overrides_of(&a), serde_json::json!({"early": two}));
+    assert_eq!(
+        redis.cli(&["HGET", "rl:api:overrides", "kearly"]).trim(),
+        ratelimit_core::Limits {
+            rate: ratelimit_core::Rate::parse("2r/s").unwrap(),
+            burst: 0
+        }
+        .pack()
+        .to_string(),
+        "Redis holds the packed limits"
+    );
+}

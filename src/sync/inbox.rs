@@ -6,9 +6,10 @@
 //! admin API's own code (the key's backlog rescaled, the state file written).
 //!
 //! One state word orders everything: `EMPTY` → `WRITING` (the loop) → `READY` → `APPLYING`
-//! (one worker, its pid recorded) → `DONE` (each entry's result written) → `EMPTY` (the loop,
-//! after reading the results). The entries are atomics written and read only by whoever holds
-//! the state, so no lock is needed.
+//! (one worker) → `DONE` (each entry's result written) → `EMPTY` (the loop, after reading the
+//! results). The entries are atomics written and read only by whoever holds the state, so no
+//! lock is needed. While writing or applying, the word also holds the pid of the process doing
+//! it: when that process dies, the loop takes the inbox back.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -24,6 +25,19 @@ const WRITING: u64 = 1;
 const READY: u64 = 2;
 const APPLYING: u64 = 3;
 const DONE: u64 = 4;
+
+/// The state word: a state in the low 3 bits, the pid holding it above.
+fn held(state: u64) -> u64 {
+    u64::from(std::process::id()) << 3 | state
+}
+
+fn state_of(word: u64) -> u64 {
+    word & 0b111
+}
+
+fn pid_of(word: u64) -> u64 {
+    word >> 3
+}
 
 /// What a worker did with one change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,8 +79,6 @@ pub struct InboxEntry {
 #[repr(C)]
 pub struct Inbox {
     state: AtomicU64,
-    /// The worker applying the changes (so the loop can hand them to another if it dies).
-    applier_pid: AtomicU64,
     count: AtomicU64,
     entries: [InboxEntry; INBOX_ENTRIES],
 }
@@ -114,10 +126,11 @@ impl InboxEntry {
 
 impl Inbox {
     /// Loop side: whether new changes may be written. Reads the results of a batch a worker
-    /// finished (`(zone_id, change)` of each that failed) and empties the inbox; hands a batch
-    /// whose worker died to the next one.
+    /// finished (`(zone_id, change)` of each that failed) and empties the inbox; takes back a
+    /// batch whose writer or applier died.
     pub fn settle(&self, failed: &mut Vec<(u64, Change)>) -> bool {
-        match self.state.load(Ordering::Acquire) {
+        let word = self.state.load(Ordering::Acquire);
+        match state_of(word) {
             EMPTY => true,
             DONE => {
                 let count = (self.count.load(Ordering::Relaxed) as usize).min(INBOX_ENTRIES);
@@ -137,24 +150,15 @@ impl Inbox {
                 self.state.store(EMPTY, Ordering::Release);
                 true
             }
-            APPLYING => {
-                let pid = self.applier_pid.load(Ordering::Relaxed);
-                if !super::process_alive(pid) {
-                    let _ = self.state.compare_exchange(
-                        APPLYING,
-                        READY,
-                        Ordering::AcqRel,
-                        Ordering::Relaxed,
-                    );
-                }
+            state @ (WRITING | APPLYING) if !super::process_alive(pid_of(word)) => {
+                // A loop that died writing left half a batch: dropped (its changes are
+                // computed again). A worker that died applying: another applies the batch.
+                let back = if state == WRITING { EMPTY } else { READY };
+                let _ =
+                    self.state
+                        .compare_exchange(word, back, Ordering::AcqRel, Ordering::Relaxed);
                 false
             }
-            // READY: waiting for a worker; WRITING: a loop of a previous owner died while
-            // writing (the next owner's loop writes again).
-            WRITING => self
-                .state
-                .compare_exchange(WRITING, EMPTY, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok(),
             _ => false,
         }
     }
@@ -170,7 +174,7 @@ impl Inbox {
         if changes.is_empty()
             || self
                 .state
-                .compare_exchange(EMPTY, WRITING, Ordering::AcqRel, Ordering::Relaxed)
+                .compare_exchange(EMPTY, held(WRITING), Ordering::AcqRel, Ordering::Relaxed)
                 .is_err()
         {
             return;
@@ -189,13 +193,11 @@ impl Inbox {
         if self.state.load(Ordering::Acquire) != READY
             || self
                 .state
-                .compare_exchange(READY, APPLYING, Ordering::AcqRel, Ordering::Relaxed)
+                .compare_exchange(READY, held(APPLYING), Ordering::AcqRel, Ordering::Relaxed)
                 .is_err()
         {
             return 0;
         }
-        self.applier_pid
-            .store(u64::from(std::process::id()), Ordering::Relaxed);
         let count = (self.count.load(Ordering::Relaxed) as usize).min(INBOX_ENTRIES);
         let mut applied = 0;
         for entry in &self.entries[..count] {

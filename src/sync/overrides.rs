@@ -64,12 +64,12 @@ return reply
 /// What the loop remembers of one zone's overrides between rounds.
 #[derive(Default)]
 pub struct OverrideSync {
-    /// The map last agreed on with the fleet; `None` until the first reply: the first call
-    /// seeds with the local overrides.
+    /// The map last agreed on with the fleet. Before the first reply, the local overrides
+    /// when the loop started (so an admin change made here meanwhile is pushed as one).
     agreed: Option<OverrideMap>,
-    /// Redis lost the map (restarted empty): the next call seeds with `agreed`, and pushes
-    /// this instance's changes since as usual.
-    reseed: bool,
+    /// Until a reply with the fleet's map (from the start, and again when Redis lost the map):
+    /// calls seed with `agreed`, which Redis takes only when it has no map.
+    seeding: bool,
     /// The fleet's version of `agreed`.
     version: Option<u64>,
     /// The local overrides when this round's call was built, and what it pushed.
@@ -94,30 +94,28 @@ impl OverrideSync {
             .arg(redis::Script::new(OVERRIDES_SCRIPT).get_hash())
             .arg(1)
             .arg(&key);
-        let seeds = match &self.agreed {
-            None => Some(&local),
-            Some(agreed) => self.reseed.then_some(agreed),
-        };
-        command.arg(match (&self.agreed, self.version) {
-            (Some(_), Some(version)) => version.to_string(),
-            _ => String::new(),
-        });
-        match seeds {
-            Some(seeds) => {
-                let seeds: Vec<_> = seeds
-                    .iter()
-                    .filter(|(key, _)| key.len() <= fleet_overrides::KEY_MAX)
-                    .collect();
-                command.arg(seeds.len());
-                for (key, limits) in seeds {
-                    command.arg(key.as_slice()).arg(limits.to_string());
-                }
-            }
-            None => {
-                command.arg("");
-            }
+        if self.agreed.is_none() {
+            self.agreed = Some(local.clone());
+            self.seeding = true;
         }
-        if let Some(agreed) = self.agreed.as_ref().filter(|_| !busy) {
+        let agreed = self.agreed.get_or_insert_with(OverrideMap::new);
+        match self.version.filter(|_| !self.seeding) {
+            Some(version) => command.arg(version.to_string()),
+            None => command.arg(""),
+        };
+        if self.seeding {
+            let seeds: Vec<_> = agreed
+                .iter()
+                .filter(|(key, _)| key.len() <= fleet_overrides::KEY_MAX)
+                .collect();
+            command.arg(seeds.len());
+            for (key, limits) in seeds {
+                command.arg(key.as_slice()).arg(limits.to_string());
+            }
+        } else {
+            command.arg("");
+        }
+        if !busy {
             self.pushed = fleet_overrides::local_changes(agreed, &local, &self.stuck);
         }
         for (key, limits) in &self.pushed {
@@ -138,11 +136,9 @@ impl OverrideSync {
         };
         if version < 0 {
             // Redis lost the map (restarted empty): seed it again with the agreed one.
-            self.reseed = true;
-            self.version = None;
+            self.seeding = true;
             return;
         }
-        self.reseed = false;
         self.version = Some(version as u64);
         match fleet {
             None => {
@@ -151,6 +147,7 @@ impl OverrideSync {
                 }
             }
             Some(fleet) => {
+                self.seeding = false;
                 self.to_apply = fleet_overrides::fleet_changes(&fleet, &local);
                 self.stuck
                     .retain(|key, limits| fleet.get(key).copied().unwrap_or(0) == *limits);

@@ -529,6 +529,12 @@ impl Task {
             );
         }
         self.sync.inbox.post(&mut batch);
+        // Not taken (another loop got there first across a reload): kept for a later round.
+        for (id, change) in batch {
+            if let Some(zone) = self.zones.iter().find(|zone| zone.id == id) {
+                zone.overrides.borrow_mut().to_apply.push(change);
+            }
+        }
     }
 
     /// Set each key's grant and local state from the fleet's.
