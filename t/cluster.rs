@@ -1168,6 +1168,34 @@ fn override_reaches_the_fleet_and_its_removal_too() {
     eprintln!("override DELETE reached the other instance in {took:?}");
     assert_eq!(overrides_of(&b), serde_json::json!({}));
 
+    // More of them, at various phases of the rounds, each way.
+    let mut took = Vec::new();
+    for n in 0..8 {
+        let (from, to) = if n % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        let key = format!("m{n}");
+        assert_eq!(
+            put_override(from, &key, r#"{"rate": "7r/s", "burst": 1}"#),
+            201
+        );
+        let wanted = serde_json::json!({"rate": "7r/s", "burst": 1});
+        took.push(wait_override(to, &key, wanted, OVERRIDE_WITHIN));
+        assert_eq!(delete_override(to, &key), 204);
+        took.push(wait_override(
+            from,
+            &key,
+            serde_json::Value::Null,
+            OVERRIDE_WITHIN,
+        ));
+        thread::sleep(Duration::from_millis(23 * n));
+    }
+    took.sort_unstable();
+    eprintln!(
+        "16 changes reached the other instance in {:?} (median {:?}, max {:?})",
+        took.first().unwrap(),
+        took[took.len() / 2],
+        took.last().unwrap()
+    );
+
     // Bad input is refused as before, and nothing reaches Redis or the other instance.
     assert_eq!(put_override(&a, "bad", r#"{"rate": "fast"}"#), 400);
     assert_eq!(put_override(&a, "bad", r#"{"burst": 3}"#), 400);

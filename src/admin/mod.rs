@@ -60,6 +60,7 @@ pub fn patch_zone(
     let zones = zones::shared_zones(mcf, crate::handler::now_ns());
     ratelimit_admin::patch_zone(&zones, name, patch)?;
     persist::save(mcf, log);
+    crate::sync::kick();
     Ok(())
 }
 

@@ -349,6 +349,14 @@ fn stop_loop() {
     }
 }
 
+/// After an admin write (a zone's limits, an override): have the loop push it now rather
+/// than at its next round, so the fleet has it within one interval.
+pub fn kick() {
+    if let Some(sync) = shared::shared() {
+        sync.kick.store(1, Ordering::Release);
+    }
+}
+
 /// Apply the fleet's override changes the loop left in the inbox, as the admin API would
 /// (backlog rescaled, state file written), in whichever worker's timer comes first.
 fn apply_fleet_overrides(cycle: &mut ngx_cycle_t, sync: &SyncShared) {

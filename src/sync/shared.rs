@@ -49,6 +49,9 @@ pub struct SyncShared {
     /// A [`SyncError`] code of the last failure (0 none), for the workers to log.
     pub last_error: AtomicU64,
     pub logged_error: AtomicU64,
+    /// Set by a worker after an admin write: the loop sends the zones' limits and overrides
+    /// at once instead of at its next round.
+    pub kick: AtomicU64,
     /// The fleet's override changes, from the loop to a worker.
     pub inbox: Inbox,
 }

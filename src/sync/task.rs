@@ -242,6 +242,8 @@ impl Task {
             }
             let stopping = self.stop.load(Ordering::Acquire);
             self.sync.heartbeat_ms.store(now_ms(), Ordering::Release);
+            // This round sends whatever an admin write changed.
+            self.sync.kick.store(0, Ordering::Release);
             self.round(&mut link, &mut memory).await;
             if stopping {
                 return;
@@ -251,8 +253,12 @@ impl Task {
             if next < now {
                 next = now;
             }
-            // Sleep in short steps so that a stop is noticed quickly.
+            // Sleep in short steps so that a stop (or an admin write) is noticed quickly.
             while tokio::time::Instant::now() < next && !self.stop.load(Ordering::Acquire) {
+                if self.sync.kick.swap(0, Ordering::AcqRel) != 0 {
+                    self.admin_round(&mut link).await;
+                    continue;
+                }
                 let step = next.saturating_duration_since(tokio::time::Instant::now());
                 tokio::time::sleep(step.min(Duration::from_millis(20))).await;
             }
@@ -335,6 +341,38 @@ impl Task {
         memory.retain(|_, key| round.wrapping_sub(key.round) < 100);
         // Grants were written for `round`; from now on they age.
         self.sync.round.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Between rounds, after an admin write: the heartbeat, the zones' limits and overrides
+    /// only (no key is synced, no grant changes), so that the change reaches Redis now. A
+    /// failure is left to the next round.
+    async fn admin_round(&self, link: &mut Link) {
+        let busy = self.settle_inbox();
+        let timeout = Duration::from_millis(self.spec.timeout_ms);
+        let (commands, with_overrides) = self.commands(&[], busy);
+        let Ok(results) = tokio::time::timeout(timeout, self.exchange(link, &commands)).await
+        else {
+            link.reset();
+            return;
+        };
+        if results.iter().any(Result::is_err) {
+            link.reset();
+        }
+        let mut results = results.into_iter().skip(1);
+        let fleet_limits: Vec<Option<Option<u64>>> = results
+            .by_ref()
+            .take(self.zones.len())
+            .map(|result| result.ok().and_then(|value| limits_reply(&value)))
+            .collect();
+        self.agree_limits(&fleet_limits);
+        for &zone in &with_overrides {
+            let reply = results.next().and_then(Result::ok);
+            self.zones[zone]
+                .overrides
+                .borrow_mut()
+                .agree(reply.as_ref());
+        }
+        self.post_inbox();
     }
 
     /// Take the pending delta of every touched key (swapped to 0: whatever is charged from now
