@@ -32,7 +32,8 @@ pub struct Change {
 
 /// What this instance changed since the last agreement: (key, new packed limits or 0 when
 /// removed). A key in `stuck` with the agreed value is one the fleet set and this instance
-/// could not apply (its table was full): its absence here is no change to push.
+/// could not apply (its table was full): its absence here is no change to push (an override
+/// of the key set here is).
 pub fn local_changes(
     agreed: &OverrideMap,
     local: &OverrideMap,
@@ -45,7 +46,7 @@ pub fn local_changes(
         .filter(|key| key.len() <= KEY_MAX)
         .filter_map(|key| {
             let (was, now) = (value(agreed, key), value(local, key));
-            let held = stuck.get(key.as_slice()).is_some_and(|&s| s == was);
+            let held = now == 0 && stuck.get(key.as_slice()) == Some(&was);
             (was != now && !held).then(|| (key.clone(), now))
         })
         .collect::<BTreeMap<_, _>>()
@@ -114,6 +115,11 @@ mod tests {
         let agreed = map(&[("a", 1)]);
         let local = map(&[]);
         assert!(local_changes(&agreed, &local, &map(&[("a", 1)])).is_empty());
+        // Set here meanwhile: that is a change.
+        assert_eq!(
+            local_changes(&agreed, &map(&[("a", 2)]), &map(&[("a", 1)])),
+            vec![(b"a".to_vec(), 2)]
+        );
         // The fleet moved on to another value: the stuck record is stale.
         let agreed = map(&[("a", 7)]);
         assert_eq!(
