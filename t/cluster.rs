@@ -1354,3 +1354,57 @@ fn override_set_before_redis_answers_reaches_the_fleet() {
         "Redis holds the packed limits"
     );
 }
+
+/// An instance whose override table is full cannot apply the fleet's new override: it logs
+/// it, and does not push the key's absence back as a removal (the others keep it).
+#[test]
+fn a_full_override_table_does_not_remove_the_fleets_override() {
+    let redis = Redis::start();
+    let dir = StateDir::new();
+    let a = Nginx::start(&instance_with_state(redis.port, &dir.file("a.json")));
+    let b = Nginx::start(&instance_with_state(redis.port, &dir.file("b.json")));
+    redis.wait_instances(2);
+    // Fill B with overrides of keys too long for the fleet (they stay on B).
+    let mut full = false;
+    let mut connection = Connection::open(b.port());
+    for n in 0..600 {
+        let key = format!("{n:0>300}");
+        let path = format!("/ratelimit/zones/api/overrides/{key}");
+        let request = Request::new("PUT", &path).json(r#"{"rate": "2r/s"}"#);
+        match connection.send(&request).status {
+            201 => {}
+            507 => {
+                full = true;
+                break;
+            }
+            status => panic!("PUT of a long key: {status}"),
+        }
+    }
+    assert!(full, "B's override table never filled");
+    assert_eq!(
+        put_override(&a, "x", r#"{"rate": "1r/s", "burst": 0}"#),
+        201
+    );
+    let started = Instant::now();
+    while !b
+        .error_log()
+        .contains("has no room for the fleet's override of key \"x\"")
+    {
+        assert!(
+            started.elapsed() < OVERRIDE_WITHIN,
+            "B did not log the override it could not apply:\n{}",
+            b.error_log()
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    // Rounds later: A and Redis still have it.
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        overrides_of(&a)["x"],
+        serde_json::json!({"rate": "1r/s", "burst": 0})
+    );
+    assert_eq!(
+        redis.cli(&["HEXISTS", "rl:api:overrides", "kx"]).trim(),
+        "1"
+    );
+}
