@@ -3,6 +3,9 @@
 //! * `shared`: the instance's sync record in its own shared memory, and the request path's
 //!   grant (no Redis call, no lock on the request path);
 //! * `task`: the loop thread and its Redis I/O; `cluster`: its routing for a Redis Cluster;
+//! * `overrides`: the fleet's per-key overrides as the loop agrees on them with Redis, and
+//!   `inbox`: how their changes reach a worker, which applies them from its watch timer (the
+//!   thread may not take a zone's lock);
 //! * here: the directive, the election of the worker that runs the loop (an owner pid and a
 //!   heartbeat in shared memory, checked by every worker on a timer), its start after fork
 //!   (`init_process`, never in the master), take-over when its worker dies, and its stop and
