@@ -56,6 +56,10 @@ pub struct SyncShared {
     pub inbox: Inbox,
 }
 
+// The record is one slab allocation in the 64 KiB zone (`super::SHM_SIZE`), whose slab pool
+// keeps a few pages for itself.
+const _: () = assert!(core::mem::size_of::<SyncShared>() <= 48 * 1024);
+
 /// Identifies [`SyncShared`]'s layout.
 pub const SYNC_MAGIC: u64 = 0x726c_7379_6e63_0002;
 
