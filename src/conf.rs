@@ -44,6 +44,8 @@ pub struct ZoneReference {
     pub global: bool,
     pub local_algorithm_needed: Option<String>,
     pub burst_given: bool,
+    /// `burst=` of the `rate_limit` line, which applies to its zone and its `global=` zone.
+    pub burst: Option<u64>,
     /// The configuration file and line of the `rate_limit` directive: the references are
     /// checked after the whole `http` block is read, when nginx's own position is its `}`.
     pub file: String,
@@ -81,6 +83,40 @@ pub struct ZoneConf {
     pub zone: Option<Zone>,
     /// `sync`: the zone's limits hold across the fleet (`rate_limit_sync`).
     pub sync: bool,
+    /// The bursts its `rate_limit` lines apply (set once the `http` block is read).
+    pub bursts: LocationBursts,
+}
+
+/// The bursts requests of a zone are decided with: a `rate_limit` line's own `burst=` takes
+/// the place of the zone's. The fleet (`rate_limit_sync`) sizes a key's shared bucket with the
+/// largest of them; each request is still decided locally with its own line's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LocationBursts {
+    /// The largest `burst=` given on a line using the zone.
+    pub largest_given: Option<u64>,
+    /// Whether some line (or none at all) leaves the zone's own burst in force.
+    pub zone_burst_used: bool,
+}
+
+impl LocationBursts {
+    /// The burst of the largest bucket a request of the zone can see, `zone_burst` being the
+    /// zone's own now (the admin API can change it).
+    pub fn largest(&self, zone_burst: u64) -> u64 {
+        match self.largest_given {
+            Some(given) if self.zone_burst_used => given.max(zone_burst),
+            Some(given) => given,
+            None => zone_burst,
+        }
+    }
+
+    fn add(&mut self, burst: Option<u64>) {
+        match burst {
+            Some(burst) => {
+                self.largest_given = Some(self.largest_given.map_or(burst, |b| b.max(burst)));
+            }
+            None => self.zone_burst_used = true,
+        }
+    }
 }
 
 impl ZoneConf {
@@ -326,6 +362,7 @@ pub extern "C" fn cmd_rate_limit_zone(
             size,
             zone: None,
             sync: spec.sync,
+            bursts: LocationBursts::default(),
         },
     );
     if zone_conf.is_null() {
@@ -424,6 +461,7 @@ pub extern "C" fn cmd_rate_limit(
         global: false,
         local_algorithm_needed: spec.global.is_some().then(|| "token_bucket".to_string()),
         burst_given: spec.burst.is_some(),
+        burst: spec.burst,
         file: file.clone(),
         line,
     });
@@ -433,6 +471,7 @@ pub extern "C" fn cmd_rate_limit(
             global: true,
             local_algorithm_needed: Some("token_bucket".to_string()),
             burst_given: false,
+            burst: spec.burst,
             file,
             line,
         });
@@ -482,8 +521,10 @@ pub fn check_references(cf: &mut ngx_conf_t) -> Result<(), ()> {
             reference_error(cf, reference, &message);
             return Err(());
         };
-        // SAFETY: as above.
-        let zone = unsafe { &*zone };
+        // SAFETY: as above; nothing else holds a reference to the zone's configuration while
+        // the configuration is being read.
+        let zone = unsafe { &mut *zone };
+        zone.bursts.add(reference.burst);
         if let Some(needed) = &reference.local_algorithm_needed {
             if zone.algorithm.as_str() != needed {
                 let role = if reference.global {

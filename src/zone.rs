@@ -819,6 +819,9 @@ impl Zone {
             ratelimit_core::uncommit::uncommit_log(log_words_mut(&slot[1..]), policy);
             return;
         }
+        if self.sync {
+            crate::sync::shared::uncommit(self, index, policy);
+        }
         let state = &slot[1];
         let mut current = state.load(Ordering::Acquire);
         loop {

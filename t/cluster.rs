@@ -141,6 +141,16 @@ impl Drop for Redis {
 
 /// One instance: two workers, a `sync` zone `api` of 100r/s burst=20 on `X-Key`.
 fn instance_config(redis_port: u16, sync_words: &str, zone_words: &str) -> String {
+    instance_config_with(redis_port, sync_words, zone_words, "nodelay")
+}
+
+/// [`instance_config`] with the `rate_limit` line's own words.
+fn instance_config_with(
+    redis_port: u16,
+    sync_words: &str,
+    zone_words: &str,
+    limit_words: &str,
+) -> String {
     format!(
         r#"
 load_module %%MODULE%%;
@@ -152,10 +162,13 @@ http {{
     keepalive_requests 1000000;
     rate_limit_sync redis://127.0.0.1:{redis_port} {sync_words};
     rate_limit_zone $http_x_key zone=api:1m {zone_words} sync;
+    # The same limit without `sync`, side by side (bench: latency with Redis stopped).
+    rate_limit_zone $http_x_key zone=plain:1m {zone_words};
     server {{
         listen 127.0.0.1:%%PORT%% reuseport;
         root html;
-        location / {{ rate_limit zone=api nodelay; }}
+        location / {{ rate_limit zone=api {limit_words}; }}
+        location /plain/ {{ rate_limit zone=plain {limit_words}; alias html/; }}
         location /ratelimit/ {{ rate_limit_admin write=on; }}
     }}
 }}
@@ -185,11 +198,26 @@ struct Answer {
     sent: Duration,
     status: u16,
     latency: Duration,
+    /// Which of [`offer_paths`]'s paths it was sent to.
+    path: usize,
 }
 
 /// Offers `per_sec` requests a second for key `key` to each port in `ports`, for `span`,
 /// from two paced keep-alive connections per port. Returns every answer.
 fn offer(ports: &[u16], per_sec: f64, span: Duration, key: &str) -> Vec<Answer> {
+    offer_paths(ports, per_sec, span, key, &["/index.html"])
+}
+
+/// [`offer`] to several paths in turn on each connection (`/plain/index.html`: the zone
+/// without `sync`): `per_sec` a second for each path.
+fn offer_paths(
+    ports: &[u16],
+    per_sec: f64,
+    span: Duration,
+    key: &str,
+    paths: &[&str],
+) -> Vec<Answer> {
+    let per_sec = per_sec * paths.len() as f64;
     let answers = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now() + Duration::from_millis(50);
     let mut threads = Vec::new();
@@ -197,10 +225,13 @@ fn offer(ports: &[u16], per_sec: f64, span: Duration, key: &str) -> Vec<Answer> 
         for _ in 0..2 {
             let answers = answers.clone();
             let key = key.to_string();
+            let requests: Vec<Request> = paths
+                .iter()
+                .map(|path| Request::get(path).header("X-Key", &key))
+                .collect();
             threads.push(thread::spawn(move || {
                 let gap = Duration::from_secs_f64(2.0 / per_sec);
                 let mut connection = Connection::open(port);
-                let request = Request::get("/index.html").header("X-Key", &key);
                 let mut mine = Vec::new();
                 let mut next = start;
                 while next < start + span {
@@ -208,8 +239,9 @@ fn offer(ports: &[u16], per_sec: f64, span: Duration, key: &str) -> Vec<Answer> 
                     if next > now {
                         thread::sleep(next - now);
                     }
+                    let path = mine.len() % requests.len();
                     let sent = Instant::now();
-                    let status = match connection.try_send(&request) {
+                    let status = match connection.try_send(&requests[path]) {
                         Ok(response) => response.status,
                         Err(_) => {
                             connection = Connection::open(port);
@@ -220,6 +252,7 @@ fn offer(ports: &[u16], per_sec: f64, span: Duration, key: &str) -> Vec<Answer> 
                         sent: sent - start,
                         status,
                         latency: sent.elapsed(),
+                        path,
                     });
                     next += gap;
                 }
@@ -632,40 +665,80 @@ fn bench_cluster_table() {
             failed(&answers),
         ));
     }
-    // Redis SIGSTOPped from 2 s to 7 s under 10x: local_share after three intervals.
+    // Redis SIGSTOPped from 2 s to 7 s under 10x: local_share after three intervals. Each
+    // connection alternates a request to the sync zone and one to the same limit without
+    // `sync` on the same instances, so both see the same client and machine: the latency of
+    // both during the stop, and the noise floor (the larger p99 difference between the two
+    // halves, alternate answers, of either kind).
+    let latency_row;
     {
         let redis = Redis::start();
         let fleet = fleet(&redis, 3, "interval=100ms timeout=100ms");
         let ports = ports(&fleet);
         let load = thread::spawn(move || {
-            offer(
+            offer_paths(
                 &ports,
                 10.0 * LIMIT_PER_SEC / 3.0,
                 Duration::from_secs(10),
                 "k",
+                &["/index.html", "/plain/index.html"],
             )
         });
         thread::sleep(Duration::from_millis(2050));
         redis.signal(SIGSTOP);
         thread::sleep(Duration::from_secs(5));
         redis.signal(SIGCONT);
-        let answers = load.join().expect("load thread");
+        let all = load.join().expect("load thread");
         let (from, to) = (Duration::from_millis(2500), Duration::from_millis(7000));
+        let of_path = |path: usize| -> Vec<Answer> {
+            let mut these: Vec<Answer> = all.iter().copied().filter(|a| a.path == path).collect();
+            these.sort_by_key(|a| a.sent);
+            these
+        };
+        let (answers, plain) = (of_path(0), of_path(1));
         let passed = passed_between(&answers, from, to);
         let window = (to - from).as_secs_f64();
         let ratio = passed as f64 / (LIMIT_PER_SEC * window);
         let stop_bound = 1.10 + BURST / (LIMIT_PER_SEC * window);
-        let during: Vec<Answer> = answers
-            .iter()
-            .copied()
-            .filter(|a| a.sent >= from && a.sent < to)
-            .collect();
+        let during = |answers: &[Answer]| -> Vec<Answer> {
+            answers
+                .iter()
+                .copied()
+                .filter(|a| a.sent >= from && a.sent < to)
+                .collect()
+        };
+        let (synced, plain_during) = (during(&answers), during(&plain));
+        let noise = |answers: &[Answer]| {
+            let half = |first: usize| -> Vec<Answer> {
+                answers.iter().copied().skip(first).step_by(2).collect()
+            };
+            (p99(&half(0)) - p99(&half(1))).abs()
+        };
+        let (p99_sync, p99_plain) = (p99(&synced), p99(&plain_during));
+        let noise = noise(&synced).max(noise(&plain_during));
+        let within = (p99_sync - p99_plain).abs() <= noise.max(0.1);
+        let slowest = |answers: &[Answer]| {
+            answers
+                .iter()
+                .map(|a| a.latency)
+                .max()
+                .unwrap_or_default()
+                .as_secs_f64()
+                * 1000.0
+        };
         rows.push(format!(
-            "| 100 ms, Redis SIGSTOPped 2-7 s | 10x | 3 (even), 2.5-7 s | {passed} | {ratio:.3} | <= {stop_bound:.2} {} | {:.1} | {} |",
+            "| 100 ms, Redis SIGSTOPped 2-7 s | 10x | 3 (even), 2.5-7 s | {passed} | {ratio:.3} | <= {stop_bound:.2} {} | {p99_sync:.2} | {} |",
             if ratio <= stop_bound { "yes" } else { "NO" },
-            p99(&during),
-            failed(&answers),
+            failed(&answers) + failed(&plain),
         ));
+        latency_row = format!(
+            "| during the stop, same connections, alternate requests | {p99_sync:.2} ms ({} requests) | {p99_plain:.2} ms ({} requests) | {noise:.2} ms | {} | {:.1} / {:.1} ms |",
+            synced.len(),
+            plain_during.len(),
+            if within { "yes" } else { "NO" },
+            slowest(&synced),
+            slowest(&plain_during),
+        );
     }
     // Round trips per instance per interval at 2x and 10x (the admin API's counter), and
     // the time for every instance to be synced again after Redis restarts empty.
@@ -762,12 +835,21 @@ fn bench_cluster_table() {
          burst=20 nodelay (leaky bucket), offered load paced from two keep-alive connections \
          per instance for {} s. `admitted/L·t` is the fleet's 200s over L times the span; the \
          target is <= 1.05 + burst/(L·t) = {bound:.2}. p99 is the client's latency in ms \
-         (debug build of the module on a shared 2-core machine). `errors`: answers other \
+         (on a shared 2-core machine, the module named at the end). `errors`: answers other \
          than 200/429.\n\n\
          | interval | offered | instances loaded | admitted | admitted/L·t | target | p99 ms | errors |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- |\n{}\n",
+         | --- | --- | --- | --- | --- | --- | --- | --- |\n{}\n\n\
+         Latency with Redis stopped (SIGSTOP), side by side: each client connection \
+         alternates a request to the zone with `sync` and one to the same limit without it, \
+         on the same instances, each offered 10x. Target: the two p99s differ by no more than \
+         the noise floor, the larger p99 difference between the two halves (alternate \
+         answers) of either kind, or 0.1 ms when that is smaller.\n\n\
+         | window | p99 `sync` | p99 without `sync` | noise floor | within | slowest `sync` / without |\n\
+         | --- | --- | --- | --- | --- | --- |\n{latency_row}\n\n\
+         Module: {}.\n",
         span.as_secs(),
-        rows.join("\n")
+        rows.join("\n"),
+        std::env::var("RATE_LIMIT_MODULE").unwrap_or_else(|_| "the debug build".into()),
     );
     let out = std::env::var("CLUSTER_BENCH_OUT").unwrap_or_else(|_| {
         concat!(env!("CARGO_MANIFEST_DIR"), "/bench/results/cluster.md").to_string()
@@ -845,6 +927,231 @@ fn auth_with_password_and_acl_user() {
 }
 
 /// Every algorithm that can sync holds one limit across the fleet: a token bucket (K = burst)
+/// `burst=20 delay=5` on the line: over two instances offered 1.5 L for 3 s, the fleet admits
+/// about L t (the excess beyond delay=5 is delayed, the rest rejected), requests are delayed
+/// by the fleet's backlog (some wait tens of milliseconds), and none waits much longer than
+/// the longest delay the line allows, (20 - 5) x 10 ms, plus one interval.
+#[test]
+fn delay_follows_the_fleet_backlog() {
+    let redis = Redis::start();
+    let fleet: Vec<Nginx> = (0..2)
+        .map(|_| {
+            Nginx::start(&instance_config_with(
+                redis.port,
+                "interval=100ms",
+                "rate=100r/s",
+                "burst=20 delay=5",
+            ))
+        })
+        .collect();
+    redis.wait_instances(2);
+    let span = Duration::from_secs(3);
+    let answers = offer(&ports(&fleet), 0.75 * LIMIT_PER_SEC, span, "d");
+    let passed = passed_between(&answers, Duration::ZERO, span);
+    assert!(answers.iter().all(|a| a.status == 200 || a.status == 429));
+    let secs = span.as_secs_f64();
+    assert!(
+        passed as f64 <= 1.05 * LIMIT_PER_SEC * secs + 21.0 + AHEAD,
+        "{passed}"
+    );
+    assert!(passed as f64 >= 0.8 * LIMIT_PER_SEC * secs, "{passed}");
+    let mut delays: Vec<Duration> = answers
+        .iter()
+        .filter(|a| a.status == 200)
+        .map(|a| a.latency)
+        .collect();
+    delays.sort();
+    let longest = delays.last().copied().unwrap_or_default();
+    let delayed = delays
+        .iter()
+        .filter(|&&d| d >= Duration::from_millis(30))
+        .count();
+    eprintln!("{delayed} of {passed} waited 30 ms or more, the longest {longest:?}");
+    assert!(
+        delayed >= 20,
+        "requests beyond delay=5 are delayed: {delayed}"
+    );
+    assert!(
+        longest < Duration::from_millis(150 + 100 + 400),
+        "{longest:?}"
+    );
+}
+
+/// A slot migrated under load, as `redis-cli --cluster reshard` does it: the hot key's slot
+/// is set MIGRATING/IMPORTING, the key MIGRATEd, and for a second every round meets `ASK`;
+/// then the slot is given to its new node and the old one answers `MOVED`. The loop follows
+/// both within the round (`ASKING` on the new node, the slot map read again after `MOVED`):
+/// no round fails, the instances stay synced, the key lives on the new node, and the limit
+/// holds through the move.
+#[test]
+fn a_slot_migrated_under_load_costs_no_sync() {
+    let nodes = redis_cluster();
+    let fleet: Vec<Nginx> = (0..2)
+        .map(|_| {
+            Nginx::start(&instance_config(
+                nodes[0].port,
+                "cluster interval=100ms",
+                ZONE,
+            ))
+        })
+        .collect();
+    nodes[0].wait_instances(2);
+    let ports = ports(&fleet);
+    let span = Duration::from_secs(4);
+    let load = thread::spawn(move || offer(&ports, LIMIT_PER_SEC, span, "moving"));
+    thread::sleep(Duration::from_millis(500));
+    let (from, name) = nodes
+        .iter()
+        .enumerate()
+        .find_map(|(at, node)| {
+            let keys = node.cli(&["KEYS", "rl:api:*"]);
+            let key = keys
+                .lines()
+                .find(|key| !key.ends_with(":limits") && !key.ends_with(":overrides"))?;
+            Some((at, key.to_string()))
+        })
+        .expect("the loaded key is in the cluster");
+    let to = (from + 1) % nodes.len();
+    let slot = nodes[from].cli(&["CLUSTER", "KEYSLOT", &name]);
+    let slot = slot.trim();
+    let id = |at: usize| nodes[at].cli(&["CLUSTER", "MYID"]).trim().to_string();
+    let (from_id, to_id) = (id(from), id(to));
+    let errors = |fleet: &[Nginx]| -> Vec<u64> {
+        fleet
+            .iter()
+            .map(|n| sync_state(n)["errors"].as_u64().expect("errors"))
+            .collect()
+    };
+    let errors_before = errors(&fleet);
+    let asking_before = nodes[to].calls("asking");
+    let ok = |reply: String| assert_eq!(reply.trim(), "OK", "{reply}");
+    ok(nodes[to].cli(&["CLUSTER", "SETSLOT", slot, "IMPORTING", &from_id]));
+    ok(nodes[from].cli(&["CLUSTER", "SETSLOT", slot, "MIGRATING", &to_id]));
+    let to_port = nodes[to].port.to_string();
+    ok(nodes[from].cli(&["MIGRATE", "127.0.0.1", &to_port, &name, "0", "5000"]));
+    thread::sleep(Duration::from_secs(1));
+    for at in [to, from, (from + 2) % nodes.len()] {
+        ok(nodes[at].cli(&["CLUSTER", "SETSLOT", slot, "NODE", &to_id]));
+    }
+    let answers = load.join().expect("load thread");
+    let asked = nodes[to].calls("asking") - asking_before;
+    eprintln!("{asked} commands asked {to_port} during the migration");
+    assert!(asked >= 10, "the rounds did not meet ASK: {asked}");
+    assert_eq!(
+        errors(&fleet),
+        errors_before,
+        "a round failed during the move"
+    );
+    for instance in &fleet {
+        assert_eq!(sync_state(instance)["mode"], "synced");
+    }
+    assert_eq!(nodes[to].cli(&["KEYS", &name]).trim(), name);
+    assert_eq!(nodes[from].cli(&["KEYS", &name]).trim(), "");
+    let passed = passed_between(&answers, Duration::ZERO, span);
+    let bound = 1.05 * LIMIT_PER_SEC * span.as_secs_f64() + BURST + AHEAD;
+    assert!(passed as f64 <= bound, "{passed} > {bound}");
+    assert!(
+        passed as f64 >= 0.8 * LIMIT_PER_SEC * span.as_secs_f64(),
+        "{passed}"
+    );
+}
+
+/// Scripts flushed from Redis (`SCRIPT FLUSH`, as after a failover to a fresh replica) under
+/// load: the next round meets `NOSCRIPT`, the one after loads the scripts again in its
+/// pipeline; the instances stay synced (one round missed at most) and the limit holds.
+#[test]
+fn scripts_flushed_under_load_are_loaded_again() {
+    let redis = Redis::start();
+    let fleet = fleet(&redis, 2, "interval=100ms");
+    let ports = ports(&fleet);
+    let span = Duration::from_secs(3);
+    let load = thread::spawn(move || offer(&ports, LIMIT_PER_SEC, span, "flushed"));
+    thread::sleep(Duration::from_millis(1000));
+    let loads_before = redis.calls("script|load");
+    assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
+    let answers = load.join().expect("load thread");
+    let loads = redis.calls("script|load") - loads_before;
+    assert!(loads >= 3, "the scripts were not loaded again: {loads}");
+    for instance in &fleet {
+        let state = sync_state(instance);
+        assert_eq!(state["mode"], "synced", "{state}");
+        assert!(
+            state["last_sync_age_ms"]
+                .as_u64()
+                .is_some_and(|age| age < 1000),
+            "{state}"
+        );
+    }
+    let passed = passed_between(&answers, Duration::ZERO, span);
+    let bound = 1.05 * LIMIT_PER_SEC * span.as_secs_f64() + BURST + AHEAD;
+    assert!(passed as f64 <= bound, "{passed} > {bound}");
+    assert!(
+        passed as f64 >= 0.8 * LIMIT_PER_SEC * span.as_secs_f64(),
+        "{passed}"
+    );
+}
+
+/// Sends `per_port` requests for `key` back to back on one keep-alive connection per port,
+/// all ports at once. Returns how many passed (every answer must be 200 or 429).
+fn burst(ports: &[u16], per_port: usize, key: &str) -> usize {
+    let threads: Vec<_> = ports
+        .iter()
+        .map(|&port| {
+            let key = key.to_string();
+            thread::spawn(move || {
+                let mut connection = Connection::open(port);
+                let request = Request::get("/index.html").header("X-Key", &key);
+                (0..per_port)
+                    .map(|_| connection.send(&request).status)
+                    .collect::<Vec<u16>>()
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = threads
+        .into_iter()
+        .flat_map(|thread| thread.join().expect("burst thread panicked"))
+        .collect();
+    assert!(
+        statuses.iter().all(|&s| s == 200 || s == 429),
+        "{statuses:?}"
+    );
+    statuses.iter().filter(|&&s| s == 200).count()
+}
+
+/// limit_req's way: the zone gives the rate, the `rate_limit` line the burst. The fleet's
+/// bucket for a key is the line's (burst=20 here, the zone's is 0): after a steady 0.4 L on
+/// two instances keeps the key synced, a burst of 40 spread over both gets about K = 21 plus
+/// the interval's drain granted ahead (L x 100 ms), far more than the zone's own K = 1 would
+/// give (about 11), and no more than K plus that drain (+ a margin for the burst's length).
+#[test]
+fn location_burst_is_the_fleet_bucket() {
+    let redis = Redis::start();
+    let fleet: Vec<Nginx> = (0..2)
+        .map(|_| {
+            Nginx::start(&instance_config_with(
+                redis.port,
+                "interval=100ms",
+                "rate=100r/s",
+                "burst=20 nodelay",
+            ))
+        })
+        .collect();
+    redis.wait_instances(2);
+    let ports = ports(&fleet);
+    let warm = offer(&ports, 0.2 * LIMIT_PER_SEC, Duration::from_secs(1), "b");
+    assert!(
+        warm.iter().all(|a| a.status == 200),
+        "the warm-up is below the limit"
+    );
+    let passed = burst(&ports, 20, "b");
+    eprintln!("burst: {passed} of 40 passed");
+    assert!(
+        passed >= 21,
+        "the line's burst=20 was not the fleet's: {passed} passed"
+    );
+    assert!(passed as f64 <= 21.0 + AHEAD + 6.0, "{passed} passed");
+}
+
 /// and a sliding window (bounded fleet-wide by a bucket of N at N per window), 10x spread
 /// over three instances for 3 s: at most 1.05 L t + K + L interval (the room is granted one
 /// interval ahead), and most of L t passes.
@@ -1004,10 +1311,9 @@ fn consumption_during_an_outage_is_carried_over() {
     // The key's fleet TAT and Redis's clock, read together (bounded wait for the key).
     let (tat_us, now_us) = loop {
         let keys = redis.cli(&["KEYS", "rl:api:*"]);
-        let key = keys
-            .lines()
-            .map(str::trim)
-            .find(|key| !key.is_empty() && !key.ends_with(":limits"));
+        let key = keys.lines().map(str::trim).find(|key| {
+            !key.is_empty() && !key.ends_with(":limits") && !key.ends_with(":overrides")
+        });
         let tat = key.and_then(|key| redis.cli(&["HGET", key, "t"]).trim().parse::<f64>().ok());
         if let Some(tat_us) = tat {
             let time = redis.cli(&["TIME"]);

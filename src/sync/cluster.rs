@@ -3,9 +3,11 @@
 //! The `redis` crate's async cluster connection sends a pipeline to one slot only (its
 //! commands must share a slot), while a sync round holds keys of many slots. So the loop
 //! routes itself: the slot map from `CLUSTER SLOTS` (read from a seed URL, again after any
-//! failure such as `MOVED`/`ASK`), a key's slot by CRC16 of its hash tag or whole name (the
+//! failure or `MOVED`), a key's slot by CRC16 of its hash tag or whole name (the
 //! `crc16` crate), one multiplexed connection per master, and every node's pipeline sent at
-//! once. A node that fails fails only its own commands.
+//! once. A node that fails fails only its own commands. A command answered `MOVED` or `ASK`
+//! (a slot moved or being migrated, e.g. while resharding) is sent to the node named in the
+//! same round, so a reshard costs no sync.
 
 use futures_util::future::join_all;
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
@@ -106,8 +108,10 @@ impl ClusterLink {
             .map(|&(_, _, node)| node)
     }
 
-    /// Send every command, one pipeline per node (scripts loaded first where needed).
-    /// Returns each command's reply, or the error of its node.
+    /// Send every command, one pipeline per node (scripts loaded first where needed), all
+    /// nodes at once. A command answered `MOVED` or `ASK` (a slot moved, or being migrated) is
+    /// sent again at once to the node named, `ASK`ed ones after `ASKING`: one more round trip
+    /// for those commands only. Returns each command's reply, or the error of its node.
     pub async fn send(
         &mut self,
         commands: &[Routed],
@@ -119,53 +123,114 @@ impl ClusterLink {
             }
         }
         let routes: Vec<Option<usize>> = commands.iter().map(|c| self.node_for(&c.key)).collect();
-        let sends = self.nodes.iter_mut().enumerate().map(|(index, node)| {
-            let mine: Vec<&Routed> = commands
-                .iter()
-                .zip(&routes)
-                .filter(|(_, route)| **route == Some(index))
-                .map(|(command, _)| command)
-                .collect();
-            send_to_node(node, mine, scripts)
-        });
-        let results = join_all(sends).await;
-        let mut per_node: Vec<std::vec::IntoIter<Value>> = Vec::new();
-        let mut errors = Vec::new();
-        let mut failed = false;
-        for result in results {
-            match result {
-                Ok(values) => {
-                    per_node.push(values.into_iter());
-                    errors.push(None);
-                }
-                Err(error) => {
-                    failed = true;
-                    per_node.push(Vec::new().into_iter());
-                    errors.push(Some(error));
-                }
+        let mut replies: Vec<Result<Value, SyncError>> =
+            routes.iter().map(|_| Err(SyncError::Cluster)).collect();
+        let first: Vec<(usize, usize, bool)> = routes
+            .iter()
+            .enumerate()
+            .filter_map(|(at, route)| Some((at, (*route)?, false)))
+            .collect();
+        let mut stale = self
+            .send_round(commands, &first, scripts, &mut replies)
+            .await;
+        let mut again = Vec::new();
+        for (at, reply) in replies.iter().enumerate() {
+            let Ok(reply) = reply else {
+                continue;
+            };
+            let Some((asking, host, port)) = redirection(reply) else {
+                continue;
+            };
+            let Some(seed) = self.seeds.first().cloned() else {
+                continue;
+            };
+            if let Ok(node) = self.node_index(&seed, &host, port) {
+                // MOVED: the slot map is out of date (read again next round).
+                stale |= !asking;
+                again.push((at, node, asking));
             }
         }
-        let replies = routes
-            .iter()
-            .map(|route| {
-                let node = route.ok_or(SyncError::Cluster)?;
-                if let Some(error) = errors[node] {
-                    return Err(error);
-                }
-                per_node[node].next().ok_or(SyncError::Reply)
+        if !again.is_empty() {
+            stale |= self
+                .send_round(commands, &again, scripts, &mut replies)
+                .await;
+        }
+        let replies = replies
+            .into_iter()
+            .map(|reply| match reply {
+                Ok(Value::ServerError(_)) => Err(SyncError::Reply),
+                other => other,
             })
             .collect();
-        if failed {
-            // MOVED, ASK, a node down: read the slot map again next round.
+        if stale {
+            // MOVED, a node down: read the slot map again next round.
             self.reset();
         }
         replies
     }
+
+    /// Send `sends` (command index, node, after `ASKING`), one pipeline per node at once, and
+    /// put each reply (server errors included, as values) or its node's error in `replies`.
+    /// True when a node failed.
+    async fn send_round(
+        &mut self,
+        commands: &[Routed],
+        sends: &[(usize, usize, bool)],
+        scripts: &[&str],
+        replies: &mut [Result<Value, SyncError>],
+    ) -> bool {
+        let pipelines = self.nodes.iter_mut().enumerate().map(|(index, node)| {
+            let mine: Vec<(&Routed, bool)> = sends
+                .iter()
+                .filter(|&&(_, to, _)| to == index)
+                .map(|&(at, _, asking)| (&commands[at], asking))
+                .collect();
+            send_to_node(node, mine, scripts)
+        });
+        let results = join_all(pipelines).await;
+        let mut failed = false;
+        for (index, result) in results.into_iter().enumerate() {
+            let mine = sends.iter().filter(|&&(_, to, _)| to == index);
+            match result {
+                Ok(values) => {
+                    for (&(at, _, _), value) in mine.zip(values) {
+                        replies[at] = Ok(value);
+                    }
+                }
+                Err(error) => {
+                    failed = true;
+                    for &(at, _, _) in mine {
+                        replies[at] = Err(error);
+                    }
+                }
+            }
+        }
+        failed
+    }
 }
 
+/// Where a `MOVED`/`ASK` reply sends a command: `(asking, host, port)`.
+fn redirection(reply: &Value) -> Option<(bool, String, u16)> {
+    let Value::ServerError(error) = reply else {
+        return None;
+    };
+    let asking = match error.code() {
+        "ASK" => true,
+        "MOVED" => false,
+        _ => return None,
+    };
+    // "SLOT HOST:PORT"
+    let address = error.details()?.split_ascii_whitespace().nth(1)?;
+    let (host, port) = address.rsplit_once(':')?;
+    Some((asking, host.to_string(), port.parse().ok()?))
+}
+
+/// One pipeline to one node: the scripts first when it may not have them, `ASKING` before
+/// each command sent after an `ASK`. The commands' replies in order, server errors kept as
+/// values (a `NOSCRIPT` among them makes the scripts load again next time).
 async fn send_to_node(
     node: &mut Node,
-    commands: Vec<&Routed>,
+    commands: Vec<(&Routed, bool)>,
     scripts: &[&str],
 ) -> Result<Vec<Value>, SyncError> {
     if commands.is_empty() {
@@ -183,18 +248,43 @@ async fn send_to_node(
         return Err(SyncError::Connect);
     };
     let mut pipe = redis::pipe();
+    // Which replies are the commands' (the others answer SCRIPT LOAD and ASKING).
+    let mut theirs = Vec::new();
     if !node.scripts_loaded {
         for script in scripts {
-            pipe.cmd("SCRIPT").arg("LOAD").arg(*script).ignore();
+            pipe.cmd("SCRIPT").arg("LOAD").arg(*script);
+            theirs.push(false);
         }
     }
-    for routed in &commands {
+    for (routed, asking) in &commands {
+        if *asking {
+            pipe.cmd("ASKING");
+            theirs.push(false);
+        }
         pipe.add_command(routed.command.clone());
+        theirs.push(true);
     }
-    match pipe.query_async::<Vec<Value>>(connection).await {
-        Ok(values) => {
+    // The connection's own call, not `Pipeline::query_async`: that one turns the first
+    // error reply into the whole pipeline's error.
+    use redis::aio::ConnectionLike;
+    match connection.req_packed_commands(&pipe, 0, theirs.len()).await {
+        Ok(values) if values.len() == theirs.len() => {
             node.scripts_loaded = true;
+            let values: Vec<Value> = values
+                .into_iter()
+                .zip(theirs)
+                .filter_map(|(value, theirs)| theirs.then_some(value))
+                .collect();
+            if values.iter().any(
+                |value| matches!(value, Value::ServerError(error) if error.code() == "NOSCRIPT"),
+            ) {
+                node.scripts_loaded = false;
+            }
             Ok(values)
+        }
+        Ok(_) => {
+            node.connection = None;
+            Err(SyncError::Reply)
         }
         Err(error) => {
             node.connection = None;

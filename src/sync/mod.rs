@@ -315,6 +315,7 @@ fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Op
                 first_round: std::cell::Cell::new(true),
                 id: name_seed(&zone.name),
                 overrides: Default::default(),
+                bursts: zone.bursts,
             })
         })
         .collect();

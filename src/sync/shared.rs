@@ -224,6 +224,25 @@ pub fn decide(
     decision
 }
 
+/// A request of a sync zone given back (Lua's `uncommit`): its charge leaves the key's pending
+/// delta and its grant returns. A delta the loop already sent stays charged to the fleet
+/// (it errs on the strict side, by at most the requests given back within one interval).
+pub fn uncommit(zone: &Zone, index: SlotIndex, policy: &Policy) {
+    let (Some(sync), Some((pending, grant))) = (shared(), zone.sync_words(index)) else {
+        return;
+    };
+    let cost = policy.cost.max(1);
+    let _ = pending.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+        let charged = word & !ASKED;
+        (charged > 0).then(|| (word & ASKED) | charged.saturating_sub(cost))
+    });
+    if sync.mode() != Mode::Open {
+        let _ = grant.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+            Some(fleet::return_grant(word, cost))
+        });
+    }
+}
+
 fn take_grant(grant: &AtomicU64, sync: &SyncShared, policy: &Policy, cost: u64) -> bool {
     let round = sync.round.load(Ordering::Acquire) as u32;
     let fresh = FleetShape::of(policy.algorithm, &policy.limits).map_or(0, |shape| {

@@ -16,10 +16,13 @@ use std::time::Duration;
 use ratelimit_core::fleet::{self, grant_word, FleetShape, ASKED};
 use ratelimit_core::sync_spec::{OnFailure, SyncSpec};
 
+use ratelimit_core::Limits;
+
 use super::cluster;
 use super::inbox::INBOX_ENTRIES;
 use super::overrides::{OverrideSync, OVERRIDES_SCRIPT};
 use super::shared::{Mode, SyncError, SyncShared};
+use crate::conf::LocationBursts;
 use crate::zone::Zone;
 
 /// Applies one instance's delta to a key's fleet state on Redis's clock and returns the
@@ -93,6 +96,9 @@ pub struct SyncZone {
     pub id: u64,
     /// The zone's per-key overrides as agreed with the fleet (`super::overrides`).
     pub overrides: std::cell::RefCell<OverrideSync>,
+    /// The bursts the zone's `rate_limit` lines decide with: a key's fleet bucket is the
+    /// largest of them (each request is decided locally with its own line's).
+    pub bursts: LocationBursts,
 }
 
 /// Everything the thread needs; built by a worker, moved into the thread.
@@ -392,7 +398,10 @@ impl Task {
                     continue;
                 }
                 let word = pending.swap(0, Ordering::AcqRel);
-                let limits = zone.override_for(hash).unwrap_or(limits);
+                let limits = zone.override_for(hash).unwrap_or(Limits {
+                    burst: synced.bursts.largest(limits.burst),
+                    ..limits
+                });
                 let Some(shape) = FleetShape::of(zone.algorithm(), &limits) else {
                     continue;
                 };
