@@ -1067,14 +1067,19 @@ impl Zone {
                 let same = slot.hash.load(Ordering::Acquire) == hash
                     && slot.limits.load(Ordering::Acquire) == limits
                     && slot.key_offset.load(Ordering::Acquire) == offset;
-                match key {
-                    Some(key) if same && self.hash_key(&key) == hash => {
-                        found.push((key, limits));
-                        break;
+                if !same {
+                    if tries == 3 {
+                        return None;
                     }
-                    _ if tries < 3 => tries += 1,
-                    _ => return None,
+                    tries += 1;
+                    continue;
                 }
+                // A slot that did not change holds its chunk (a chunk is freed only when its
+                // slot's offset is swapped): bytes that do not hash right are not a key.
+                if let Some(key) = key.filter(|key| self.hash_key(key) == hash) {
+                    found.push((key, limits));
+                }
+                break;
             }
         }
         Some(found)
