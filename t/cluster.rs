@@ -1714,3 +1714,46 @@ fn a_full_override_table_does_not_remove_the_fleets_override() {
         "1"
     );
 }
+
+/// Overrides keep flowing across a reload (old and new workers overlap; the new owner's
+/// loop takes the fleet's map) and when an instance's workers are killed (another worker
+/// takes the loop over, and the inbox with it).
+#[test]
+fn overrides_flow_across_reload_and_worker_kill() {
+    let redis = Redis::start();
+    let dir = StateDir::new();
+    let a = Nginx::start(&instance_with_state(redis.port, &dir.file("a.json")));
+    let b_config = instance_with_state(redis.port, &dir.file("b.json"));
+    let mut b = Nginx::start(&b_config);
+    redis.wait_instances(2);
+    let one = serde_json::json!({"rate": "1r/s", "burst": 0});
+    assert_eq!(
+        put_override(&a, "x", r#"{"rate": "1r/s", "burst": 0}"#),
+        201
+    );
+    wait_override(&b, "x", one.clone(), OVERRIDE_WITHIN);
+
+    b.reload_with(&b_config);
+    assert_eq!(
+        put_override(&a, "y", r#"{"rate": "1r/s", "burst": 0}"#),
+        201
+    );
+    let took = wait_override(&b, "y", one.clone(), Duration::from_secs(3));
+    eprintln!("after a reload, an override reached the instance in {took:?}");
+    assert_eq!(
+        put_override(&b, "z", r#"{"rate": "1r/s", "burst": 0}"#),
+        201
+    );
+    wait_override(&a, "z", one.clone(), Duration::from_secs(3));
+
+    let old = b.kill_workers();
+    b.wait_workers_replaced(&old);
+    assert_eq!(delete_override(&a, "x"), 204);
+    // The election hands the loop over within three intervals and a second.
+    let took = wait_override(&b, "x", serde_json::Value::Null, Duration::from_secs(4));
+    eprintln!("after the workers were killed, a removal reached the instance in {took:?}");
+    thread::sleep(Duration::from_millis(300));
+    let expected = serde_json::json!({"y": one, "z": one});
+    assert_eq!(overrides_of(&a), expected);
+    assert_eq!(overrides_of(&b), expected);
+}
