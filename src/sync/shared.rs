@@ -82,15 +82,21 @@ pub enum Mode {
 }
 
 impl Mode {
+    const ALL: [Mode; 6] = [
+        Mode::Starting,
+        Mode::Synced,
+        Mode::Degraded,
+        Mode::LocalShare,
+        Mode::Open,
+        Mode::Closed,
+    ];
+
+    /// The mode stored as `code` (`Starting` for anything else).
     pub fn from_code(code: u64) -> Mode {
-        match code {
-            1 => Mode::Synced,
-            2 => Mode::Degraded,
-            3 => Mode::LocalShare,
-            4 => Mode::Open,
-            5 => Mode::Closed,
-            _ => Mode::Starting,
-        }
+        Mode::ALL
+            .into_iter()
+            .find(|&mode| mode as u64 == code)
+            .unwrap_or(Mode::Starting)
     }
 
     pub fn as_str(self) -> &'static str {
@@ -124,16 +130,22 @@ pub enum SyncError {
 }
 
 impl SyncError {
+    const ALL: [SyncError; 7] = [
+        SyncError::None,
+        SyncError::Connect,
+        SyncError::Timeout,
+        SyncError::Auth,
+        SyncError::Reply,
+        SyncError::BadUrl,
+        SyncError::Cluster,
+    ];
+
+    /// The error stored as `code` (`None` for anything else).
     pub fn from_code(code: u64) -> SyncError {
-        match code {
-            1 => SyncError::Connect,
-            2 => SyncError::Timeout,
-            3 => SyncError::Auth,
-            4 => SyncError::Reply,
-            5 => SyncError::BadUrl,
-            6 => SyncError::Cluster,
-            _ => SyncError::None,
-        }
+        SyncError::ALL
+            .into_iter()
+            .find(|&error| error as u64 == code)
+            .unwrap_or(SyncError::None)
     }
 
     pub fn as_str(self) -> &'static str {

@@ -152,7 +152,8 @@ pub fn rescale_word(state: u64, now_ns: u64, algorithm: Algorithm, old: &Rate, n
 mod standing_tests {
     use super::*;
 
-    fn policy(algorithm: Algorithm, rate: &str, burst: u64) -> Policy {
+    /// A nodelay policy of cost 1 (shared by the crate's unit tests).
+    pub(crate) fn policy(algorithm: Algorithm, rate: &str, burst: u64) -> Policy {
         Policy {
             algorithm,
             limits: Limits {

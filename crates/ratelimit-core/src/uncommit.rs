@@ -50,21 +50,10 @@ pub fn uncommit_log(log: &mut [u64], policy: &Policy) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{decide_word, DelayMode, Limits, Outcome, Rate};
+    use crate::standing_tests::policy;
+    use crate::{decide_word, Outcome};
 
     const SEC: u64 = 1_000_000_000;
-
-    fn policy(algorithm: Algorithm, rate: &str, burst: u64) -> Policy {
-        Policy {
-            algorithm,
-            limits: Limits {
-                rate: Rate::parse(rate).unwrap(),
-                burst,
-            },
-            delay: DelayMode::NoDelay,
-            cost: 1,
-        }
-    }
 
     /// Charge until rejected, give one back, and the next request passes again; giving back
     /// on a fresh key leaves it fresh.
