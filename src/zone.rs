@@ -1047,6 +1047,75 @@ impl Zone {
             .collect()
     }
 
+    /// Every live override as (key bytes, packed limits), read without the lock, for the sync
+    /// thread (which may not take it). A worker may free and reuse a key's chunk meanwhile,
+    /// so each read is checked: the chunk lies inside the zone's mapping and the bytes hash
+    /// to the slot's hash, which is the same before and after. `None` when a slot kept
+    /// changing under the read (try again later).
+    pub fn overrides_unlocked(&self) -> Option<Vec<(Vec<u8>, u64)>> {
+        let mut found = Vec::new();
+        for slot in self.header().overrides.iter() {
+            let mut tries = 0;
+            loop {
+                let hash = slot.hash.load(Ordering::Acquire);
+                let limits = slot.limits.load(Ordering::Acquire);
+                if hash == 0 || limits == 0 {
+                    break;
+                }
+                let offset = slot.key_offset.load(Ordering::Acquire);
+                let key = self.key_at_unlocked(offset);
+                let same = slot.hash.load(Ordering::Acquire) == hash
+                    && slot.limits.load(Ordering::Acquire) == limits
+                    && slot.key_offset.load(Ordering::Acquire) == offset;
+                if !same {
+                    if tries == 3 {
+                        return None;
+                    }
+                    tries += 1;
+                    continue;
+                }
+                // A slot that did not change holds its chunk (a chunk is freed only when its
+                // slot's offset is swapped): bytes that do not hash right are not a key.
+                if let Some(key) = key.filter(|key| self.hash_key(key) == hash) {
+                    found.push((key, limits));
+                }
+                break;
+            }
+        }
+        Some(found)
+    }
+
+    /// The bytes of a key chunk, read without the lock: `None` when the offset or the length
+    /// word would lead outside the zone's mapping (the chunk was reused meanwhile).
+    fn key_at_unlocked(&self, offset: u64) -> Option<Vec<u8>> {
+        if offset == 0 {
+            return None;
+        }
+        let start = self.shpool as usize;
+        // SAFETY: the slab pool header is written by nginx when the zone is created and its
+        // `end` never changes afterwards.
+        let end = unsafe { (*self.shpool).end } as usize;
+        let chunk = (self.shared as usize).wrapping_add(offset as usize);
+        if chunk < start || chunk.checked_add(8)? > end {
+            return None;
+        }
+        // SAFETY: `chunk..chunk + 8` lies inside the mapping (checked above). The bytes may be
+        // rewritten by a worker at any time: they are read volatile, and the caller only
+        // trusts them when they hash to the slot's hash.
+        let len = unsafe { ptr::read_volatile(chunk as *const [u8; 8]) };
+        let len = u64::from_ne_bytes(len) as usize;
+        if len > end - chunk - 8 {
+            return None;
+        }
+        let bytes = (chunk + 8) as *const u8;
+        // SAFETY: `bytes..bytes + len` lies inside the mapping (checked above).
+        Some(
+            (0..len)
+                .map(|i| unsafe { ptr::read_volatile(bytes.add(i)) })
+                .collect(),
+        )
+    }
+
     fn store_key_locked(&self, key: &[u8]) -> Option<u64> {
         // SAFETY: the zone lock is held (callers are `_locked`); the chunk is ours until freed.
         let chunk = unsafe { ngx_slab_alloc_locked(self.shpool, 8 + key.len()) }.cast::<u8>();

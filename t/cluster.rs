@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -115,8 +116,8 @@ fn one_instance_with_all_traffic_reaches_the_limit() {
 }
 
 /// Redis traffic does not grow with the request rate: per interval and instance, one
-/// pipeline of a heartbeat, one call per sync zone (its limits) and one per touched key
-/// (read from INFO commandstats).
+/// pipeline of a heartbeat, two calls per sync zone (its limits, its overrides) and one per
+/// touched key (read from INFO commandstats).
 #[test]
 fn redis_calls_do_not_grow_with_traffic() {
     let redis = Redis::start();
@@ -130,10 +131,11 @@ fn redis_calls_do_not_grow_with_traffic() {
     let (slow_calls, slow_span) = calls(20.0);
     let (fast_calls, fast_span) = calls(1000.0);
     for (calls, span) in [(slow_calls, slow_span), (fast_calls, fast_span)] {
-        // Rounds per instance (+1 for a partial round), two instances, at most three calls
-        // in each round's one pipeline: the heartbeat, the zone's limits, the one key.
+        // Rounds per instance (+1 for a partial round), two instances, at most four calls
+        // in each round's one pipeline: the heartbeat, the zone's limits and overrides, the
+        // one key.
         let rounds = (span.as_secs_f64() / 0.1).ceil() as u64 + 1;
-        assert!(calls <= 2 * 3 * rounds, "{calls} calls in {span:?}");
+        assert!(calls <= 2 * 4 * rounds, "{calls} calls in {span:?}");
     }
     assert!(
         fast_calls <= slow_calls + slow_calls / 4 + 8,
@@ -226,9 +228,12 @@ fn redis_restarted_empty_reconverges() {
         passed as f64 <= bound,
         "fleet admitted {passed} > {bound} after the restart"
     );
+    // The zone's overrides (a hash, seeded again after the restart) aside.
     let keys = redis.cli(&["KEYS", "rl:api:*"]);
     assert_eq!(
-        keys.lines().count(),
+        keys.lines()
+            .filter(|&key| key != "rl:api:overrides")
+            .count(),
         1,
         "one Redis key for one nginx key: {keys}"
     );
@@ -719,7 +724,9 @@ fn a_slot_migrated_under_load_costs_no_sync() {
         .enumerate()
         .find_map(|(at, node)| {
             let keys = node.cli(&["KEYS", "rl:api:*"]);
-            let key = keys.lines().find(|key| !key.ends_with(":limits"))?;
+            let key = keys
+                .lines()
+                .find(|key| !key.ends_with(":limits") && !key.ends_with(":overrides"))?;
             Some((at, key.to_string()))
         })
         .expect("the loaded key is in the cluster");
@@ -937,12 +944,12 @@ fn redis_cluster_shares_one_limit() {
         "only {passed}"
     );
     // Per node: three instances, each round at most the heartbeat, the zone's limits and
-    // the one loaded key (when they live there).
+    // overrides and the one loaded key (when they live there).
     let rounds = (elapsed / 0.1).ceil() as u64 + 1;
     for (node, before) in nodes.iter().zip(before) {
         let calls = node.calls("evalsha") - before;
         assert!(
-            calls <= 3 * 3 * rounds,
+            calls <= 3 * 4 * rounds,
             "{calls} calls on one node in {elapsed:.1} s"
         );
     }
@@ -988,10 +995,9 @@ fn consumption_during_an_outage_is_carried_over() {
     // The key's fleet TAT and Redis's clock, read together (bounded wait for the key).
     let (tat_us, now_us) = loop {
         let keys = redis.cli(&["KEYS", "rl:api:*"]);
-        let key = keys
-            .lines()
-            .map(str::trim)
-            .find(|key| !key.is_empty() && !key.ends_with(":limits"));
+        let key = keys.lines().map(str::trim).find(|key| {
+            !key.is_empty() && !key.ends_with(":limits") && !key.ends_with(":overrides")
+        });
         let tat = key.and_then(|key| redis.cli(&["HGET", key, "t"]).trim().parse::<f64>().ok());
         if let Some(tat_us) = tat {
             let time = redis.cli(&["TIME"]);
@@ -1021,4 +1027,417 @@ fn consumption_during_an_outage_is_carried_over() {
         ahead_ms >= 250.0,
         "fleet state only {ahead_ms:.0} ms ahead after {admitted} requests"
     );
+}
+
+// --- per-key overrides shared by the fleet ----------------------------------------------------
+
+/// [`instance_config`] with a state file at `path` (workers as root, to write it).
+fn instance_with_state(redis_port: u16, path: &std::path::Path) -> String {
+    instance_config(redis_port, "interval=100ms", ZONE)
+        .replace("worker_processes 2;", "worker_processes 2;\nuser root;")
+        .replace(
+            "rate_limit_sync",
+            &format!(
+                "rate_limit_state_file {};\n    rate_limit_sync",
+                path.display()
+            ),
+        )
+}
+
+/// `GET zones/api/overrides` of one instance.
+fn overrides_of(nginx: &Nginx) -> serde_json::Value {
+    let response = common::get(nginx.port(), "/ratelimit/zones/api/overrides");
+    assert_eq!(response.status, 200, "{}", response.text());
+    serde_json::from_str(&response.text()).expect("overrides JSON")
+}
+
+/// Polls (bounded by `within`) until `nginx`'s override of `key` is `wanted` (`Null`: none);
+/// returns how long it took.
+fn wait_override(
+    nginx: &Nginx,
+    key: &str,
+    wanted: serde_json::Value,
+    within: Duration,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        let seen = overrides_of(nginx)[key].clone();
+        if seen == wanted {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "override of {key:?} still {seen} after {within:?}, not {wanted}"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn put_override(nginx: &Nginx, key: &str, body: &str) -> u16 {
+    let path = format!("/ratelimit/zones/api/overrides/{key}");
+    common::send(nginx.port(), &Request::new("PUT", &path).json(body)).status
+}
+
+fn delete_override(nginx: &Nginx, key: &str) -> u16 {
+    let path = format!("/ratelimit/zones/api/overrides/{key}");
+    common::send(nginx.port(), &Request::new("DELETE", &path)).status
+}
+
+/// Statuses of `count` back-to-back requests for `key`.
+fn statuses_for(nginx: &Nginx, key: &str, count: usize) -> Vec<u16> {
+    let mut connection = Connection::open(nginx.port());
+    let request = Request::get("/index.html").header("X-Key", key);
+    (0..count)
+        .map(|_| connection.send(&request).status)
+        .collect()
+}
+
+/// Two intervals (100 ms each) for a change to reach another instance, plus a wide margin
+/// for a loaded 2-core machine.
+const OVERRIDE_WITHIN: Duration = Duration::from_millis(1500);
+
+/// A temporary directory for the instances' state files, removed on drop.
+struct StateDir(PathBuf);
+
+impl StateDir {
+    fn new() -> StateDir {
+        let dir = std::env::temp_dir().join(format!(
+            "ngx-rate-limit-ovr-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        std::fs::create_dir_all(&dir).expect("cannot create the state directory");
+        StateDir(dir)
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// An override set on one instance is listed and enforced by another within two intervals;
+/// one deleted there is gone on the first; bad input is refused as on one instance and
+/// reaches nobody; a key too long for the fleet stays on its instance.
+#[test]
+fn override_reaches_the_fleet_and_its_removal_too() {
+    let redis = Redis::start();
+    let dir = StateDir::new();
+    let a = Nginx::start(&instance_with_state(redis.port, &dir.file("a.json")));
+    let b = Nginx::start(&instance_with_state(redis.port, &dir.file("b.json")));
+    redis.wait_instances(2);
+    // Before: the zone's 100r/s burst=20 lets ten requests of the key through on B.
+    assert_eq!(statuses_for(&b, "vip", 10), vec![200; 10]);
+
+    assert_eq!(
+        put_override(&a, "vip", r#"{"rate": "1r/s", "burst": 0}"#),
+        201
+    );
+    let took = wait_override(
+        &b,
+        "vip",
+        serde_json::json!({"rate": "1r/s", "burst": 0}),
+        OVERRIDE_WITHIN,
+    );
+    eprintln!("override PUT reached the other instance in {took:?}");
+    // B enforces it: under 1r/s burst=0, what follows a request back to back is a 429.
+    let statuses = statuses_for(&b, "vip", 5);
+    assert_eq!(
+        statuses[1..],
+        [429; 4],
+        "B does not enforce 1r/s: {statuses:?}"
+    );
+
+    assert_eq!(delete_override(&b, "vip"), 204);
+    let took = wait_override(&a, "vip", serde_json::Value::Null, OVERRIDE_WITHIN);
+    eprintln!("override DELETE reached the other instance in {took:?}");
+    assert_eq!(overrides_of(&b), serde_json::json!({}));
+
+    // More of them, at various phases of the rounds, each way.
+    let mut took = Vec::new();
+    for n in 0..8 {
+        let (from, to) = if n % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        let key = format!("m{n}");
+        assert_eq!(
+            put_override(from, &key, r#"{"rate": "7r/s", "burst": 1}"#),
+            201
+        );
+        let wanted = serde_json::json!({"rate": "7r/s", "burst": 1});
+        took.push(wait_override(to, &key, wanted, OVERRIDE_WITHIN));
+        assert_eq!(delete_override(to, &key), 204);
+        took.push(wait_override(
+            from,
+            &key,
+            serde_json::Value::Null,
+            OVERRIDE_WITHIN,
+        ));
+        thread::sleep(Duration::from_millis(23 * n));
+    }
+    took.sort_unstable();
+    eprintln!(
+        "16 changes reached the other instance in {:?} (median {:?}, max {:?})",
+        took.first().unwrap(),
+        took[took.len() / 2],
+        took.last().unwrap()
+    );
+
+    // Bad input is refused as before, and nothing reaches Redis or the other instance.
+    assert_eq!(put_override(&a, "bad", r#"{"rate": "fast"}"#), 400);
+    assert_eq!(put_override(&a, "bad", r#"{"burst": 3}"#), 400);
+    assert_eq!(delete_override(&a, "never-set"), 404);
+    // A key longer than 256 bytes is kept by its instance only.
+    let long = "L".repeat(300);
+    assert_eq!(
+        put_override(&a, &long, r#"{"rate": "2r/s", "burst": 0}"#),
+        201
+    );
+    // And a short one set after it shows that rounds went by.
+    assert_eq!(
+        put_override(&a, "marker", r#"{"rate": "3r/s", "burst": 0}"#),
+        201
+    );
+    wait_override(
+        &b,
+        "marker",
+        serde_json::json!({"rate": "3r/s", "burst": 0}),
+        OVERRIDE_WITHIN,
+    );
+    thread::sleep(Duration::from_millis(300));
+    let on_b = overrides_of(&b);
+    assert!(
+        on_b.get("bad").is_none() && on_b.get(&long).is_none(),
+        "{on_b}"
+    );
+    let on_a = overrides_of(&a);
+    assert_eq!(
+        on_a[&long],
+        serde_json::json!({"rate": "2r/s", "burst": 0}),
+        "the fleet took A's long key away: {on_a}"
+    );
+    let fields = redis.cli(&["HKEYS", "rl:api:overrides"]);
+    let mut fields: Vec<&str> = fields.lines().collect();
+    fields.sort_unstable();
+    assert_eq!(fields, ["kmarker", "v"], "Redis holds: {fields:?}");
+}
+
+/// An instance restarted with its state file takes the fleet's overrides: one set while it
+/// was down arrives, one deleted while it was down does not come back (from its file), and
+/// Redis restarted empty is seeded again with the fleet's overrides.
+#[test]
+fn overrides_survive_restarts_of_instances_and_redis() {
+    let mut redis = Redis::start();
+    let dir = StateDir::new();
+    let a = Nginx::start(&instance_with_state(redis.port, &dir.file("a.json")));
+    let b_config = instance_with_state(redis.port, &dir.file("b.json"));
+    let b = Nginx::start(&b_config);
+    redis.wait_instances(2);
+    let one = serde_json::json!({"rate": "1r/s", "burst": 0});
+    let five = serde_json::json!({"rate": "5r/s", "burst": 2});
+    assert_eq!(
+        put_override(&a, "gone", r#"{"rate": "1r/s", "burst": 0}"#),
+        201
+    );
+    assert_eq!(
+        put_override(&a, "kept", r#"{"rate": "5r/s", "burst": 2}"#),
+        201
+    );
+    wait_override(&b, "gone", one.clone(), OVERRIDE_WITHIN);
+    wait_override(&b, "kept", five.clone(), OVERRIDE_WITHIN);
+    b.stop();
+    // B's state file has what the fleet gave it.
+    let saved = std::fs::read_to_string(dir.file("b.json")).expect("B's state file");
+    assert!(
+        saved.contains("\"gone\"") && saved.contains("\"kept\""),
+        "{saved}"
+    );
+
+    // While B is down: one removed, one added.
+    assert_eq!(delete_override(&a, "gone"), 204);
+    assert_eq!(
+        put_override(&a, "late", r#"{"rate": "1r/s", "burst": 0}"#),
+        201
+    );
+    let pushed = Instant::now();
+    while redis.cli(&["HEXISTS", "rl:api:overrides", "klate"]).trim() != "1" {
+        assert!(
+            pushed.elapsed() < OVERRIDE_WITHIN,
+            "A never pushed its change"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    let b = Nginx::start(&b_config);
+    let took = wait_override(&b, "late", one.clone(), OVERRIDE_WITHIN);
+    eprintln!("restarted instance had the fleet's overrides {took:?} after its start");
+    // Rounds later, still the fleet's map on both (the file's "gone" did not come back).
+    thread::sleep(Duration::from_millis(300));
+    let expected = serde_json::json!({"kept": five, "late": one});
+    assert_eq!(overrides_of(&b), expected);
+    assert_eq!(overrides_of(&a), expected);
+
+    // Redis restarted empty: the instances seed it again with the fleet's overrides.
+    redis.kill();
+    thread::sleep(Duration::from_millis(300));
+    redis.spawn();
+    let restarted = Instant::now();
+    loop {
+        let mut fields: Vec<String> = redis
+            .cli(&["HKEYS", "rl:api:overrides"])
+            .lines()
+            .map(str::to_string)
+            .collect();
+        fields.sort_unstable();
+        if fields == ["kkept", "klate", "v"] {
+            break;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(3),
+            "Redis not seeded again: {fields:?}"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!(
+        "Redis seeded again {:?} after its restart",
+        restarted.elapsed()
+    );
+    // And changes flow again.
+    assert_eq!(delete_override(&b, "kept"), 204);
+    wait_override(&a, "kept", serde_json::Value::Null, OVERRIDE_WITHIN);
+    assert_eq!(overrides_of(&a), serde_json::json!({"late": one}));
+}
+
+/// Instances started while Redis does not answer: an override set on one of them then is
+/// not lost when Redis answers, even though the fleet already has a map (which a restarted
+/// instance otherwise takes), and it reaches the others.
+#[test]
+fn override_set_before_redis_answers_reaches_the_fleet() {
+    let redis = Redis::start();
+    // The fleet's map exists (empty), as when other instances seeded it earlier.
+    redis.cli(&["HSET", "rl:api:overrides", "v", "1"]);
+    redis.signal(SIGSTOP);
+    let dir = StateDir::new();
+    let a = Nginx::start(&instance_with_state(redis.port, &dir.file("a.json")));
+    let b = Nginx::start(&instance_with_state(redis.port, &dir.file("b.json")));
+    assert_eq!(
+        put_override(&a, "early", r#"{"rate": "2r/s", "burst": 0}"#),
+        201
+    );
+    thread::sleep(Duration::from_millis(300));
+    redis.signal(SIGCONT);
+    let two = serde_json::json!({"rate": "2r/s", "burst": 0});
+    let took = wait_override(&b, "early", two.clone(), Duration::from_secs(3));
+    eprintln!("override set while Redis was stopped reached the other instance {took:?} after");
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(overrides_of(&a), serde_json::json!({"early": two}));
+    assert_eq!(
+        redis.cli(&["HGET", "rl:api:overrides", "kearly"]).trim(),
+        ratelimit_core::Limits {
+            rate: ratelimit_core::Rate::parse("2r/s").unwrap(),
+            burst: 0
+        }
+        .pack()
+        .to_string(),
+        "Redis holds the packed limits"
+    );
+}
+
+/// An instance whose override table is full cannot apply the fleet's new override: it logs
+/// it, and does not push the key's absence back as a removal (the others keep it).
+#[test]
+fn a_full_override_table_does_not_remove_the_fleets_override() {
+    let redis = Redis::start();
+    let dir = StateDir::new();
+    let a = Nginx::start(&instance_with_state(redis.port, &dir.file("a.json")));
+    let b = Nginx::start(&instance_with_state(redis.port, &dir.file("b.json")));
+    redis.wait_instances(2);
+    // Fill B with overrides of keys too long for the fleet (they stay on B).
+    let mut full = false;
+    let mut connection = Connection::open(b.port());
+    for n in 0..600 {
+        let key = format!("{n:0>300}");
+        let path = format!("/ratelimit/zones/api/overrides/{key}");
+        let request = Request::new("PUT", &path).json(r#"{"rate": "2r/s"}"#);
+        match connection.send(&request).status {
+            201 => {}
+            507 => {
+                full = true;
+                break;
+            }
+            status => panic!("PUT of a long key: {status}"),
+        }
+    }
+    assert!(full, "B's override table never filled");
+    assert_eq!(
+        put_override(&a, "x", r#"{"rate": "1r/s", "burst": 0}"#),
+        201
+    );
+    let started = Instant::now();
+    while !b
+        .error_log()
+        .contains("has no room for the fleet's override of key \"x\"")
+    {
+        assert!(
+            started.elapsed() < OVERRIDE_WITHIN,
+            "B did not log the override it could not apply:\n{}",
+            b.error_log()
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    // Rounds later: A and Redis still have it.
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        overrides_of(&a)["x"],
+        serde_json::json!({"rate": "1r/s", "burst": 0})
+    );
+    assert_eq!(
+        redis.cli(&["HEXISTS", "rl:api:overrides", "kx"]).trim(),
+        "1"
+    );
+}
+
+/// Overrides keep flowing across a reload (old and new workers overlap; the new owner's
+/// loop takes the fleet's map) and when an instance's workers are killed (another worker
+/// takes the loop over, and the inbox with it).
+#[test]
+fn overrides_flow_across_reload_and_worker_kill() {
+    let redis = Redis::start();
+    let dir = StateDir::new();
+    let a = Nginx::start(&instance_with_state(redis.port, &dir.file("a.json")));
+    let b_config = instance_with_state(redis.port, &dir.file("b.json"));
+    let mut b = Nginx::start(&b_config);
+    redis.wait_instances(2);
+    let one = serde_json::json!({"rate": "1r/s", "burst": 0});
+    assert_eq!(
+        put_override(&a, "x", r#"{"rate": "1r/s", "burst": 0}"#),
+        201
+    );
+    wait_override(&b, "x", one.clone(), OVERRIDE_WITHIN);
+
+    b.reload_with(&b_config);
+    assert_eq!(
+        put_override(&a, "y", r#"{"rate": "1r/s", "burst": 0}"#),
+        201
+    );
+    let took = wait_override(&b, "y", one.clone(), Duration::from_secs(3));
+    eprintln!("after a reload, an override reached the instance in {took:?}");
+    assert_eq!(
+        put_override(&b, "z", r#"{"rate": "1r/s", "burst": 0}"#),
+        201
+    );
+    wait_override(&a, "z", one.clone(), Duration::from_secs(3));
+
+    let old = b.kill_workers();
+    b.wait_workers_replaced(&old);
+    assert_eq!(delete_override(&a, "x"), 204);
+    // The election hands the loop over within three intervals and a second.
+    let took = wait_override(&b, "x", serde_json::Value::Null, Duration::from_secs(4));
+    eprintln!("after the workers were killed, a removal reached the instance in {took:?}");
+    thread::sleep(Duration::from_millis(300));
+    let expected = serde_json::json!({"y": one, "z": one});
+    assert_eq!(overrides_of(&a), expected);
+    assert_eq!(overrides_of(&b), expected);
 }

@@ -60,5 +60,35 @@ pub fn patch_zone(
     let zones = zones::shared_zones(mcf, crate::handler::now_ns());
     ratelimit_admin::patch_zone(&zones, name, patch)?;
     persist::save(mcf, log);
+    crate::sync::kick();
     Ok(())
+}
+
+/// Set (`to`) or remove (`None`) a key's override the way `PUT`/`DELETE
+/// zones/NAME/overrides/KEY` do (the key's backlog rescaled), provided the key's override is
+/// still `expected` (packed limits, 0 for none): `Ok(false)` when it is not (changed here
+/// meanwhile). The caller writes the state file ([`save_state`]) after a batch.
+pub fn replace_override(
+    zone_conf: &ZoneConf,
+    key: &[u8],
+    expected: u64,
+    to: Option<ratelimit_core::Limits>,
+) -> Result<bool, ratelimit_admin::OverridesFull> {
+    use ratelimit_admin::AdminZone;
+    let Some(zone) = zones::SharedZone::new(zone_conf, crate::handler::now_ns()) else {
+        return Ok(false);
+    };
+    let current = zone.override_for(key).map_or(0, |limits| limits.pack());
+    if current != expected {
+        return Ok(false);
+    }
+    match to {
+        Some(limits) => zone.set_override(key, limits).map(|_| true),
+        None => Ok(zone.remove_override(key)),
+    }
+}
+
+/// Rewrite the state file (when configured) from the zones' shared memory.
+pub fn save_state(mcf: &crate::conf::MainConf, log: *mut ngx::ffi::ngx_log_t) {
+    persist::save(mcf, log);
 }

@@ -113,6 +113,7 @@ fn execute(r: &ngx_http_request_t, route: &Route, body: &[u8]) -> Response {
     let response = ratelimit_admin::execute(route, body, &shared_zones(mcf, now_ns()));
     if response.changed {
         persist::save(mcf, connection_log(r));
+        crate::sync::kick();
     }
     response
 }

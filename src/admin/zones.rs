@@ -35,7 +35,16 @@ pub fn shared_zones(mcf: &MainConf, now_ns: u64) -> Vec<SharedZone<'_>> {
         .collect()
 }
 
-impl SharedZone<'_> {
+impl<'a> SharedZone<'a> {
+    /// One zone of the running configuration; `None` before its shared memory is set up.
+    pub fn new(conf: &'a ZoneConf, now_ns: u64) -> Option<SharedZone<'a>> {
+        Some(SharedZone {
+            conf,
+            zone: conf.zone?,
+            now_ns,
+        })
+    }
+
     pub fn zone(&self) -> Zone {
         self.zone
     }

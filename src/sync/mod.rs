@@ -4,6 +4,9 @@
 //!   grant (no Redis call, no lock on the request path);
 //! * `task`: the loop thread and its Redis I/O; `cluster`: its routing for a Redis Cluster;
 //!   `tls`: `rediss://` and its trust settings;
+//! * `overrides`: the fleet's per-key overrides as the loop agrees on them with Redis, and
+//!   `inbox`: how their changes reach a worker, which applies them from its watch timer (the
+//!   thread may not take a zone's lock);
 //! * here: the directive, the election of the worker that runs the loop (an owner pid and a
 //!   heartbeat in shared memory, checked by every worker on a timer), its start after fork
 //!   (`init_process`, never in the master), take-over when its worker dies, and its stop and
@@ -13,6 +16,8 @@
 //! The arithmetic is in `ratelimit_core::fleet`.
 
 mod cluster;
+mod inbox;
+mod overrides;
 pub mod shared;
 mod task;
 mod tls;
@@ -26,7 +31,7 @@ use std::thread::JoinHandle;
 use ngx::core::{Status, NGX_CONF_ERROR, NGX_CONF_OK};
 use ngx::ffi::{
     ngx_command_t, ngx_conf_t, ngx_cycle_t, ngx_event_t, ngx_int_t, ngx_shm_zone_t,
-    ngx_slab_pool_t, NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_NOTICE, NGX_LOG_WARN,
+    ngx_slab_pool_t, NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
 };
 use ngx::http::HttpModuleMainConf;
 use ngx::{ngx_conf_log_error, ngx_log_error};
@@ -257,9 +262,13 @@ fn watch_now(cycle: &mut ngx_cycle_t) {
     }
     elect(cycle, sync);
     log_transitions(cycle, sync);
+    apply_fleet_overrides(cycle, sync);
+    // An eighth of the interval (10 to 100 ms): the fleet's override changes wait in the
+    // inbox at most that long, so they land within two intervals end to end.
     let interval_ms = (sync.interval_ns() / 1_000_000).max(10);
+    let period_ms = (interval_ms / 8).clamp(10, 100).min(interval_ms);
     // SAFETY: the event was set up in init_process; re-armed only from this thread.
-    unsafe { nginx_sys::ngx_add_timer(ptr::addr_of_mut!(WATCH_EVENT), interval_ms as _) };
+    unsafe { nginx_sys::ngx_add_timer(ptr::addr_of_mut!(WATCH_EVENT), period_ms as _) };
 }
 
 /// Become the owner when there is none, or when its worker is gone or its loop stopped
@@ -323,6 +332,8 @@ fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Op
                 zone: view,
                 agreed_limits: std::cell::Cell::new(view.header().limits.load(Ordering::Acquire)),
                 first_round: std::cell::Cell::new(true),
+                id: name_seed(&zone.name),
+                overrides: Default::default(),
                 bursts: zone.bursts,
             })
         })
@@ -362,7 +373,57 @@ fn stop_loop() {
     }
 }
 
-fn process_alive(pid: u64) -> bool {
+/// After an admin write (a zone's limits, an override): have the loop push it now rather
+/// than at its next round, so the fleet has it within one interval.
+pub fn kick() {
+    if let Some(sync) = shared::shared() {
+        sync.kick.store(1, Ordering::Release);
+    }
+}
+
+/// Apply the fleet's override changes the loop left in the inbox, as the admin API would
+/// (backlog rescaled, state file written), in whichever worker's timer comes first.
+fn apply_fleet_overrides(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
+    let Some(mcf) = RateLimitModule::main_conf(cycle) else {
+        return;
+    };
+    let log = cycle.log;
+    let applied = sync.inbox.apply(|incoming| {
+        let zone = mcf.zones.iter().find_map(|&zone| {
+            // SAFETY: zone configurations live in the configuration pool of this cycle.
+            let zone: &ZoneConf = unsafe { &*zone };
+            (zone.sync && name_seed(&zone.name) == incoming.zone_id).then_some(zone)
+        });
+        let Some(zone) = zone else {
+            return inbox::Applied::Failed;
+        };
+        let to = ratelimit_core::Limits::unpack(incoming.to);
+        match crate::admin::replace_override(zone, &incoming.key, incoming.from, to) {
+            Ok(true) => inbox::Applied::Done,
+            Ok(false) => inbox::Applied::Skipped,
+            Err(_) => {
+                ngx_log_error!(
+                    NGX_LOG_WARN,
+                    log,
+                    "rate_limit_sync: zone \"{}\" has no room for the fleet's override of key \"{}\"",
+                    zone.name,
+                    String::from_utf8_lossy(&incoming.key)
+                );
+                inbox::Applied::Failed
+            }
+        }
+    });
+    if applied > 0 {
+        ngx_log_error!(
+            NGX_LOG_INFO,
+            log,
+            "rate_limit_sync: {applied} override change(s) from the fleet applied"
+        );
+        crate::admin::save_state(mcf, log);
+    }
+}
+
+pub(crate) fn process_alive(pid: u64) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return false;
     };

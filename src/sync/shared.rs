@@ -10,6 +10,7 @@ use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use ratelimit_core::fleet::{self, FleetShape, ASKED};
 use ratelimit_core::{Decision, Outcome, Policy};
 
+use super::inbox::Inbox;
 use crate::zone::{SlotIndex, Zone};
 
 /// The sync state of the instance, read by the request path (`mode`, `round`, `instances`,
@@ -48,10 +49,19 @@ pub struct SyncShared {
     /// A [`SyncError`] code of the last failure (0 none), for the workers to log.
     pub last_error: AtomicU64,
     pub logged_error: AtomicU64,
+    /// Set by a worker after an admin write: the loop sends the zones' limits and overrides
+    /// at once instead of at its next round.
+    pub kick: AtomicU64,
+    /// The fleet's override changes, from the loop to a worker.
+    pub inbox: Inbox,
 }
 
+// The record is one slab allocation in the 64 KiB zone (`super::SHM_SIZE`), whose slab pool
+// keeps a few pages for itself.
+const _: () = assert!(core::mem::size_of::<SyncShared>() <= 48 * 1024);
+
 /// Identifies [`SyncShared`]'s layout.
-pub const SYNC_MAGIC: u64 = 0x726c_7379_6e63_0001;
+pub const SYNC_MAGIC: u64 = 0x726c_7379_6e63_0002;
 
 /// What the request path does with a sync zone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -19,6 +19,8 @@ use ratelimit_core::sync_spec::{OnFailure, SyncSpec};
 use ratelimit_core::Limits;
 
 use super::cluster;
+use super::inbox::INBOX_ENTRIES;
+use super::overrides::{OverrideSync, OVERRIDES_SCRIPT};
 use super::shared::{Mode, SyncError, SyncShared};
 use super::tls;
 use crate::conf::LocationBursts;
@@ -91,6 +93,10 @@ pub struct SyncZone {
     /// Until the first successful round: the file's value is sent along (see
     /// `LIMITS_SCRIPT`).
     pub first_round: std::cell::Cell<bool>,
+    /// `super::name_seed` of the name: how the inbox names the zone to the workers.
+    pub id: u64,
+    /// The zone's per-key overrides as agreed with the fleet (`super::overrides`).
+    pub overrides: std::cell::RefCell<OverrideSync>,
     /// The bursts the zone's `rate_limit` lines decide with: a key's fleet bucket is the
     /// largest of them (each request is decided locally with its own line's).
     pub bursts: LocationBursts,
@@ -262,6 +268,8 @@ impl Task {
             }
             let stopping = self.stop.load(Ordering::Acquire);
             self.sync.heartbeat_ms.store(now_ms(), Ordering::Release);
+            // This round sends whatever an admin write changed.
+            self.sync.kick.store(0, Ordering::Release);
             self.round(&mut link, &mut memory).await;
             if stopping {
                 return;
@@ -271,8 +279,12 @@ impl Task {
             if next < now {
                 next = now;
             }
-            // Sleep in short steps so that a stop is noticed quickly.
+            // Sleep in short steps so that a stop (or an admin write) is noticed quickly.
             while tokio::time::Instant::now() < next && !self.stop.load(Ordering::Acquire) {
+                if self.sync.kick.swap(0, Ordering::AcqRel) != 0 {
+                    self.admin_round(&mut link).await;
+                    continue;
+                }
                 let step = next.saturating_duration_since(tokio::time::Instant::now());
                 tokio::time::sleep(step.min(Duration::from_millis(20))).await;
             }
@@ -282,9 +294,10 @@ impl Task {
     async fn round(&self, link: &mut Link, memory: &mut HashMap<(usize, u64), KeyMemory>) {
         let round = self.sync.round.load(Ordering::Acquire);
         let entries = self.collect();
+        let busy = self.settle_inbox();
         let started = std::time::Instant::now();
         let timeout = Duration::from_millis(self.spec.timeout_ms);
-        let commands = self.commands(&entries);
+        let (commands, with_overrides) = self.commands(&entries, busy);
         let results = match tokio::time::timeout(timeout, self.exchange(link, &commands)).await {
             Ok(results) => results,
             Err(_) => {
@@ -307,6 +320,14 @@ impl Task {
             .map(|result| result.ok().and_then(|value| limits_reply(&value)))
             .collect();
         self.agree_limits(&fleet_limits);
+        for &zone in &with_overrides {
+            let reply = results.next().and_then(Result::ok);
+            self.zones[zone]
+                .overrides
+                .borrow_mut()
+                .agree(reply.as_ref());
+        }
+        self.post_inbox();
         let mut first_error = heartbeat.as_ref().err().copied();
         let instances = match heartbeat
             .and_then(|value| redis::from_redis_value::<u64>(&value).map_err(|_| SyncError::Reply))
@@ -355,6 +376,38 @@ impl Task {
         self.sync.round.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Between rounds, after an admin write: the heartbeat, the zones' limits and overrides
+    /// only (no key is synced, no grant changes), so that the change reaches Redis now. A
+    /// failure is left to the next round.
+    async fn admin_round(&self, link: &mut Link) {
+        let busy = self.settle_inbox();
+        let timeout = Duration::from_millis(self.spec.timeout_ms);
+        let (commands, with_overrides) = self.commands(&[], busy);
+        let Ok(results) = tokio::time::timeout(timeout, self.exchange(link, &commands)).await
+        else {
+            link.reset();
+            return;
+        };
+        if results.iter().any(Result::is_err) {
+            link.reset();
+        }
+        let mut results = results.into_iter().skip(1);
+        let fleet_limits: Vec<Option<Option<u64>>> = results
+            .by_ref()
+            .take(self.zones.len())
+            .map(|result| result.ok().and_then(|value| limits_reply(&value)))
+            .collect();
+        self.agree_limits(&fleet_limits);
+        for &zone in &with_overrides {
+            let reply = results.next().and_then(Result::ok);
+            self.zones[zone]
+                .overrides
+                .borrow_mut()
+                .agree(reply.as_ref());
+        }
+        self.post_inbox();
+    }
+
     /// Take the pending delta of every touched key (swapped to 0: whatever is charged from now
     /// on goes to the next round).
     fn collect(&self) -> Vec<Entry> {
@@ -392,8 +445,9 @@ impl Task {
     }
 
     /// The round's commands, each with the key that routes it: the heartbeat, each zone's
-    /// limits, each touched key.
-    fn commands(&self, entries: &[Entry]) -> Vec<cluster::Routed> {
+    /// limits, the overrides of the zones listed in the second value (those whose overrides
+    /// could be read), each touched key.
+    fn commands(&self, entries: &[Entry], busy: bool) -> (Vec<cluster::Routed>, Vec<usize>) {
         let mut commands = Vec::with_capacity(1 + self.zones.len() + entries.len());
         let alive_ms = (3 * self.spec.interval_ms).max(1000);
         let key = format!("{}instances", self.spec.prefix);
@@ -430,6 +484,15 @@ impl Task {
                 });
             commands.push(cluster::Routed { key, command });
         }
+        let mut with_overrides = Vec::new();
+        for (index, zone) in self.zones.iter().enumerate() {
+            let key = format!("{}{}:overrides", self.spec.prefix, zone.name);
+            let command = zone.overrides.borrow_mut().command(&zone.zone, key, busy);
+            if let Some(command) = command {
+                commands.push(command);
+                with_overrides.push(index);
+            }
+        }
         let key_hash = redis::Script::new(KEY_SCRIPT).get_hash().to_string();
         for entry in entries {
             let zone = &self.zones[entry.zone];
@@ -449,7 +512,7 @@ impl Task {
                 .arg(idle_ms);
             commands.push(cluster::Routed { key, command });
         }
-        commands
+        (commands, with_overrides)
     }
 
     /// Send the commands: one pipeline to the server, or one per node of a cluster (scripts
@@ -459,7 +522,12 @@ impl Task {
         link: &mut Link,
         commands: &[cluster::Routed],
     ) -> Vec<Result<redis::Value, SyncError>> {
-        let scripts = [KEY_SCRIPT, HEARTBEAT_SCRIPT, LIMITS_SCRIPT];
+        let scripts = [
+            KEY_SCRIPT,
+            HEARTBEAT_SCRIPT,
+            LIMITS_SCRIPT,
+            OVERRIDES_SCRIPT,
+        ];
         match link {
             Link::Cluster(cluster) => cluster.send(commands, &scripts).await,
             Link::Single(single) => match single.send(commands, &scripts).await {
@@ -494,6 +562,51 @@ impl Task {
             if let Some(limits) = ratelimit_core::Limits::unpack(fleet) {
                 zone.zone.set_limits(limits, now);
                 zone.agreed_limits.set(fleet);
+            }
+        }
+    }
+
+    /// Before a round: read what a worker did with the last inbox (a change it could not
+    /// apply is held back from the pushes). Returns whether fleet changes are still on their
+    /// way to the zones, when a local difference is not a local change.
+    fn settle_inbox(&self) -> bool {
+        let mut failed = Vec::new();
+        let free = self.sync.inbox.settle(&mut failed);
+        for (id, change) in failed {
+            if let Some(zone) = self.zones.iter().find(|zone| zone.id == id) {
+                let mut overrides = zone.overrides.borrow_mut();
+                overrides.stuck.insert(change.key, change.to);
+            }
+        }
+        !free
+            || self
+                .zones
+                .iter()
+                .any(|zone| !zone.overrides.borrow().to_apply.is_empty())
+    }
+
+    /// After a round: hand the fleet's override changes to the workers when the inbox is free.
+    fn post_inbox(&self) {
+        if !self.sync.inbox.is_empty() {
+            return;
+        }
+        let mut batch = Vec::new();
+        for zone in &self.zones {
+            let mut overrides = zone.overrides.borrow_mut();
+            let room = INBOX_ENTRIES - batch.len();
+            let take = overrides.to_apply.len().min(room);
+            batch.extend(
+                overrides
+                    .to_apply
+                    .drain(..take)
+                    .map(|change| (zone.id, change)),
+            );
+        }
+        self.sync.inbox.post(&mut batch);
+        // Not taken (another loop got there first across a reload): kept for a later round.
+        for (id, change) in batch {
+            if let Some(zone) = self.zones.iter().find(|zone| zone.id == id) {
+                zone.overrides.borrow_mut().to_apply.push(change);
             }
         }
     }

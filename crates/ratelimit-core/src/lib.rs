@@ -22,6 +22,7 @@ mod reference;
 pub mod bucket_charge;
 pub mod decision;
 pub mod fleet;
+pub mod fleet_overrides;
 pub mod key;
 pub mod leaky_bucket;
 pub mod rate;

@@ -1,0 +1,186 @@
+//! Per-key overrides shared by the fleet: the sync loop's side.
+//!
+//! Redis holds a sync zone's overrides in the hash `PREFIX ZONE:overrides`: field `k` + key
+//! bytes → packed limits, and field `v`, a version bumped by every change. Each round sends one
+//! `EVALSHA` per zone (in the round's pipeline) with the version this loop last saw and this
+//! instance's changes; the reply is the version, plus the whole map only when the version is
+//! not the one sent, so a quiet round costs a few bytes. The local overrides are read without
+//! the lock (`Zone::overrides_unlocked`), the fleet's changes are handed to a worker through
+//! the inbox (`super::inbox`); what to push and what to apply is decided in
+//! `ratelimit_core::fleet_overrides`.
+
+use redis::Value;
+
+use ratelimit_core::fleet_overrides::{self, Change, OverrideMap};
+
+use super::cluster::Routed;
+use crate::zone::Zone;
+
+/// ARGV: the version last seen (empty: none), the number of seed pairs (empty: not a seed
+/// call), the seed pairs, then the changes: pairs of key bytes and packed limits (`0`: removed).
+/// Seed pairs are written only when the fleet has no map yet, so a restarted instance takes
+/// the fleet's map while a fresh or emptied Redis gets the instances' own. The changes are
+/// applied unless the fleet has no map and the call seeds nothing (reply `{-1}`: the loop
+/// seeds next round). The reply is `{version}`, or `{version, 'map', key, limits, ...}` when
+/// the version is not ARGV[1].
+pub const OVERRIDES_SCRIPT: &str = r#"
+local v = redis.call('HGET', KEYS[1], 'v')
+local first = 3
+if ARGV[2] ~= '' then
+  first = 3 + 2 * tonumber(ARGV[2])
+  if not v then
+    for i = 3, first - 1, 2 do
+      redis.call('HSET', KEYS[1], 'k' .. ARGV[i], ARGV[i + 1])
+    end
+    v = redis.call('HINCRBY', KEYS[1], 'v', 1)
+  end
+elseif not v then
+  return {-1}
+end
+local changed = false
+for i = first, #ARGV, 2 do
+  local field = 'k' .. ARGV[i]
+  if ARGV[i + 1] == '0' then
+    if redis.call('HDEL', KEYS[1], field) == 1 then changed = true end
+  elseif redis.call('HGET', KEYS[1], field) ~= ARGV[i + 1] then
+    redis.call('HSET', KEYS[1], field, ARGV[i + 1])
+    changed = true
+  end
+end
+if changed then v = redis.call('HINCRBY', KEYS[1], 'v', 1) end
+v = tonumber(v)
+if tostring(v) == ARGV[1] then return {v} end
+local reply = {v, 'map'}
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  if string.sub(all[i], 1, 1) == 'k' then
+    reply[#reply + 1] = string.sub(all[i], 2)
+    reply[#reply + 1] = all[i + 1]
+  end
+end
+return reply
+"#;
+
+/// What the loop remembers of one zone's overrides between rounds.
+#[derive(Default)]
+pub struct OverrideSync {
+    /// The map last agreed on with the fleet. Before the first reply, the local overrides
+    /// when the loop started (so an admin change made here meanwhile is pushed as one).
+    agreed: Option<OverrideMap>,
+    /// Until a reply with the fleet's map (from the start, and again when Redis lost the map):
+    /// calls seed with `agreed`, which Redis takes only when it has no map.
+    seeding: bool,
+    /// The fleet's version of `agreed`.
+    version: Option<u64>,
+    /// The local overrides when this round's call was built, and what it pushed.
+    snapshot: Option<OverrideMap>,
+    pushed: Vec<(Vec<u8>, u64)>,
+    /// The fleet's changes still to hand to a worker.
+    pub to_apply: Vec<Change>,
+    /// Fleet values a worker could not apply (no room): not pushed back as local removals.
+    pub stuck: OverrideMap,
+}
+
+impl OverrideSync {
+    /// This round's call for the zone, or `None` when its overrides could not be read
+    /// consistently (a worker was changing them): the zone sits this round out. `busy`: the
+    /// fleet's changes are not all applied yet, so a local difference is not a local change.
+    pub fn command(&mut self, zone: &Zone, key: String, busy: bool) -> Option<Routed> {
+        self.snapshot = None;
+        self.pushed.clear();
+        let local: OverrideMap = zone.overrides_unlocked()?.into_iter().collect();
+        let mut command = redis::cmd("EVALSHA");
+        command
+            .arg(redis::Script::new(OVERRIDES_SCRIPT).get_hash())
+            .arg(1)
+            .arg(&key);
+        if self.agreed.is_none() {
+            self.agreed = Some(local.clone());
+            self.seeding = true;
+        }
+        let agreed = self.agreed.get_or_insert_with(OverrideMap::new);
+        match self.version.filter(|_| !self.seeding) {
+            Some(version) => command.arg(version.to_string()),
+            None => command.arg(""),
+        };
+        if self.seeding {
+            let seeds: Vec<_> = agreed
+                .iter()
+                .filter(|(key, _)| key.len() <= fleet_overrides::KEY_MAX)
+                .collect();
+            command.arg(seeds.len());
+            for (key, limits) in seeds {
+                command.arg(key.as_slice()).arg(limits.to_string());
+            }
+        } else {
+            command.arg("");
+        }
+        if !busy {
+            self.pushed = fleet_overrides::local_changes(agreed, &local, &self.stuck);
+        }
+        for (key, limits) in &self.pushed {
+            command.arg(key.as_slice()).arg(limits.to_string());
+        }
+        self.snapshot = Some(local);
+        Some(Routed { key, command })
+    }
+
+    /// The reply of this round's call (`None`: it failed; the changes are pushed again next
+    /// round since they still differ from the agreed map).
+    pub fn agree(&mut self, reply: Option<&Value>) {
+        let (Some(reply), Some(local)) = (reply, self.snapshot.take()) else {
+            return;
+        };
+        let Some((version, fleet)) = parse(reply) else {
+            return;
+        };
+        if version < 0 {
+            // Redis lost the map (restarted empty): seed it again with the agreed one.
+            self.seeding = true;
+            return;
+        }
+        self.version = Some(version as u64);
+        match fleet {
+            None => {
+                if let Some(agreed) = &mut self.agreed {
+                    fleet_overrides::apply_pushed(agreed, &self.pushed);
+                }
+            }
+            Some(fleet) => {
+                self.seeding = false;
+                self.to_apply = fleet_overrides::fleet_changes(&fleet, &local);
+                self.stuck
+                    .retain(|key, limits| fleet.get(key).copied().unwrap_or(0) == *limits);
+                self.agreed = Some(fleet);
+            }
+        }
+    }
+}
+
+/// `{version}` or `{version, 'map', key, limits, ...}`.
+fn parse(reply: &Value) -> Option<(i64, Option<OverrideMap>)> {
+    let Value::Array(items) = reply else {
+        return None;
+    };
+    let version = match items.first()? {
+        Value::Int(version) => *version,
+        _ => return None,
+    };
+    if items.len() == 1 {
+        return Some((version, None));
+    }
+    let mut map = OverrideMap::new();
+    for pair in items[2..].chunks(2) {
+        let [key, limits] = pair else {
+            return None;
+        };
+        let key: Vec<u8> = redis::from_redis_value(key).ok()?;
+        let limits: String = redis::from_redis_value(limits).ok()?;
+        let limits: u64 = limits.parse().ok()?;
+        // A value no valid limits pack to (written by hand) is not applied.
+        if ratelimit_core::Limits::unpack(limits).is_some() {
+            map.insert(key, limits);
+        }
+    }
+    Some((version, Some(map)))
+}
