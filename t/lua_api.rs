@@ -17,6 +17,11 @@ use std::collections::BTreeSet;
 use std::env;
 use std::path::{Path, PathBuf};
 
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::fleet::sync_state;
+use common::redis::Redis;
 use common::{check_config, nginx_binary, send, start_request, Nginx, Request, Response};
 
 /// Where Debian's `libnginx-mod-http-ndk` and `libnginx-mod-http-lua` put their modules.
@@ -674,5 +679,77 @@ fn readme_migration_examples_run() {
     assert_eq!(
         tested,
         ["/req/", "/login", "/combined", "/upload", "/pooled"]
+    );
+}
+
+/// Lua on a `sync` zone (`rate_limit_sync`): two instances decide one key from Lua and share
+/// its limit through Redis (about K = 6 of 12 requests pass, where two instances alone would
+/// pass 12); requests given back with `uncommit` are not charged to the fleet (after six
+/// charged and given back on one instance, the other still passes K's worth).
+#[test]
+fn lua_on_a_sync_zone_shares_the_fleet_limit() {
+    require_lua!();
+    let redis = Redis::start();
+    let http = format!(
+        "rate_limit_sync redis://127.0.0.1:{} interval=100ms;
+         rate_limit_zone $arg_k zone=api:1m rate=6r/m burst=5 sync;",
+        redis.port
+    );
+    let locations = format!(
+        r#"{LUA_DECIDE}
+        location /ratelimit/ {{ rate_limit_admin; }}
+        location = /give_back {{
+            content_by_lua_block {{
+                local lim = require("resty.rate_limit").new("api", {{nodelay = true}})
+                for i = 1, 6 do
+                    assert(lim:incoming(ngx.var.arg_k, true))
+                    assert(lim:uncommit(ngx.var.arg_k))
+                end
+                ngx.say("given back")
+            }}
+        }}"#
+    );
+    let fleet: Vec<Nginx> = (0..2)
+        .map(|_| Nginx::start(&config(2, &http, &locations)))
+        .collect();
+    redis.wait_instances(2);
+    let spaced = |instances: &[&Nginx], key: &str| -> usize {
+        (0..12)
+            .filter(|at| {
+                thread::sleep(Duration::from_millis(250));
+                let status = get(
+                    instances[at % instances.len()],
+                    &format!("/lua?zone=api&k={key}"),
+                )
+                .status;
+                assert!(status == 200 || status == 429, "{status}");
+                status == 200
+            })
+            .count()
+    };
+    let passed = spaced(&[&fleet[0], &fleet[1]], "shared");
+    assert!(
+        (5..=7).contains(&passed),
+        "{passed} of 12 passed over two instances"
+    );
+
+    assert_eq!(
+        body(&fleet[0], "/give_back?k=returned").trim(),
+        "given back"
+    );
+    let round_trips = |nginx: &Nginx| sync_state(nginx)["round_trips"].as_u64().unwrap_or(0);
+    let before = round_trips(&fleet[0]);
+    let waited = Instant::now();
+    while round_trips(&fleet[0]) < before + 3 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(5),
+            "the loop stopped"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    let passed = spaced(&[&fleet[1]], "returned");
+    assert!(
+        (5..=7).contains(&passed),
+        "{passed} of 12 passed after the give-backs"
     );
 }
