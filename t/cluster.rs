@@ -568,7 +568,10 @@ fn bench_cluster_table() {
          Module: {}.\n",
         span.as_secs(),
         rows.join("\n"),
-        std::env::var("RATE_LIMIT_MODULE").unwrap_or_else(|_| "the debug build".into()),
+        std::env::var("RATE_LIMIT_MODULE").map_or_else(
+            |_| "the debug build".to_string(),
+            |module| module.replace(concat!(env!("CARGO_MANIFEST_DIR"), "/"), ""),
+        ),
     );
     let out = std::env::var("CLUSTER_BENCH_OUT").unwrap_or_else(|_| {
         concat!(env!("CARGO_MANIFEST_DIR"), "/bench/results/cluster.md").to_string()
