@@ -1104,7 +1104,7 @@ impl Zone {
         // trusts them when they hash to the slot's hash.
         let len = unsafe { ptr::read_volatile(chunk as *const [u8; 8]) };
         let len = u64::from_ne_bytes(len) as usize;
-        if len > end - chunk - 8 {
+        if len > crate::handler::MAX_KEY_BYTES || len > end - chunk - 8 {
             return None;
         }
         let bytes = (chunk + 8) as *const u8;
