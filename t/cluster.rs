@@ -9,8 +9,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::fleet::{
-    fleet, instance_config, instance_config_with, offer, offer_paths, passed_between, ports,
-    sync_state, Answer, AHEAD, BURST, LIMIT_PER_SEC, ZONE,
+    assert_one_limit, fleet, instance_config, instance_config_with, offer, offer_paths,
+    passed_between, ports, sync_state, Answer, AHEAD, BURST, LIMIT_PER_SEC, ZONE,
 };
 use common::nginx::free_port;
 use common::redis::{redis_cluster, Redis, SIGCONT, SIGSTOP};
@@ -75,10 +75,7 @@ fn three_instances_share_one_limit() {
     let fleet = fleet(&redis, 3, "interval=100ms");
     let span = Duration::from_secs(4);
     let answers = offer(&ports(&fleet), 10.0 * LIMIT_PER_SEC / 3.0, span, "k");
-    let passed = passed_between(&answers, Duration::ZERO, span);
-    let bound = 1.05 * LIMIT_PER_SEC * span.as_secs_f64() + BURST + AHEAD;
-    assert!(answers.iter().all(|a| a.status == 200 || a.status == 429));
-    assert!(passed as f64 <= bound, "fleet admitted {passed} > {bound}");
+    assert_one_limit(&answers, span);
     let state = sync_state(&fleet[0]);
     assert_eq!(state["mode"], "synced", "{state}");
     assert_eq!(state["connected"], true, "{state}");
@@ -88,11 +85,6 @@ fn three_instances_share_one_limit() {
             .as_u64()
             .is_some_and(|age| age < 1000),
         "{state}"
-    );
-    // And it is a limit, not a block: most of L t passes.
-    assert!(
-        passed as f64 >= 0.8 * LIMIT_PER_SEC * span.as_secs_f64(),
-        "{passed}"
     );
 }
 
@@ -769,13 +761,7 @@ fn a_slot_migrated_under_load_costs_no_sync() {
     }
     assert_eq!(nodes[to].cli(&["KEYS", &name]).trim(), name);
     assert_eq!(nodes[from].cli(&["KEYS", &name]).trim(), "");
-    let passed = passed_between(&answers, Duration::ZERO, span);
-    let bound = 1.05 * LIMIT_PER_SEC * span.as_secs_f64() + BURST + AHEAD;
-    assert!(passed as f64 <= bound, "{passed} > {bound}");
-    assert!(
-        passed as f64 >= 0.8 * LIMIT_PER_SEC * span.as_secs_f64(),
-        "{passed}"
-    );
+    assert_one_limit(&answers, span);
 }
 
 /// Scripts flushed from Redis (`SCRIPT FLUSH`, as after a failover to a fresh replica) under
@@ -804,13 +790,7 @@ fn scripts_flushed_under_load_are_loaded_again() {
             "{state}"
         );
     }
-    let passed = passed_between(&answers, Duration::ZERO, span);
-    let bound = 1.05 * LIMIT_PER_SEC * span.as_secs_f64() + BURST + AHEAD;
-    assert!(passed as f64 <= bound, "{passed} > {bound}");
-    assert!(
-        passed as f64 >= 0.8 * LIMIT_PER_SEC * span.as_secs_f64(),
-        "{passed}"
-    );
+    assert_one_limit(&answers, span);
 }
 
 /// Sends `per_port` requests for `key` back to back on one keep-alive connection per port,
@@ -936,16 +916,7 @@ fn redis_cluster_shares_one_limit() {
     let span = Duration::from_secs(3);
     let answers = offer(&ports(&fleet), 10.0 * LIMIT_PER_SEC / 3.0, span, "k");
     let elapsed = started.elapsed().as_secs_f64();
-    let passed = passed_between(&answers, Duration::ZERO, span) as f64;
-    let bound = 1.05 * LIMIT_PER_SEC * span.as_secs_f64() + BURST + AHEAD;
-    assert!(
-        passed <= bound,
-        "fleet admitted {passed} > {bound} through the cluster"
-    );
-    assert!(
-        passed >= 0.8 * LIMIT_PER_SEC * span.as_secs_f64(),
-        "only {passed}"
-    );
+    assert_one_limit(&answers, span);
     // Per node: three instances, each round at most the heartbeat, the zone's limits and
     // overrides and the one loaded key (when they live there).
     let rounds = (elapsed / 0.1).ceil() as u64 + 1;
@@ -1400,6 +1371,52 @@ fn a_full_override_table_does_not_remove_the_fleets_override() {
         redis.cli(&["HEXISTS", "rl:api:overrides", "kx"]).trim(),
         "1"
     );
+}
+
+/// A loop that takes over (here: the instance's workers killed) from one that could not push
+/// an override set on its instance (Redis stopped) pushes it once Redis answers, rather than
+/// undoing it as a restarted instance would: the earlier loop left in shared memory the
+/// fleet's version it last matched, and the fleet is still at it.
+#[test]
+fn an_override_waiting_for_redis_survives_a_loop_take_over() {
+    let redis = Redis::start();
+    let dir = StateDir::new();
+    let a = Nginx::start(&instance_with_state(redis.port, &dir.file("a.json")));
+    let b = Nginx::start(&instance_with_state(redis.port, &dir.file("b.json")));
+    redis.wait_instances(2);
+    let one = serde_json::json!({"rate": "1r/s", "burst": 0});
+    assert_eq!(
+        put_override(&a, "x", r#"{"rate": "1r/s", "burst": 0}"#),
+        201
+    );
+    wait_override(&b, "x", one.clone(), OVERRIDE_WITHIN);
+
+    redis.signal(SIGSTOP);
+    assert_eq!(
+        put_override(&b, "z", r#"{"rate": "1r/s", "burst": 0}"#),
+        201
+    );
+    let old = b.kill_workers();
+    b.wait_workers_replaced(&old);
+    // The new loop runs (its rounds fail while Redis is stopped) before Redis answers again.
+    let errors = |nginx: &Nginx| sync_state(nginx)["errors"].as_u64().unwrap_or(0);
+    let before = errors(&b);
+    let waited = Instant::now();
+    while errors(&b) < before + 2 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(5),
+            "no loop after the kill"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    redis.signal(SIGCONT);
+    let took = wait_override(&a, "z", one.clone(), Duration::from_secs(3));
+    eprintln!(
+        "the override set before the take-over reached the fleet {took:?} after Redis answered"
+    );
+    let expected = serde_json::json!({"x": one, "z": one});
+    assert_eq!(overrides_of(&b), expected);
+    assert_eq!(overrides_of(&a), expected);
 }
 
 /// Overrides keep flowing across a reload (old and new workers overlap; the new owner's

@@ -8,9 +8,7 @@ mod common;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::fleet::{
-    offer, passed_between, ports, sync_config, sync_state, AHEAD, BURST, LIMIT_PER_SEC, ZONE,
-};
+use common::fleet::{assert_one_limit, offer, ports, sync_config, sync_state, LIMIT_PER_SEC, ZONE};
 use common::redis::{redis_cluster_tls, Pki, Redis};
 use common::{check_config, Nginx, Request};
 
@@ -59,12 +57,7 @@ fn wait_log(nginx: &Nginx, text: &str, within: Duration) -> String {
 fn assert_fleet_shares_one_limit(fleet: &[Nginx]) {
     let span = Duration::from_secs(3);
     let answers = offer(&ports(fleet), 10.0 * LIMIT_PER_SEC / 2.0, span, "k");
-    let passed = passed_between(&answers, Duration::ZERO, span) as f64;
-    let limit_t = LIMIT_PER_SEC * span.as_secs_f64();
-    assert!(answers.iter().all(|a| a.status == 200 || a.status == 429));
-    let bound = 1.05 * limit_t + BURST + AHEAD;
-    assert!(passed <= bound, "fleet admitted {passed} > {bound}");
-    assert!(passed >= 0.8 * limit_t, "only {passed} admitted");
+    assert_one_limit(&answers, span);
 }
 
 /// Two instances with `rediss://… tls_ca=` share one limit; the admin API shows them

@@ -79,9 +79,33 @@ pub struct OverrideSync {
     pub to_apply: Vec<Change>,
     /// Fleet values a worker could not apply (no room): not pushed back as local removals.
     pub stuck: OverrideMap,
+    /// The fleet version an earlier loop of this instance last matched (a take-over after a
+    /// reload or a worker crash): when the fleet is still at it, every local difference is a
+    /// change made here meanwhile, to push rather than undo.
+    inherited: Option<u64>,
+    /// Whether this round's call was built with the fleet's changes all applied here.
+    built_settled: bool,
 }
 
 impl OverrideSync {
+    /// A loop taking over from an earlier one of this instance, which last matched the
+    /// fleet's version `version` (0: unknown, start as after a restart).
+    pub fn inherit(&mut self, version: u64) {
+        self.inherited = (version > 0).then_some(version);
+    }
+
+    /// The fleet version this instance's overrides match now, for a later loop: known when
+    /// the map is agreed, every fleet change was handed to the workers (applied, or waiting in
+    /// the inbox, which a later loop settles before it trusts this), and none is stuck (a
+    /// later loop would take a stuck key's absence here for a removal).
+    pub fn settled(&self) -> u64 {
+        let settled = !self.seeding
+            && self.inherited.is_none()
+            && self.to_apply.is_empty()
+            && self.stuck.is_empty();
+        self.version.filter(|_| settled).unwrap_or(0)
+    }
+
     /// This round's call for the zone, or `None` when its overrides could not be read
     /// consistently (a worker was changing them): the zone sits this round out. `busy`: the
     /// fleet's changes are not all applied yet, so a local difference is not a local change.
@@ -94,12 +118,14 @@ impl OverrideSync {
             .arg(redis::Script::new(OVERRIDES_SCRIPT).get_hash())
             .arg(1)
             .arg(&key);
-        if self.agreed.is_none() {
+        self.built_settled = !busy;
+        if self.agreed.is_none() && self.inherited.is_none() {
             self.agreed = Some(local.clone());
             self.seeding = true;
         }
         let agreed = self.agreed.get_or_insert_with(OverrideMap::new);
-        match self.version.filter(|_| !self.seeding) {
+        // Without a map agreed on (seeding, or taking over), ask for the fleet's whole map.
+        match self.version.filter(|_| !self.seeding && self.inherited.is_none()) {
             Some(version) => command.arg(version.to_string()),
             None => command.arg(""),
         };
@@ -115,7 +141,7 @@ impl OverrideSync {
         } else {
             command.arg("");
         }
-        if !busy {
+        if !busy && self.inherited.is_none() {
             self.pushed = fleet_overrides::local_changes(agreed, &local, &self.stuck);
         }
         for (key, limits) in &self.pushed {
@@ -135,8 +161,12 @@ impl OverrideSync {
             return;
         };
         if version < 0 {
-            // Redis lost the map (restarted empty): seed it again with the agreed one.
+            // Redis lost the map (restarted empty): seed it again with the agreed one (after a
+            // take-over, the local overrides).
             self.seeding = true;
+            if self.inherited.take().is_some() {
+                self.agreed = Some(local);
+            }
             return;
         }
         self.version = Some(version as u64);
@@ -146,9 +176,20 @@ impl OverrideSync {
                     fleet_overrides::apply_pushed(agreed, &self.pushed);
                 }
             }
+            Some(_) if self.inherited.is_some() && !self.built_settled => {
+                // Taking over while the earlier loop's last changes still wait in the inbox:
+                // decided once the workers have applied them.
+            }
             Some(fleet) => {
                 self.seeding = false;
-                self.to_apply = fleet_overrides::fleet_changes(&fleet, &local);
+                // Taking over with the fleet where the earlier loop left it: the local
+                // differences are this instance's changes, pushed from the next call on.
+                let inherited = self.inherited.take();
+                self.to_apply = if inherited == Some(version as u64) {
+                    Vec::new()
+                } else {
+                    fleet_overrides::fleet_changes(&fleet, &local)
+                };
                 self.stuck
                     .retain(|key, limits| fleet.get(key).copied().unwrap_or(0) == *limits);
                 self.agreed = Some(fleet);

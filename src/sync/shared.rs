@@ -54,14 +54,22 @@ pub struct SyncShared {
     pub kick: AtomicU64,
     /// The fleet's override changes, from the loop to a worker.
     pub inbox: Inbox,
+    /// Per sync zone (its [`super::name_seed`], then a version): the fleet's version of the
+    /// zone's overrides that this instance's overrides last matched, or 0. A loop that takes
+    /// over (reload, worker crash) reads it to tell local changes from the fleet's.
+    pub override_versions: [[AtomicU64; 2]; OVERRIDE_VERSIONS],
 }
+
+/// Sync zones whose override version a loop hands to the next (more fall back to taking the
+/// fleet's overrides at a take-over).
+pub const OVERRIDE_VERSIONS: usize = 32;
 
 // The record is one slab allocation in the 64 KiB zone (`super::SHM_SIZE`), whose slab pool
 // keeps a few pages for itself.
 const _: () = assert!(core::mem::size_of::<SyncShared>() <= 48 * 1024);
 
 /// Identifies [`SyncShared`]'s layout.
-pub const SYNC_MAGIC: u64 = 0x726c_7379_6e63_0002;
+pub const SYNC_MAGIC: u64 = 0x726c_7379_6e63_0003;
 
 /// What the request path does with a sync zone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -194,6 +202,31 @@ pub fn shared() -> Option<&'static SyncShared> {
 }
 
 impl SyncShared {
+    /// The override version recorded for zone `zone_id` by an earlier loop (0: none).
+    pub fn override_version(&self, zone_id: u64) -> u64 {
+        self.override_versions
+            .iter()
+            .find(|entry| entry[0].load(Ordering::Acquire) == zone_id)
+            .map_or(0, |entry| entry[1].load(Ordering::Acquire))
+    }
+
+    /// Record zone `zone_id`'s override version (0: unknown). Only the loop writes these.
+    pub fn set_override_version(&self, zone_id: u64, version: u64) {
+        let entry = self
+            .override_versions
+            .iter()
+            .find(|entry| entry[0].load(Ordering::Relaxed) == zone_id)
+            .or_else(|| {
+                self.override_versions
+                    .iter()
+                    .find(|entry| entry[0].load(Ordering::Relaxed) == 0)
+            });
+        if let Some(entry) = entry {
+            entry[1].store(version, Ordering::Release);
+            entry[0].store(zone_id, Ordering::Release);
+        }
+    }
+
     pub fn mode(&self) -> Mode {
         Mode::from_code(self.mode.load(Ordering::Relaxed))
     }

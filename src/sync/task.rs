@@ -246,6 +246,10 @@ impl Task {
     }
 
     async fn main_loop(self) {
+        for zone in &self.zones {
+            let version = self.sync.override_version(zone.id);
+            zone.overrides.borrow_mut().inherit(version);
+        }
         let mut link = if self.spec.cluster {
             Link::Cluster(cluster::ClusterLink::new(
                 &self.spec.urls,
@@ -314,20 +318,7 @@ impl Task {
         };
         let mut results = results.into_iter();
         let heartbeat = results.next().unwrap_or(Err(SyncError::Reply));
-        let fleet_limits: Vec<Option<Option<u64>>> = results
-            .by_ref()
-            .take(self.zones.len())
-            .map(|result| result.ok().and_then(|value| limits_reply(&value)))
-            .collect();
-        self.agree_limits(&fleet_limits);
-        for &zone in &with_overrides {
-            let reply = results.next().and_then(Result::ok);
-            self.zones[zone]
-                .overrides
-                .borrow_mut()
-                .agree(reply.as_ref());
-        }
-        self.post_inbox();
+        self.agree_control(&mut results, &with_overrides);
         let mut first_error = heartbeat.as_ref().err().copied();
         let instances = match heartbeat
             .and_then(|value| redis::from_redis_value::<u64>(&value).map_err(|_| SyncError::Reply))
@@ -392,20 +383,7 @@ impl Task {
             link.reset();
         }
         let mut results = results.into_iter().skip(1);
-        let fleet_limits: Vec<Option<Option<u64>>> = results
-            .by_ref()
-            .take(self.zones.len())
-            .map(|result| result.ok().and_then(|value| limits_reply(&value)))
-            .collect();
-        self.agree_limits(&fleet_limits);
-        for &zone in &with_overrides {
-            let reply = results.next().and_then(Result::ok);
-            self.zones[zone]
-                .overrides
-                .borrow_mut()
-                .agree(reply.as_ref());
-        }
-        self.post_inbox();
+        self.agree_control(&mut results, &with_overrides);
     }
 
     /// Take the pending delta of every touched key (swapped to 0: whatever is charged from now
@@ -537,6 +515,36 @@ impl Task {
                 Ok(_) => commands.iter().map(|_| Err(SyncError::Reply)).collect(),
                 Err(error) => commands.iter().map(|_| Err(error)).collect(),
             },
+        }
+    }
+
+    /// The replies to the zones' limits and overrides (next in `results`, in the order
+    /// `commands` sent them): agree with the fleet on both, and hand the fleet's override
+    /// changes to the workers.
+    fn agree_control(
+        &self,
+        results: &mut impl Iterator<Item = Result<redis::Value, SyncError>>,
+        with_overrides: &[usize],
+    ) {
+        let fleet_limits: Vec<Option<Option<u64>>> = results
+            .by_ref()
+            .take(self.zones.len())
+            .map(|result| result.ok().and_then(|value| limits_reply(&value)))
+            .collect();
+        self.agree_limits(&fleet_limits);
+        for &zone in with_overrides {
+            let reply = results.next().and_then(Result::ok);
+            self.zones[zone]
+                .overrides
+                .borrow_mut()
+                .agree(reply.as_ref());
+        }
+        self.post_inbox();
+        // What a loop taking over from this one starts from.
+        for &zone in with_overrides {
+            let zone = &self.zones[zone];
+            let version = zone.overrides.borrow().settled();
+            self.sync.set_override_version(zone.id, version);
         }
     }
 

@@ -165,6 +165,19 @@ pub fn passed_between(answers: &[Answer], from: Duration, to: Duration) -> usize
     passed
 }
 
+/// The fleet's admitted requests in `answers` over `span` (from their start), checked against
+/// one shared limit: every answer 200 or 429, at most 1.05 L t + burst + the interval's drain
+/// granted ahead, and at least 0.8 L t (a limit, not a block). Returns them.
+pub fn assert_one_limit(answers: &[Answer], span: Duration) -> usize {
+    let passed = passed_between(answers, Duration::ZERO, span);
+    let limit_t = LIMIT_PER_SEC * span.as_secs_f64();
+    assert!(answers.iter().all(|a| a.status == 200 || a.status == 429));
+    let bound = 1.05 * limit_t + BURST + AHEAD;
+    assert!(passed as f64 <= bound, "fleet admitted {passed} > {bound}");
+    assert!(passed as f64 >= 0.8 * limit_t, "only {passed} admitted");
+    passed
+}
+
 pub fn passed_between_quiet(answers: &[Answer], from: Duration, to: Duration) -> usize {
     answers
         .iter()
