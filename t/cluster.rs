@@ -793,6 +793,75 @@ fn scripts_flushed_under_load_are_loaded_again() {
     assert_one_limit(&answers, span);
 }
 
+/// How far the one loaded key's fleet state (its TAT in Redis) stands ahead of Redis's clock,
+/// in ms (bounded wait for the key to be there).
+fn fleet_lead_ms(redis: &Redis) -> f64 {
+    let started = Instant::now();
+    loop {
+        let keys = redis.cli(&["KEYS", "rl:api:*"]);
+        let key = keys.lines().map(str::trim).find(|key| {
+            !key.is_empty() && !key.ends_with(":limits") && !key.ends_with(":overrides")
+        });
+        let tat = key.and_then(|key| redis.cli(&["HGET", key, "t"]).trim().parse::<f64>().ok());
+        if let Some(tat_us) = tat {
+            let time = redis.cli(&["TIME"]);
+            let mut time = time
+                .lines()
+                .map(|line| line.trim().parse::<f64>().unwrap_or(0.0));
+            let now_us = time.next().unwrap_or(0.0) * 1e6 + time.next().unwrap_or(0.0);
+            return (tat_us - now_us) / 1000.0;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "no fleet state: {keys}"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Polls (bounded) until the instance is synced with Redis.
+fn wait_synced(nginx: &Nginx) {
+    let started = Instant::now();
+    while sync_state(nginx)["mode"] != "synced" {
+        assert!(started.elapsed() < Duration::from_secs(3), "never synced");
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Redis stalled (SIGSTOP) for 0.6 s right after a burst of 30: each round of the stall
+/// times out with the key's delta, the stopped server queues what reached it, and runs it
+/// when it resumes. Each request is still charged once (every send lists the earlier sends it
+/// carries again): from the resume on (Redis's clock), the key's fleet state stands 30 x 100
+/// ms ahead, not a multiple of it (measured before this: twice, 5.7 s ahead).
+#[test]
+fn a_stalled_redis_charges_each_request_once() {
+    let redis = Redis::start();
+    let nginx = Nginx::start(&instance_config(
+        redis.port,
+        "interval=100ms timeout=50ms",
+        "rate=10r/s burst=100",
+    ));
+    redis.wait_instances(1);
+    wait_synced(&nginx);
+    redis.signal(SIGSTOP);
+    assert_eq!(burst(&[nginx.port()], 30, "once"), 30);
+    thread::sleep(Duration::from_millis(600));
+    redis.signal(SIGCONT);
+    let resumed = Instant::now();
+    wait_synced(&nginx);
+    // Let the rounds after the resume run (a resent delta would land in one of them).
+    thread::sleep(Duration::from_millis(300));
+    let ahead_ms = fleet_lead_ms(&redis);
+    let once_ms = 3000.0 - resumed.elapsed().as_secs_f64() * 1000.0;
+    eprintln!(
+        "30 requests: the fleet state is {ahead_ms:.0} ms ahead, {once_ms:.0} ms if charged once"
+    );
+    assert!(
+        (ahead_ms - once_ms).abs() < 1000.0,
+        "{ahead_ms:.0} ms ahead, not {once_ms:.0} ms: charged more than once, or not at all"
+    );
+}
+
 /// Sends `per_port` requests for `key` back to back on one keep-alive connection per port,
 /// all ports at once. Returns how many passed (every answer must be 200 or 429).
 fn burst(ports: &[u16], per_port: usize, key: &str) -> usize {
@@ -966,28 +1035,7 @@ fn consumption_during_an_outage_is_carried_over() {
         );
         thread::sleep(Duration::from_millis(5));
     }
-    // The key's fleet TAT and Redis's clock, read together (bounded wait for the key).
-    let (tat_us, now_us) = loop {
-        let keys = redis.cli(&["KEYS", "rl:api:*"]);
-        let key = keys.lines().map(str::trim).find(|key| {
-            !key.is_empty() && !key.ends_with(":limits") && !key.ends_with(":overrides")
-        });
-        let tat = key.and_then(|key| redis.cli(&["HGET", key, "t"]).trim().parse::<f64>().ok());
-        if let Some(tat_us) = tat {
-            let time = redis.cli(&["TIME"]);
-            let mut time = time
-                .lines()
-                .map(|line| line.trim().parse::<f64>().unwrap_or(0.0));
-            let now_us = time.next().unwrap_or(0.0) * 1e6 + time.next().unwrap_or(0.0);
-            break (tat_us, now_us);
-        }
-        assert!(
-            resumed.elapsed() < Duration::from_secs(2),
-            "no fleet state: {keys}"
-        );
-        thread::sleep(Duration::from_millis(5));
-    };
-    let ahead_ms = (tat_us - now_us) / 1000.0;
+    let ahead_ms = fleet_lead_ms(&redis);
     eprintln!("after the outage: {admitted} admitted, fleet state {ahead_ms:.0} ms ahead");
     // Over 100 requests at 10 ms each were charged; Redis keeps a key at most 2 K T + I =
     // 520 ms ahead (the bound on what an outage carries over). Read within a round of the

@@ -125,7 +125,10 @@ impl OverrideSync {
         }
         let agreed = self.agreed.get_or_insert_with(OverrideMap::new);
         // Without a map agreed on (seeding, or taking over), ask for the fleet's whole map.
-        match self.version.filter(|_| !self.seeding && self.inherited.is_none()) {
+        match self
+            .version
+            .filter(|_| !self.seeding && self.inherited.is_none())
+        {
             Some(version) => command.arg(version.to_string()),
             None => command.arg(""),
         };

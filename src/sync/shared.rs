@@ -27,6 +27,9 @@ pub struct SyncShared {
     pub heartbeat_ms: AtomicU64,
     /// The sync rounds done (the loop turns, successful or not).
     pub round: AtomicU64,
+    /// Sends of keys' deltas to Redis: each round's number for them, unique in the instance
+    /// even when two loops overlap (see `KEY_SCRIPT` in `task.rs`).
+    pub sends: AtomicU64,
     /// A [`Mode`].
     pub mode: AtomicU64,
     /// The mode a worker last logged (so each transition is logged once).
@@ -69,7 +72,7 @@ pub const OVERRIDE_VERSIONS: usize = 32;
 const _: () = assert!(core::mem::size_of::<SyncShared>() <= 48 * 1024);
 
 /// Identifies [`SyncShared`]'s layout.
-pub const SYNC_MAGIC: u64 = 0x726c_7379_6e63_0003;
+pub const SYNC_MAGIC: u64 = 0x726c_7379_6e63_0004;
 
 /// What the request path does with a sync zone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -28,8 +28,16 @@ use crate::zone::Zone;
 
 /// Applies one instance's delta to a key's fleet state on Redis's clock and returns the
 /// fleet TAT's lead over Redis's now (µs), the fleet's requests in this and the previous
-/// sync window, and in the previous one alone. ARGV: delta, T (µs per request), K, interval (ms), idle expiry (ms).
-/// Numbers are written with `%.0f`: Lua's `tostring` would round a µs time to 14 digits.
+/// sync window, and in the previous one alone. ARGV: delta, T (µs per request), K, interval
+/// (ms), idle expiry (ms), this instance's id, this send's number (unique in the instance),
+/// then pairs of (number, requests) for its earlier sends whose delta this one carries again
+/// (they timed out or failed, so Redis may have applied them after all, or may yet).
+///
+/// The key remembers, per instance (`s`/`f` + id), the last send it applied and the earliest
+/// send that one carried. A send arriving late that it carried adds nothing; a send after it
+/// adds its delta less what the applied one already added. So a send that timed out but was
+/// applied (Redis slow, or stopped and resumed with sends queued) is charged once. Numbers
+/// are written with `%.0f`: Lua's `tostring` would round a µs time to 14 digits.
 const KEY_SCRIPT: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -37,7 +45,22 @@ local delta = tonumber(ARGV[1])
 local T = tonumber(ARGV[2])
 local K = tonumber(ARGV[3])
 local I = tonumber(ARGV[4]) * 1000
-local h = redis.call('HMGET', KEYS[1], 't', 'w', 'c', 'p')
+local sent = tonumber(ARGV[7])
+local h = redis.call('HMGET', KEYS[1], 't', 'w', 'c', 'p', 's' .. ARGV[6], 'f' .. ARGV[6])
+local last = tonumber(h[5]) or -1
+local from = tonumber(h[6]) or -1
+if sent <= last then
+  if sent >= from then delta = 0 end
+else
+  from = sent
+  for i = 8, #ARGV, 2 do
+    local earlier = tonumber(ARGV[i])
+    if earlier == last then delta = math.max(0, delta - tonumber(ARGV[i + 1])) end
+    if earlier < from then from = earlier end
+  end
+  last = sent
+  redis.call('HSET', KEYS[1], 's' .. ARGV[6], string.format('%.0f', last), 'f' .. ARGV[6], string.format('%.0f', from))
+end
 local tat = tonumber(h[1]) or 0
 if tat < now then tat = now end
 tat = tat + delta * T
@@ -53,7 +76,6 @@ redis.call('HSET', KEYS[1], 't', string.format('%.0f', tat), 'w', string.format(
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return {tat - now, p + c, p}
 "#;
-
 /// Records this instance alive (a sorted set scored by Redis's milliseconds) and returns how
 /// many were alive within ARGV[2] ms.
 const HEARTBEAT_SCRIPT: &str = r#"
@@ -118,12 +140,23 @@ pub struct Task {
 unsafe impl Send for Task {}
 
 /// What the loop remembers of a key between rounds.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Default)]
 struct KeyMemory {
     last_delta: u64,
     share: u64,
     round: u64,
+    /// The sends (numbers from `SyncShared::sends`) that timed out or failed since the key's
+    /// last successful one, with the delta each carried (each one's includes the earlier
+    /// ones'): listed in the next send so that Redis charges once what it applied late (see
+    /// `KEY_SCRIPT`).
+    unconfirmed: Vec<(u64, u64)>,
 }
+
+/// Failed sends a key remembers. Beyond, the second oldest is forgotten: the oldest went out
+/// on a connection that worked until then, the likeliest to be applied late (later ones
+/// mostly fail to connect at all). A forgotten send applied late is charged twice (the
+/// strict side).
+const UNCONFIRMED: usize = 8;
 
 /// A touched key taken in this round.
 struct Entry {
@@ -132,6 +165,8 @@ struct Entry {
     hash: u64,
     delta: u64,
     shape: FleetShape,
+    /// [`KeyMemory::unconfirmed`] when the round was built.
+    unconfirmed: Vec<(u64, u64)>,
 }
 
 /// The connection(s), opened lazily and dropped after any failure.
@@ -297,11 +332,17 @@ impl Task {
 
     async fn round(&self, link: &mut Link, memory: &mut HashMap<(usize, u64), KeyMemory>) {
         let round = self.sync.round.load(Ordering::Acquire);
-        let entries = self.collect();
+        let mut entries = self.collect();
+        for entry in &mut entries {
+            if let Some(key) = memory.get(&(entry.zone, entry.hash)) {
+                entry.unconfirmed.clone_from(&key.unconfirmed);
+            }
+        }
         let busy = self.settle_inbox();
         let started = std::time::Instant::now();
         let timeout = Duration::from_millis(self.spec.timeout_ms);
-        let (commands, with_overrides) = self.commands(&entries, busy);
+        let send = self.sync.sends.fetch_add(1, Ordering::AcqRel) + 1;
+        let (commands, with_overrides) = self.commands(&entries, send, busy);
         let results = match tokio::time::timeout(timeout, self.exchange(link, &commands)).await {
             Ok(results) => results,
             Err(_) => {
@@ -359,7 +400,7 @@ impl Task {
                 link.reset();
                 self.sync.errors.fetch_add(1, Ordering::Relaxed);
                 self.sync.last_error.store(error as u64, Ordering::Relaxed);
-                self.missed(&failed, round, memory);
+                self.missed(&failed, round, send, memory);
             }
         }
         memory.retain(|_, key| round.wrapping_sub(key.round) < 100);
@@ -373,7 +414,7 @@ impl Task {
     async fn admin_round(&self, link: &mut Link) {
         let busy = self.settle_inbox();
         let timeout = Duration::from_millis(self.spec.timeout_ms);
-        let (commands, with_overrides) = self.commands(&[], busy);
+        let (commands, with_overrides) = self.commands(&[], 0, busy);
         let Ok(results) = tokio::time::timeout(timeout, self.exchange(link, &commands)).await
         else {
             link.reset();
@@ -416,6 +457,7 @@ impl Task {
                     hash,
                     delta: (word & !ASKED).min(shape.carry_limit()),
                     shape,
+                    unconfirmed: Vec::new(),
                 });
             }
         }
@@ -425,7 +467,12 @@ impl Task {
     /// The round's commands, each with the key that routes it: the heartbeat, each zone's
     /// limits, the overrides of the zones listed in the second value (those whose overrides
     /// could be read), each touched key.
-    fn commands(&self, entries: &[Entry], busy: bool) -> (Vec<cluster::Routed>, Vec<usize>) {
+    fn commands(
+        &self,
+        entries: &[Entry],
+        send: u64,
+        busy: bool,
+    ) -> (Vec<cluster::Routed>, Vec<usize>) {
         let mut commands = Vec::with_capacity(1 + self.zones.len() + entries.len());
         let alive_ms = (3 * self.spec.interval_ms).max(1000);
         let key = format!("{}instances", self.spec.prefix);
@@ -472,6 +519,7 @@ impl Task {
             }
         }
         let key_hash = redis::Script::new(KEY_SCRIPT).get_hash().to_string();
+        let instance = format!("{:016x}", self.sync.instance_id);
         for entry in entries {
             let zone = &self.zones[entry.zone];
             let interval_us = (entry.shape.interval_ns / 1000).max(1);
@@ -487,7 +535,12 @@ impl Task {
                 .arg(interval_us)
                 .arg(entry.shape.capacity)
                 .arg(self.spec.interval_ms)
-                .arg(idle_ms);
+                .arg(idle_ms)
+                .arg(&instance)
+                .arg(send);
+            for &(earlier, sent) in &entry.unconfirmed {
+                command.arg(earlier).arg(sent);
+            }
             commands.push(cluster::Routed { key, command });
         }
         (commands, with_overrides)
@@ -639,6 +692,7 @@ impl Task {
                 continue; // evicted meanwhile: the new key starts from a fresh grant.
             }
             let key = memory.entry((entry.zone, entry.hash)).or_default();
+            key.unconfirmed.clear();
             let mine = entry.delta + key.last_delta;
             key.last_delta = entry.delta;
             key.share = fleet::share(mine, fleet_recent, fleet_before, instances);
@@ -662,6 +716,7 @@ impl Task {
         &self,
         entries: &[&Entry],
         round: u64,
+        send: u64,
         memory: &mut HashMap<(usize, u64), KeyMemory>,
     ) {
         let missed = self.sync.missed.fetch_add(1, Ordering::AcqRel) + 1;
@@ -692,6 +747,11 @@ impl Task {
             pending.fetch_add(entry.delta, Ordering::AcqRel);
             let key = memory.entry((entry.zone, entry.hash)).or_default();
             key.round = round;
+            // Sent (perhaps applied late): the next round says so.
+            if key.unconfirmed.len() == UNCONFIRMED {
+                key.unconfirmed.remove(1);
+            }
+            key.unconfirmed.push((send, entry.delta));
             let (_, left) = grant_word::unpack(grant.load(Ordering::Acquire));
             let granted = match mode {
                 Mode::Degraded if key.share > 0 => {
