@@ -13,7 +13,7 @@ use common::fleet::{
     passed_between, ports, sync_state, Answer, AHEAD, BURST, LIMIT_PER_SEC, ZONE,
 };
 use common::nginx::free_port;
-use common::redis::{redis_cluster, Redis, SIGCONT, SIGSTOP};
+use common::redis::{assert_keys_spread, redis_cluster, Redis, SIGCONT, SIGSTOP};
 use common::{check_config, Connection, Nginx, Request};
 
 #[test]
@@ -996,14 +996,7 @@ fn redis_cluster_shares_one_limit() {
             "{calls} calls on one node in {elapsed:.1} s"
         );
     }
-    let holding = nodes
-        .iter()
-        .filter(|node| node.cli(&["DBSIZE"]).trim().parse::<u64>().unwrap_or(0) > 0)
-        .count();
-    assert!(
-        holding >= 2,
-        "the zone's keys did not spread over the nodes"
-    );
+    assert_keys_spread(&nodes);
 }
 
 /// Requests admitted while Redis was stopped are charged to the fleet once it answers: the
@@ -1064,6 +1057,17 @@ fn instance_with_state(redis_port: u16, path: &std::path::Path) -> String {
                 path.display()
             ),
         )
+}
+
+/// Two instances with state files, both seen in a fresh Redis: (Redis, the files' directory,
+/// A, B).
+fn pair_with_state() -> (Redis, StateDir, Nginx, Nginx) {
+    let redis = Redis::start();
+    let dir = StateDir::new();
+    let a = Nginx::start(&instance_with_state(redis.port, &dir.file("a.json")));
+    let b = Nginx::start(&instance_with_state(redis.port, &dir.file("b.json")));
+    redis.wait_instances(2);
+    (redis, dir, a, b)
 }
 
 /// `GET zones/api/overrides` of one instance.
@@ -1148,11 +1152,7 @@ impl Drop for StateDir {
 /// reaches nobody; a key too long for the fleet stays on its instance.
 #[test]
 fn override_reaches_the_fleet_and_its_removal_too() {
-    let redis = Redis::start();
-    let dir = StateDir::new();
-    let a = Nginx::start(&instance_with_state(redis.port, &dir.file("a.json")));
-    let b = Nginx::start(&instance_with_state(redis.port, &dir.file("b.json")));
-    redis.wait_instances(2);
+    let (redis, _dir, a, b) = pair_with_state();
     // Before: the zone's 100r/s burst=20 lets ten requests of the key through on B.
     assert_eq!(statuses_for(&b, "vip", 10), vec![200; 10]);
 
@@ -1371,11 +1371,7 @@ fn override_set_before_redis_answers_reaches_the_fleet() {
 /// it, and does not push the key's absence back as a removal (the others keep it).
 #[test]
 fn a_full_override_table_does_not_remove_the_fleets_override() {
-    let redis = Redis::start();
-    let dir = StateDir::new();
-    let a = Nginx::start(&instance_with_state(redis.port, &dir.file("a.json")));
-    let b = Nginx::start(&instance_with_state(redis.port, &dir.file("b.json")));
-    redis.wait_instances(2);
+    let (redis, _dir, a, b) = pair_with_state();
     // Fill B with overrides of keys too long for the fleet (they stay on B).
     let mut full = false;
     let mut connection = Connection::open(b.port());
@@ -1427,11 +1423,7 @@ fn a_full_override_table_does_not_remove_the_fleets_override() {
 /// fleet's version it last matched, and the fleet is still at it.
 #[test]
 fn an_override_waiting_for_redis_survives_a_loop_take_over() {
-    let redis = Redis::start();
-    let dir = StateDir::new();
-    let a = Nginx::start(&instance_with_state(redis.port, &dir.file("a.json")));
-    let b = Nginx::start(&instance_with_state(redis.port, &dir.file("b.json")));
-    redis.wait_instances(2);
+    let (redis, _dir, a, b) = pair_with_state();
     let one = serde_json::json!({"rate": "1r/s", "burst": 0});
     assert_eq!(
         put_override(&a, "x", r#"{"rate": "1r/s", "burst": 0}"#),

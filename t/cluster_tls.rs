@@ -9,7 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::fleet::{assert_one_limit, offer, ports, sync_config, sync_state, LIMIT_PER_SEC, ZONE};
-use common::redis::{redis_cluster_tls, Pki, Redis};
+use common::redis::{assert_keys_spread, redis_cluster_tls, Pki, Redis};
 use common::{check_config, Nginx, Request};
 
 /// `rediss://127.0.0.1:PORT` with `tls_ca=` the test CA.
@@ -321,12 +321,5 @@ fn redis_cluster_over_tls_shares_one_limit() {
             instance.error_log()
         );
     }
-    let holding = nodes
-        .iter()
-        .filter(|node| node.cli(&["DBSIZE"]).trim().parse::<u64>().unwrap_or(0) > 0)
-        .count();
-    assert!(
-        holding >= 2,
-        "the zone's keys did not spread over the nodes"
-    );
+    assert_keys_spread(&nodes);
 }

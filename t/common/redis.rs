@@ -361,3 +361,15 @@ fn create_cluster(nodes: Vec<Redis>, cli_args: &[&str]) -> Vec<Redis> {
     }
     panic!("the cluster never reached cluster_state:ok");
 }
+
+/// Asserts that the cluster's keys are spread: at least two of `nodes` hold some.
+pub fn assert_keys_spread(nodes: &[Redis]) {
+    let holding = nodes
+        .iter()
+        .filter(|node| node.cli(&["DBSIZE"]).trim().parse::<u64>().unwrap_or(0) > 0)
+        .count();
+    assert!(
+        holding >= 2,
+        "the zone's keys did not spread over the nodes"
+    );
+}
