@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::fleet::{
     assert_one_limit, fleet, instance_config, instance_config_with, offer, offer_paths,
-    passed_between, ports, sync_state, Answer, AHEAD, BURST, LIMIT_PER_SEC, ZONE,
+    passed_between, ports, sync_state, wait_mode, Answer, AHEAD, BURST, LIMIT_PER_SEC, ZONE,
 };
 use common::nginx::free_port;
 use common::redis::{assert_keys_spread, redis_cluster, Redis, SIGCONT, SIGSTOP};
@@ -505,16 +505,7 @@ fn bench_cluster_table() {
     // Redis Cluster of three masters, 10x spread evenly.
     {
         let nodes = redis_cluster();
-        let fleet: Vec<Nginx> = (0..3)
-            .map(|_| {
-                Nginx::start(&instance_config(
-                    nodes[0].port,
-                    "cluster interval=100ms",
-                    ZONE,
-                ))
-            })
-            .collect();
-        nodes[0].wait_instances(3);
+        let fleet = fleet(&nodes[0], 3, "cluster interval=100ms");
         let answers = offer(&ports(&fleet), 10.0 * LIMIT_PER_SEC / 3.0, span, "k");
         let passed = passed_between(&answers, Duration::ZERO, span);
         let ratio = passed as f64 / limit_t;
@@ -700,16 +691,7 @@ fn delay_follows_the_fleet_backlog() {
 #[test]
 fn a_slot_migrated_under_load_costs_no_sync() {
     let nodes = redis_cluster();
-    let fleet: Vec<Nginx> = (0..2)
-        .map(|_| {
-            Nginx::start(&instance_config(
-                nodes[0].port,
-                "cluster interval=100ms",
-                ZONE,
-            ))
-        })
-        .collect();
-    nodes[0].wait_instances(2);
+    let fleet = fleet(&nodes[0], 2, "cluster interval=100ms");
     let ports = ports(&fleet);
     let span = Duration::from_secs(4);
     let load = thread::spawn(move || offer(&ports, LIMIT_PER_SEC, span, "moving"));
@@ -819,15 +801,6 @@ fn fleet_lead_ms(redis: &Redis) -> f64 {
     }
 }
 
-/// Polls (bounded) until the instance is synced with Redis.
-fn wait_synced(nginx: &Nginx) {
-    let started = Instant::now();
-    while sync_state(nginx)["mode"] != "synced" {
-        assert!(started.elapsed() < Duration::from_secs(3), "never synced");
-        thread::sleep(Duration::from_millis(5));
-    }
-}
-
 /// Redis stalled (SIGSTOP) for 0.6 s right after a burst of 30: each round of the stall
 /// times out with the key's delta, the stopped server queues what reached it, and runs it
 /// when it resumes. Each request is still charged once (every send lists the earlier sends it
@@ -842,13 +815,13 @@ fn a_stalled_redis_charges_each_request_once() {
         "rate=10r/s burst=100",
     ));
     redis.wait_instances(1);
-    wait_synced(&nginx);
+    wait_mode(&nginx, "synced", Duration::from_secs(3));
     redis.signal(SIGSTOP);
     assert_eq!(burst(&[nginx.port()], 30, "once"), 30);
     thread::sleep(Duration::from_millis(600));
     redis.signal(SIGCONT);
     let resumed = Instant::now();
-    wait_synced(&nginx);
+    wait_mode(&nginx, "synced", Duration::from_secs(3));
     // Let the rounds after the resume run (a resent delta would land in one of them).
     thread::sleep(Duration::from_millis(300));
     let ahead_ms = fleet_lead_ms(&redis);
@@ -959,11 +932,7 @@ fn token_bucket_and_sliding_window_share_one_limit() {
 #[test]
 fn redis_cluster_shares_one_limit() {
     let nodes = redis_cluster();
-    let seed = nodes[0].port;
-    let fleet: Vec<Nginx> = (0..3)
-        .map(|_| Nginx::start(&instance_config(seed, "cluster interval=100ms", ZONE)))
-        .collect();
-    nodes[0].wait_instances(3);
+    let fleet = fleet(&nodes[0], 3, "cluster interval=100ms");
     for instance in &fleet {
         assert_eq!(
             sync_state(instance)["mode"],
@@ -1020,14 +989,7 @@ fn consumption_during_an_outage_is_carried_over() {
     let admitted = answers.iter().filter(|a| a.status == 200).count();
     redis.signal(SIGCONT);
     // The first round after Redis answers pushes the carried deltas.
-    let resumed = Instant::now();
-    while sync_state(&fleet[0])["mode"] != "synced" {
-        assert!(
-            resumed.elapsed() < Duration::from_secs(2),
-            "never synced again"
-        );
-        thread::sleep(Duration::from_millis(5));
-    }
+    wait_mode(&fleet[0], "synced", Duration::from_secs(2));
     let ahead_ms = fleet_lead_ms(&redis);
     eprintln!("after the outage: {admitted} admitted, fleet state {ahead_ms:.0} ms ahead");
     // Over 100 requests at 10 ms each were charged; Redis keeps a key at most 2 K T + I =

@@ -8,7 +8,9 @@ mod common;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::fleet::{assert_one_limit, offer, ports, sync_config, sync_state, LIMIT_PER_SEC, ZONE};
+use common::fleet::{
+    assert_one_limit, offer, ports, sync_config, sync_state, wait_mode, LIMIT_PER_SEC, ZONE,
+};
 use common::redis::{assert_keys_spread, redis_cluster_tls, Pki, Redis};
 use common::{check_config, Nginx, Request};
 
@@ -19,23 +21,6 @@ fn tls_urls(pki: &Pki, redis: &Redis) -> String {
         redis.port,
         pki.file("ca.pem")
     )
-}
-
-/// Polls (bounded by `within`) until the zone's sync mode is `mode`.
-fn wait_mode(nginx: &Nginx, mode: &str, within: Duration) {
-    let started = Instant::now();
-    loop {
-        let state = sync_state(nginx);
-        if state["mode"] == mode {
-            return;
-        }
-        assert!(
-            started.elapsed() < within,
-            "mode not {mode} after {within:?}: {state}\n{}",
-            nginx.error_log()
-        );
-        thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// Polls (bounded by `within`) until the error log holds `text`; returns the log.

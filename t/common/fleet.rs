@@ -196,3 +196,20 @@ pub fn sync_state(nginx: &Nginx) -> serde_json::Value {
 pub fn ports(fleet: &[Nginx]) -> Vec<u16> {
     fleet.iter().map(Nginx::port).collect()
 }
+
+/// Polls (bounded by `within`) until the zone's sync mode is `mode`.
+pub fn wait_mode(nginx: &Nginx, mode: &str, within: Duration) {
+    let started = Instant::now();
+    loop {
+        let state = sync_state(nginx);
+        if state["mode"] == mode {
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "mode not {mode} after {within:?}: {state}\n{}",
+            nginx.error_log()
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
