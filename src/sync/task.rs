@@ -59,7 +59,6 @@ else
     if earlier < from then from = earlier end
   end
   last = sent
-  redis.call('HSET', KEYS[1], 's' .. ARGV[6], string.format('%.0f', last), 'f' .. ARGV[6], string.format('%.0f', from))
 end
 local tat = tonumber(h[1]) or 0
 if tat < now then tat = now end
@@ -72,7 +71,8 @@ local c = tonumber(h[3]) or 0
 local p = tonumber(h[4]) or 0
 if hw == w - 1 then p = c; c = 0 elseif hw ~= w then p = 0; c = 0 end
 c = c + delta
-redis.call('HSET', KEYS[1], 't', string.format('%.0f', tat), 'w', string.format('%.0f', w), 'c', c, 'p', p)
+redis.call('HSET', KEYS[1], 't', string.format('%.0f', tat), 'w', string.format('%.0f', w), 'c', c, 'p', p,
+  's' .. ARGV[6], string.format('%.0f', last), 'f' .. ARGV[6], string.format('%.0f', from))
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return {tat - now, p + c, p}
 "#;
