@@ -21,6 +21,7 @@ mod reference;
 
 pub mod adaptive;
 pub mod bucket_charge;
+pub mod concurrency;
 pub mod decision;
 pub mod fleet;
 pub mod fleet_overrides;

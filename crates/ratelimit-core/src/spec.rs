@@ -43,6 +43,10 @@ pub enum SpecError {
     /// `"burst" is not used by sliding_log` and the like.
     #[error("{0}")]
     Conflict(String),
+    /// A value out of its range, with what is valid:
+    /// `invalid limit value "limit=0": must be an integer from 1 to 16777216, or "adaptive"`.
+    #[error("{0}")]
+    InvalidValue(String),
 }
 
 /// Which algorithm a zone runs.
