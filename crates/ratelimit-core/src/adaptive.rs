@@ -15,7 +15,7 @@
 //! half per window. On an upstream that serves `C` requests at once in `b` each and shares
 //! itself out beyond (latency `b · inflight / C`), the limit settles where
 //! `limit = TOLERANCE · C + sqrt(limit)`, a little above `C`: every slot of the upstream stays
-//! busy and the latency stays under `1.5 · b` for `C` of 20 and more. The square root is the
+//! busy and the latency is about `1.5 · b` at `C` = 20, `1.4 · b` at `C` = 100. The square root is the
 //! headroom that keeps probing upwards, so a capacity that grows is found too. The limit does
 //! not grow in a window whose requests never used half of it (nothing was learnt about more).
 //!
