@@ -56,8 +56,9 @@ pub const PROBE_SAMPLES: u32 = 16;
 pub const PROBE_MAX_NS: u64 = 5 * NANOS_PER_SEC;
 /// Most samples a window word holds; the window closes before.
 pub const WINDOW_MAX_SAMPLES: u32 = (1 << WINDOW_COUNT_BITS) - 1;
-/// Largest limit ([`AdaptiveLimit::limit`] is a 32-bit count).
-pub const MAX_LIMIT: u32 = 1 << 24;
+/// Largest limit: 24 bits, so that a zone's limits fit one word
+/// ([`crate::concurrency::ConcurrencyLimits::pack`]).
+pub const MAX_LIMIT: u32 = (1 << 24) - 1;
 
 const WINDOW_COUNT_BITS: u32 = 16;
 const WINDOW_SUM_BITS: u32 = 64 - WINDOW_COUNT_BITS;
@@ -169,6 +170,9 @@ pub struct AdaptiveLimit {
     pub resume_limit: u32,
     /// Windows in a row that ended at `min`.
     pub windows_at_min: u8,
+    /// The average latency of the last window closed, in microseconds (0 before one): the
+    /// latency the limit was last judged by.
+    pub last_average_us: u32,
     /// When the current window (or probe) began.
     pub window_start_ns: u64,
     /// When the next periodic probe begins.
@@ -176,7 +180,7 @@ pub struct AdaptiveLimit {
 }
 
 /// How many `u64` words [`AdaptiveLimit::pack`] fills.
-pub const ADAPTIVE_WORDS: usize = 4;
+pub const ADAPTIVE_WORDS: usize = 5;
 
 impl AdaptiveLimit {
     /// A new key's limit at `now_ns`: a probe at `min`, to learn the no-load latency first.
@@ -189,6 +193,7 @@ impl AdaptiveLimit {
             no_load_us: 0,
             resume_limit: bounds.min,
             windows_at_min: 0,
+            last_average_us: 0,
             window_start_ns: now_ns,
             next_probe_ns: now_ns.saturating_add(RELEARN_INTERVAL_NS),
         }
@@ -253,6 +258,9 @@ impl AdaptiveLimit {
     /// assert_eq!(limit.limit, 6); // 7 · 5/8 = 4.375, plus sqrt(4.375)
     /// ```
     pub fn close_window(&mut self, bounds: &AdaptiveBounds, now_ns: u64, window: &Window) {
+        if window.samples > 0 {
+            self.last_average_us = window.average_us().min(MAX_LATENCY_US) as u32;
+        }
         match self.phase {
             Phase::Probe => self.end_probe(bounds, now_ns, window),
             Phase::Track => self.track(bounds, now_ns, window),
@@ -307,7 +315,8 @@ impl AdaptiveLimit {
 
     /// The state as [`ADAPTIVE_WORDS`] words for shared memory: `[limit:32 resume_limit:32]`,
     /// `[no_load_us:32 epoch:16 windows_at_min:8 0:6 phase:1 1:1]`, `window_start_ns`,
-    /// `next_probe_ns`. The second word is never 0, so all zeros reads as "not set yet".
+    /// `next_probe_ns`, `last_average_us`. The second word is never 0, so all zeros reads as
+    /// "not set yet".
     pub fn pack(&self) -> [u64; ADAPTIVE_WORDS] {
         let phase = match self.phase {
             Phase::Probe => 0,
@@ -322,6 +331,7 @@ impl AdaptiveLimit {
                 | 1,
             self.window_start_ns,
             self.next_probe_ns,
+            u64::from(self.last_average_us),
         ]
     }
 
@@ -345,6 +355,7 @@ impl AdaptiveLimit {
             },
             window_start_ns: words[2],
             next_probe_ns: words[3],
+            last_average_us: words[4].min(MAX_LATENCY_US) as u32,
         };
         state.rebound(bounds);
         Some(state)

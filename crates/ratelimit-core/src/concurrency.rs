@@ -311,6 +311,61 @@ impl fmt::Display for ConcurrencyLimit {
     }
 }
 
+/// A zone's limits as requests use them now (the admin API changes them live): the limit
+/// (or the adaptive bounds) and the queue places, in one word so that no request sees a new
+/// limit with an old queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConcurrencyLimits {
+    /// `limit=N` or `limit=adaptive min= max=`.
+    pub limit: ConcurrencyLimit,
+    /// `queue=N`.
+    pub queue: u32,
+}
+
+impl ConcurrencyLimits {
+    /// `[adaptive:1][limit or min:24][max:24][queue:15]`; never 0 (a limit and a min are at
+    /// least 1). Out-of-range fields (not produced by the parsers) are clamped.
+    ///
+    /// ```
+    /// use ratelimit_core::adaptive::AdaptiveBounds;
+    /// use ratelimit_core::concurrency::{ConcurrencyLimit, ConcurrencyLimits};
+    ///
+    /// let limits = ConcurrencyLimits { limit: ConcurrencyLimit::Fixed(100), queue: 200 };
+    /// assert_eq!(ConcurrencyLimits::unpack(limits.pack()), Some(limits));
+    /// let adaptive = ConcurrencyLimit::Adaptive(AdaptiveBounds::new(4, 500));
+    /// let limits = ConcurrencyLimits { limit: adaptive, queue: 0 };
+    /// assert_eq!(ConcurrencyLimits::unpack(limits.pack()), Some(limits));
+    /// assert_eq!(ConcurrencyLimits::unpack(0), None);
+    /// ```
+    pub fn pack(&self) -> u64 {
+        let field = |value: u32| u64::from(value.clamp(1, MAX_LIMIT));
+        let (adaptive, first, second) = match self.limit {
+            ConcurrencyLimit::Fixed(limit) => (0, field(limit), 0),
+            ConcurrencyLimit::Adaptive(bounds) => (1, field(bounds.min), field(bounds.max)),
+        };
+        (adaptive << 63) | (first << 39) | (second << 15) | u64::from(self.queue.min(MAX_QUEUE))
+    }
+
+    /// Inverse of [`ConcurrencyLimits::pack`]; `None` for a word no limits pack to.
+    pub fn unpack(word: u64) -> Option<ConcurrencyLimits> {
+        const FIELD: u64 = (1 << 24) - 1;
+        let first = ((word >> 39) & FIELD) as u32;
+        let second = ((word >> 15) & FIELD) as u32;
+        if first == 0 {
+            return None;
+        }
+        let limit = if word >> 63 == 1 {
+            ConcurrencyLimit::Adaptive(AdaptiveBounds::new(first, second))
+        } else {
+            ConcurrencyLimit::Fixed(first)
+        };
+        Some(ConcurrencyLimits {
+            limit,
+            queue: (word & u64::from(MAX_QUEUE)) as u32,
+        })
+    }
+}
+
 /// The words of a `rate_limit_zone ... algorithm=concurrency` after the key:
 /// `[zone=NAME:SIZE] algorithm=concurrency limit=N|adaptive [min=N] [max=N] [queue=N]
 /// [queue_timeout=TIME]`.
@@ -331,6 +386,14 @@ impl ConcurrencySpec {
     pub const DEFAULT_MIN: u32 = 4;
     /// `max=` when not given.
     pub const DEFAULT_MAX: u32 = 1000;
+
+    /// The limits this spec configures.
+    pub fn limits(&self) -> ConcurrencyLimits {
+        ConcurrencyLimits {
+            limit: self.limit,
+            queue: self.queue,
+        }
+    }
 
     /// Parse the words (`algorithm=concurrency` among them); errors quote the bad word.
     ///
@@ -569,13 +632,13 @@ mod tests {
         #[rustfmt::skip]
         let rows = [
             ("queue=5", "must have \"limit\" parameter"),
-            ("limit=0", "invalid limit value \"limit=0\": must be an integer from 1 to 16777216, or \"adaptive\""),
-            ("limit=-3", "invalid limit value \"limit=-3\": must be an integer from 1 to 16777216, or \"adaptive\""),
-            ("limit=+3", "invalid limit value \"limit=+3\": must be an integer from 1 to 16777216, or \"adaptive\""),
-            ("limit=fast", "invalid limit value \"limit=fast\": must be an integer from 1 to 16777216, or \"adaptive\""),
-            ("limit=16777217", "invalid limit value \"limit=16777217\": must be an integer from 1 to 16777216, or \"adaptive\""),
-            ("limit=adaptive min=0", "invalid min value \"min=0\": must be an integer from 1 to 16777216"),
-            ("limit=adaptive max=x", "invalid max value \"max=x\": must be an integer from 1 to 16777216"),
+            ("limit=0", "invalid limit value \"limit=0\": must be an integer from 1 to 16777215, or \"adaptive\""),
+            ("limit=-3", "invalid limit value \"limit=-3\": must be an integer from 1 to 16777215, or \"adaptive\""),
+            ("limit=+3", "invalid limit value \"limit=+3\": must be an integer from 1 to 16777215, or \"adaptive\""),
+            ("limit=fast", "invalid limit value \"limit=fast\": must be an integer from 1 to 16777215, or \"adaptive\""),
+            ("limit=16777217", "invalid limit value \"limit=16777217\": must be an integer from 1 to 16777215, or \"adaptive\""),
+            ("limit=adaptive min=0", "invalid min value \"min=0\": must be an integer from 1 to 16777215"),
+            ("limit=adaptive max=x", "invalid max value \"max=x\": must be an integer from 1 to 16777215"),
             ("limit=adaptive min=10 max=5", "\"min=10\" is more than \"max=5\""),
             ("limit=10 min=2", "\"min=2\" is used only with \"limit=adaptive\""),
             ("limit=10 limit=adaptive", "\"limit\" is given twice: a number or \"adaptive\""),

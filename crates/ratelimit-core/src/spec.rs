@@ -44,7 +44,7 @@ pub enum SpecError {
     #[error("{0}")]
     Conflict(String),
     /// A value out of its range, with what is valid:
-    /// `invalid limit value "limit=0": must be an integer from 1 to 16777216, or "adaptive"`.
+    /// `invalid limit value "limit=0": must be an integer from 1 to 16777215, or "adaptive"`.
     #[error("{0}")]
     InvalidValue(String),
 }

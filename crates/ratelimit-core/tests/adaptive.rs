@@ -437,5 +437,5 @@ fn bounds() {
     let narrow = AdaptiveBounds::new(8, 100);
     let back = AdaptiveLimit::unpack(&state.pack(), &narrow).unwrap();
     assert_eq!((back.limit, back.resume_limit), (100, 8));
-    assert_eq!(AdaptiveLimit::unpack(&[0; 4], &narrow), None);
+    assert_eq!(AdaptiveLimit::unpack(&[0; 5], &narrow), None);
 }
