@@ -9,19 +9,9 @@ mod common;
 
 use common::{check_config, get, start_request, Connection, Nginx, Request, Response};
 
-/// A whole nginx.conf with the module loaded; `HTTP` is the body of the `http` block.
-const TEMPLATE: &str = r#"
-load_module %%MODULE%%;
-error_log logs/error.log info;
-events { worker_connections 64; }
-http {
-    access_log off;
-    HTTP
-}
-"#;
-
+/// A whole nginx.conf with the module loaded; `http` is the body of the `http` block.
 fn config(http: &str) -> String {
-    TEMPLATE.replace("HTTP", http)
+    common::config().no_server().http(http).build()
 }
 
 /// A server on `%%PORT%%` whose every location is a static file, for `nginx -t` cases.
