@@ -236,8 +236,8 @@ unsafe fn target<'r>(
     }
     let limit = opts.limit_conf(zone_conf)?;
     let now_ns = now_ns();
-    let found = decide::find(zone_conf, zone, key, now_ns);
-    if found.evicted {
+    let (found, evicted) = decide::find(zone_conf, zone, key, now_ns);
+    if evicted {
         found.log_zone_full(now_ns, connection_log(r));
     }
     let applied = Applied::new(found, &limit).ok_or(Status::Internal)?;

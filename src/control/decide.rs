@@ -11,8 +11,6 @@
 //! may refuse before anything is charged goes first in [`Applied::decide`] (or before
 //! [`decide_one`]'s charge), what follows a decision goes into [`account`].
 
-use core::cell::OnceCell;
-
 use ngx::ffi::{ngx_log_t, NGX_LOG_WARN};
 use ngx::ngx_log_error;
 use ratelimit_core::top::TopKind;
@@ -28,22 +26,27 @@ pub struct Found<'a> {
     pub zone: &'a Zone,
     pub hash: u64,
     pub slot: SlotIndex,
-    /// Another key was evicted for it: the caller says so with [`Found::log_zone_full`].
-    pub evicted: bool,
 }
 
-/// The zone's slot for `key` (1 to `MAX_KEY_BYTES` bytes), claiming one for a new key.
+/// The zone's slot for `key` (1 to `MAX_KEY_BYTES` bytes), claiming one for a new key, and
+/// whether another key was evicted for it (the caller says so with
+/// [`Found::log_zone_full`]).
 #[inline(always)]
-pub fn find<'a>(zone_conf: &'a ZoneConf, zone: &'a Zone, key: &[u8], now_ns: u64) -> Found<'a> {
+pub fn find<'a>(
+    zone_conf: &'a ZoneConf,
+    zone: &'a Zone,
+    key: &[u8],
+    now_ns: u64,
+) -> (Found<'a>, bool) {
     let hash = zone.hash_key(key);
     let (slot, evicted) = zone.find_or_claim(hash, now_ns);
-    Found {
+    let found = Found {
         zone_conf,
         zone,
         hash,
         slot,
-        evicted,
-    }
+    };
+    (found, evicted)
 }
 
 impl Found<'_> {
@@ -108,12 +111,9 @@ impl<'a> Applied<'a> {
 
     /// Peek (`commit` false: nothing changes) or charge; a sync zone's charge takes the
     /// fleet's grant first.
+    #[inline]
     pub fn decide(&mut self, now_ns: u64, commit: bool) -> Decision {
-        self.decision = if commit && self.zone.is_sync() {
-            fleet::decide(self.zone, self.slot, now_ns, &self.policy)
-        } else {
-            self.zone.decide(self.slot, now_ns, &self.policy, commit)
-        };
+        self.decision = charge_or_peek(self.zone, self.slot, now_ns, &self.policy, commit);
         self.decision
     }
 
@@ -128,6 +128,23 @@ impl<'a> Applied<'a> {
             fleet::uncommit(self.zone, self.slot, &self.policy);
         }
         self.zone.uncommit(self.slot, now_ns, &self.policy);
+    }
+}
+
+/// One zone's decision for the key in `slot`: a peek changes nothing, a charge of a sync zone
+/// takes the fleet's grant first.
+#[inline]
+fn charge_or_peek(
+    zone: &Zone,
+    slot: SlotIndex,
+    now_ns: u64,
+    policy: &Policy,
+    commit: bool,
+) -> Decision {
+    if commit && zone.is_sync() {
+        fleet::decide(zone, slot, now_ns, policy)
+    } else {
+        zone.decide(slot, now_ns, policy, commit)
     }
 }
 
@@ -233,6 +250,18 @@ pub fn decide(limits: &mut [AppliedLimit], now_ns: u64, charge: Charge) -> Verdi
     passed(limits, charged)
 }
 
+/// The verdict on limits that were all charged, each with its decision: the first that
+/// rejected, else the longest delay.
+pub fn verdict(limits: &[AppliedLimit]) -> Verdict {
+    match limits
+        .iter()
+        .position(|limit| limit.decision.outcome == Outcome::Rejected)
+    {
+        Some(index) => rejected_by(limits, index, index + 1),
+        None => passed(limits, limits.len()),
+    }
+}
+
 fn rejected_by(limits: &[AppliedLimit], index: usize, charged: usize) -> Verdict {
     Verdict {
         outcome: Outcome::Rejected,
@@ -268,39 +297,15 @@ fn passed(limits: &[AppliedLimit], charged: usize) -> Verdict {
     verdict
 }
 
-/// What [`decide_one`] says of a request. Returned by value from an inlined function: a box
-/// would allocate on the request path.
-#[allow(clippy::large_enum_variant)]
+/// What [`decide_one`] says of a request.
 pub enum One<'a> {
     /// Passed on the quick path: charged and counted, nothing to report.
     Passed,
-    /// Decided: the limit and its verdict, to be reported and accounted for.
-    Decided(AppliedLimit<'a>, Verdict),
+    /// Charged with its whole decision: to be reported, and accounted for
+    /// ([`account_passed`], or [`verdict`] and [`account`]).
+    Decided(Applied<'a>),
     /// The zone has no limits in force (its memory is not what it should be): not limited.
     Unlimited,
-}
-
-impl<'a> One<'a> {
-    fn decided(own: Applied<'a>) -> One<'a> {
-        let decision = own.decision;
-        let limit = AppliedLimit::new(own, None);
-        let verdict = match decision.outcome {
-            Outcome::Rejected => rejected_by(core::slice::from_ref(&limit), 0, 1),
-            Outcome::Delayed if decision.delay_ns > 0 => Verdict {
-                outcome: Outcome::Delayed,
-                by: Some(0),
-                decision,
-                charged: 1,
-            },
-            _ => Verdict {
-                outcome: Outcome::Passed,
-                by: None,
-                decision,
-                charged: 1,
-            },
-        };
-        One::Decided(limit, verdict)
-    }
 }
 
 /// The request path's common case: one `rate_limit` line without `global=`, charged at once.
@@ -319,24 +324,23 @@ pub fn decide_one<'a>(found: Found<'a>, limit: &LimitConf, now_ns: u64, report: 
         None
     };
     if let Some(charge) = charge {
-        // Computed at most once: by the fallback (a state the constants cannot decide) or
-        // after a request that does not pass.
-        let policy = OnceCell::new();
-        let policy = || *policy.get_or_init(|| effective_policy(zone, limit, hash));
-        let (outcome, previous) =
-            zone.charge_bucket(slot, now_ns, &charge, |state| match policy() {
+        // The policy is computed only for a request that does not pass (and by the fallback,
+        // for a state the constants cannot decide: a product over 64 bits).
+        let (outcome, previous) = zone.charge_bucket(slot, now_ns, &charge, |state| {
+            match effective_policy(zone, limit, hash) {
                 Some(policy) => ratelimit_core::decide_word(state, now_ns, &policy),
                 None => (Decision::rejected(0, 0, 0), None),
-            });
+            }
+        });
         if outcome == Outcome::Passed {
             account_passed(zone);
             return One::Passed;
         }
-        let Some(policy) = policy() else {
+        let Some(policy) = effective_policy(zone, limit, hash) else {
             return One::Unlimited;
         };
         let decision = ratelimit_core::decide_word(previous, now_ns, &policy).0;
-        return One::decided(Applied::decided(found, policy, decision));
+        return One::Decided(Applied::decided(found, policy, decision));
     }
     let Some(policy) = effective_policy(zone, limit, hash) else {
         return One::Unlimited;
@@ -348,11 +352,10 @@ pub fn decide_one<'a>(found: Found<'a>, limit: &LimitConf, now_ns: u64, report: 
             return One::Passed;
         }
         let decision = ratelimit_core::decide_word(previous, now_ns, &policy).0;
-        return One::decided(Applied::decided(found, policy, decision));
+        return One::Decided(Applied::decided(found, policy, decision));
     }
-    let mut own = Applied::decided(found, policy, Decision::rejected(0, 0, 0));
-    own.decide(now_ns, true);
-    One::decided(own)
+    let decision = charge_or_peek(zone, slot, now_ns, &policy, true);
+    One::Decided(Applied::decided(found, policy, decision))
 }
 
 /// The line's precomputed bucket constants for this key, when they apply: a leaky or token

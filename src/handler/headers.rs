@@ -9,6 +9,11 @@ use crate::conf::ZoneConf;
 use crate::control::decide::{Applied, AppliedLimit};
 use crate::glue::response::{push_header, PoolWriter};
 
+/// Both headers for the one zone applied to the request.
+pub fn add_one(r: &mut ngx_http_request_t, applied: &Applied) {
+    write_rate_limit_headers(r, core::iter::once(applied));
+}
+
 /// Both headers for the limits applied to the request.
 pub fn add_rate_limit_headers(r: &mut ngx_http_request_t, applied: &[AppliedLimit]) {
     match applied {

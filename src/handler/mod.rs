@@ -57,8 +57,8 @@ fn find_key<'a>(
         );
         return None;
     }
-    let found = decide::find(zone_conf, zone, key, now_ns);
-    if found.evicted {
+    let (found, evicted) = decide::find(zone_conf, zone, key, now_ns);
+    if evicted {
         found.log_zone_full(now_ns, connection_log(r));
     }
     Some(found)
@@ -140,16 +140,19 @@ fn limit_one(
     match decide::decide_one(found, limit, now, lcf.headers()) {
         One::Passed => passed(state),
         One::Unlimited => Status::NGX_DECLINED.into(),
-        One::Decided(limit, _) if limit.decision.outcome == Outcome::Passed => {
+        One::Decided(own) if own.decision.outcome == Outcome::Passed => {
             // What `finish` does for one limit that passed, without its generality.
-            let applied = [limit];
             if lcf.headers() {
-                add_rate_limit_headers(r, &applied);
+                headers::add_one(r, &own);
             }
-            decide::account_passed(applied[0].own.zone);
+            decide::account_passed(own.zone);
             passed(state)
         }
-        One::Decided(limit, verdict) => finish(r, lcf, state, &mut [limit], &verdict, now),
+        One::Decided(own) => {
+            let applied = &mut [AppliedLimit::new(own, None)];
+            let verdict = decide::verdict(applied);
+            finish(r, lcf, state, applied, &verdict, now)
+        }
     }
 }
 
