@@ -50,6 +50,7 @@ struct Running {
 static RUNNING: Mutex<Option<Running>> = Mutex::new(None);
 
 /// The worker's timer that watches the election and logs transitions.
+// SAFETY: all-zero bytes are an unarmed event, as nginx's own `ngx_pcalloc`ed ones start.
 static mut WATCH_EVENT: ngx_event_t = unsafe { core::mem::zeroed() };
 
 /// This process's cycle, for the timer (set in `init_process`).
