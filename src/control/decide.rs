@@ -2,8 +2,8 @@
 //!
 //! 1. [`find`]: the key's slot in its zone (claimed for a new key);
 //! 2. [`Applied::new`]: the limits the key gets, computed once ([`effective_policy`]);
-//! 3. [`decide`] (or [`decide_one`], the request path's common case): the decisions, the
-//!    fleet's grant taken for a sync zone, and a [`Verdict`];
+//! 3. [`decide`] (or [`decide_one`], the request path's common case, then [`verdict`]): the
+//!    decisions, the fleet's grant taken for a sync zone, and a [`Verdict`];
 //! 4. [`account`] (or [`account_passed`]): what follows a decision, the counters and the
 //!    top keys.
 //!
