@@ -101,6 +101,27 @@ fn nginx_t_refuses_bad_configuration() {
             format!("{zone}\n{}", server("rate_limit_status 600;")),
             "invalid status \"600\": value must be between 400 and 599",
         ),
+        // nginx's own setters read these three: their errors are nginx's own words.
+        (
+            "status not a number",
+            format!("{zone}\nrate_limit_status abc;"),
+            "\"rate_limit_status\" directive invalid number",
+        ),
+        (
+            "dry run neither on nor off",
+            format!("{zone}\nrate_limit_dry_run maybe;"),
+            "invalid value \"maybe\" in \"rate_limit_dry_run\" directive, it must be \"on\" or \"off\"",
+        ),
+        (
+            "headers set twice",
+            format!("{zone}\n{}", server("rate_limit_headers on; rate_limit_headers off;")),
+            "\"rate_limit_headers\" directive is duplicate",
+        ),
+        (
+            "unknown log level",
+            format!("{zone}\nrate_limit_log_level loud;"),
+            "invalid value \"loud\"",
+        ),
         (
             "global= with a leaky_bucket user zone",
             format!(
