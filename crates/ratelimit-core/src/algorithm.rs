@@ -5,11 +5,12 @@ use crate::{sliding_log, Algorithm, Rate};
 
 impl Algorithm {
     /// Every algorithm, in the order of their [`Algorithm::code`]s.
-    pub const ALL: [Algorithm; 4] = [
+    pub const ALL: [Algorithm; 5] = [
         Algorithm::LeakyBucket,
         Algorithm::TokenBucket,
         Algorithm::SlidingLog,
         Algorithm::SlidingWindow,
+        Algorithm::Concurrency,
     ];
 
     /// A number for the algorithm that never changes (shared memory keeps it across
@@ -20,6 +21,7 @@ impl Algorithm {
             Algorithm::TokenBucket => 2,
             Algorithm::SlidingLog => 3,
             Algorithm::SlidingWindow => 4,
+            Algorithm::Concurrency => 5,
         }
     }
 
@@ -33,23 +35,32 @@ impl Algorithm {
     }
 
     /// Whether a key's state is one `u64` ([`crate::decide_word`]), updated by
-    /// compare-and-swap; else it is several words ([`crate::decide_words`]).
+    /// compare-and-swap; else it is several words ([`crate::decide_words`], or the words of
+    /// [`crate::concurrency`]).
     #[inline]
     pub fn is_single_word(self) -> bool {
-        !matches!(self, Algorithm::SlidingLog)
+        !matches!(self, Algorithm::SlidingLog | Algorithm::Concurrency)
     }
 
-    /// Whether a key's state is read and written under a lock: a state of several words
-    /// cannot be swapped at once.
+    /// Whether a key's state is read and written under a lock: a rate state of several words
+    /// cannot be swapped at once. A concurrency key's words each change by compare-and-swap.
     #[inline]
     pub fn needs_lock(self) -> bool {
-        !self.is_single_word()
+        matches!(self, Algorithm::SlidingLog)
     }
 
-    /// The `u64` words a key's state takes at `rate`.
+    /// Whether it limits requests in flight (held until they end) rather than a rate.
+    #[inline]
+    pub fn counts_in_flight(self) -> bool {
+        matches!(self, Algorithm::Concurrency)
+    }
+
+    /// The `u64` words a key's state takes at `rate` (a concurrency key: with a fixed limit;
+    /// see [`crate::concurrency::state_words`]).
     pub fn state_words(self, rate: &Rate) -> usize {
         match self {
             Algorithm::SlidingLog => sliding_log::words_for(rate.whole_requests().unwrap_or(1)),
+            Algorithm::Concurrency => crate::concurrency::state_words(false),
             _ => 1,
         }
     }
@@ -91,16 +102,21 @@ mod tests {
     #[test]
     fn answers_per_algorithm() {
         let rate = Rate::parse("10r/s").unwrap();
-        // (algorithm, single word, takes burst, rescaled, can sync)
+        // (algorithm, single word, lock, takes burst, rescaled, can sync)
         let table = [
-            (Algorithm::LeakyBucket, true, true, true, true),
-            (Algorithm::TokenBucket, true, true, true, true),
-            (Algorithm::SlidingLog, false, false, false, false),
-            (Algorithm::SlidingWindow, true, false, false, true),
+            (Algorithm::LeakyBucket, true, false, true, true, true),
+            (Algorithm::TokenBucket, true, false, true, true, true),
+            (Algorithm::SlidingLog, false, true, false, false, false),
+            (Algorithm::SlidingWindow, true, false, false, false, true),
+            (Algorithm::Concurrency, false, false, false, false, false),
         ];
-        for (algorithm, single, burst, rescaled, sync) in table {
+        for (algorithm, single, lock, burst, rescaled, sync) in table {
             assert_eq!(algorithm.is_single_word(), single, "{algorithm}");
-            assert_eq!(algorithm.needs_lock(), !single, "{algorithm}");
+            assert_eq!(algorithm.needs_lock(), lock, "{algorithm}");
+            assert_eq!(
+                algorithm.counts_in_flight(),
+                algorithm == Algorithm::Concurrency
+            );
             assert_eq!(algorithm.takes_burst(), burst, "{algorithm}");
             assert_eq!(algorithm.keeps_time_at_rate(), rescaled, "{algorithm}");
             assert_eq!(algorithm.can_sync(), sync, "{algorithm}");

@@ -43,6 +43,21 @@ pub const MAX_QUEUE_TIMEOUT_NS: u64 = 24 * 3600 * NANOS_PER_SEC;
 /// `queue_timeout` when `queue=` is given without it.
 pub const DEFAULT_QUEUE_TIMEOUT_NS: u64 = 5 * NANOS_PER_SEC;
 
+/// Words of a key: its [`Slots`], the time its queue's head last moved, its [`Lanes`].
+pub const KEY_WORDS: usize = 2 + LANE_WORDS;
+/// Words a key of `limit=adaptive` takes on top: its [`crate::adaptive::AdaptiveLimit`], the
+/// window's samples ([`crate::adaptive::window_add`]) and the most in flight in the window.
+pub const ADAPTIVE_KEY_WORDS: usize = crate::adaptive::ADAPTIVE_WORDS + 2;
+
+/// The `u64` words a key of a concurrency zone takes (after its hash).
+pub fn state_words(adaptive: bool) -> usize {
+    if adaptive {
+        KEY_WORDS + ADAPTIVE_KEY_WORDS
+    } else {
+        KEY_WORDS
+    }
+}
+
 /// One key's slots and queue, packed in one `u64`: `[in_flight:32][head:16][tail:16]`.
 /// `0` is a key with nothing in flight and an empty queue (a fresh key).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

@@ -61,16 +61,20 @@ pub enum Algorithm {
     SlidingLog,
     /// `sliding_window`: about N per sliding window in one word. See [`crate::sliding_window`].
     SlidingWindow,
+    /// `concurrency`: requests in flight, not a rate; its zone words are a
+    /// [`crate::concurrency::ConcurrencySpec`]. See [`crate::concurrency`].
+    Concurrency,
 }
 
 impl Algorithm {
-    /// `leaky_bucket`, `token_bucket`, `sliding_log`, `sliding_window`.
+    /// `leaky_bucket`, `token_bucket`, `sliding_log`, `sliding_window`, `concurrency`.
     pub fn parse(text: &str) -> Result<Algorithm, SpecError> {
         match text {
             "leaky_bucket" => Ok(Algorithm::LeakyBucket),
             "token_bucket" => Ok(Algorithm::TokenBucket),
             "sliding_log" => Ok(Algorithm::SlidingLog),
             "sliding_window" => Ok(Algorithm::SlidingWindow),
+            "concurrency" => Ok(Algorithm::Concurrency),
             other => Err(SpecError::UnknownAlgorithm(other.to_string())),
         }
     }
@@ -82,6 +86,7 @@ impl Algorithm {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::SlidingLog => "sliding_log",
             Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 }
@@ -235,6 +240,14 @@ impl ZoneSpec {
                 burst = Some(parse_burst(word, value)?);
             } else if let Some(value) = word.strip_prefix("algorithm=") {
                 algorithm = Algorithm::parse(value)?;
+                if algorithm == Algorithm::Concurrency {
+                    return Err(SpecError::Conflict(
+                        "algorithm \"concurrency\" limits requests in flight, not a rate: a \
+                         replay of arrival times cannot show it (its zone words are read by \
+                         ConcurrencySpec)"
+                            .into(),
+                    ));
+                }
             } else {
                 return Err(SpecError::InvalidParameter(word.into()));
             }
@@ -265,7 +278,9 @@ impl ZoneSpec {
         let maximum = match self.algorithm {
             Algorithm::SlidingLog => ZoneSpec::MAX_SLIDING_LOG_REQUESTS,
             Algorithm::SlidingWindow => ZoneSpec::MAX_SLIDING_WINDOW_REQUESTS,
-            Algorithm::LeakyBucket | Algorithm::TokenBucket => return Ok(()),
+            Algorithm::LeakyBucket | Algorithm::TokenBucket | Algorithm::Concurrency => {
+                return Ok(())
+            }
         };
         let algorithm = self.algorithm;
         let rate = self.rate;
@@ -462,6 +477,9 @@ mod tests {
             ("rate=1r/s burst=-1", "invalid burst value \"burst=-1\""),
             ("rate=1r/s burst=4194304", "invalid burst value \"burst=4194304\""),
             ("rate=1r/s algorithm=fast", "unknown algorithm \"fast\""),
+            ("algorithm=concurrency limit=5",
+             "algorithm \"concurrency\" limits requests in flight, not a rate: a replay of \
+              arrival times cannot show it (its zone words are read by ConcurrencySpec)"),
             ("rate=1r/s foo", "invalid parameter \"foo\""),
             ("rate=0.5r/s algorithm=sliding_log",
              "rate \"0.5r/s\" is not a whole number of requests for sliding_log"),

@@ -334,7 +334,8 @@ fn describe(policy: &Policy) -> String {
             }
         }
         Algorithm::TokenBucket => words.push(format!("burst={}", policy.limits.burst)),
-        Algorithm::SlidingLog | Algorithm::SlidingWindow => {}
+        // A concurrency zone is refused when the zone's words are read.
+        Algorithm::SlidingLog | Algorithm::SlidingWindow | Algorithm::Concurrency => {}
     }
     words.push(format!("algorithm={}", policy.algorithm));
     words.push(format!("cost={}", policy.cost));
