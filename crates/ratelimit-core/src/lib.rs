@@ -25,6 +25,8 @@ pub mod fleet;
 pub mod fleet_overrides;
 pub mod key;
 pub mod leaky_bucket;
+pub mod log_format;
+pub mod penalty;
 pub mod rate;
 pub mod replay;
 pub mod sliding_log;
