@@ -547,7 +547,8 @@ impl Replay {
     ///   its cost would be, never delayed: the charge comes later), then charged only if its
     ///   status matches. The log time is the request's end, so door and charge are at the
     ///   same instant here.
-    /// * A rejection in a zone with `block=` blocks the key ([`BlockWord::after_rejection`]).
+    /// * A rejection in a zone with `block=` blocks the key ([`BlockWord::after_rejection`]);
+    ///   its `retry_after_ns` is then the block's length.
     ///
     /// ```
     /// use ratelimit_core::replay::{policy_from_specs, Replay};
@@ -663,6 +664,11 @@ impl Replay {
             entry.block = word;
             entry.blocks += 1;
             entry.longest_block_ns = entry.longest_block_ns.max(started.duration_ns());
+            // The key cannot pass before the block ends: that is its Retry-After.
+            if decision.outcome == Outcome::Rejected {
+                let left_ns = started.until_ns.saturating_sub(now_ns);
+                decision.retry_after_ns = decision.retry_after_ns.max(left_ns);
+            }
             block = Some(started);
         }
         Verdict {

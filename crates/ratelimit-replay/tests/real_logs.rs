@@ -140,6 +140,8 @@ fn a_login_limit_is_calibrated_on_an_access_log() {
     assert_eq!(decisions(&attacker), expected);
     assert!(attacker[..6].iter().all(|line| line["charged"] == true));
     let block = &attacker[6]["block"];
+    // The rejection that starts the block says to come back when it ends.
+    assert_eq!(attacker[6]["retry_after_ms"], 900_000.0);
     assert_eq!(
         (block["level"].as_u64(), block["duration_ms"].as_f64()),
         (Some(0), Some(900_000.0))
