@@ -19,6 +19,7 @@ mod equivalence;
 #[cfg(test)]
 mod reference;
 
+pub mod block_table;
 pub mod bucket_charge;
 pub mod decision;
 pub mod fleet;

@@ -15,11 +15,10 @@
 //! twice the length of that block, up to `block_max`; after `block_max` without a block it
 //! starts over at `block`. Level `n` means a block of `block × 2^n` (capped).
 //!
-//! The record the module keeps per blocked key in the zone's shared memory is
-//! [`BLOCK_RECORD_WORDS`] words: the key's hash, the block word (the only one decisions read
-//! and the only one updated by compare-and-swap), the time the block started (written after the
-//! block word by whoever set it, for display only) and where the key's text lives (for
-//! listing). 32 bytes a key plus its text.
+//! The record the module keeps per blocked key in the zone's shared memory is described in
+//! [`crate::block_table`]: the key's hash, this block word (the only word decisions read and
+//! the only one updated by compare-and-swap), when the block started (for display) and the
+//! key's text (for listing), 80 bytes a key.
 
 use std::fmt;
 
@@ -27,9 +26,6 @@ use crate::SpecError;
 
 /// Nanoseconds in one millisecond.
 const NANOS_PER_MS: u64 = 1_000_000;
-
-/// Words of the module's per-key block record: `[key hash, block word, since_ms, key offset]`.
-pub const BLOCK_RECORD_WORDS: usize = 4;
 
 /// The zone's `block=` and `block_max=`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
