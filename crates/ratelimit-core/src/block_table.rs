@@ -1,12 +1,16 @@
 //! The table of blocked keys a zone keeps in its shared memory (`block=`): fixed-size records
 //! over a slice of `AtomicU64` that every worker maps, so the module only hands it the words.
 //!
-//! A record is [`RECORD_WORDS`] words (80 bytes):
+//! A record is [`RECORD_WORDS`] words (96 bytes):
 //!
 //! ```text
-//! [0] key hash (0: empty)   [1] block word (BlockWord)   [2] since, ms   [3] key length
-//! [4..10] the key's first KEY_BYTES bytes (for listing; longer keys are listed cut)
+//! [0] key hash (0: empty)   [1] block word (BlockWord)   [2] last change, ms   [3] key length
+//! [4..12] the key's first KEY_BYTES bytes (for listing and the fleet; longer keys are listed
+//!         cut and kept to this instance)
 //! ```
+//!
+//! The last change is when the block started, or when it was released by hand: it orders a
+//! record against the same key's record from another instance ([`crate::fleet_blocks`]).
 //!
 //! A key's record lives in one of the [`PROBE_RECORDS`] records from its home (hash modulo
 //! the record count). Decisions read the hash and the block word only: "is this key blocked"
@@ -28,9 +32,9 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use crate::penalty::{Block, BlockPolicy, BlockWord};
 
 /// Words per record.
-pub const RECORD_WORDS: usize = 10;
-/// Key bytes a record keeps for listing.
-pub const KEY_BYTES: usize = 48;
+pub const RECORD_WORDS: usize = 12;
+/// Key bytes a record keeps for listing and the fleet.
+pub const KEY_BYTES: usize = 64;
 /// Records a key may live in, from its home.
 pub const PROBE_RECORDS: usize = 8;
 
@@ -43,6 +47,14 @@ pub enum BlockChange {
     Rejected,
     /// Block it by hand (admin API, Lua) for this long, keeping its level.
     ByHand(u64),
+    /// Take another instance's record: this block word, changed at this time (ms, the local
+    /// clock); applied only when newer than the local record's last change.
+    Fleet {
+        /// The block word to store.
+        word: BlockWord,
+        /// When the other instance changed it.
+        changed_ms: u64,
+    },
 }
 
 /// One blocked key, as listed.
@@ -171,7 +183,7 @@ impl<'a> BlockTable<'a> {
         }
         let (word, block) = apply(BlockWord::default(), now_ns, change, policy);
         record[1].store(word.0, Ordering::Relaxed);
-        record[2].store(block.since_ns / NANOS_PER_MS, Ordering::Relaxed);
+        record[2].store(changed_ms(change, &block), Ordering::Relaxed);
         record[0].store(nonzero(hash), Ordering::Release);
         Some(block)
     }
@@ -186,6 +198,13 @@ impl<'a> BlockTable<'a> {
     ) -> Block {
         let record = self.record(index);
         let mut current = record[1].load(Ordering::Acquire);
+        if let BlockChange::Fleet { changed_ms, .. } = change {
+            let ours = record[2].load(Ordering::Relaxed);
+            // Ours is as new or newer: keep it.
+            if ours >= changed_ms {
+                return block_of(BlockWord(current), ours);
+            }
+        }
         loop {
             let (next, block) = apply(BlockWord(current), now_ns, change, policy);
             if next.0 == current {
@@ -198,8 +217,8 @@ impl<'a> BlockTable<'a> {
                 Ordering::Acquire,
             ) {
                 Ok(_) => {
-                    // For display only: the winner of the swap says when its block started.
-                    record[2].store(block.since_ns / NANOS_PER_MS, Ordering::Relaxed);
+                    // The winner of the swap says when it changed the block.
+                    record[2].store(changed_ms(change, &block), Ordering::Relaxed);
                     return block;
                 }
                 Err(actual) => current = actual,
@@ -246,10 +265,33 @@ impl<'a> BlockTable<'a> {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return true,
+                Ok(_) => {
+                    record[2].store(now_ns / NANOS_PER_MS, Ordering::Relaxed);
+                    return true;
+                }
                 Err(actual) => current = actual,
             }
         }
+    }
+
+    /// The records changed after `after_ms` (local clock) whose whole key is kept, as
+    /// `(key, block word, changed_ms)`: what the sync loop sends to the fleet.
+    pub fn changed_since(&self, after_ms: u64) -> Vec<(Vec<u8>, BlockWord, u64)> {
+        (0..self.capacity())
+            .filter_map(|index| {
+                let record = self.record(index);
+                if record[0].load(Ordering::Acquire) == 0 {
+                    return None;
+                }
+                let changed = record[2].load(Ordering::Relaxed);
+                let length = usize::try_from(record[3].load(Ordering::Relaxed)).ok()?;
+                if changed <= after_ms || length > KEY_BYTES {
+                    return None;
+                }
+                let word = BlockWord(record[1].load(Ordering::Acquire));
+                Some((key_bytes(record, length), word, changed))
+            })
+            .collect()
     }
 
     /// The keys blocked at `now_ns`, the block ending first first.
@@ -292,13 +334,8 @@ impl<'a> BlockTable<'a> {
             .saturating_mul(NANOS_PER_MS)
             .min(until_ns);
         let length = usize::try_from(record[3].load(Ordering::Relaxed)).unwrap_or(usize::MAX);
-        let mut bytes = Vec::with_capacity(KEY_BYTES);
-        for word in &record[4..] {
-            bytes.extend_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
-        }
-        bytes.truncate(length.min(KEY_BYTES));
         Some(BlockedKey {
-            key: bytes,
+            key: key_bytes(record, length),
             truncated: length > KEY_BYTES,
             block: Block {
                 since_ns,
@@ -318,7 +355,40 @@ fn apply(
     match change {
         BlockChange::Rejected => word.after_rejection(now_ns, policy),
         BlockChange::ByHand(duration_ns) => word.by_hand(now_ns, duration_ns),
+        BlockChange::Fleet {
+            word: theirs,
+            changed_ms,
+        } => (theirs, block_of(theirs, changed_ms)),
     }
+}
+
+/// The block a word holds, started (or last changed) at `since_ms`.
+fn block_of(word: BlockWord, since_ms: u64) -> Block {
+    let until_ns = word.until_ms().saturating_mul(NANOS_PER_MS);
+    Block {
+        since_ns: since_ms.saturating_mul(NANOS_PER_MS).min(until_ns),
+        until_ns,
+        level: word.level(),
+    }
+}
+
+/// The time a change is recorded at: another instance's for a fleet record, else the block's
+/// start.
+fn changed_ms(change: BlockChange, block: &Block) -> u64 {
+    match change {
+        BlockChange::Fleet { changed_ms, .. } => changed_ms,
+        _ => block.since_ns / NANOS_PER_MS,
+    }
+}
+
+/// The key text a record keeps (its first `length` bytes, at most [`KEY_BYTES`]).
+fn key_bytes(record: &[AtomicU64], length: usize) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(KEY_BYTES);
+    for word in &record[4..] {
+        bytes.extend_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+    }
+    bytes.truncate(length.min(KEY_BYTES));
+    bytes
 }
 
 /// Hash 0 marks an empty record: a key hashing to 0 is stored as 1.

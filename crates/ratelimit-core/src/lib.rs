@@ -23,6 +23,7 @@ pub mod block_table;
 pub mod bucket_charge;
 pub mod decision;
 pub mod fleet;
+pub mod fleet_blocks;
 pub mod fleet_overrides;
 pub mod key;
 pub mod leaky_bucket;

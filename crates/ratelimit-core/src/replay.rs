@@ -707,7 +707,7 @@ impl KeyState {
     /// The decision a request would get now, charging nothing.
     fn inspect(&self, now_ns: u64, policy: &Policy) -> Decision {
         match self {
-            KeyState::Word(word) => crate::inspect_word(*word, now_ns, policy),
+            KeyState::Word(word) => decide_word(*word, now_ns, policy).0,
             KeyState::Log(log) => sliding_log::decide(&mut log.clone(), now_ns, policy),
         }
     }
