@@ -50,12 +50,13 @@ struct Args {
     /// The zone's key, for logs read with a log format (combined, common, --log-format):
     /// variables of that format, as in `rate_limit_zone KEY` ($binary_remote_addr reads
     /// $remote_addr)
-    #[arg(long, value_name = "KEY", default_value = "$remote_addr")]
-    key: String,
+    /// [default: $remote_addr]
+    #[arg(long, value_name = "KEY")]
+    key: Option<String>,
 
-    /// access-log: the whitespace-separated field (1-based) holding the key
-    #[arg(long, value_name = "N", default_value_t = 2)]
-    key_field: usize,
+    /// access-log: the whitespace-separated field (1-based) holding the key [default: 2]
+    #[arg(long, value_name = "N")]
+    key_field: Option<usize>,
 
     /// One JSON object per request, then one with "summary"
     #[arg(long)]
@@ -125,7 +126,7 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> Result<(), Failure> {
     let (policy, zone, limit) = parse_policy(args).map_err(Failure::Input)?;
-    if args.key_field == 0 {
+    if args.key_field == Some(0) {
         return Err(Failure::Input("--key-field counts from 1".to_string()));
     }
     let mut reader = chosen_format(args)
@@ -133,6 +134,7 @@ fn run(args: &Args) -> Result<(), Failure> {
         .map(LineReader::new);
     if let Some(reader) = &reader {
         check_status(reader.format(), limit.as_ref()).map_err(Failure::Input)?;
+        check_key_options(reader.format(), args).map_err(Failure::Input)?;
     }
     let input: Box<dyn BufRead> = match &args.input {
         Some(path) if path.as_os_str() != "-" => {
@@ -173,6 +175,7 @@ fn run(args: &Args) -> Result<(), Failure> {
                 let format = detect(number, text, args)?;
                 check_status(&format, parse_policy(args).ok().and_then(|p| p.2).as_ref())
                     .map_err(Failure::Input)?;
+                check_key_options(&format, args).map_err(Failure::Input)?;
                 reader.insert(LineReader::new(format))
             }
         };
@@ -253,10 +256,37 @@ impl Sink {
     }
 }
 
+/// The zone's key for log formats: `--key`, `$remote_addr` by default.
+fn key_of(args: &Args) -> &str {
+    args.key.as_deref().unwrap_or("$remote_addr")
+}
+
+/// `--key` is for log formats, `--key-field` for `$msec` access logs and timelines have
+/// keys of their own: an option the format does not read is an error, not ignored.
+fn check_key_options(format: &InputFormat, args: &Args) -> Result<(), String> {
+    match format {
+        InputFormat::Log(_) if args.key_field.is_some() => Err(
+            "--key-field is for access logs starting with $msec; this log is read with a log \
+             format: name the key's variables with --key '$variable'"
+                .to_string(),
+        ),
+        InputFormat::AccessLog { .. } if args.key.is_some() => Err(
+            "--key is for logs read with a log format (combined, common, --log-format); this \
+             access log starts with $msec: name the key's field with --key-field N"
+                .to_string(),
+        ),
+        InputFormat::Timeline if args.key.is_some() || args.key_field.is_some() => Err(
+            "--key and --key-field are for access logs; a timeline line is \"SECONDS [KEY]\""
+                .to_string(),
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// The format the options name, or `None` for `--format auto` (told from the first line).
 fn chosen_format(args: &Args) -> Result<Option<InputFormat>, String> {
     let log = |name: &str, format: &str| {
-        LogInput::new(name, format, &args.key)
+        LogInput::new(name, format, key_of(args))
             .map(|input| Some(InputFormat::Log(input)))
             .map_err(|error| format!("--log-format: {error}"))
     };
@@ -267,7 +297,7 @@ fn chosen_format(args: &Args) -> Result<Option<InputFormat>, String> {
         Format::Auto => Ok(None),
         Format::Timeline => Ok(Some(InputFormat::Timeline)),
         Format::AccessLog => Ok(Some(InputFormat::AccessLog {
-            key_field: args.key_field,
+            key_field: args.key_field.unwrap_or(2),
         })),
         Format::Combined => log("combined", log_format::COMBINED),
         Format::Common => log("common", log_format::COMMON),
@@ -284,7 +314,7 @@ fn detect(number: usize, text: &str, args: &Args) -> Result<InputFormat, Failure
         .is_some_and(|first| parse_seconds(first).is_some());
     if looks_like_access_log(text) {
         return Ok(InputFormat::AccessLog {
-            key_field: args.key_field,
+            key_field: args.key_field.unwrap_or(2),
         });
     }
     if starts_with_time {
@@ -295,7 +325,7 @@ fn detect(number: usize, text: &str, args: &Args) -> Result<InputFormat, Failure
         ("combined", log_format::COMBINED),
         ("common", log_format::COMMON),
     ] {
-        let input = LogInput::new(name, format, &args.key)
+        let input = LogInput::new(name, format, key_of(args))
             .map_err(|error| Failure::Input(format!("--key: {error}")))?;
         match input.format.match_line(text) {
             Ok(_) => return Ok(InputFormat::Log(input)),

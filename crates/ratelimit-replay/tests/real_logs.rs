@@ -453,3 +453,39 @@ fn plot_says_where_and_shows_wall_clock_times() {
         .collect();
     assert_eq!(blocks, ["0"]);
 }
+
+/// An option the input's format does not read is an error that says which one it reads.
+#[test]
+fn key_options_of_another_format_are_refused() {
+    let message = failure(&["--zone", "rate=1r/s", "--key-field", "3"], LOGIN_LOG);
+    assert!(
+        message.contains("--key-field is for access logs starting with $msec"),
+        "{message}"
+    );
+    let msec_log = "1700000000.000 10.0.0.1 \"GET / HTTP/1.1\" 200\n";
+    let message = failure(&["--zone", "rate=1r/s", "--key", "$remote_addr"], msec_log);
+    assert!(
+        message.contains("name the key's field with --key-field N"),
+        "{message}"
+    );
+    let message = failure(&["--zone", "rate=1r/s", "--key", "$remote_addr"], "0 a\n");
+    assert!(
+        message.contains("a timeline line is \"SECONDS [KEY]\""),
+        "{message}"
+    );
+    let message = failure(
+        &[
+            "--zone",
+            "rate=1r/s",
+            "--format",
+            "combined",
+            "--key-field",
+            "2",
+        ],
+        LOGIN_LOG,
+    );
+    assert!(
+        message.contains("--key-field is for access logs"),
+        "{message}"
+    );
+}
