@@ -27,8 +27,13 @@ impl From<&Limits> for LimitsJson {
 pub struct ZoneJson<'a> {
     pub algorithm: &'static str,
     pub key: &'a str,
-    pub rate: String,
-    pub burst: u64,
+    /// A rate zone's rate and burst (a concurrency zone has its `concurrency` fields instead).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u64>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<crate::concurrency::ZoneFieldsJson>,
     pub size: u64,
     pub slots: u64,
     pub keys: u64,
@@ -39,8 +44,9 @@ pub struct ZoneJson<'a> {
     pub rejected_dry_run: u64,
     pub evictions: u64,
     pub overrides: u64,
-    /// What the configuration file says, for comparison with `rate` and `burst`.
-    pub config: LimitsJson,
+    /// What the configuration file says, for comparison with `rate` and `burst` (or `limit`
+    /// and `queue`).
+    pub config: ConfigJson,
     /// Only for a `sync` zone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sync: Option<SyncJson>,
@@ -74,13 +80,29 @@ impl From<&SyncInfo> for SyncJson {
     }
 }
 
+/// A zone's configured limits: a rate and burst, or a concurrency zone's.
+#[derive(Serialize)]
+#[serde(untagged)]
+pub enum ConfigJson {
+    Rate(LimitsJson),
+    Concurrency(crate::concurrency::LimitsJson),
+}
+
 impl<'a> From<&'a ZoneInfo> for ZoneJson<'a> {
     fn from(info: &'a ZoneInfo) -> ZoneJson<'a> {
+        let concurrency = info.concurrency.as_ref();
+        let config = match concurrency {
+            Some(concurrency) => {
+                ConfigJson::Concurrency(crate::concurrency::LimitsJson::from(&concurrency.config))
+            }
+            None => ConfigJson::Rate(LimitsJson::from(&info.config_limits)),
+        };
         ZoneJson {
             algorithm: info.algorithm.as_str(),
             key: &info.key,
-            rate: info.limits.rate.to_string(),
-            burst: info.limits.burst,
+            rate: concurrency.is_none().then(|| info.limits.rate.to_string()),
+            burst: concurrency.is_none().then_some(info.limits.burst),
+            concurrency: concurrency.map(crate::concurrency::ZoneFieldsJson::from),
             size: info.size,
             slots: info.slots,
             keys: info.keys,
@@ -91,7 +113,7 @@ impl<'a> From<&'a ZoneInfo> for ZoneJson<'a> {
             rejected_dry_run: info.counters.rejected_dry_run,
             evictions: info.evictions,
             overrides: info.overrides,
-            config: LimitsJson::from(&info.config_limits),
+            config,
             sync: info.sync.as_ref().map(SyncJson::from),
         }
     }
@@ -240,6 +262,11 @@ impl<T: Serialize> Serialize for Entries<T> {
         }
         map.end()
     }
+}
+
+/// Nanoseconds to milliseconds with one decimal (a latency: `131.4`).
+pub fn milliseconds_f(ns: u64) -> f64 {
+    (ns / 100_000) as f64 / 10.0
 }
 
 /// Nanoseconds to whole milliseconds, rounded up (a wait of 1 ns is 1 ms, not 0).

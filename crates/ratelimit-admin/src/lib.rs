@@ -40,6 +40,7 @@
 //! ```
 
 pub mod body;
+pub mod concurrency;
 pub mod error;
 pub mod json;
 pub mod memory;
@@ -222,6 +223,17 @@ pub fn patch_zone<'a, Z: AdminZone>(
     patch: &body::LimitsBody,
 ) -> Result<&'a Z, ApiError> {
     let zone = find(zones, name)?;
+    if zone.concurrency_limits().is_some() {
+        let field = if patch.rate.is_some() {
+            "rate"
+        } else {
+            "burst"
+        };
+        return Err(ApiError::BadValue(format!(
+            "zone \"{name}\" is a concurrency zone: it takes \"limit\" and \"queue\", not \
+             \"{field}\""
+        )));
+    }
     let info = zone.info();
     let mut current = zone.limits();
     for _ in 0..REPLACE_ATTEMPTS {
@@ -230,6 +242,32 @@ pub fn patch_zone<'a, Z: AdminZone>(
         let capacity = info.log_capacity();
         body::check_limits(name, info.algorithm, &new, burst_given, capacity)?;
         match zone.replace_limits(current, new) {
+            Ok(()) => return Ok(zone),
+            Err(found) => current = found,
+        }
+    }
+    Err(ApiError::BadValue(format!(
+        "zone \"{name}\" changed too often meanwhile, try again"
+    )))
+}
+
+/// Apply a parsed `PATCH zones/NAME` body to concurrency zone `name`: one compare-and-swap
+/// of its limits word, seen by every worker at once. The Lua API's `set_conn` and
+/// `set_burst` on a concurrency zone.
+pub fn patch_concurrency<'a, Z: AdminZone>(
+    zones: &'a [Z],
+    name: &str,
+    patch: &concurrency::PatchBody,
+) -> Result<&'a Z, ApiError> {
+    let zone = find(zones, name)?;
+    let Some(mut current) = zone.concurrency_limits() else {
+        return Err(ApiError::BadValue(format!(
+            "zone \"{name}\" is not a concurrency zone: it takes \"rate\" and \"burst\""
+        )));
+    };
+    for _ in 0..REPLACE_ATTEMPTS {
+        let new = patch.apply_to(name, current)?;
+        match zone.replace_concurrency_limits(current, new) {
             Ok(()) => return Ok(zone),
             Err(found) => current = found,
         }
@@ -258,8 +296,23 @@ fn try_execute<Z: AdminZone>(
             Response::json(200, &ZoneJson::from(&info))
         }
         Route::PatchZone { zone: name } => {
-            let zone = patch_zone(zones, name, &body::parse_patch(body)?)?;
+            let zone = if find(zones, name)?.concurrency_limits().is_some() {
+                let patch = concurrency::parse_patch(name, body)?;
+                patch_concurrency(zones, name, &patch)?
+            } else {
+                patch_zone(zones, name, &body::parse_patch(body)?)?
+            };
             Response::json(200, &ZoneJson::from(&zone.info())).changed()
+        }
+        Route::GetKey { zone: name, key } if find(zones, name)?.concurrency_limits().is_some() => {
+            let state =
+                find(zones, name)?
+                    .concurrency_key(key)
+                    .ok_or_else(|| ApiError::KeyNotTracked {
+                        zone: name.clone(),
+                        key: shown(key),
+                    })?;
+            Response::json(200, &concurrency::KeyJson::new(name, key, &state))
         }
         Route::GetKey { zone: name, key } => {
             let zone = find(zones, name)?;
@@ -364,6 +417,11 @@ fn try_execute<Z: AdminZone>(
         }
         Route::PutOverride { zone: name, key } => {
             let zone = find(zones, name)?;
+            if zone.concurrency_limits().is_some() {
+                return Err(ApiError::BadValue(format!(
+                    "zone \"{name}\" is a concurrency zone: it has no per-key overrides"
+                )));
+            }
             if key.is_empty() {
                 return Err(ApiError::EmptyKey);
             }
@@ -834,6 +892,121 @@ mod tests {
             assert!(!text.contains(outside), "the dashboard refers to {outside}");
         }
         assert!(text.len() < 64 * 1024, "{} bytes", text.len());
+    }
+
+    #[test]
+    fn concurrency_zones() {
+        use concurrency::{AdaptiveKeyState, ConcurrencyKeyState};
+        use ratelimit_core::adaptive::AdaptiveBounds;
+        use ratelimit_core::concurrency::{ConcurrencyLimit, ConcurrencyLimits};
+        let fixed = ConcurrencyLimits {
+            limit: ConcurrencyLimit::Fixed(2),
+            queue: 0,
+        };
+        let adaptive = ConcurrencyLimits {
+            limit: ConcurrencyLimit::Adaptive(AdaptiveBounds::new(4, 500)),
+            queue: 10,
+        };
+        let zones = vec![
+            MemoryZone::concurrency("app", fixed),
+            MemoryZone::concurrency("auto", adaptive),
+        ];
+        let held = ConcurrencyKeyState {
+            in_flight: 1,
+            queued: 0,
+            limit: 2,
+            adaptive: None,
+        };
+        zones[0].set_in_flight(b"k", held);
+        let (status, zone) = call(&zones, "GET", "zones/app", "");
+        assert_eq!(status, 200);
+        assert_eq!(
+            zone,
+            json!({
+                "algorithm": "concurrency", "key": "$binary_remote_addr", "limit": 2,
+                "queue": 0, "queue_timeout_ms": 5000, "in_flight": 1, "queued": 0,
+                "size": 1048576, "slots": 1024, "keys": 1, "passed": 0, "delayed": 0,
+                "rejected": 0, "delayed_dry_run": 0, "rejected_dry_run": 0, "evictions": 0,
+                "overrides": 0, "config": {"limit": 2, "queue": 0}
+            })
+        );
+        let (status, key) = call(&zones, "GET", "zones/app/keys/k", "");
+        assert_eq!(status, 200);
+        assert_eq!(
+            key,
+            json!({"zone": "app", "key": "k", "in_flight": 1, "queued": 0, "limit": 2,
+                   "would_pass": true})
+        );
+        assert_eq!(call(&zones, "GET", "zones/app/keys/nobody", "").0, 404);
+
+        let (status, zone) = call(&zones, "PATCH", "zones/app", r#"{"limit": 3, "queue": 4}"#);
+        assert_eq!(status, 200, "{zone}");
+        assert_eq!((&zone["limit"], &zone["queue"]), (&json!(3), &json!(4)));
+        assert_eq!(zone["config"], json!({"limit": 2, "queue": 0}));
+
+        let learnt = ConcurrencyKeyState {
+            in_flight: 30,
+            queued: 2,
+            limit: 37,
+            adaptive: Some(AdaptiveKeyState {
+                phase: "track",
+                no_load_us: 100_000,
+                latency_us: 131_400,
+            }),
+        };
+        zones[1].set_in_flight(b"api", learnt);
+        let (_, zone) = call(&zones, "GET", "zones/auto", "");
+        assert_eq!(
+            (&zone["limit"], &zone["min"], &zone["max"]),
+            (&json!("adaptive"), &json!(4), &json!(500))
+        );
+        assert_eq!(
+            zone["adaptive"],
+            json!({"limit": 37, "in_flight": 30, "phase": "track",
+                   "no_load_latency_ms": 100.0, "latency_ms": 131.4})
+        );
+        let (_, key) = call(&zones, "GET", "zones/auto/keys/api", "");
+        assert_eq!(
+            (&key["limit"], &key["phase"]),
+            (&json!(37), &json!("track"))
+        );
+        let (status, zone) = call(&zones, "PATCH", "zones/auto", r#"{"min": 8, "max": 50}"#);
+        assert_eq!(
+            (status, &zone["min"], &zone["max"]),
+            (200, &json!(8), &json!(50))
+        );
+
+        #[rustfmt::skip]
+        let refused = [
+            ("app", r#"{"limit": 0}"#, "invalid limit 0: must be an integer from 1 to 16777215"),
+            ("app", r#"{"queue": 40000}"#, "invalid queue 40000: must be an integer from 0 to 32767"),
+            ("app", r#"{"limit": "7"}"#, "invalid limit \"7\": must be an integer from 1 to 16777215"),
+            ("app", r#"{"rate": "1r/s"}"#, "zone \"app\" is a concurrency zone: it takes \"limit\" and \"queue\", not \"rate\""),
+            ("app", r#"{"min": 2}"#, "zone \"app\" has a fixed limit: \"min\" and \"max\" are for limit=adaptive"),
+            ("auto", r#"{"limit": 5}"#, "zone \"auto\" has limit=adaptive: change its \"min\" and \"max\""),
+            ("auto", r#"{"min": 60}"#, "\"min\" 60 is more than \"max\" 50"),
+            ("app", r#"{"other": 1}"#, "unknown field `other`, expected one of `limit`, `min`, `max`, `queue`, `rate`, `burst` at line 1 column 8"),
+        ];
+        for (zone, body, message) in refused {
+            let (status, error) = call(&zones, "PATCH", &format!("zones/{zone}"), body);
+            assert_eq!(
+                (status, error["error"].as_str()),
+                (400, Some(message)),
+                "{body}"
+            );
+        }
+        let (status, error) = call(
+            &zones,
+            "PUT",
+            "zones/app/overrides/k",
+            r#"{"rate": "1r/s"}"#,
+        );
+        assert_eq!(status, 400);
+        assert_eq!(
+            error["error"],
+            "zone \"app\" is a concurrency zone: it has no per-key overrides"
+        );
+        assert_eq!(zones[0].concurrency_limits().map(|l| l.queue), Some(4));
     }
 
     #[test]

@@ -12,9 +12,11 @@ use ratelimit_core::{Algorithm, Decision, Limits, Outcome};
 
 use crate::top::TopList;
 
+use crate::concurrency::{ConcurrencyInfo, ConcurrencyKeyState};
 use crate::store::{
     AdminZone, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverridesFull, ZoneInfo,
 };
+use ratelimit_core::concurrency::{ConcurrencyLimit, ConcurrencyLimits};
 
 /// A zone kept in a `Mutex`.
 pub struct MemoryZone {
@@ -74,6 +76,8 @@ struct MemoryState {
     /// Top keys, and the time of the last request recorded in them (queries are at that time).
     top: Box<TopKeys>,
     top_now_ns: u64,
+    /// A concurrency zone's keys.
+    in_flight: BTreeMap<Vec<u8>, ConcurrencyKeyState>,
 }
 
 impl MemoryZone {
@@ -92,6 +96,7 @@ impl MemoryZone {
             overrides: 0,
             override_capacity: 4,
             sync: None,
+            concurrency: None,
         };
         MemoryZone {
             name: name.to_string(),
@@ -101,6 +106,7 @@ impl MemoryZone {
                 overrides: BTreeMap::new(),
                 top: Box::new(TopKeys::EMPTY),
                 top_now_ns: 0,
+                in_flight: BTreeMap::new(),
             }),
             blocks: None,
         }
@@ -147,6 +153,34 @@ impl MemoryZone {
         if let Some(blocks) = &self.blocks {
             blocks.blocked_requests.fetch_add(count, Ordering::Relaxed);
         }
+    }
+
+    /// An empty concurrency zone with `limits` from its configuration.
+    pub fn concurrency(name: &str, limits: ConcurrencyLimits) -> MemoryZone {
+        let placeholder = Limits {
+            rate: ratelimit_core::Rate::parse("1r/s").unwrap_or(ratelimit_core::Rate {
+                milli_requests: 1000,
+                unit: ratelimit_core::RateUnit::Second,
+            }),
+            burst: 0,
+        };
+        let zone = MemoryZone::new(name, Algorithm::Concurrency, placeholder);
+        zone.with(|state| {
+            state.info.concurrency = Some(ConcurrencyInfo {
+                limits,
+                config: limits,
+                queue_timeout_ns: 5_000_000_000,
+                in_flight: 0,
+                queued: 0,
+                busiest: None,
+            })
+        });
+        zone
+    }
+
+    /// Set a concurrency zone's key.
+    pub fn set_in_flight(&self, key: &[u8], state: ConcurrencyKeyState) {
+        self.with(|zone| zone.in_flight.insert(key.to_vec(), state));
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut MemoryState) -> T) -> T {
@@ -197,7 +231,53 @@ impl AdminZone for MemoryZone {
             let mut info = state.info.clone();
             info.keys = state.keys.len() as u64;
             info.overrides = state.overrides.len() as u64;
+            if let Some(concurrency) = &mut info.concurrency {
+                info.keys = state.in_flight.len() as u64;
+                concurrency.in_flight = state
+                    .in_flight
+                    .values()
+                    .map(|k| u64::from(k.in_flight))
+                    .sum();
+                concurrency.queued = state.in_flight.values().map(|k| u64::from(k.queued)).sum();
+                concurrency.busiest = state
+                    .in_flight
+                    .values()
+                    .max_by_key(|k| k.in_flight)
+                    .copied();
+            }
             info
+        })
+    }
+
+    fn concurrency_limits(&self) -> Option<ConcurrencyLimits> {
+        self.with(|state| state.info.concurrency.as_ref().map(|c| c.limits))
+    }
+
+    fn concurrency_key(&self, key: &[u8]) -> Option<ConcurrencyKeyState> {
+        self.with(|state| {
+            let limits = state.info.concurrency.as_ref()?.limits;
+            let mut found = *state.in_flight.get(key)?;
+            if let ConcurrencyLimit::Fixed(limit) = limits.limit {
+                found.limit = limit;
+            }
+            Some(found)
+        })
+    }
+
+    fn replace_concurrency_limits(
+        &self,
+        current: ConcurrencyLimits,
+        new: ConcurrencyLimits,
+    ) -> Result<(), ConcurrencyLimits> {
+        self.with(|state| {
+            let Some(concurrency) = &mut state.info.concurrency else {
+                return Err(current);
+            };
+            if concurrency.limits != current {
+                return Err(concurrency.limits);
+            }
+            concurrency.limits = new;
+            Ok(())
         })
     }
 

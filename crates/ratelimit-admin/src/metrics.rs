@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use ratelimit_core::concurrency::ConcurrencyLimit;
 use ratelimit_core::{Limits, NANOS_PER_SEC};
 
 use crate::store::{BlockCounts, SyncInfo, ZoneInfo};
@@ -16,7 +17,7 @@ struct Family {
     help: &'static str,
 }
 
-const FAMILIES: [Family; 15] = [
+const FAMILIES: [Family; 20] = [
     Family {
         name: "rate_limit_requests_total",
         kind: "counter",
@@ -92,6 +93,33 @@ const FAMILIES: [Family; 15] = [
         kind: "gauge",
         help: "1 while the on_failure mode is in force (sync zones only).",
     },
+    Family {
+        name: "rate_limit_in_flight",
+        kind: "gauge",
+        help: "Requests holding slots of the zone's keys now (concurrency zones only).",
+    },
+    Family {
+        name: "rate_limit_queued",
+        kind: "gauge",
+        help: "Requests waiting in the zone's queues now (concurrency zones only).",
+    },
+    Family {
+        name: "rate_limit_concurrency_limit",
+        kind: "gauge",
+        help: "Requests in flight a key may have; with limit=adaptive, the limit of the key \
+               with the most in flight (concurrency zones only).",
+    },
+    Family {
+        name: "rate_limit_latency_seconds",
+        kind: "gauge",
+        help: "limit=adaptive: the last window's average latency of the key with the most in \
+               flight.",
+    },
+    Family {
+        name: "rate_limit_no_load_latency_seconds",
+        kind: "gauge",
+        help: "limit=adaptive: the no-load latency learnt for the key with the most in flight.",
+    },
 ];
 
 /// Render every zone's metrics.
@@ -139,8 +167,19 @@ pub fn render_with_blocks(zones: &[(String, ZoneInfo)], blocks: &[Option<BlockCo
                 "rate_limit_zone_fullness" => sample("", &fullness(info)),
                 "rate_limit_evictions_total" => sample("", &info.evictions.to_string()),
                 "rate_limit_overrides" => sample("", &info.overrides.to_string()),
+                "rate_limit_rate_per_second" | "rate_limit_burst" if info.concurrency.is_some() => {
+                }
                 "rate_limit_rate_per_second" => sample("", &per_second(&info.limits)),
                 "rate_limit_burst" => sample("", &info.limits.burst.to_string()),
+                "rate_limit_in_flight"
+                | "rate_limit_queued"
+                | "rate_limit_concurrency_limit"
+                | "rate_limit_latency_seconds"
+                | "rate_limit_no_load_latency_seconds" => {
+                    if let Some(value) = concurrency_value(family.name, info) {
+                        sample("", &value);
+                    }
+                }
                 sync_family => {
                     if let Some(sync) = &info.sync {
                         sample("", &sync_value(sync_family, sync));
@@ -150,6 +189,23 @@ pub fn render_with_blocks(zones: &[(String, ZoneInfo)], blocks: &[Option<BlockCo
         }
     }
     out
+}
+
+/// The value of a concurrency family for `info`, if it has one.
+fn concurrency_value(family: &str, info: &ZoneInfo) -> Option<String> {
+    let concurrency = info.concurrency.as_ref()?;
+    let adaptive = concurrency.busiest.and_then(|key| key.adaptive);
+    let seconds = |us: u32| format!("{:.6}", f64::from(us) / 1e6);
+    Some(match family {
+        "rate_limit_in_flight" => concurrency.in_flight.to_string(),
+        "rate_limit_queued" => concurrency.queued.to_string(),
+        "rate_limit_concurrency_limit" => match concurrency.limits.limit {
+            ConcurrencyLimit::Fixed(limit) => limit.to_string(),
+            ConcurrencyLimit::Adaptive(_) => concurrency.busiest?.limit.to_string(),
+        },
+        "rate_limit_latency_seconds" => seconds(adaptive?.latency_us),
+        _ => seconds(adaptive?.no_load_us),
+    })
 }
 
 /// The value of a `rate_limit_sync_*` family.
@@ -227,6 +283,7 @@ mod tests {
             evictions: 5,
             overrides: 1,
             override_capacity: 512,
+            concurrency: None,
             sync: Some(SyncInfo {
                 connected: true,
                 mode: "synced",
@@ -242,7 +299,12 @@ mod tests {
 
     #[test]
     fn every_family_has_help_type_and_one_sample_per_zone() {
-        let text = render(&[("one".into(), info()), ("t\"w\\o\n".into(), info())]);
+        let zones = [
+            ("one".into(), info()),
+            ("t\"w\\o\n".into(), info()),
+            ("app".into(), concurrency_info()),
+        ];
+        let text = render(&zones);
         for family in &FAMILIES {
             assert!(text.contains(&format!("# HELP {} ", family.name)));
             assert!(text.contains(&format!("# TYPE {} {}\n", family.name, family.kind)));
@@ -268,6 +330,11 @@ mod tests {
             "rate_limit_sync_instances{zone=\"one\"} 3",
             "rate_limit_sync_fallback{zone=\"one\"} 0",
             "rate_limit_keys{zone=\"t\\\"w\\\\o\\n\"} 25",
+            "rate_limit_in_flight{zone=\"app\"} 41",
+            "rate_limit_queued{zone=\"app\"} 3",
+            "rate_limit_concurrency_limit{zone=\"app\"} 37",
+            "rate_limit_latency_seconds{zone=\"app\"} 0.131000",
+            "rate_limit_no_load_latency_seconds{zone=\"app\"} 0.100500",
         ];
         for sample in samples {
             assert!(
@@ -286,6 +353,42 @@ mod tests {
         // Every family but rate_limit_blocked_keys (zones with block= only).
         assert_eq!(deduped.len(), FAMILIES.len() - 1);
         assert!(text.ends_with('\n'));
+        // A concurrency zone has no rate nor burst.
+        assert!(!text.contains("rate_limit_burst{zone=\"app\"}"), "{text}");
+        assert!(!text.contains("rate_limit_rate_per_second{zone=\"app\"}"));
+    }
+
+    /// A zone of `limit=adaptive` whose busiest key has 37 slots.
+    fn concurrency_info() -> ZoneInfo {
+        use crate::concurrency::{AdaptiveKeyState, ConcurrencyInfo, ConcurrencyKeyState};
+        use ratelimit_core::adaptive::AdaptiveBounds;
+        use ratelimit_core::concurrency::{ConcurrencyLimit, ConcurrencyLimits};
+        let limits = ConcurrencyLimits {
+            limit: ConcurrencyLimit::Adaptive(AdaptiveBounds::new(4, 500)),
+            queue: 10,
+        };
+        ZoneInfo {
+            algorithm: ratelimit_core::Algorithm::Concurrency,
+            sync: None,
+            concurrency: Some(ConcurrencyInfo {
+                limits,
+                config: limits,
+                queue_timeout_ns: 5_000_000_000,
+                in_flight: 41,
+                queued: 3,
+                busiest: Some(ConcurrencyKeyState {
+                    in_flight: 36,
+                    queued: 3,
+                    limit: 37,
+                    adaptive: Some(AdaptiveKeyState {
+                        phase: "track",
+                        no_load_us: 100_500,
+                        latency_us: 131_000,
+                    }),
+                }),
+            }),
+            ..info()
+        }
     }
 
     #[test]

@@ -4,7 +4,9 @@
 use ratelimit_core::top::{TopKind, TopWindow};
 use ratelimit_core::{Algorithm, Decision, Limits};
 
+use crate::concurrency::{ConcurrencyInfo, ConcurrencyKeyState};
 use crate::top::TopList;
+use ratelimit_core::concurrency::ConcurrencyLimits;
 
 /// A zone's decision counters, as `rate_limit_requests_total` and `GET zones/NAME` show them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -52,6 +54,8 @@ pub struct ZoneInfo {
     pub override_capacity: u64,
     /// For a `sync` zone (`rate_limit_sync`): the instance's sync state.
     pub sync: Option<SyncInfo>,
+    /// For a concurrency zone: its limits and what is in flight (`limits` is then unused).
+    pub concurrency: Option<ConcurrencyInfo>,
 }
 
 /// The sync state of the instance a `sync` zone belongs to.
@@ -203,5 +207,25 @@ pub trait AdminZone {
     /// End `key`'s block now; false when it was not blocked.
     fn release_key(&self, _key: &[u8]) -> bool {
         false
+    }
+
+    /// For a concurrency zone, its limits in force now; `None` for a rate zone.
+    fn concurrency_limits(&self) -> Option<ConcurrencyLimits> {
+        None
+    }
+
+    /// A concurrency zone's key now; `None` when the zone does not track it.
+    fn concurrency_key(&self, _key: &[u8]) -> Option<ConcurrencyKeyState> {
+        None
+    }
+
+    /// Replace a concurrency zone's limits if they still are `current` (one
+    /// compare-and-swap); on failure, the limits found instead.
+    fn replace_concurrency_limits(
+        &self,
+        current: ConcurrencyLimits,
+        _new: ConcurrencyLimits,
+    ) -> Result<(), ConcurrencyLimits> {
+        Err(current)
     }
 }

@@ -2,8 +2,11 @@
 //! nothing.
 
 use proptest::prelude::*;
+use ratelimit_admin::concurrency::ConcurrencyKeyState;
 use ratelimit_admin::memory::MemoryZone;
 use ratelimit_admin::{handle, AdminZone, JSON_CONTENT_TYPE};
+use ratelimit_core::adaptive::AdaptiveBounds;
+use ratelimit_core::concurrency::{ConcurrencyLimit, ConcurrencyLimits};
 use ratelimit_core::{Algorithm, Limits, Rate};
 
 fn zones() -> Vec<MemoryZone> {
@@ -16,16 +19,44 @@ fn zones() -> Vec<MemoryZone> {
         MemoryZone::new("token", Algorithm::TokenBucket, limits("1r/m", 1)),
         MemoryZone::new("log", Algorithm::SlidingLog, limits("100r/m", 0)),
         MemoryZone::new("window", Algorithm::SlidingWindow, limits("10r/s", 0)),
+        MemoryZone::concurrency(
+            "app",
+            ConcurrencyLimits {
+                limit: ConcurrencyLimit::Fixed(10),
+                queue: 5,
+            },
+        ),
+        MemoryZone::concurrency(
+            "auto",
+            ConcurrencyLimits {
+                limit: ConcurrencyLimit::Adaptive(AdaptiveBounds::new(4, 500)),
+                queue: 0,
+            },
+        ),
     ];
     for zone in &zones {
         zone.track(b"k", 1);
         zone.track(b"a/b", 0);
+        let key = ConcurrencyKeyState {
+            in_flight: 2,
+            queued: 1,
+            limit: 10,
+            adaptive: None,
+        };
+        zone.set_in_flight(b"k", key);
     }
     zones
 }
 
-/// Everything a request could change in a zone: limits, overrides, whether two keys are tracked.
-type ZoneSnapshot = (Limits, Vec<(Vec<u8>, Limits)>, bool, bool);
+/// Everything a request could change in a zone: limits, overrides, whether two keys are
+/// tracked, a concurrency zone's limits.
+type ZoneSnapshot = (
+    Limits,
+    Vec<(Vec<u8>, Limits)>,
+    bool,
+    bool,
+    Option<ConcurrencyLimits>,
+);
 
 fn snapshot(zones: &[MemoryZone]) -> Vec<ZoneSnapshot> {
     zones
@@ -35,7 +66,13 @@ fn snapshot(zones: &[MemoryZone]) -> Vec<ZoneSnapshot> {
                 zone.key_state(b"k").is_some(),
                 zone.key_state(b"a/b").is_some(),
             );
-            (zone.limits(), zone.overrides(), tracked.0, tracked.1)
+            (
+                zone.limits(),
+                zone.overrides(),
+                tracked.0,
+                tracked.1,
+                zone.concurrency_limits(),
+            )
         })
         .collect()
 }
@@ -58,6 +95,8 @@ fn path() -> impl Strategy<Value = Vec<u8>> {
         Just("one".to_string()),
         Just("log".to_string()),
         Just("window".to_string()),
+        Just("app".to_string()),
+        Just("auto".to_string()),
         Just("keys".to_string()),
         Just("overrides".to_string()),
         Just("metrics".to_string()),
@@ -95,18 +134,38 @@ fn body() -> impl Strategy<Value = Vec<u8>> {
         Just("\"2\"".to_string()),
         Just("99999999999999999999999".to_string()),
     ];
+    let count = prop_oneof![
+        Just("0".to_string()),
+        Just("4".to_string()),
+        Just("600".to_string()),
+        Just("32768".to_string()),
+        Just("16777216".to_string()),
+        Just("-2".to_string()),
+        Just("\"7\"".to_string()),
+    ];
+    let counts = (
+        proptest::option::of(count.clone()),
+        proptest::option::of(count.clone()),
+        proptest::option::of(count),
+    );
     let object = (
         proptest::option::of(rate),
         proptest::option::of(burst),
+        counts,
         any::<bool>(),
     )
-        .prop_map(|(rate, burst, extra)| {
+        .prop_map(|(rate, burst, (limit, queue, min), extra)| {
             let mut fields = Vec::new();
             if let Some(rate) = rate {
                 fields.push(format!("\"rate\": {rate}"));
             }
             if let Some(burst) = burst {
                 fields.push(format!("\"burst\": {burst}"));
+            }
+            for (name, value) in [("limit", limit), ("queue", queue), ("min", min)] {
+                if let Some(value) = value {
+                    fields.push(format!("\"{name}\": {value}"));
+                }
             }
             if extra {
                 fields.push("\"other\": []".to_string());
