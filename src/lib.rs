@@ -17,10 +17,11 @@ use core::ptr;
 use ngx::core::Status;
 use ngx::ffi::{
     ngx_array_push, ngx_command_t, ngx_conf_set_flag_slot, ngx_conf_set_num_slot, ngx_conf_t,
-    ngx_cycle_t, ngx_http_handler_pt, ngx_http_module_t, ngx_http_phases_NGX_HTTP_PREACCESS_PHASE,
-    ngx_int_t, ngx_module_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_ANY, NGX_CONF_TAKE1,
-    NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET,
-    NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF, NGX_LOG_EMERG,
+    ngx_cycle_t, ngx_http_handler_pt, ngx_http_module_t, ngx_http_phases_NGX_HTTP_LOG_PHASE,
+    ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, ngx_http_request_t, ngx_int_t, ngx_module_t,
+    ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_ANY, NGX_CONF_TAKE1, NGX_HTTP_LOC_CONF,
+    NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE,
+    NGX_HTTP_SRV_CONF, NGX_LOG_EMERG,
 };
 use ngx::http::{HttpModule, HttpModuleMainConf, NgxHttpCoreModule};
 use ngx::ngx_string;
@@ -76,20 +77,36 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
     }
     control::postconfiguration(cf);
     admin::postconfiguration();
+    // The log phase measures the latency of requests holding concurrency slots: only with a
+    // concurrency zone.
+    let concurrency = conf::main_conf(cf)
+        .is_some_and(|mcf| conf::zones(mcf).any(|zone| zone.algorithm.counts_in_flight()));
     let Some(cmcf) = NgxHttpCoreModule::main_conf_mut(cf) else {
         return Status::NGX_ERROR.into();
     };
-    let phase = &mut cmcf.phases[ngx_http_phases_NGX_HTTP_PREACCESS_PHASE as usize];
-    // SAFETY: the phase's handler array is initialized by the core module before
-    // postconfiguration; it holds `ngx_http_handler_pt` elements.
-    let slot = unsafe { ngx_array_push(&mut phase.handlers) }.cast::<ngx_http_handler_pt>();
-    if slot.is_null() {
-        return Status::NGX_ERROR.into();
+    let mut phases = vec![(
+        ngx_http_phases_NGX_HTTP_PREACCESS_PHASE,
+        handler::preaccess_handler as Handler,
+    )];
+    if concurrency {
+        phases.push((ngx_http_phases_NGX_HTTP_LOG_PHASE, handler::log_handler));
     }
-    // SAFETY: `slot` is a fresh element of the array.
-    unsafe { *slot = Some(handler::preaccess_handler) };
+    for (phase, handler) in phases {
+        let phase = &mut cmcf.phases[phase as usize];
+        // SAFETY: the phase's handler array is initialized by the core module before
+        // postconfiguration; it holds `ngx_http_handler_pt` elements.
+        let slot = unsafe { ngx_array_push(&mut phase.handlers) }.cast::<ngx_http_handler_pt>();
+        if slot.is_null() {
+            return Status::NGX_ERROR.into();
+        }
+        // SAFETY: `slot` is a fresh element of the array.
+        unsafe { *slot = Some(handler) };
+    }
     Status::NGX_OK.into()
 }
+
+/// A phase handler.
+type Handler = unsafe extern "C" fn(*mut ngx_http_request_t) -> ngx_int_t;
 
 const LOC_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 

@@ -24,12 +24,14 @@ use ratelimit_core::{Decision, DelayMode, LimitSpec, Limits, Outcome, Rate};
 
 use crate::conf::RateLimitModule;
 use crate::conf::{LimitConf, MainConf, ZoneConf};
+use crate::control::concurrency::{self as slots, Arrival, Line, Peek, Refusal};
 use crate::control::decide::{self, Applied, AppliedLimit, Charge};
+use crate::control::queue::{self, LuaTurn, Owner};
 use crate::glue::{connection_log, now_ns};
-use crate::store::{Zone, MAX_KEY_BYTES};
+use crate::store::{Counter, Zone, MAX_KEY_BYTES};
 
 /// Bumped whenever a struct or a function signature below changes.
-pub const ABI_VERSION: c_int = 1;
+pub const ABI_VERSION: c_int = 2;
 
 /// What a function returns: 0 or a negative error code (`docs/lua.md` lists them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +52,10 @@ enum Status {
     BurstNotUsed = -7,
     /// The zone's shared memory is not set up, or a panic was caught.
     Internal = -8,
+    /// A rate call on a concurrency zone, or a concurrency call on a rate zone.
+    WrongKind = -9,
+    /// `leaving` or `uncommit` for a key the request holds no slot of.
+    NotHeld = -10,
 }
 
 /// How a `rate_limit` line's delay words read: `delay_mode` of [`LuaOptions`].
@@ -233,6 +239,9 @@ unsafe fn target<'r>(
     }
     if key.len() > MAX_KEY_BYTES {
         return Err(Status::KeyTooLong);
+    }
+    if zone_conf.algorithm.counts_in_flight() {
+        return Err(Status::WrongKind);
     }
     let limit = opts.limit_conf(zone_conf)?;
     let now_ns = now_ns();
@@ -454,6 +463,285 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_set_limits(
             })?);
         }
         crate::control::zones::patch_zone(mcf, &zone_conf.name, &patch, connection_log(r))
+            .map_err(|error| refused(error.to_string()))
+    })
+}
+
+/// `ngx_http_rate_limit_lua_conn_t`: what a concurrency call says.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LuaConn {
+    /// 1 admitted (holds its slots), 3 rejected, 4 queued (wait: ask again with the ticket).
+    pub outcome: i32,
+    /// The key's requests in flight (after this call).
+    pub in_flight: u32,
+    /// The key's limit now.
+    pub limit: u32,
+    /// Requests of the key waiting in its queue.
+    pub queued: u32,
+    /// Outcome 4: the ticket to pass to [`ngx_http_rate_limit_lua_conn_turn`].
+    pub ticket: u64,
+    /// Outcome 3: when a slot is likely to be free.
+    pub retry_after_ns: u64,
+}
+
+const CONN_ADMITTED: i32 = 1;
+const CONN_REJECTED: i32 = 3;
+const CONN_QUEUED: i32 = 4;
+
+impl LuaConn {
+    fn standing(outcome: i32, refusal: &Refusal) -> LuaConn {
+        LuaConn {
+            outcome,
+            in_flight: refusal.in_flight,
+            limit: refusal.limit,
+            queued: refusal.queued,
+            ticket: 0,
+            retry_after_ns: refusal.retry_after_ns,
+        }
+    }
+}
+
+/// A concurrency zone's key for a Lua call: its line (cost `cost`, the zone's queue).
+///
+/// # Safety
+/// Pointers as for the exported functions: each null or valid for its length.
+unsafe fn conn_line<'r>(
+    r: &'r ngx_http_request_t,
+    zone: (*const u8, usize),
+    key: (*const u8, usize),
+    cost: u64,
+) -> Result<Line<'r>, Status> {
+    // SAFETY: the caller's contract.
+    let name = unsafe { bytes(zone.0, zone.1) }.ok_or(Status::BadArgument)?;
+    // SAFETY: the caller's contract.
+    let key = unsafe { bytes(key.0, key.1) }.ok_or(Status::BadArgument)?;
+    let (zone_conf, zone) = zone_by_name(r, name)?;
+    if !zone_conf.algorithm.counts_in_flight() {
+        return Err(Status::WrongKind);
+    }
+    if key.is_empty() {
+        return Err(Status::EmptyKey);
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(Status::KeyTooLong);
+    }
+    if cost == 0 {
+        return Err(Status::BadArgument);
+    }
+    let now_ns = now_ns();
+    let (found, evicted) = decide::find(zone_conf, zone, key, now_ns);
+    if evicted {
+        found.log_zone_full(now_ns, connection_log(r));
+    }
+    Ok(Line {
+        zone_conf,
+        zone: *zone,
+        slot: found.slot,
+        hash: found.hash,
+        cost,
+        queue: None,
+    })
+}
+
+/// resty.limit.conn's `incoming`: a request of `cost` slots arrives at `key` of concurrency
+/// zone `zone`. With `commit` it takes its slots (given back by `leaving`, `uncommit`, or when
+/// the request ends) or a ticket in the queue (outcome 4: the Lua side waits and asks
+/// [`ngx_http_rate_limit_lua_conn_turn`]); without it nothing changes and the outcome says
+/// what a request would get now.
+///
+/// # Safety
+/// `r` is null or the current request; `zone`/`key` point to their lengths in bytes; `out`
+/// to the ABI's struct.
+#[no_mangle]
+pub unsafe extern "C" fn ngx_http_rate_limit_lua_conn_incoming(
+    r: *mut ngx_http_request_t,
+    zone: *const u8,
+    zone_len: usize,
+    key: *const u8,
+    key_len: usize,
+    cost: u64,
+    commit: c_int,
+    out: *mut LuaConn,
+) -> c_int {
+    guarded(|| {
+        let r = request(r)?;
+        // SAFETY: the caller's contract.
+        let line = unsafe { conn_line(r, (zone, zone_len), (key, key_len), cost) }?;
+        // SAFETY: a non-null `out` is writable (the caller's contract).
+        let out = unsafe { out.as_mut() }.ok_or(Status::BadArgument)?;
+        let now = now_ns();
+        let (peeked, standing) = slots::peek(&line, now).ok_or(Status::Internal)?;
+        if commit == 0 {
+            let outcome = match peeked {
+                Peek::Admitted => CONN_ADMITTED,
+                Peek::Queued => CONN_QUEUED,
+                Peek::Rejected => CONN_REJECTED,
+            };
+            *out = LuaConn::standing(outcome, &standing);
+            return Ok(());
+        }
+        *out = match slots::arrive(r.pool, &line, now, false, Owner::Lua) {
+            Arrival::Admitted { in_flight, limit } => {
+                line.zone.count(Counter::Passed);
+                LuaConn {
+                    outcome: CONN_ADMITTED,
+                    in_flight,
+                    limit,
+                    ..LuaConn::default()
+                }
+            }
+            Arrival::Queued { waiter } => LuaConn {
+                ticket: waiter,
+                ..LuaConn::standing(CONN_QUEUED, &standing)
+            },
+            Arrival::Rejected(refusal) | Arrival::DryRun { refusal, .. } => {
+                line.zone.count(Counter::Rejected);
+                LuaConn::standing(CONN_REJECTED, &refusal)
+            }
+            Arrival::Unlimited => return Err(Status::Internal),
+        };
+        Ok(())
+    })
+}
+
+/// Whether a queued Lua request's turn came: outcome 1 (it holds its slots), 4 (wait and ask
+/// again) or 3 (its `queue_timeout` passed: refused). With `give_up`, it leaves the queue
+/// (outcome 3).
+///
+/// # Safety
+/// `r` is null or the current request; `out` points to the ABI's struct.
+#[no_mangle]
+pub unsafe extern "C" fn ngx_http_rate_limit_lua_conn_turn(
+    r: *mut ngx_http_request_t,
+    ticket: u64,
+    give_up: c_int,
+    out: *mut LuaConn,
+) -> c_int {
+    guarded(|| {
+        let r = request(r)?;
+        // SAFETY: a non-null `out` is writable (the caller's contract).
+        let out = unsafe { out.as_mut() }.ok_or(Status::BadArgument)?;
+        if give_up != 0 {
+            queue::abandon_lua(r.pool, ticket);
+            *out = LuaConn {
+                outcome: CONN_REJECTED,
+                ..LuaConn::default()
+            };
+            return Ok(());
+        }
+        let (turn, standing) = queue::lua_turn(ticket);
+        *out = LuaConn {
+            outcome: match turn {
+                LuaTurn::Admitted => CONN_ADMITTED,
+                LuaTurn::Wait => CONN_QUEUED,
+                LuaTurn::Refused => CONN_REJECTED,
+            },
+            in_flight: standing.0,
+            limit: standing.1,
+            ticket,
+            ..LuaConn::default()
+        };
+        Ok(())
+    })
+}
+
+/// resty.limit.conn's `leaving` (`latency_ns` >= 0: the request's latency, a sample for an
+/// adaptive limit) and `uncommit` (`latency_ns` < 0): give back the slots of `key` the request
+/// took last. `out.in_flight` is the key's requests in flight after.
+///
+/// # Safety
+/// As for [`ngx_http_rate_limit_lua_conn_incoming`].
+#[no_mangle]
+pub unsafe extern "C" fn ngx_http_rate_limit_lua_conn_leaving(
+    r: *mut ngx_http_request_t,
+    zone: *const u8,
+    zone_len: usize,
+    key: *const u8,
+    key_len: usize,
+    latency_ns: i64,
+    out: *mut LuaConn,
+) -> c_int {
+    guarded(|| {
+        let r = request(r)?;
+        // SAFETY: the caller's contract.
+        let line = unsafe { conn_line(r, (zone, zone_len), (key, key_len), 1) }?;
+        // SAFETY: a non-null `out` is writable (the caller's contract).
+        let out = unsafe { out.as_mut() }.ok_or(Status::BadArgument)?;
+        let now = now_ns();
+        let mut in_flight = None;
+        // SAFETY: the live request's pool (a subrequest shares its main request's).
+        unsafe {
+            slots::each_holding(r.pool, |holding| {
+                if in_flight.is_some() || !holding.is_held_for(&line.zone, line.slot) {
+                    return;
+                }
+                if let Ok(latency) = u64::try_from(latency_ns) {
+                    holding.set_latency(latency);
+                }
+                in_flight = Some(holding.release(now, latency_ns >= 0));
+            })
+        };
+        let in_flight = in_flight.ok_or(Status::NotHeld)?;
+        *out = LuaConn {
+            outcome: CONN_ADMITTED,
+            in_flight,
+            ..LuaConn::default()
+        };
+        Ok(())
+    })
+}
+
+/// Change concurrency zone `zone`'s limit (`limit` -1: unchanged) and/or queue places
+/// (`queue` -1: unchanged) as the admin API's `PATCH zones/NAME` does. On error the API's
+/// message is written to `err`.
+///
+/// # Safety
+/// As for [`ngx_http_rate_limit_lua_set_limits`].
+#[no_mangle]
+pub unsafe extern "C" fn ngx_http_rate_limit_lua_conn_set(
+    r: *mut ngx_http_request_t,
+    zone: *const u8,
+    zone_len: usize,
+    limit: i64,
+    queue: i64,
+    err: *mut u8,
+    err_len: *mut usize,
+) -> c_int {
+    guarded(|| {
+        let r = request(r)?;
+        // SAFETY: the caller's contract.
+        let name = unsafe { bytes(zone, zone_len) }.ok_or(Status::BadArgument)?;
+        let (zone_conf, _) = zone_by_name(r, name)?;
+        if !zone_conf.algorithm.counts_in_flight() {
+            return Err(Status::WrongKind);
+        }
+        let mcf: &MainConf = RateLimitModule::main_conf(r).ok_or(Status::UnknownZone)?;
+        let refused = |message: String| {
+            // SAFETY: the caller's contract.
+            unsafe { write_error(err, err_len, &message) };
+            Status::Refused
+        };
+        let field = |value: i64, name: &str, low: u32, high: u32| {
+            if value == -1 {
+                return Ok(None);
+            }
+            u32::try_from(value)
+                .ok()
+                .filter(|n| (low..=high).contains(n))
+                .map(Some)
+                .ok_or_else(|| {
+                    refused(format!(
+                        "invalid {name} {value}: must be an integer from {low} to {high}"
+                    ))
+                })
+        };
+        let patch = ratelimit_admin::concurrency::PatchBody {
+            limit: field(limit, "limit", 1, ratelimit_core::adaptive::MAX_LIMIT)?,
+            queue: field(queue, "queue", 0, ratelimit_core::concurrency::MAX_QUEUE)?,
+            ..Default::default()
+        };
+        crate::control::zones::patch_concurrency(mcf, &zone_conf.name, &patch, connection_log(r))
             .map_err(|error| refused(error.to_string()))
     })
 }

@@ -14,7 +14,8 @@ use ngx::ffi::{
     NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleServerConf, NgxHttpCoreModule};
-use ratelimit_core::{Algorithm, LimitSpec, ZoneSpec};
+use ratelimit_core::concurrency::ConcurrencySpec;
+use ratelimit_core::{Algorithm, DelayMode, LimitSpec, Rate, RateUnit, ZoneSpec};
 
 use super::ext::ConfExt;
 use super::{
@@ -47,10 +48,30 @@ pub extern "C" fn cmd_rate_limit_zone(
 fn rate_limit_zone(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
     let args = cf.args();
     let words = cf.words(2)?;
-    let spec = ZoneSpec::parse_words(&words).map_err(|error| ConfError::Spec {
+    let spec_error = |error| ConfError::Spec {
         directive: "rate_limit_zone",
         error,
-    })?;
+    };
+    let concurrency = if words.contains(&"algorithm=concurrency") {
+        Some(ConcurrencySpec::parse_words(&words).map_err(spec_error)?)
+    } else {
+        None
+    };
+    let spec = match &concurrency {
+        Some(concurrency) => ZoneSpec {
+            zone: concurrency.zone.clone(),
+            // Unused by a concurrency zone, whose limits are `concurrency`'s.
+            rate: Rate {
+                milli_requests: 1000,
+                unit: RateUnit::Second,
+            },
+            burst: None,
+            algorithm: Algorithm::Concurrency,
+            sync: false,
+            block: None,
+        },
+        None => ZoneSpec::parse_words(&words).map_err(spec_error)?,
+    };
     let (name, size) = spec
         .zone
         .clone()
@@ -64,6 +85,7 @@ fn rate_limit_zone(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
         limits: spec.limits(),
         fingerprint: 0,
         sync_seed: spec.sync.then_some(0),
+        concurrency: concurrency.as_ref().map(ConcurrencySpec::limits),
     };
     let fits =
         usize::try_from(size).is_ok_and(|size| zone_size_fits(size, layout.slot_words(), pagesize));
@@ -109,6 +131,7 @@ fn rate_limit_zone(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
         zone: None,
         sync: spec.sync,
         bursts: LocationBursts::default(),
+        concurrency,
     })?;
     if !shm_zone.data.is_null() {
         return Err(ConfError::DuplicateZone(name));
@@ -169,6 +192,11 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
         global: false,
         local_algorithm_needed: spec.global.is_some().then_some(Algorithm::TokenBucket),
         burst_given: spec.burst.is_some(),
+        delay_given: match spec.delay {
+            DelayMode::Delay => None,
+            DelayMode::NoDelay => Some("nodelay"),
+            DelayMode::Threshold(_) => Some("delay"),
+        },
         burst: spec.burst,
         file: file.clone(),
         line,
@@ -179,6 +207,7 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
             global: true,
             local_algorithm_needed: Some(Algorithm::TokenBucket),
             burst_given: false,
+            delay_given: None,
             burst: spec.burst,
             file,
             line,

@@ -61,6 +61,11 @@ pub enum ConfError {
         algorithm: ratelimit_core::Algorithm,
         zone: String,
     },
+    #[error(
+        "\"{word}\" is not used by concurrency zone \"{zone}\": requests over its limit wait \
+         in its queue (\"queue=\", or \"burst=\" here) or are rejected"
+    )]
+    DelayNotUsed { word: &'static str, zone: String },
     #[error("zone \"{0}\" has \"sync\" but no \"rate_limit_sync\" is configured")]
     SyncNotConfigured(String),
     /// An error about the `rate_limit` line at FILE:LINE, found after the whole `http` block

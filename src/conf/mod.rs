@@ -21,6 +21,7 @@ use ngx::ffi::{
     ngx_shm_zone_init_pt, ngx_shm_zone_t, ngx_uint_t, NGX_LOG_ERR, NGX_LOG_INFO,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Merge, MergeConfigError};
+use ratelimit_core::concurrency::ConcurrencySpec;
 use ratelimit_core::{Algorithm, BucketCharge, DelayMode, Limits, Rate};
 
 use crate::store::sync_record::name_seed;
@@ -90,6 +91,8 @@ pub struct ZoneReference {
     pub global: bool,
     pub local_algorithm_needed: Option<Algorithm>,
     pub burst_given: bool,
+    /// `nodelay` or `delay=` was given (a concurrency zone queues instead).
+    pub delay_given: Option<&'static str>,
     /// `burst=` of the `rate_limit` line, which applies to its zone and its `global=` zone.
     pub burst: Option<u64>,
     /// The configuration file and line of the `rate_limit` directive: the references are
@@ -136,6 +139,9 @@ pub struct ZoneConf {
     pub sync: bool,
     /// The bursts its `rate_limit` lines apply (set once the `http` block is read).
     pub bursts: LocationBursts,
+    /// `algorithm=concurrency`: its `limit=`, `queue=` and `queue_timeout=` (its `limits`
+    /// are then unused).
+    pub concurrency: Option<ConcurrencySpec>,
 }
 
 impl ZoneConf {
@@ -145,6 +151,7 @@ impl ZoneConf {
             limits: self.limits,
             fingerprint: fingerprint(&self.key_text, self.algorithm),
             sync_seed: self.sync.then(|| name_seed(&self.name)),
+            concurrency: self.concurrency.as_ref().map(ConcurrencySpec::limits),
         }
     }
 }
@@ -213,6 +220,9 @@ pub struct LocConf {
     /// Set on a server's own configuration when one of its locations has `rate_limit_admin`:
     /// a request refused before a location is matched (414) is answered in JSON. Not merged.
     pub admin_server: bool,
+    /// Whether a `rate_limit` line uses a concurrency zone: worked out (in each worker) on
+    /// the location's first request, once zones are known. Not merged.
+    pub concurrency_lines: Cell<Option<bool>>,
 }
 
 impl Default for LocConf {
@@ -225,6 +235,7 @@ impl Default for LocConf {
             headers: UNSET,
             admin: None,
             admin_server: false,
+            concurrency_lines: Cell::new(None),
         }
     }
 }
@@ -332,7 +343,15 @@ pub fn postconfiguration(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
                 }));
             }
         }
-        if reference.burst_given && !zone.algorithm.takes_burst() {
+        if let (Some(word), true) = (reference.delay_given, zone.algorithm.counts_in_flight()) {
+            return Err(reference.error(ConfError::DelayNotUsed {
+                word,
+                zone: zone.name.clone(),
+            }));
+        }
+        // A concurrency line's `burst=` is its queue's places.
+        let burst_taken = zone.algorithm.takes_burst() || zone.algorithm.counts_in_flight();
+        if reference.burst_given && !burst_taken {
             return Err(reference.error(ConfError::BurstNotUsed {
                 algorithm: zone.algorithm,
                 zone: zone.name.clone(),

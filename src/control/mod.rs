@@ -4,11 +4,15 @@
 //!
 //! * [`decide`]: a request's limits resolved, decided and accounted for;
 //! * [`zones`]: the zones as the admin API sees them, and every change to them;
-//! * [`persist`]: the state file (`rate_limit_state_file`).
+//! * [`persist`]: the state file (`rate_limit_state_file`);
+//! * [`concurrency`] and [`queue`]: slots held by requests in flight, and this worker's
+//!   requests waiting in a key's queue.
 
+pub mod concurrency;
 pub mod decide;
 mod fleet;
 pub mod persist;
+pub mod queue;
 pub mod zones;
 
 use core::ffi::c_void;
@@ -45,6 +49,7 @@ pub fn postconfiguration(cf: &mut ngx_conf_t) {
 /// In each worker at start.
 pub fn init_process(cycle: &ngx_cycle_t) {
     persist::worker_started(cycle);
+    concurrency::reclaim(cycle);
     // SAFETY: ngx_worker is set by nginx before init_process runs.
     counters::set_counter_stripe(unsafe { nginx_sys::ngx_worker });
 }

@@ -57,7 +57,10 @@ pub fn restore(zone_conf: &ZoneConf) {
     if unsafe { nginx_sys::ngx_test_config } != 0 {
         return;
     }
-    let Some(zone) = zone_conf.zone else {
+    let Some(zone) = zone_conf
+        .zone
+        .filter(|zone| !zone.algorithm().counts_in_flight())
+    else {
         return;
     };
     // SAFETY: `shm_zone` was set by `rate_limit_zone`; its log is the cycle's log.
@@ -196,7 +199,12 @@ pub fn save(mcf: &MainConf, log: *mut ngx_log_t) {
 fn snapshot(mcf: &MainConf) -> StateFile {
     let zones = shared_zones(mcf, now_ns());
     let mut file = StateFile::default();
-    for zone in &zones {
+    // A concurrency zone's limits are not kept (the file has a rate zone's shape): a restart
+    // gives it the configuration's.
+    for zone in zones
+        .iter()
+        .filter(|zone| !zone.zone().algorithm().counts_in_flight())
+    {
         let entry = ZoneState {
             algorithm: zone.zone().algorithm(),
             config: zone.config_limits(),

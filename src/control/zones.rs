@@ -11,8 +11,13 @@ use ratelimit_core::{DelayMode, Limits, Policy};
 
 use crate::conf::{self, MainConf, ZoneConf};
 use crate::glue::{now_ms, now_ns};
+use crate::store::concurrency::KeyWords;
 use crate::store::sync_record::{self, Mode};
 use crate::store::{Counter, Zone, OVERRIDE_CAPACITY};
+use ratelimit_admin::concurrency::{AdaptiveKeyState, ConcurrencyInfo, ConcurrencyKeyState};
+use ratelimit_core::concurrency::{ConcurrencyLimit, ConcurrencyLimits};
+
+use super::concurrency;
 
 /// One `rate_limit_zone` with its shared memory, and the time the request is answered at.
 pub struct SharedZone<'a> {
@@ -43,6 +48,20 @@ pub fn patch_zone(
     Ok(())
 }
 
+/// Change concurrency zone `name`'s limit and/or queue the way `PATCH zones/NAME` does: every
+/// worker sees it at once, the state file keeps it. The Lua API's `set_conn` and `set_burst`.
+pub fn patch_concurrency(
+    mcf: &MainConf,
+    name: &str,
+    patch: &ratelimit_admin::concurrency::PatchBody,
+    log: *mut ngx_log_t,
+) -> Result<(), ApiError> {
+    let zones = shared_zones(mcf, now_ns());
+    ratelimit_admin::patch_concurrency(&zones, name, patch)?;
+    super::changed(mcf, log);
+    Ok(())
+}
+
 /// Set (`to`) or remove (`None`) a key's override the way `PUT`/`DELETE
 /// zones/NAME/overrides/KEY` do (the key's backlog rescaled), provided the key's override is
 /// still `expected` (packed limits, 0 for none): `Ok(false)` when it is not (changed here
@@ -63,6 +82,27 @@ pub fn replace_override(
     match to {
         Some(limits) => zone.set_override(key, limits).map(|_| true),
         None => Ok(zone.remove_override(key)),
+    }
+}
+
+/// A concurrency key as the admin API shows it.
+fn key_state(zone: &Zone, words: &KeyWords, limits: &ConcurrencyLimits) -> ConcurrencyKeyState {
+    let slots = words.load();
+    let adaptive = concurrency::adaptive_view(zone, words);
+    let limit = match (limits.limit, adaptive) {
+        (ConcurrencyLimit::Fixed(limit), _) => limit,
+        (ConcurrencyLimit::Adaptive(_), Some(state)) => state.limit,
+        (ConcurrencyLimit::Adaptive(bounds), None) => bounds.min,
+    };
+    ConcurrencyKeyState {
+        in_flight: slots.in_flight,
+        queued: slots.queued(),
+        limit,
+        adaptive: adaptive.map(|state| AdaptiveKeyState {
+            phase: concurrency::phase_name(state.phase),
+            no_load_us: state.no_load_us,
+            latency_us: state.last_average_us,
+        }),
     }
 }
 
@@ -98,6 +138,34 @@ impl<'a> SharedZone<'a> {
         self.zone
     }
 
+    /// A concurrency zone's limits and totals (a full scan); `None` for a rate zone.
+    fn concurrency_info(&self) -> Option<ConcurrencyInfo> {
+        let limits = self.zone.concurrency_limits()?;
+        let spec = self.conf.concurrency.as_ref()?;
+        let (mut in_flight, mut queued) = (0, 0);
+        let mut busiest: Option<ConcurrencyKeyState> = None;
+        for (_, words) in self.zone.concurrency_keys() {
+            let state = key_state(&self.zone, &words, &limits);
+            in_flight += u64::from(state.in_flight);
+            queued += u64::from(state.queued);
+            let busier = busiest.is_none_or(|b| state.in_flight > b.in_flight);
+            if state.adaptive.is_some() && busier {
+                busiest = Some(state);
+            }
+        }
+        Some(ConcurrencyInfo {
+            limits,
+            config: self
+                .zone
+                .config_concurrency_limits()
+                .unwrap_or(spec.limits()),
+            queue_timeout_ns: spec.queue_timeout_ns,
+            in_flight,
+            queued,
+            busiest,
+        })
+    }
+
     /// What the configuration file says, as recorded in the zone at the last (re)load.
     pub fn config_limits(&self) -> Limits {
         Limits::unpack(self.zone.config_limits_word()).unwrap_or(self.conf.limits)
@@ -130,7 +198,30 @@ impl AdminZone for SharedZone<'_> {
             overrides: self.zone.override_count(),
             override_capacity: OVERRIDE_CAPACITY as u64,
             sync: self.zone.is_sync().then(sync_info).flatten(),
+            concurrency: self.concurrency_info(),
         }
+    }
+
+    fn concurrency_limits(&self) -> Option<ConcurrencyLimits> {
+        self.zone.concurrency_limits()
+    }
+
+    fn concurrency_key(&self, key: &[u8]) -> Option<ConcurrencyKeyState> {
+        let hash = self.zone.hash_key(key);
+        let slot = self.zone.find_tracked(hash, self.now_ns)?;
+        let words = self.zone.key_words(slot)?;
+        let limits = self.zone.concurrency_limits()?;
+        Some(key_state(&self.zone, &words, &limits))
+    }
+
+    fn replace_concurrency_limits(
+        &self,
+        current: ConcurrencyLimits,
+        new: ConcurrencyLimits,
+    ) -> Result<(), ConcurrencyLimits> {
+        self.zone
+            .replace_concurrency_limits(current, new)
+            .map_err(|found| found.unwrap_or(current))
     }
 
     fn limits(&self) -> Limits {

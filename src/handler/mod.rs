@@ -1,6 +1,7 @@
 //! The request path: the preaccess handler, delays, response headers and `$rate_limit_status`.
 //! A front door: it finds the request's keys and decides through `crate::control::decide`.
 
+mod concurrency;
 mod delay;
 mod headers;
 mod key;
@@ -23,6 +24,7 @@ use crate::control::decide::{self, Applied, AppliedLimit, Charge, Found, One, Ve
 use crate::glue::response::add_header;
 use crate::glue::{connection_log, now_ns};
 use crate::store::MAX_KEY_BYTES;
+pub use concurrency::log_handler;
 use headers::add_rate_limit_headers;
 use key::evaluate_key;
 pub use status::add_variables;
@@ -91,8 +93,14 @@ pub unsafe extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_in
         return Status::NGX_DECLINED.into();
     };
     let state = RequestState::of(r, index);
+    if let Some(rc) = concurrency::resumed(r, lcf, state) {
+        return rc;
+    }
     if state.is_set() {
         return Status::NGX_DECLINED.into();
+    }
+    if concurrency::has_lines(lcf) {
+        return concurrency::limit(r, lcf, state);
     }
     limit_request(r, lcf, state)
 }
@@ -108,9 +116,29 @@ fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf, state: RequestState)
         }
     }
 
+    limit_lines(r, lcf, state, lcf.limits().iter(), now)
+}
+
+/// The rate limits of a location that has concurrency lines too (taken before).
+fn limit_rates(r: &mut ngx_http_request_t, lcf: &LocConf, state: RequestState) -> ngx_int_t {
+    let rates = lcf
+        .limits()
+        .iter()
+        .filter(|limit| concurrency::line_zone(limit).is_none());
+    limit_lines(r, lcf, state, rates, now_ns())
+}
+
+/// Decide `lines` (several, or one with `global=`) and act on the verdict.
+fn limit_lines<'l>(
+    r: &mut ngx_http_request_t,
+    lcf: &LocConf,
+    state: RequestState,
+    lines: impl Iterator<Item = &'l LimitConf>,
+    now: u64,
+) -> ngx_int_t {
     // Inline storage: the common configurations (one or two limits) never touch the heap.
     let mut applied: SmallVec<[AppliedLimit; 2]> = SmallVec::new();
-    for limit in lcf.limits() {
+    for limit in lines {
         let Some(own) = resolve(r, limit.shm_zone, limit, now) else {
             continue;
         };

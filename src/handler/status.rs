@@ -1,6 +1,8 @@
 //! `$rate_limit_status`: a request's outcome, kept in the variable's own slot of
 //! `r->variables`.
 
+use core::ptr;
+
 use ngx::core::Status;
 use ngx::ffi::{
     ngx_conf_t, ngx_http_add_variable, ngx_http_request_t, ngx_http_variable_value_t, ngx_int_t,
@@ -19,6 +21,8 @@ pub enum LimitStatus {
     Rejected = 3,
     DelayedDryRun = 4,
     RejectedDryRun = 5,
+    /// Waited in a concurrency zone's queue, then went through.
+    Queued = 6,
 }
 
 impl LimitStatus {
@@ -29,6 +33,7 @@ impl LimitStatus {
             LimitStatus::Rejected => "REJECTED",
             LimitStatus::DelayedDryRun => "DELAYED_DRY_RUN",
             LimitStatus::RejectedDryRun => "REJECTED_DRY_RUN",
+            LimitStatus::Queued => "QUEUED",
         }
     }
 }
@@ -53,6 +58,17 @@ impl RequestState {
     pub fn is_set(self) -> bool {
         let bits = value_bits::read(self.value);
         bits & value_bits::VALID != 0 && bits & value_bits::LEN != 0
+    }
+
+    /// Whether the outcome stored is `status` (the static text it was set to).
+    pub fn is(self, status: LimitStatus) -> bool {
+        let bits = value_bits::read(self.value);
+        let text = status.as_str();
+        // SAFETY: `value` points into the live request's variables.
+        let data = unsafe { (*self.value).data };
+        bits & value_bits::VALID != 0
+            && (bits & value_bits::LEN) as usize == text.len()
+            && ptr::eq(data.cast_const(), text.as_ptr())
     }
 
     pub fn set(self, status: LimitStatus) {

@@ -34,6 +34,7 @@
 //! * [`sync_record`] and [`inbox`]: the instance's sync record, shared by the sync loop and
 //!   the workers.
 
+pub mod concurrency;
 pub mod counters;
 pub mod inbox;
 pub mod overrides;
@@ -49,6 +50,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use std::hash::BuildHasher;
 
 use nginx_sys::{ngx_slab_alloc_locked, ngx_slab_free_locked, ngx_slab_pool_t};
+use ratelimit_core::concurrency::{self as in_flight, ConcurrencyLimit, ConcurrencyLimits};
 use ratelimit_core::{Algorithm, Limits};
 
 use crate::glue::pool::PoolLock;
@@ -59,7 +61,7 @@ pub use overrides::OVERRIDE_CAPACITY;
 pub use slots::SlotIndex;
 
 /// Identifies the layout below; a zone inherited over a reload with another magic is reformatted.
-const MAGIC: u64 = 0x726c_7a6f_6e65_0004;
+const MAGIC: u64 = 0x726c_7a6f_6e65_0005;
 
 /// The longest key a zone accepts, in bytes (limit_req's limit).
 pub const MAX_KEY_BYTES: usize = 65535;
@@ -92,6 +94,10 @@ pub struct ZoneShared {
     /// Offset from the slab pool of the top-keys region ([`top`]); 0 when the zone is too
     /// small to keep one.
     top_offset: AtomicU64,
+    /// A concurrency zone's limits in force now (packed `ConcurrencyLimits`; 0 for another
+    /// zone), and those of the configuration file at the last (re)load.
+    concurrency: AtomicU64,
+    config_concurrency: AtomicU64,
 }
 
 /// Offset of the slot table from the header, rounded to a cache line.
@@ -106,12 +112,18 @@ pub struct ZoneLayout {
     /// For a `sync` zone, the hash seed derived from its name: every instance of the fleet
     /// gives a key the same id.
     pub sync_seed: Option<u64>,
+    /// For a concurrency zone, its configured limits (`limits` is then unused).
+    pub concurrency: Option<ConcurrencyLimits>,
 }
 
 impl ZoneLayout {
     /// State words per slot: the algorithm's own, or those of a `sync` zone's slot (state,
     /// pending delta, grant).
     pub fn slot_words(&self) -> usize {
+        if let Some(limits) = &self.concurrency {
+            let adaptive = matches!(limits.limit, ConcurrencyLimit::Adaptive(_));
+            return in_flight::state_words(adaptive);
+        }
         if self.sync_seed.is_some() {
             return slots::SYNC_STATE_WORDS;
         }
@@ -246,6 +258,11 @@ impl Zone {
         header
             .config_limits
             .store(layout.limits.pack(), Ordering::Relaxed);
+        let concurrency = layout.concurrency.map_or(0, |limits| limits.pack());
+        header.concurrency.store(concurrency, Ordering::Relaxed);
+        header
+            .config_concurrency
+            .store(concurrency, Ordering::Relaxed);
         // SAFETY: the pool is initialized; no worker reads `data` yet.
         unsafe { (*shpool).data = shared.cast::<c_void>() };
         // SAFETY: the header was just written; a new view reads the table's formatted shape.
@@ -330,7 +347,21 @@ impl Zone {
             self.set_limits(layout.limits, now_ns);
         }
         header.config_limits.store(configured, Ordering::Relaxed);
+        // A concurrency zone's limits likewise: a runtime change survives a reload that
+        // leaves the configuration's limits as they were.
+        let configured = layout.concurrency.map_or(0, |limits| limits.pack());
+        if !same_shape || header.config_concurrency.load(Ordering::Relaxed) != configured {
+            header.concurrency.store(configured, Ordering::Release);
+        }
+        header
+            .config_concurrency
+            .store(configured, Ordering::Relaxed);
         Ok(same_shape)
+    }
+
+    /// Whether two views are of the same zone's memory.
+    pub fn is_same(&self, other: &Zone) -> bool {
+        ptr::eq(self.shared, other.shared)
     }
 
     fn header(&self) -> &ZoneShared {

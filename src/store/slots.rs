@@ -17,7 +17,7 @@ pub const SYNC_STATE_WORDS: usize = 3;
 
 /// Where a key's state is: the index of its slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SlotIndex(usize);
+pub struct SlotIndex(pub(super) usize);
 
 /// A sync zone's per-key words besides the state, as data: what the key charged since the
 /// last sync (`pending`) and what the fleet lets it charge (`grant`).
@@ -33,7 +33,7 @@ impl Zone {
     }
 
     /// The words of slot `index`: `[0]` is the key hash, the rest its state.
-    fn slot(&self, index: usize) -> &[AtomicU64] {
+    pub(super) fn slot(&self, index: usize) -> &[AtomicU64] {
         let index = index.min(self.slots.saturating_sub(1));
         // SAFETY: `index` is clamped to the table, whose slots are `stride` u64 each, 8-byte
         // aligned inside the zone's mapping; AtomicU64 accepts any bit pattern.
@@ -192,6 +192,9 @@ impl Zone {
     /// algorithm that needs the lock is read under it, which callers hold.
     fn idle_at_ns(&self, slot: &[AtomicU64], limits: &Limits, now_ns: u64) -> u64 {
         let algorithm = self.algorithm;
+        if algorithm.counts_in_flight() {
+            return self.concurrency_idle_at(slot);
+        }
         if algorithm.needs_lock() {
             return ratelimit_core::words_idle_at_ns(
                 state_words_mut(&slot[1..]),
@@ -307,6 +310,10 @@ impl Zone {
             return false;
         };
         let slot = self.slot(index.0);
+        if self.algorithm.counts_in_flight() {
+            // Its counts stay while requests hold or wait for its slots.
+            return self.concurrency_idle_at(slot) > now_ns && self.forget_concurrency(slot);
+        }
         let tracked = self
             .limits()
             .is_some_and(|limits| self.idle_at_ns(slot, &limits, now_ns) > now_ns);

@@ -263,6 +263,22 @@ impl Connection {
         self.send(&Request::get(path))
     }
 
+    /// Writes `request` on this connection (to the worker that holds it) without waiting for
+    /// the response, as [`start_request`] does on a new one.
+    pub fn start(mut self, request: &Request) -> PendingRequest {
+        let started = Instant::now();
+        self.reader
+            .get_mut()
+            .write_all(&request.encode(true))
+            .unwrap_or_else(|e| panic!("cannot send {}: {e}", request.describe(self.port)));
+        PendingRequest {
+            reader: self.reader,
+            method: request.method.clone(),
+            description: request.describe(self.port),
+            started,
+        }
+    }
+
     /// Like [`Connection::send`], but returns the error, e.g. when the server closed the
     /// connection.
     pub fn try_send(&mut self, request: &Request) -> io::Result<Response> {

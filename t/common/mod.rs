@@ -9,6 +9,7 @@
 //! - [`timeline`]: requests sent at fixed offsets from one start instant.
 //! - [`redis`]: real `redis-server`s (single, Cluster, TLS with a throwaway PKI);
 //!   [`fleet`]: nginx instances sharing a limit through them, and paced traffic.
+//! - [`upstream`]: an upstream whose requests wait until the test releases them.
 //!
 //! Every test binary compiles this module but uses only part of it, hence the `allow`s.
 #![allow(dead_code)]
@@ -20,6 +21,7 @@ pub mod http;
 pub mod nginx;
 pub mod redis;
 pub mod timeline;
+pub mod upstream;
 
 #[allow(unused_imports)]
 pub use config::{config, Config};

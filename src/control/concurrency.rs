@@ -1,0 +1,716 @@
+//! Concurrency zones: a request takes slots of its key, waits in the key's queue, and gives
+//! its slots back exactly once, however it ends. The front doors (the request path, Lua) call
+//! [`arrive`]; what a request holds is a [`Holding`] in its pool, whose cleanup gives the
+//! slots back when the request is freed (response sent, client gone, upstream error or
+//! timeout, internal redirect: nginx frees a request's pool once, at its very end). The slots
+//! of a worker that died come back when the master starts its replacement ([`reclaim`]).
+//!
+//! The arithmetic is `ratelimit_core::concurrency` (slots and queue) and
+//! `ratelimit_core::adaptive` (the limit of `limit=adaptive`); the words are the store's.
+
+use core::mem;
+use core::ptr;
+use core::sync::atomic::Ordering;
+
+use ngx::ffi::{
+    ngx_cycle_t, ngx_http_request_t, ngx_http_upstream_state_t, ngx_log_t, ngx_pool_cleanup_add,
+    ngx_pool_t, NGX_LOG_NOTICE,
+};
+use ngx::http::HttpModuleMainConf;
+use ngx::ngx_log_error;
+use ratelimit_core::adaptive::{window_add, window_unpack, AdaptiveBounds, AdaptiveLimit, Phase};
+use ratelimit_core::concurrency::{
+    self as arithmetic, Arrival as Step, ConcurrencyLimit, ConcurrencyLimits, Leave, Turn,
+};
+use ratelimit_core::NANOS_PER_SEC;
+
+use super::queue;
+use crate::conf::{self, RateLimitModule, ZoneConf};
+use crate::glue::now_ns;
+use crate::store::concurrency::KeyWords;
+use crate::store::{SlotIndex, Zone};
+
+/// One concurrency line applied to a request: its key's slot and what the line asks.
+#[derive(Clone, Copy)]
+pub struct Line<'a> {
+    pub zone_conf: &'a ZoneConf,
+    pub zone: Zone,
+    pub slot: SlotIndex,
+    pub hash: u64,
+    pub cost: u64,
+    /// The line's `burst=`: its queue's places, in place of the zone's `queue=`.
+    pub queue: Option<u64>,
+}
+
+/// What became of a request at a concurrency line.
+pub enum Arrival {
+    /// It holds its slots; the key's requests in flight now, and its limit.
+    Admitted { in_flight: u32, limit: u32 },
+    /// It waits in the queue with this id in the worker's queue: its owner is told when it is
+    /// its turn (or it gave up).
+    Queued { waiter: u64 },
+    /// Over the limit, and the queue is full (or there is none).
+    Rejected(Refusal),
+    /// In dry run: the request goes on without slots; `queued` tells whether it would have
+    /// waited rather than been rejected.
+    DryRun { queued: bool, refusal: Refusal },
+    /// The zone's memory is not what it should be, or no memory for the request's record:
+    /// not limited.
+    Unlimited,
+}
+
+/// Where the key stood when a request was refused: for the log line and `Retry-After`.
+#[derive(Clone, Copy, Debug)]
+pub struct Refusal {
+    pub in_flight: u32,
+    pub queued: u32,
+    pub limit: u32,
+    pub retry_after_ns: u64,
+}
+
+/// What a request holds of one key, in its pool: given back by the pool's cleanup unless
+/// given back before ([`Holding::release`]).
+pub struct Holding {
+    zone: Zone,
+    slot: SlotIndex,
+    hash: u64,
+    cost: u64,
+    /// The adaptive limit's epoch when the slots were taken.
+    epoch: u16,
+    /// When the slots were taken (monotonic ns).
+    admitted_ns: u64,
+    /// The request's latency as measured after the response ([`Holding::measure`]); 0: not
+    /// measured, the time from `admitted_ns` to the release is used.
+    latency_ns: u64,
+    /// The process whose lane counts these slots (nginx's process slot).
+    process_slot: usize,
+    state: HoldState,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HoldState {
+    /// Waiting in the queue with this ticket; the worker's queue knows it by `waiter`.
+    Waiting {
+        ticket: u16,
+        waiter: u64,
+    },
+    Held,
+    Released,
+}
+
+/// This process's slot in nginx's process table (its lane in each key).
+fn process_slot() -> usize {
+    // SAFETY: set by the master before fork and never changed in a worker.
+    let slot = unsafe { nginx_sys::ngx_process_slot };
+    usize::try_from(slot).unwrap_or(usize::MAX)
+}
+
+/// The limits a key gets now: the zone's fixed limit, or the key's adaptive limit (set up at
+/// `min` for a key seen for the first time), with the adaptive epoch.
+fn key_limit(zone: &Zone, words: &KeyWords, limits: &ConcurrencyLimits, now_ns: u64) -> (u32, u16) {
+    let bounds = match limits.limit {
+        ConcurrencyLimit::Fixed(limit) => return (limit, 0),
+        ConcurrencyLimit::Adaptive(bounds) => bounds,
+    };
+    let Some(adaptive) = words.adaptive else {
+        return (bounds.min, 0);
+    };
+    if let Some(state) = adaptive.load(&bounds) {
+        return (state.limit, state.epoch);
+    }
+    let _lock = zone.lock();
+    let state = adaptive.load(&bounds).unwrap_or_else(|| {
+        let state = AdaptiveLimit::new(&bounds, now_ns);
+        adaptive.store(&state);
+        state
+    });
+    (state.limit, state.epoch)
+}
+
+/// The adaptive bounds of a zone's limits, if adaptive.
+fn bounds_of(limits: &ConcurrencyLimits) -> Option<AdaptiveBounds> {
+    match limits.limit {
+        ConcurrencyLimit::Adaptive(bounds) => Some(bounds),
+        ConcurrencyLimit::Fixed(_) => None,
+    }
+}
+
+/// A request of `line.cost` arrives at its key. Its record goes into `pool`; if it has to
+/// wait, `owner` says who waits (the request path resumes the request, Lua polls).
+pub fn arrive(
+    pool: *mut ngx_pool_t,
+    line: &Line,
+    now_ns: u64,
+    dry_run: bool,
+    owner: queue::Owner,
+) -> Arrival {
+    let (Some(words), Some(limits)) = (
+        line.zone.key_words(line.slot),
+        line.zone.concurrency_limits(),
+    ) else {
+        return Arrival::Unlimited;
+    };
+    let Some(conf) = line.zone_conf.concurrency.as_ref() else {
+        return Arrival::Unlimited;
+    };
+    let queue_places = line.queue.map_or(limits.queue, |places| {
+        places.min(u64::from(arithmetic::MAX_QUEUE)) as u32
+    });
+    let (limit, epoch) = key_limit(&line.zone, &words, &limits, now_ns);
+    let refusal = |word: u64| {
+        let slots = arithmetic::Slots::unpack(word);
+        Refusal {
+            in_flight: slots.in_flight,
+            queued: slots.queued(),
+            limit,
+            retry_after_ns: retry_after_ns(&words, &limits),
+        }
+    };
+    if dry_run {
+        let word = words.slots.load(Ordering::Acquire);
+        let (step, _) = arithmetic::arrive(word, line.cost, limit, queue_places);
+        match step {
+            Step::Admitted => {}
+            Step::Queued { .. } => {
+                return Arrival::DryRun {
+                    queued: true,
+                    refusal: refusal(word),
+                }
+            }
+            Step::Rejected => {
+                return Arrival::DryRun {
+                    queued: false,
+                    refusal: refusal(word),
+                }
+            }
+        }
+    }
+    // The record first: once slots are taken, nothing may fail before they are recorded.
+    let Some(holding) = new_holding(pool, line, epoch, now_ns) else {
+        return Arrival::Unlimited;
+    };
+    let mut current = words.slots.load(Ordering::Acquire);
+    loop {
+        let (step, next) = arithmetic::arrive(current, line.cost, limit, queue_places);
+        let Some(next) = next else {
+            return Arrival::Rejected(refusal(current));
+        };
+        if let Step::Queued { first: true, .. } = step {
+            // The head's time before the word that makes this ticket the head.
+            words.head_since.store(now_ns, Ordering::Release);
+        }
+        match words
+            .slots
+            .compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {
+                // SAFETY: `holding` was just written into the request's pool by
+                // `new_holding` and nothing else refers to it yet.
+                let record = unsafe { &mut *holding };
+                return match step {
+                    Step::Admitted => {
+                        record.admitted(&words, now_ns, next);
+                        Arrival::Admitted {
+                            in_flight: arithmetic::Slots::unpack(next).in_flight,
+                            limit,
+                        }
+                    }
+                    Step::Queued { ticket, .. } => {
+                        let deadline_ns = now_ns.saturating_add(conf.queue_timeout_ns);
+                        let waiter = queue::wait(queue::Waiter::new(
+                            *line,
+                            ticket,
+                            deadline_ns,
+                            conf.queue_timeout_ns,
+                            holding,
+                            owner,
+                        ));
+                        record.state = HoldState::Waiting { ticket, waiter };
+                        Arrival::Queued { waiter }
+                    }
+                    Step::Rejected => Arrival::Rejected(refusal(current)),
+                };
+            }
+            Err(actual) => current = actual,
+        }
+    }
+}
+
+/// What a request of `line.cost` would get now, charging nothing (Lua's `incoming` without
+/// `commit`): admitted, queued or refused, with where the key stands.
+pub fn peek(line: &Line, now_ns: u64) -> Option<(Peek, Refusal)> {
+    let words = line.zone.key_words(line.slot)?;
+    let limits = line.zone.concurrency_limits()?;
+    let queue_places = line.queue.map_or(limits.queue, |places| {
+        places.min(u64::from(arithmetic::MAX_QUEUE)) as u32
+    });
+    let (limit, _) = key_limit(&line.zone, &words, &limits, now_ns);
+    let word = words.slots.load(Ordering::Acquire);
+    let slots = arithmetic::Slots::unpack(word);
+    let standing = Refusal {
+        in_flight: slots.in_flight,
+        queued: slots.queued(),
+        limit,
+        retry_after_ns: retry_after_ns(&words, &limits),
+    };
+    let peek = match arithmetic::arrive(word, line.cost, limit, queue_places).0 {
+        Step::Admitted => Peek::Admitted,
+        Step::Queued { .. } => Peek::Queued,
+        Step::Rejected => Peek::Rejected,
+    };
+    Some((peek, standing))
+}
+
+/// What [`peek`] says a request would get.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peek {
+    Admitted,
+    Queued,
+    Rejected,
+}
+
+/// `Retry-After` for a refused request: the key's latency estimate (adaptive), at least 1 s.
+fn retry_after_ns(words: &KeyWords, limits: &ConcurrencyLimits) -> u64 {
+    let latency_ns = match (words.adaptive, bounds_of(limits)) {
+        (Some(adaptive), Some(bounds)) => adaptive
+            .load(&bounds)
+            .map_or(0, |state| u64::from(state.last_average_us) * 1000),
+        _ => 0,
+    };
+    arithmetic::retry_after_ns(latency_ns)
+}
+
+/// A record for the request's pool, released by the pool's cleanup; `None` without memory.
+fn new_holding(
+    pool: *mut ngx_pool_t,
+    line: &Line,
+    epoch: u16,
+    now_ns: u64,
+) -> Option<*mut Holding> {
+    // SAFETY: `pool` is the live request's pool; the cleanup's data is `size` bytes of it,
+    // aligned for any type of up to NGX_ALIGNMENT (8), which Holding's fields need.
+    let cleanup = unsafe { ngx_pool_cleanup_add(pool, mem::size_of::<Holding>()) };
+    // SAFETY: checked non-null; a fresh cleanup whose data nobody reads before the write.
+    let cleanup = unsafe { cleanup.as_mut() }?;
+    let holding = cleanup.data.cast::<Holding>();
+    if holding.is_null() {
+        return None;
+    }
+    // SAFETY: `holding` points to `size_of::<Holding>()` bytes of the pool, suitably aligned.
+    unsafe {
+        holding.write(Holding {
+            zone: line.zone,
+            slot: line.slot,
+            hash: line.hash,
+            cost: line.cost,
+            epoch,
+            admitted_ns: now_ns,
+            latency_ns: 0,
+            process_slot: process_slot(),
+            state: HoldState::Released,
+        })
+    };
+    cleanup.handler = Some(HOLDING_CLEANUP);
+    Some(holding)
+}
+
+/// The cleanup handler of every [`Holding`], by which a request's holdings are found among
+/// its pool's cleanups (one instance: never inlined).
+const HOLDING_CLEANUP: unsafe extern "C" fn(*mut core::ffi::c_void) = holding_cleanup;
+
+/// The pool's cleanup: give the slots back, or the queue's place.
+#[inline(never)]
+unsafe extern "C" fn holding_cleanup(data: *mut core::ffi::c_void) {
+    // SAFETY: `data` is the Holding written by `new_holding`, alive until the pool's memory
+    // is freed after its cleanups ran.
+    let Some(holding) = (unsafe { data.cast::<Holding>().as_mut() }) else {
+        return;
+    };
+    holding.end(now_ns());
+}
+
+impl Holding {
+    /// The request got its slots (at once or from the queue): its lane counts them, the
+    /// window's peak sees them.
+    fn admitted(&mut self, words: &KeyWords, now_ns: u64, word: u64) {
+        words.lane_add(self.process_slot, self.cost);
+        if let Some(adaptive) = words.adaptive {
+            let in_flight = u64::from(arithmetic::Slots::unpack(word).in_flight);
+            adaptive.peak.fetch_max(in_flight, Ordering::AcqRel);
+        }
+        self.admitted_ns = now_ns;
+        self.state = HoldState::Held;
+    }
+
+    /// Whether this record holds slots of the key in `slot` of `zone`.
+    pub fn is_held_for(&self, zone: &Zone, slot: SlotIndex) -> bool {
+        self.state == HoldState::Held && zone.is_same(&self.zone) && slot == self.slot
+    }
+
+    /// Note the request's latency: the time since its admission, capped at its upstream's
+    /// time (`$upstream_response_time`, 1 ms resolution, plus that millisecond) when it had
+    /// one, so that a slow client's download does not count as the upstream's latency.
+    pub fn measure(&mut self, upstream_ms: Option<u64>, now_ns: u64) {
+        if self.state != HoldState::Held {
+            return;
+        }
+        let own = now_ns.saturating_sub(self.admitted_ns).max(1);
+        self.latency_ns = match upstream_ms {
+            Some(ms) => own.min(ms.saturating_add(1).saturating_mul(1_000_000)),
+            None => own,
+        };
+    }
+
+    /// Note a latency given by the caller (Lua's `leaving(key, latency)`).
+    pub fn set_latency(&mut self, latency_ns: u64) {
+        self.latency_ns = latency_ns.max(1);
+    }
+
+    /// Give the slots back now (the request is rejected by a later limit, Lua's `leaving`);
+    /// the pool's cleanup then has nothing to do. `sample`: the latency counts for an
+    /// adaptive limit. Returns the key's requests in flight after.
+    pub fn release(&mut self, now_ns: u64, sample: bool) -> u32 {
+        match self.state {
+            HoldState::Held => {
+                if !sample {
+                    self.latency_ns = u64::MAX;
+                }
+                self.give_back(now_ns)
+            }
+            HoldState::Waiting { waiter, .. } => {
+                queue::abandon(waiter);
+                self.state = HoldState::Released;
+                self.in_flight()
+            }
+            HoldState::Released => self.in_flight(),
+        }
+    }
+
+    /// The request ends (its pool's cleanup).
+    fn end(&mut self, now_ns: u64) {
+        self.release(now_ns, true);
+    }
+
+    fn in_flight(&self) -> u32 {
+        self.zone
+            .key_words(self.slot)
+            .map_or(0, |words| words.load().in_flight)
+    }
+
+    fn give_back(&mut self, now_ns: u64) -> u32 {
+        self.state = HoldState::Released;
+        let Some(words) = self.zone.key_words(self.slot) else {
+            return 0;
+        };
+        // A key holding slots is never evicted; the check keeps a bug from counting against
+        // another key.
+        if self.zone.hash_at(self.slot) != self.hash {
+            return 0;
+        }
+        words.lane_sub(self.process_slot, self.cost);
+        let cost = self.cost;
+        let mut current = words.slots.load(Ordering::Acquire);
+        let after = loop {
+            let next = arithmetic::release(current, cost);
+            match words.slots.compare_exchange_weak(
+                current,
+                next,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break next,
+                Err(actual) => current = actual,
+            }
+        };
+        queue::slots_freed();
+        if self.latency_ns != u64::MAX {
+            let latency_ns = match self.latency_ns {
+                0 => now_ns.saturating_sub(self.admitted_ns).max(1),
+                measured => measured,
+            };
+            sample(&self.zone, &words, self.epoch, latency_ns, now_ns);
+        }
+        arithmetic::Slots::unpack(after).in_flight
+    }
+
+    /// The queued request's turn came (the queue admitted it): it holds its slots now.
+    pub(super) fn turn_taken(&mut self, words: &KeyWords, now_ns: u64, word: u64) {
+        if let Some(limits) = self.zone.concurrency_limits() {
+            self.epoch = key_limit(&self.zone, words, &limits, now_ns).1;
+        }
+        self.admitted(words, now_ns, word);
+    }
+
+    /// The queued request gave up, or its place was taken from it.
+    pub(super) fn left_queue(&mut self) {
+        self.state = HoldState::Released;
+    }
+
+    /// If this record waits with ticket `waiter`, stop waiting (the ticket stays as a place in
+    /// the queue until it reaches the head).
+    pub(super) fn abandon_ticket(&mut self, waiter: u64) {
+        if let HoldState::Waiting { waiter: id, .. } = self.state {
+            if id == waiter {
+                queue::abandon(waiter);
+                self.state = HoldState::Released;
+            }
+        }
+    }
+}
+
+/// One latency sample for an adaptive key, closing its window when due.
+fn sample(zone: &Zone, words: &KeyWords, epoch: u16, latency_ns: u64, now_ns: u64) {
+    let (Some(adaptive), Some(bounds)) = (
+        words.adaptive,
+        zone.concurrency_limits().as_ref().and_then(bounds_of),
+    ) else {
+        return;
+    };
+    let Some(state) = adaptive.load(&bounds) else {
+        return;
+    };
+    if !state.accepts(epoch) {
+        return;
+    }
+    let latency_us = latency_ns.div_ceil(1000);
+    let ceiling = state.sample_ceiling_us();
+    let mut current = adaptive.window.load(Ordering::Acquire);
+    let word = loop {
+        let Some(next) = window_add(current, latency_us, ceiling) else {
+            break current;
+        };
+        match adaptive.window.compare_exchange_weak(
+            current,
+            next,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => break next,
+            Err(actual) => current = actual,
+        }
+    };
+    let peak = adaptive.peak.load(Ordering::Acquire) as u32;
+    if !state.due(now_ns, &window_unpack(word, peak)) {
+        return;
+    }
+    // One worker closes the window: under the zone's lock (released by the master if the
+    // worker dies holding it), on the state as it is then.
+    let _lock = zone.lock();
+    let Some(mut state) = adaptive.load(&bounds) else {
+        return;
+    };
+    let peak = adaptive.peak.load(Ordering::Acquire) as u32;
+    if !state.due(
+        now_ns,
+        &window_unpack(adaptive.window.load(Ordering::Acquire), peak),
+    ) {
+        return;
+    }
+    let word = adaptive.window.swap(0, Ordering::AcqRel);
+    let in_flight = u64::from(words.load().in_flight);
+    let peak = adaptive.peak.swap(in_flight, Ordering::AcqRel) as u32;
+    state.close_window(&bounds, now_ns, &window_unpack(word, peak));
+    adaptive.store(&state);
+}
+
+/// A queued ticket's chance at its slots; see `queue`.
+pub(super) fn take_turn(
+    words: &KeyWords,
+    zone: &Zone,
+    ticket: u16,
+    cost: u64,
+    now_ns: u64,
+) -> TurnTaken {
+    let Some(limits) = zone.concurrency_limits() else {
+        return TurnTaken::Lost;
+    };
+    let (limit, _) = key_limit(zone, words, &limits, now_ns);
+    let mut current = words.slots.load(Ordering::Acquire);
+    loop {
+        let next = match arithmetic::take_turn(current, ticket, cost, limit) {
+            Turn::Admitted(next) => next,
+            Turn::Wait => return TurnTaken::Wait,
+            Turn::Skipped => return TurnTaken::Lost,
+        };
+        words.head_since.store(now_ns, Ordering::Release);
+        match words
+            .slots
+            .compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => return TurnTaken::Admitted(next),
+            Err(actual) => current = actual,
+        }
+    }
+}
+
+/// What [`take_turn`] says.
+pub(super) enum TurnTaken {
+    Admitted(u64),
+    Wait,
+    /// The ticket is no longer queued (skipped as stale): the request lost its place.
+    Lost,
+}
+
+/// A ticket gives up its place; true once it is out of the queue (it was the head, or it was
+/// skipped already), false while tickets ahead of it are still queued.
+pub(super) fn leave(words: &KeyWords, ticket: u16, now_ns: u64) -> bool {
+    let mut current = words.slots.load(Ordering::Acquire);
+    loop {
+        let next = match arithmetic::leave(current, ticket) {
+            Leave::Left(next) => next,
+            Leave::NotYet => return false,
+            Leave::Gone => return true,
+        };
+        words.head_since.store(now_ns, Ordering::Release);
+        match words
+            .slots
+            .compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => return true,
+            Err(actual) => current = actual,
+        }
+    }
+}
+
+/// Skip the head of a key's queue if it has stood still for longer than any live holder of a
+/// ticket waits (its worker died).
+pub(super) fn skip_stale_head(words: &KeyWords, queue_timeout_ns: u64, now_ns: u64) {
+    let current = words.slots.load(Ordering::Acquire);
+    let head_since = words.head_since.load(Ordering::Acquire);
+    if !arithmetic::head_is_stale(head_since, now_ns, queue_timeout_ns) {
+        return;
+    }
+    let Some(next) = arithmetic::skip_head(current) else {
+        return;
+    };
+    words.head_since.store(now_ns, Ordering::Release);
+    let _ = words
+        .slots
+        .compare_exchange(current, next, Ordering::AcqRel, Ordering::Acquire);
+}
+
+/// In a worker at start: give back the slots the previous holder of this process slot held
+/// when it died (nginx's master starts a crashed worker's replacement in its slot; a worker
+/// that exited normally left its lanes empty).
+pub fn reclaim(cycle: &ngx_cycle_t) {
+    if !crate::glue::is_worker_process() {
+        return;
+    }
+    let Some(mcf) = RateLimitModule::main_conf(cycle) else {
+        return;
+    };
+    let process_slot = process_slot();
+    for zone_conf in conf::zones(mcf) {
+        let Some(zone) = zone_conf
+            .zone
+            .filter(|zone| zone.algorithm().counts_in_flight())
+        else {
+            continue;
+        };
+        let mut given_back = 0;
+        for (_, words) in zone.concurrency_keys() {
+            let held = words.lane_take(process_slot);
+            if held == 0 {
+                continue;
+            }
+            given_back += held;
+            let mut current = words.slots.load(Ordering::Acquire);
+            loop {
+                let next = arithmetic::release(current, held);
+                match words.slots.compare_exchange_weak(
+                    current,
+                    next,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => break,
+                    Err(actual) => current = actual,
+                }
+            }
+        }
+        if given_back > 0 {
+            log_reclaimed(cycle.log, &zone_conf.name, given_back, process_slot);
+        }
+    }
+}
+
+fn log_reclaimed(log: *mut ngx_log_t, zone: &str, slots: u64, process_slot: usize) {
+    let plural = if slots == 1 { "" } else { "s" };
+    ngx_log_error!(
+        NGX_LOG_NOTICE,
+        log,
+        "rate_limit zone \"{zone}\": gave back {slots} slot{plural} held by the process that \
+         ran in process slot {process_slot} before this one and died"
+    );
+}
+
+/// The request's time at its upstream, in ms: the sum of `$upstream_response_time`'s values;
+/// `None` when it had none.
+pub fn upstream_ms(r: &ngx_http_request_t) -> Option<u64> {
+    // SAFETY: `upstream_states` is null or an array of upstream states in the request's pool.
+    let states = unsafe { r.upstream_states.as_ref() }?;
+    // SAFETY: nginx keeps `ngx_http_upstream_state_t` elements in this array.
+    let states = unsafe { crate::glue::array_slice::<ngx_http_upstream_state_t>(states) };
+    let mut total = None;
+    for state in states {
+        // (ngx_msec_t) -1: the attempt did not finish.
+        if state.response_time != ngx::ffi::ngx_msec_t::MAX {
+            total = Some(total.unwrap_or(0) + state.response_time as u64);
+        }
+    }
+    total
+}
+
+/// Call `each` on every holding in a request's pool (newest first).
+///
+/// # Safety
+/// `pool` is null or the pool of a live request.
+pub unsafe fn each_holding(pool: *mut ngx_pool_t, mut each: impl FnMut(&mut Holding)) {
+    // SAFETY: the caller's contract; a pool's cleanup list is a null-terminated linked list.
+    let mut cleanup = unsafe { pool.as_ref() }.map_or(ptr::null_mut(), |pool| pool.cleanup);
+    while !cleanup.is_null() {
+        // SAFETY: a node of the pool's cleanup list, in the pool's memory.
+        let node = unsafe { &*cleanup };
+        let ours = node
+            .handler
+            .is_some_and(|handler| core::ptr::fn_addr_eq(handler, HOLDING_CLEANUP));
+        if ours {
+            // SAFETY: every cleanup with this handler carries a Holding (`new_holding`), and
+            // nothing else borrows it while the request's code runs.
+            if let Some(holding) = unsafe { node.data.cast::<Holding>().as_mut() } {
+                each(holding);
+            }
+        }
+        cleanup = node.next;
+    }
+}
+
+/// A key's requests in flight and its limit now.
+pub(super) fn standing(zone: &Zone, slot: SlotIndex, now_ns: u64) -> (u32, u32) {
+    let (Some(words), Some(limits)) = (zone.key_words(slot), zone.concurrency_limits()) else {
+        return (0, 0);
+    };
+    (
+        words.load().in_flight,
+        key_limit(zone, &words, &limits, now_ns).0,
+    )
+}
+
+/// The adaptive view of a key for the admin API: limit, phase, no-load and last latencies.
+pub fn adaptive_view(zone: &Zone, words: &KeyWords) -> Option<AdaptiveLimit> {
+    let bounds = zone.concurrency_limits().as_ref().and_then(bounds_of)?;
+    words.adaptive?.load(&bounds)
+}
+
+/// Whether a phase is a probe (for the admin API's text).
+pub fn phase_name(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Probe => "probe",
+        Phase::Track => "track",
+    }
+}
+
+/// Retry-After in whole seconds for a refusal.
+pub fn retry_after_seconds(refusal: &Refusal) -> u64 {
+    refusal.retry_after_ns.div_ceil(NANOS_PER_SEC).max(1)
+}

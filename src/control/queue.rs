@@ -1,0 +1,299 @@
+//! This worker's queued requests: a ticket per waiting request, looked at every millisecond
+//! (and as soon as a request of this worker gives slots back) until its turn comes, its
+//! `queue_timeout` passes or it goes away. A ticket whose request went away stays, as a
+//! place in the queue, until it reaches the head and leaves. Workers share nothing here:
+//! each sees the others' tickets move through the key's word in shared memory.
+//!
+//! Process-local and single-threaded: nginx runs a worker's requests, timers and this queue
+//! on one thread.
+
+use core::cell::{Cell, RefCell};
+use core::ptr;
+
+use ngx::ffi::{ngx_event_t, ngx_http_request_t};
+
+use super::concurrency::{self, Holding, Line, TurnTaken};
+use crate::glue::now_ns;
+use crate::store::{SlotIndex, Zone};
+
+/// How often the queue is looked at while it has tickets, in ms.
+const TICK_MS: ngx::ffi::ngx_msec_t = 1;
+
+/// What a waiting request is told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resolution {
+    /// It holds its slots now.
+    Admitted,
+    /// Its `queue_timeout` passed (or its place was taken as stale): it is refused.
+    Refused,
+}
+
+/// Resumes a request of the request path once its wait is over.
+pub type Resume = unsafe fn(*mut ngx_http_request_t, Resolution);
+
+/// Who waits for a ticket.
+#[derive(Clone, Copy)]
+pub enum Owner {
+    /// A request of the request path, resumed by `resume`.
+    Request {
+        r: *mut ngx_http_request_t,
+        resume: Resume,
+    },
+    /// A Lua call, which asks again itself ([`lua_turn`]).
+    Lua,
+}
+
+#[derive(Clone, Copy)]
+enum Held {
+    By(Owner),
+    /// The request went away (or gave up) while its ticket was not yet at the head.
+    Gone,
+}
+
+/// One ticket of this worker.
+pub struct Waiter {
+    id: u64,
+    zone: Zone,
+    slot: SlotIndex,
+    hash: u64,
+    ticket: u16,
+    cost: u64,
+    deadline_ns: u64,
+    queue_timeout_ns: u64,
+    holding: *mut Holding,
+    held: Held,
+}
+
+impl Waiter {
+    pub fn new(
+        line: Line,
+        ticket: u16,
+        deadline_ns: u64,
+        queue_timeout_ns: u64,
+        holding: *mut Holding,
+        owner: Owner,
+    ) -> Waiter {
+        Waiter {
+            id: 0,
+            zone: line.zone,
+            slot: line.slot,
+            hash: line.hash,
+            ticket,
+            cost: line.cost,
+            deadline_ns,
+            queue_timeout_ns,
+            holding,
+            held: Held::By(owner),
+        }
+    }
+}
+
+thread_local! {
+    static WAITERS: RefCell<Vec<Waiter>> = const { RefCell::new(Vec::new()) };
+    static NEXT_ID: Cell<u64> = const { Cell::new(1) };
+    static TIMER: Cell<*mut ngx_event_t> = const { Cell::new(ptr::null_mut()) };
+}
+
+/// Queue a ticket; returns its id (for [`abandon`] and [`lua_turn`]).
+pub fn wait(mut waiter: Waiter) -> u64 {
+    let id = NEXT_ID.with(|next| {
+        let id = next.get();
+        next.set(id + 1);
+        id
+    });
+    waiter.id = id;
+    WAITERS.with(|waiters| waiters.borrow_mut().push(waiter));
+    arm(TICK_MS);
+    id
+}
+
+/// The request of ticket `id` went away or gave up: its place stays until it reaches the
+/// head, where it leaves.
+pub fn abandon(id: u64) {
+    WAITERS.with(|waiters| {
+        if let Some(waiter) = waiters.borrow_mut().iter_mut().find(|w| w.id == id) {
+            waiter.held = Held::Gone;
+            waiter.holding = ptr::null_mut();
+        }
+    });
+}
+
+/// A request of this worker gave slots back: look at the queue now rather than at the next
+/// tick.
+pub fn slots_freed() {
+    let waiting = WAITERS.with(|waiters| !waiters.borrow().is_empty());
+    if waiting {
+        let timer = timer();
+        if !timer.is_null() {
+            // SAFETY: the worker's timer event, alive for the process; posted events are
+            // run by this thread's event loop.
+            unsafe {
+                nginx_sys::ngx_post_event(timer, ptr::addr_of_mut!(nginx_sys::ngx_posted_events))
+            };
+        }
+    }
+}
+
+/// What a Lua call's ticket got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LuaTurn {
+    Admitted,
+    Wait,
+    Refused,
+}
+
+/// A Lua call asks whether its ticket's turn came; with the key's requests in flight and
+/// limit now.
+pub fn lua_turn(id: u64) -> (LuaTurn, (u32, u32)) {
+    let now = now_ns();
+    let outcome = WAITERS.with(|waiters| {
+        let mut waiters = waiters.borrow_mut();
+        let index = waiters
+            .iter()
+            .position(|w| w.id == id && matches!(w.held, Held::By(Owner::Lua)))?;
+        let waiter = &mut waiters[index];
+        let (step, keep) = step(waiter, now);
+        let standing = concurrency::standing(&waiter.zone, waiter.slot, now);
+        if !keep {
+            waiters.remove(index);
+        }
+        Some((step, standing))
+    });
+    match outcome {
+        Some((Step::Admitted, standing)) => (LuaTurn::Admitted, standing),
+        Some((Step::Wait, standing)) => (LuaTurn::Wait, standing),
+        Some((Step::Refused, standing)) => (LuaTurn::Refused, standing),
+        None => (LuaTurn::Refused, (0, 0)),
+    }
+}
+
+/// A Lua call stops waiting for ticket `id` (it cannot wait where it runs, or gave up): its
+/// record in the request's `pool` is released and the ticket leaves the queue at the head.
+pub fn abandon_lua(pool: *mut ngx::ffi::ngx_pool_t, id: u64) {
+    // SAFETY: the pool of the live request making the call.
+    unsafe {
+        concurrency::each_holding(pool, |holding| holding.abandon_ticket(id));
+    }
+}
+
+enum Step {
+    Admitted,
+    Wait,
+    Refused,
+}
+
+/// One look at a ticket: its turn, its timeout, or (gone) its leaving. Returns what its
+/// owner is told and whether the ticket stays queued.
+fn step(waiter: &mut Waiter, now: u64) -> (Step, bool) {
+    let Some(words) = waiter.zone.key_words(waiter.slot) else {
+        return (Step::Refused, false);
+    };
+    if waiter.zone.hash_at(waiter.slot) != waiter.hash {
+        // A key with tickets out is never evicted; nothing to leave if it was.
+        return (Step::Refused, false);
+    }
+    concurrency::skip_stale_head(&words, waiter.queue_timeout_ns, now);
+    let Held::By(_) = waiter.held else {
+        let left = concurrency::leave(&words, waiter.ticket, now);
+        return (Step::Refused, !left);
+    };
+    if now >= waiter.deadline_ns {
+        let left = concurrency::leave(&words, waiter.ticket, now);
+        // SAFETY: a waiter held by its request points to the request's live holding.
+        if let Some(holding) = unsafe { waiter.holding.as_mut() } {
+            holding.left_queue();
+        }
+        waiter.held = Held::Gone;
+        waiter.holding = ptr::null_mut();
+        return (Step::Refused, !left);
+    }
+    match concurrency::take_turn(&words, &waiter.zone, waiter.ticket, waiter.cost, now) {
+        TurnTaken::Admitted(word) => {
+            // SAFETY: as above.
+            if let Some(holding) = unsafe { waiter.holding.as_mut() } {
+                holding.turn_taken(&words, now, word);
+            }
+            (Step::Admitted, false)
+        }
+        TurnTaken::Wait => (Step::Wait, true),
+        TurnTaken::Lost => {
+            // SAFETY: as above.
+            if let Some(holding) = unsafe { waiter.holding.as_mut() } {
+                holding.left_queue();
+            }
+            (Step::Refused, false)
+        }
+    }
+}
+
+/// The tick: every ticket of this worker looked at once; requests whose wait is over are
+/// resumed after (resuming runs their phases, which may queue them again).
+unsafe extern "C" fn tick(_event: *mut ngx_event_t) {
+    let now = now_ns();
+    let mut resumed = Vec::new();
+    let waiting = WAITERS.with(|waiters| {
+        let mut waiters = waiters.borrow_mut();
+        let mut index = 0;
+        while index < waiters.len() {
+            let waiter = &mut waiters[index];
+            // Lua asks itself; a dead worker's head is skipped for it here too.
+            if let Held::By(Owner::Lua) = waiter.held {
+                if let Some(words) = waiter.zone.key_words(waiter.slot) {
+                    concurrency::skip_stale_head(&words, waiter.queue_timeout_ns, now);
+                }
+                index += 1;
+                continue;
+            }
+            let owner = waiter.held;
+            let (step, keep) = step(waiter, now);
+            if let Held::By(Owner::Request { r, resume }) = owner {
+                match step {
+                    Step::Admitted => resumed.push((r, resume, Resolution::Admitted)),
+                    Step::Refused => resumed.push((r, resume, Resolution::Refused)),
+                    Step::Wait => {}
+                }
+            }
+            if keep {
+                index += 1;
+            } else {
+                waiters.remove(index);
+            }
+        }
+        !waiters.is_empty()
+    });
+    for (r, resume, resolution) in resumed {
+        // SAFETY: a request waiting in the queue is alive: it ends only through its pool's
+        // cleanup, which turns its ticket into a gone one first.
+        unsafe { resume(r, resolution) };
+    }
+    if waiting {
+        arm(TICK_MS);
+    }
+}
+
+/// This worker's timer event, made on first use; null if it could not be.
+fn timer() -> *mut ngx_event_t {
+    TIMER.with(|timer| {
+        if timer.get().is_null() {
+            // SAFETY: all-zero is a valid idle event; it lives for the process (leaked).
+            let mut event: Box<ngx_event_t> = Box::new(unsafe { core::mem::zeroed() });
+            event.handler = Some(tick);
+            // SAFETY: the running cycle and its log outlive the worker's events.
+            event.log = unsafe { (*nginx_sys::ngx_cycle).log };
+            // A worker shutting down does not wait for this timer.
+            event.set_cancelable(1);
+            timer.set(Box::into_raw(event));
+        }
+        timer.get()
+    })
+}
+
+fn arm(ms: ngx::ffi::ngx_msec_t) {
+    let timer = timer();
+    // SAFETY: the worker's own event; timers are this thread's.
+    unsafe {
+        if !timer.is_null() && (*timer).timer_set() == 0 {
+            nginx_sys::ngx_add_timer(timer, ms);
+        }
+    }
+}

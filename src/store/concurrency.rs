@@ -1,0 +1,228 @@
+//! A concurrency zone's words, as data: the zone's live limits, and each key's slots word,
+//! the time its queue's head last moved, its per-process lanes and, with `limit=adaptive`,
+//! its adaptive state (`ratelimit_core::concurrency`, `ratelimit_core::adaptive`). What to do
+//! with them is the control layer's.
+//!
+//! A key's slot: `[hash, slots, head_since_ns, lanes × LANE_WORDS, (adaptive state × 5,
+//! window samples, window peak)]`.
+
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use ratelimit_core::adaptive::{AdaptiveBounds, AdaptiveLimit, ADAPTIVE_WORDS};
+use ratelimit_core::concurrency::{ConcurrencyLimits, Lanes, Slots, KEY_WORDS, LANE_WORDS};
+
+use super::{SlotIndex, Zone};
+
+/// Offsets in a key's state words (after its hash).
+const SLOTS: usize = 0;
+const HEAD_SINCE: usize = 1;
+const LANES: usize = 2;
+const ADAPTIVE: usize = KEY_WORDS;
+const WINDOW: usize = ADAPTIVE + ADAPTIVE_WORDS;
+const PEAK: usize = WINDOW + 1;
+
+/// One key's words.
+#[derive(Clone, Copy)]
+pub struct KeyWords<'a> {
+    /// The packed [`Slots`]: in flight, queue head and tail.
+    pub slots: &'a AtomicU64,
+    /// When the queue's head last moved (monotonic ns), written before each move.
+    pub head_since: &'a AtomicU64,
+    lanes: &'a [AtomicU64],
+    /// With `limit=adaptive`.
+    pub adaptive: Option<AdaptiveWords<'a>>,
+}
+
+/// An adaptive key's words.
+#[derive(Clone, Copy)]
+pub struct AdaptiveWords<'a> {
+    state: &'a [AtomicU64],
+    /// The window's samples: `ratelimit_core::adaptive::window_add`'s word.
+    pub window: &'a AtomicU64,
+    /// The most requests in flight since the window opened.
+    pub peak: &'a AtomicU64,
+}
+
+impl KeyWords<'_> {
+    /// The slots word, unpacked.
+    pub fn load(&self) -> Slots {
+        Slots::unpack(self.slots.load(Ordering::Acquire))
+    }
+
+    /// Add `cost` to the lane of process `process_slot` (no lane: nothing to do).
+    pub fn lane_add(&self, process_slot: usize, cost: u64) {
+        if let Some((word, shift)) = Lanes::position(process_slot) {
+            self.lanes[word].fetch_add(Lanes::delta(cost, shift), Ordering::AcqRel);
+        }
+    }
+
+    /// Subtract `cost` from the lane of process `process_slot`.
+    pub fn lane_sub(&self, process_slot: usize, cost: u64) {
+        if let Some((word, shift)) = Lanes::position(process_slot) {
+            self.lanes[word].fetch_sub(Lanes::delta(cost, shift), Ordering::AcqRel);
+        }
+    }
+
+    /// Empty the lane of process `process_slot` and return what it held.
+    pub fn lane_take(&self, process_slot: usize) -> u64 {
+        let Some((word, shift)) = Lanes::position(process_slot) else {
+            return 0;
+        };
+        let mask = Lanes::delta(u64::from(u32::MAX), shift);
+        let before = self.lanes[word].fetch_and(!mask, Ordering::AcqRel);
+        Lanes::count(before, shift)
+    }
+
+    /// Whether nothing is in flight or queued.
+    pub fn is_idle(&self) -> bool {
+        let slots = self.load();
+        slots.in_flight == 0 && slots.queued() == 0
+    }
+}
+
+impl AdaptiveWords<'_> {
+    /// The key's adaptive state within `bounds`; `None` for a key that has none yet.
+    pub fn load(&self, bounds: &AdaptiveBounds) -> Option<AdaptiveLimit> {
+        let mut words = [0u64; ADAPTIVE_WORDS];
+        for (word, atomic) in words.iter_mut().zip(self.state) {
+            *word = atomic.load(Ordering::Acquire);
+        }
+        AdaptiveLimit::unpack(&words, bounds)
+    }
+
+    /// Store a state. Written word by word, by the one worker that holds the zone's lock to
+    /// close a window; readers may see a mix of two consecutive states for a moment, each
+    /// word of which is valid on its own.
+    pub fn store(&self, state: &AdaptiveLimit) {
+        for (atomic, word) in self.state.iter().zip(state.pack()) {
+            atomic.store(word, Ordering::Release);
+        }
+    }
+
+    /// Clear the state (a key forgotten).
+    pub fn clear(&self) {
+        for atomic in self.state {
+            atomic.store(0, Ordering::Release);
+        }
+        self.window.store(0, Ordering::Release);
+        self.peak.store(0, Ordering::Release);
+    }
+}
+
+impl Zone {
+    /// The zone's limits in force now; `None` for a zone that is not a concurrency zone.
+    pub fn concurrency_limits(&self) -> Option<ConcurrencyLimits> {
+        ConcurrencyLimits::unpack(self.header().concurrency.load(Ordering::Acquire))
+    }
+
+    /// The limits the configuration file gave at the last (re)load.
+    pub fn config_concurrency_limits(&self) -> Option<ConcurrencyLimits> {
+        ConcurrencyLimits::unpack(self.header().config_concurrency.load(Ordering::Acquire))
+    }
+
+    /// Replace the zone's limits if they still are `current` (one compare-and-swap); on
+    /// failure, the limits found instead.
+    pub fn replace_concurrency_limits(
+        &self,
+        current: ConcurrencyLimits,
+        new: ConcurrencyLimits,
+    ) -> Result<(), Option<ConcurrencyLimits>> {
+        self.header()
+            .concurrency
+            .compare_exchange(
+                current.pack(),
+                new.pack(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .map(|_| ())
+            .map_err(ConcurrencyLimits::unpack)
+    }
+
+    /// The words of the key in `index`; `None` for a zone whose slots are not a concurrency
+    /// key's.
+    #[inline]
+    pub fn key_words(&self, index: SlotIndex) -> Option<KeyWords<'_>> {
+        self.key_words_at(index.0)
+    }
+
+    /// The hash of the key in `index` now (another key's, once it was evicted: callers that
+    /// kept an index across time check it).
+    #[inline]
+    pub fn hash_at(&self, index: SlotIndex) -> u64 {
+        self.slot(index.0)[0].load(Ordering::Acquire)
+    }
+
+    fn key_words_at(&self, index: usize) -> Option<KeyWords<'_>> {
+        self.words_of(self.slot(index))
+    }
+
+    /// The key words of a slot (hash first).
+    fn words_of<'a>(&self, slot: &'a [AtomicU64]) -> Option<KeyWords<'a>> {
+        let words = slot.get(1..)?;
+        if !self.algorithm.counts_in_flight() || words.len() < KEY_WORDS {
+            return None;
+        }
+        let adaptive = words.get(ADAPTIVE..=PEAK).map(|_| AdaptiveWords {
+            state: &words[ADAPTIVE..WINDOW],
+            window: &words[WINDOW],
+            peak: &words[PEAK],
+        });
+        Some(KeyWords {
+            slots: &words[SLOTS],
+            head_since: &words[HEAD_SINCE],
+            lanes: &words[LANES..LANES + LANE_WORDS],
+            adaptive,
+        })
+    }
+
+    /// Every key in use (hash, words), for the admin API's totals and a new worker's
+    /// reclaiming of a dead one's lane. A full scan, lock-free.
+    pub fn concurrency_keys(&self) -> impl Iterator<Item = (u64, KeyWords<'_>)> {
+        (0..self.slot_count()).filter_map(move |index| {
+            let hash = self.slot(index)[0].load(Ordering::Acquire);
+            if hash == 0 {
+                return None;
+            }
+            Some((hash, self.key_words_at(index)?))
+        })
+    }
+
+    /// When a concurrency key's state becomes a fresh key's: never while requests hold or wait
+    /// for its slots (its counts must stay where its requests will give them back); an idle
+    /// key's adaptive state when it would be measured again anyway; else at once.
+    pub(super) fn concurrency_idle_at(&self, slot: &[AtomicU64]) -> u64 {
+        let Some(words) = self.words_of(slot) else {
+            return 0;
+        };
+        if !words.is_idle() {
+            return u64::MAX;
+        }
+        let Some(adaptive) = words.adaptive else {
+            return 0;
+        };
+        let bounds = match self.concurrency_limits().map(|limits| limits.limit) {
+            Some(ratelimit_core::concurrency::ConcurrencyLimit::Adaptive(bounds)) => bounds,
+            _ => return 0,
+        };
+        // Past its next probe, the state is measured afresh like a new key's.
+        adaptive
+            .load(&bounds)
+            .map_or(0, |state| state.next_probe_ns)
+    }
+
+    /// Forget an idle concurrency key (its adaptive state); false when it is not tracked or
+    /// requests still hold or wait for its slots.
+    pub(super) fn forget_concurrency(&self, slot: &[AtomicU64]) -> bool {
+        let Some(words) = self.words_of(slot) else {
+            return false;
+        };
+        if !words.is_idle() {
+            return false;
+        }
+        if let Some(adaptive) = words.adaptive {
+            adaptive.clear();
+        }
+        true
+    }
+}
