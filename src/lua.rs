@@ -646,9 +646,11 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_conn_turn(
     })
 }
 
-/// resty.limit.conn's `leaving` (`latency_ns` >= 0: the request's latency, a sample for an
-/// adaptive limit) and `uncommit` (`latency_ns` < 0): give back the slots of `key` the request
-/// took last. `out.in_flight` is the key's requests in flight after.
+/// resty.limit.conn's `leaving` and `uncommit`: give back the slots of `key` the request took
+/// last. `latency_ns`: the request's latency, a sample for an adaptive limit (the smaller of
+/// it and the time since the slots were taken counts); -2: no latency given, the time since
+/// the slots were taken counts; -1 (`uncommit`): no sample. `out.in_flight` is the key's
+/// requests in flight after.
 ///
 /// # Safety
 /// As for [`ngx_http_rate_limit_lua_conn_incoming`].
@@ -679,7 +681,7 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_conn_leaving(
                 if let Ok(latency) = u64::try_from(latency_ns) {
                     holding.set_latency(latency);
                 }
-                in_flight = Some(holding.release(now, latency_ns >= 0));
+                in_flight = Some(holding.release(now, latency_ns != -1));
             })
         };
         let in_flight = in_flight.ok_or(Status::NotHeld)?;

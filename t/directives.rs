@@ -32,6 +32,8 @@ fn nginx_t_accepts_every_directive() {
          rate_limit_zone global zone=pool:64k rate=10r/m burst=20 algorithm=token_bucket;\n\
          rate_limit_zone $http_x_key zone=log:1m rate=2r/s algorithm=sliding_log;\n\
          rate_limit_zone $http_x_key zone=window:1m rate=2r/s algorithm=sliding_window;\n\
+         rate_limit_zone $server_name zone=app:1m algorithm=concurrency limit=100 queue=200 queue_timeout=5s;\n\
+         rate_limit_zone $server_name zone=app_auto:1m algorithm=concurrency limit=adaptive min=4 max=500;\n\
          rate_limit_status 503;\n\
          rate_limit_dry_run off;\n\
          rate_limit_log_level warn;\n\
@@ -42,7 +44,9 @@ fn nginx_t_accepts_every_directive() {
             "rate_limit_status 429;\n\
              location /a { rate_limit zone=a nodelay; rate_limit zone=log; rate_limit_dry_run on; }\n\
              location /b { rate_limit zone=user global=pool cost=2; rate_limit_headers off; }\n\
-             location /c { rate_limit zone=window; rate_limit_log_level info; }"
+             location /c { rate_limit zone=window; rate_limit_log_level info; }\n\
+             location /d { rate_limit zone=app burst=3 cost=2; rate_limit zone=a; }\n\
+             location /e { rate_limit zone=app_auto; }"
         )
     );
     let (ok, output) = check_config(&config(&http));
@@ -166,6 +170,76 @@ fn nginx_t_refuses_bad_configuration() {
             ),
             "\"burst\" is not used by sliding_log",
         ),
+        (
+            "concurrency limit=0",
+            "rate_limit_zone $server_name zone=c:1m algorithm=concurrency limit=0;".to_string(),
+            "invalid limit value \"limit=0\": must be an integer from 1 to 16777215, or \
+             \"adaptive\"",
+        ),
+        (
+            "concurrency without limit",
+            "rate_limit_zone $server_name zone=c:1m algorithm=concurrency queue=5;".to_string(),
+            "\"rate_limit_zone\" must have \"limit\" parameter",
+        ),
+        (
+            "concurrency with a rate",
+            "rate_limit_zone $server_name zone=c:1m algorithm=concurrency limit=5 rate=1r/s;"
+                .to_string(),
+            "\"rate\" is not used by concurrency zones",
+        ),
+        (
+            "queue_timeout without queue",
+            "rate_limit_zone $server_name zone=c:1m algorithm=concurrency limit=5 \
+             queue_timeout=1s;"
+                .to_string(),
+            "\"queue_timeout=1s\" needs \"queue=\" places to wait in",
+        ),
+        (
+            "queue_timeout that is not a time",
+            "rate_limit_zone $server_name zone=c:1m algorithm=concurrency limit=5 queue=1 \
+             queue_timeout=soon;"
+                .to_string(),
+            "invalid queue_timeout value \"queue_timeout=soon\"",
+        ),
+        (
+            "adaptive min over max",
+            "rate_limit_zone $server_name zone=c:1m algorithm=concurrency limit=adaptive \
+             min=50 max=10;"
+                .to_string(),
+            "\"min=50\" is more than \"max=10\"",
+        ),
+        (
+            "sync on a concurrency zone",
+            "rate_limit_zone $server_name zone=c:1m algorithm=concurrency limit=5 sync;"
+                .to_string(),
+            "\"sync\" is not supported by concurrency zones",
+        ),
+        (
+            "nodelay on a concurrency line",
+            format!(
+                "rate_limit_zone $server_name zone=c:1m algorithm=concurrency limit=5;\n{}",
+                server("location / { rate_limit zone=c nodelay; }")
+            ),
+            "\"nodelay\" is not used by concurrency zone \"c\": requests over its limit wait \
+             in its queue (\"queue=\", or \"burst=\" here) or are rejected",
+        ),
+        (
+            "delay= on a concurrency line",
+            format!(
+                "rate_limit_zone $server_name zone=c:1m algorithm=concurrency limit=5;\n{}",
+                server("location / { rate_limit zone=c delay=2; }")
+            ),
+            "\"delay\" is not used by concurrency zone \"c\"",
+        ),
+        (
+            "global= with a concurrency zone",
+            format!(
+                "rate_limit_zone $server_name zone=c:1m algorithm=concurrency limit=5;\n\
+                 rate_limit_zone global zone=pool:64k rate=10r/m burst=20 {token};\n{}",
+                server("location / { rate_limit zone=c global=pool; }")
+            ),
+            "zone \"c\" used with \"global=\" must use algorithm=token_bucket, not concurrency",
+        ),
     ];
 
     let mut failures = Vec::new();
@@ -191,6 +265,8 @@ fn zone_too_small_gives_the_exact_minimum() {
         "rate=5r/s burst=10 algorithm=token_bucket",
         "rate=100r/m algorithm=sliding_log",
         "rate=4096r/s algorithm=sliding_log",
+        "algorithm=concurrency limit=10",
+        "algorithm=concurrency limit=adaptive",
     ] {
         let http = |size: usize| {
             format!(

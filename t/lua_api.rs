@@ -571,7 +571,7 @@ fn readme_migration_examples_run() {
     let examples = readme_examples();
     assert_eq!(
         examples.len(),
-        5,
+        6,
         "the README's Lua examples: {examples:#?}"
     );
     let mut tested = Vec::new();
@@ -661,13 +661,48 @@ fn readme_migration_examples_run() {
                 );
                 assert_eq!(got, [200, 200, 200, 429, 200, 200, 429]);
             }
+            "/conn/" => {
+                // Four at once, two slots and one queue place: two served at once (0.5 s of
+                // work each), one after waiting its turn, the fourth refused at once.
+                let pending: Vec<_> = (0..4)
+                    .map(|_| start_request(nginx.port(), &Request::get("/conn/")))
+                    .collect();
+                let responses: Vec<Response> = pending.into_iter().map(|p| p.finish()).collect();
+                let mut got: Vec<u16> = responses.iter().map(|response| response.status).collect();
+                got.sort_unstable();
+                assert_eq!(got, [200, 200, 200, 503]);
+                let refused = responses.iter().find(|r| r.status == 503).unwrap();
+                assert!(
+                    refused.elapsed < Duration::from_millis(400),
+                    "{:?}",
+                    refused.elapsed
+                );
+                let longest = responses.iter().map(|r| r.elapsed).max().unwrap();
+                assert!(
+                    longest >= Duration::from_millis(900),
+                    "the queued one took {longest:?}"
+                );
+                // Every slot and place came back: three at once again all get through.
+                let again: Vec<_> = (0..3)
+                    .map(|_| start_request(nginx.port(), &Request::get("/conn/")))
+                    .collect();
+                let got: Vec<u16> = again.into_iter().map(|p| p.finish().status).collect();
+                assert_eq!(got, [200, 200, 200]);
+            }
             other => panic!("no expectations for the README example at {other}"),
         }
         tested.push(path);
     }
     assert_eq!(
         tested,
-        ["/req/", "/login", "/combined", "/upload", "/pooled"]
+        [
+            "/req/",
+            "/login",
+            "/combined",
+            "/upload",
+            "/pooled",
+            "/conn/"
+        ]
     );
 }
 
@@ -741,4 +776,112 @@ fn lua_on_a_sync_zone_shares_the_fleet_limit() {
         (5..=7).contains(&passed),
         "{passed} of 12 passed after the give-backs"
     );
+}
+
+/// `rate_limit.conn` and a `rate_limit` line share one concurrency zone: a slot Lua holds is
+/// one the directive cannot take, and back once Lua gives it back; the conn calls refuse a rate
+/// zone and the rate calls a concurrency zone, with the reason; `set_conn` changes the limit
+/// for the directive too.
+#[test]
+fn conn_shares_the_zone_with_the_directive() {
+    require_lua!();
+    let upstream = common::upstream::Upstream::start();
+    let http = "rate_limit_zone $arg_k zone=conc:1m algorithm=concurrency limit=1;\n\
+                rate_limit_zone $arg_k zone=rate:1m rate=1r/m;";
+    let locations = format!(
+        r#"
+location = /hold {{
+    access_by_lua_block {{
+        local lim = require("resty.rate_limit").conn("conc")
+        local delay, conn = lim:incoming(ngx.var.arg_k, true)
+        if not delay then return ngx.exit(conn == "rejected" and 429 or 500) end
+        ngx.header["X-Conn"] = conn
+        ngx.header["X-Committed"] = tostring(lim:is_committed())
+        ngx.sleep(tonumber(ngx.var.arg_s))
+        ngx.header["X-Left"] = lim:leaving(ngx.var.arg_k, 0.01)
+    }}
+    content_by_lua_block {{ ngx.say("held") }}
+}}
+location = /directive {{
+    rate_limit zone=conc;
+    proxy_pass http://127.0.0.1:{port}/;
+}}
+location = /errors {{
+    content_by_lua_block {{
+        local rl = require "resty.rate_limit"
+        local out = {{}}
+        local _, err = rl.conn("rate"):incoming("k", true)
+        out[#out + 1] = err
+        _, err = rl.new("conc"):incoming("k", true)
+        out[#out + 1] = err
+        _, err = rl.conn("conc"):leaving("nobody")
+        out[#out + 1] = err
+        _, err = rl.conn("conc"):set_conn(0)
+        out[#out + 1] = err
+        _, err = rl.conn("conc", {{cost = 0}})
+        out[#out + 1] = err
+        ngx.say(table.concat(out, "\n"))
+    }}
+}}
+location = /set {{
+    content_by_lua_block {{
+        local ok, err = require("resty.rate_limit").conn("conc"):set_conn(tonumber(ngx.var.arg_n))
+        ngx.say(tostring(ok or err))
+    }}
+}}
+"#,
+        port = upstream.port()
+    );
+    let nginx = Nginx::start(&config(2, http, &locations));
+    let held = start_request(nginx.port(), &Request::get("/hold?k=a&s=1"));
+    // The Lua request holds the one slot: the directive is refused until it leaves.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let status = get(&nginx, "/directive?k=a").status;
+        if status == 429 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the directive never saw Lua's slot ({status})"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    let held = held.finish();
+    assert_eq!(held.status, 200, "{}", held.text());
+    assert_eq!(
+        (
+            held.header("X-Conn"),
+            held.header("X-Committed"),
+            held.header("X-Left")
+        ),
+        (Some("1"), Some("true"), Some("0"))
+    );
+    assert_eq!(get(&nginx, "/directive?k=a").status, 200);
+
+    let errors = body(&nginx, "/errors");
+    assert_eq!(
+        errors.lines().collect::<Vec<_>>(),
+        [
+            "zone \"rate\" is not a concurrency zone: use rate_limit.new",
+            "zone \"conc\" is a concurrency zone: use rate_limit.conn",
+            "this request holds no slot of the key in zone \"conc\"",
+            "invalid limit 0: must be an integer from 1 to 16777215",
+            "cost must be a positive integer",
+        ]
+    );
+    // Two slots now, for the directive too, in both workers.
+    assert_eq!(body(&nginx, "/set?n=2").trim(), "true");
+    let first = start_request(nginx.port(), &Request::get("/hold?k=b&s=1"));
+    let second = start_request(nginx.port(), &Request::get("/hold?k=b&s=1"));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while get(&nginx, "/directive?k=b").status != 429 {
+        assert!(
+            Instant::now() < deadline,
+            "two Lua requests never held both slots"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!((first.finish().status, second.finish().status), (200, 200));
+    drop(upstream);
 }

@@ -1,7 +1,8 @@
 -- resty.rate_limit: the zones of ngx_http_rate_limit_module from Lua (OpenResty).
 --
 -- The shape of lua-resty-limit-traffic (resty.limit.req and friends): new, incoming,
--- uncommit, set_rate, set_burst, combine, and errors as `nil, "rejected"`. State lives in
+-- uncommit, set_rate, set_burst, combine, and errors as `nil, "rejected"`; `conn` gives
+-- resty.limit.conn's shape (incoming, is_committed, leaving, uncommit) over concurrency zones. State lives in
 -- the module's shared-memory zones (declared with rate_limit_zone), so a Lua location and a
 -- rate_limit location count together, and the admin API, metrics and runtime changes see
 -- both. The C functions called here are documented in docs/lua.md.
@@ -49,12 +50,32 @@ int ngx_http_rate_limit_lua_state(void *r, const unsigned char *zone, size_t zon
 int ngx_http_rate_limit_lua_set_limits(void *r, const unsigned char *zone, size_t zone_len,
     const unsigned char *rate, size_t rate_len, int64_t burst,
     unsigned char *err, size_t *err_len);
+
+typedef struct {
+    int32_t   outcome;
+    uint32_t  in_flight;
+    uint32_t  limit;
+    uint32_t  queued;
+    uint64_t  ticket;
+    uint64_t  retry_after_ns;
+} ngx_http_rate_limit_lua_conn_t;
+
+int ngx_http_rate_limit_lua_conn_incoming(void *r, const unsigned char *zone, size_t zone_len,
+    const unsigned char *key, size_t key_len, uint64_t cost, int commit,
+    ngx_http_rate_limit_lua_conn_t *out);
+int ngx_http_rate_limit_lua_conn_turn(void *r, uint64_t ticket, int give_up,
+    ngx_http_rate_limit_lua_conn_t *out);
+int ngx_http_rate_limit_lua_conn_leaving(void *r, const unsigned char *zone, size_t zone_len,
+    const unsigned char *key, size_t key_len, int64_t latency_ns,
+    ngx_http_rate_limit_lua_conn_t *out);
+int ngx_http_rate_limit_lua_conn_set(void *r, const unsigned char *zone, size_t zone_len,
+    int64_t limit, int64_t queue, unsigned char *err, size_t *err_len);
 ]]
 
 local _M = {
     _VERSION = "0.1.0",
     -- The C ABI this file was written for; the module must export the same.
-    ABI_VERSION = 1,
+    ABI_VERSION = 2,
 }
 
 local mt = { __index = _M }
@@ -101,6 +122,13 @@ local function status_error(self, status)
         return '"burst" is not used by the algorithm of zone "' .. self.zone .. '"'
     elseif status == -8 then
         return 'internal error in zone "' .. self.zone .. '"'
+    elseif status == -9 then
+        if self.conn then
+            return 'zone "' .. self.zone .. '" is not a concurrency zone: use rate_limit.new'
+        end
+        return 'zone "' .. self.zone .. '" is a concurrency zone: use rate_limit.conn'
+    elseif status == -10 then
+        return 'this request holds no slot of the key in zone "' .. self.zone .. '"'
     end
     return "bad argument (status " .. tostring(status) .. ")"
 end
@@ -314,6 +342,176 @@ function _M.combine(limiters, keys, states)
         end
     end
     return longest
+end
+
+-- resty.limit.conn's shape over a concurrency zone (algorithm=concurrency).
+
+local conn_mt = {}
+conn_mt.__index = conn_mt
+
+local CONN_ADMITTED, CONN_REJECTED = 1, 3
+local conn_out = ffi_new("ngx_http_rate_limit_lua_conn_t")
+local ngx_sleep = ngx.sleep
+-- The longest pause between two looks at a ticket while waiting in the queue.
+local MAX_POLL = 0.008
+
+--- A limiter over concurrency zone `zone_name`: `{cost = N}` slots per request (default 1).
+--- The zone's `limit=` and `queue=` apply; `lim:set_conn(n)` and `lim:set_burst(n)` change
+--- them for every worker, as the admin API's PATCH does. Returns the limiter or nil and a
+--- message.
+function _M.conn(zone_name, opts)
+    local err = abi_error()
+    if err then
+        return nil, err
+    end
+    if type(zone_name) ~= "string" or zone_name == "" then
+        return nil, "zone name must be a non-empty string"
+    end
+    if opts ~= nil and type(opts) ~= "table" then
+        return nil, "options must be a table"
+    end
+    local cost = 1
+    for name, value in pairs(opts or {}) do
+        if name ~= "cost" then
+            return nil, 'unknown option "' .. tostring(name) .. '"'
+        end
+        if type(value) ~= "number" or value < 1 or value % 1 ~= 0 then
+            return nil, "cost must be a positive integer"
+        end
+        cost = value
+    end
+    return setmetatable({ zone = zone_name, cost = cost, conn = true, committed = false },
+                        conn_mt)
+end
+
+--- A request of `cost` slots arrives for `key`. With `commit`, it takes its slots, or waits
+--- in the zone's queue (sleeping, so only where ngx.sleep works) until its turn or its
+--- queue_timeout. Returns `0, conn` (admitted; `conn`: the key's requests in flight, this
+--- one included), `nil, "rejected"`, or `nil, message`. Without `commit` nothing changes:
+--- `0, conn` if a request would get its slots now, `0.001, conn` if it would wait in the
+--- queue, `nil, "rejected"` if it would be refused.
+function conn_mt.incoming(self, key, commit)
+    self.committed = false
+    local r, err = request_for(self, key)
+    if not r then
+        return nil, err
+    end
+    local zone = self.zone
+    local status = C.ngx_http_rate_limit_lua_conn_incoming(r, zone, #zone, key, #key,
+                                                           self.cost, commit and 1 or 0,
+                                                           conn_out)
+    if status ~= 0 then
+        return nil, status_error(self, status)
+    end
+    local outcome = conn_out.outcome
+    if outcome == CONN_ADMITTED then
+        self.committed = commit and true or false
+        return 0, tonumber(conn_out.in_flight)
+    elseif outcome == CONN_REJECTED then
+        return nil, "rejected"
+    end
+    if not commit then
+        return 0.001, tonumber(conn_out.in_flight)
+    end
+    -- Queued: look at the ticket until its turn (the module enforces queue_timeout).
+    local ticket = conn_out.ticket
+    local pause = 0.001
+    while true do
+        local ok = pcall(ngx_sleep, pause)
+        if not ok then
+            C.ngx_http_rate_limit_lua_conn_turn(r, ticket, 1, conn_out)
+            return nil, "cannot wait in the queue here: ngx.sleep is not allowed in this phase"
+        end
+        status = C.ngx_http_rate_limit_lua_conn_turn(r, ticket, 0, conn_out)
+        if status ~= 0 then
+            return nil, status_error(self, status)
+        end
+        outcome = conn_out.outcome
+        if outcome == CONN_ADMITTED then
+            self.committed = true
+            return 0, tonumber(conn_out.in_flight)
+        elseif outcome == CONN_REJECTED then
+            return nil, "rejected"
+        end
+        if pause < MAX_POLL then
+            pause = pause * 2
+        end
+    end
+end
+
+--- Whether the last `incoming` took slots (to be given back by `leaving`).
+function conn_mt.is_committed(self)
+    return self.committed
+end
+
+local function conn_leave(self, key, latency_ns)
+    local r, err = request_for(self, key)
+    if not r then
+        return nil, err
+    end
+    local zone = self.zone
+    local status = C.ngx_http_rate_limit_lua_conn_leaving(r, zone, #zone, key, #key, latency_ns,
+                                                          conn_out)
+    if status ~= 0 then
+        return nil, status_error(self, status)
+    end
+    return tonumber(conn_out.in_flight)
+end
+
+--- The request is done with `key`: its slots are given back (they are anyway when the
+--- request ends). `latency` (seconds, optional) is a sample for `limit=adaptive`: the smaller
+--- of it and the time the slots were held counts; without it, the time they were held.
+--- Returns the key's requests in flight now, or nil and a message.
+function conn_mt.leaving(self, key, latency)
+    local latency_ns = -2
+    if latency ~= nil then
+        if type(latency) ~= "number" or latency < 0 then
+            return nil, "latency must be a non-negative number of seconds"
+        end
+        latency_ns = latency * NS_PER_SEC
+    end
+    return conn_leave(self, key, latency_ns)
+end
+
+--- Give back the slots the last committed `incoming` took, with no latency sample.
+--- Returns true, or nil and a message.
+function conn_mt.uncommit(self, key)
+    local in_flight, err = conn_leave(self, key, -1)
+    if not in_flight then
+        return nil, err
+    end
+    return true
+end
+
+local function conn_set(self, limit, queue)
+    local r = get_request()
+    if not r then
+        return nil, status_error(self, -1)
+    end
+    local zone = self.zone
+    err_len[0] = err_buf_len
+    local status = C.ngx_http_rate_limit_lua_conn_set(r, zone, #zone, limit, queue, err_buf,
+                                                      err_len)
+    if status ~= 0 then
+        return nil, status_error(self, status)
+    end
+    return true
+end
+
+--- Change the zone's limit for every worker at once (the admin API's PATCH).
+function conn_mt.set_conn(self, limit)
+    if type(limit) ~= "number" or limit % 1 ~= 0 then
+        return nil, "limit must be an integer"
+    end
+    return conn_set(self, limit, -1)
+end
+
+--- Change the zone's queue places for every worker at once (the admin API's PATCH).
+function conn_mt.set_burst(self, queue)
+    if type(queue) ~= "number" or queue % 1 ~= 0 then
+        return nil, "queue must be an integer"
+    end
+    return conn_set(self, -1, queue)
 end
 
 return _M

@@ -424,9 +424,12 @@ impl Holding {
         };
         queue::slots_freed();
         if self.latency_ns != u64::MAX {
+            // Never more than the time the slots were held: a caller's own measure (Lua) may
+            // include its wait in the queue.
+            let held_ns = now_ns.saturating_sub(self.admitted_ns).max(1);
             let latency_ns = match self.latency_ns {
-                0 => now_ns.saturating_sub(self.admitted_ns).max(1),
-                measured => measured,
+                0 => held_ns,
+                measured => measured.min(held_ns),
             };
             sample(&self.zone, &words, self.epoch, latency_ns, now_ns);
         }

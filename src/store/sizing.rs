@@ -33,6 +33,12 @@ pub fn size_hint(layout: &ZoneLayout, pagesize: usize) -> String {
     if layout.algorithm.is_single_word() {
         return format!(": {minimum}");
     }
+    if layout.algorithm.counts_in_flight() {
+        return format!(
+            " for concurrency (each key takes {} bytes): {minimum}",
+            8 * (1 + layout.slot_words())
+        );
+    }
     format!(
         " for {} with {} requests per window (each key takes {} bytes): {minimum}",
         layout.algorithm,
