@@ -193,3 +193,84 @@ fn dashboard_in_a_real_browser() {
     assert!(errors.is_empty(), "console errors: {errors:?}");
     assert!(!nginx.error_log().contains("[alert]"));
 }
+
+/// A concurrency zone on the page: its limit and queue, requests in flight charted against
+/// the limit, and its limit changed through the page's form.
+#[test]
+fn dashboard_charts_in_flight_against_the_limit() {
+    let upstream = common::upstream::Upstream::start();
+    let nginx = common::admin::dashboard()
+        .http("rate_limit_zone $http_x_key zone=app:1m algorithm=concurrency limit=2 queue=3;")
+        .locations(&format!(
+            "location /app/ {{ rate_limit zone=app; proxy_pass http://127.0.0.1:{}/; }}",
+            upstream.port()
+        ))
+        .start();
+    let browser = Browser::start();
+    let base = format!("http://127.0.0.1:{}", nginx.port());
+    browser.goto(&format!("{base}/ratelimit/"));
+    browser.wait_for("the concurrency zone's card", |b| {
+        (!b.find_all("section[data-zone=\"app\"] dd.rate").is_empty()).then_some(())
+    });
+    browser.wait_for("the concurrency zone's limit", |b| {
+        (zone_text(b, "app", "rate") == "2").then_some(())
+    });
+    assert_eq!(zone_text(&browser, "app", "burst"), "3");
+    assert_eq!(zone_text(&browser, "app", "config"), "2 / 3");
+    // The rate zones show no in-flight chart; the concurrency zone no overrides.
+    for (zone, part) in [("one", "svg.inflight"), ("app", "table.override-list")] {
+        let shown = browser.script(&format!(
+            "return getComputedStyle(document.querySelector('section[data-zone=\"{zone}\"] \
+             {part}')).display"
+        ));
+        assert_eq!(shown, "none", "{zone} {part}");
+    }
+
+    let held: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|name| {
+            common::start_request(
+                nginx.port(),
+                &Request::get(&format!("/app/hold/{name}")).header("X-Key", "k"),
+            )
+        })
+        .collect();
+    upstream.wait_arrivals(2, std::time::Duration::from_secs(10));
+    browser.wait_for("two in flight", |b| {
+        (zone_text(b, "app", "in-flight") == "2" && zone_text(b, "app", "now-limit") == "2")
+            .then_some(())
+    });
+    // The in-flight line reaches the limit's (the top of the chart).
+    browser.wait_for("in flight at the limit on the chart", |b| {
+        let line = b.find("section[data-zone=\"app\"] .line-in-flight");
+        let points = b.attribute(&line, "points").unwrap_or_default();
+        let at_top = points
+            .split(' ')
+            .filter_map(|point| point.split(',').nth(1)?.parse::<f64>().ok())
+            .any(|y| y < 10.0);
+        at_top.then_some(())
+    });
+    browser.screenshot(&screenshot_path("dashboard-concurrency"));
+
+    let app = "section[data-zone=\"app\"]";
+    browser.type_into(&browser.find(&format!("{app} .rate-input")), "5");
+    browser.click(&browser.find(&format!("{app} .apply-limits")));
+    assert_eq!(
+        browser.text(&browser.find(&format!("{app} .question"))),
+        "Change zone \"app\" to limit 5?"
+    );
+    browser.click(&browser.find(&format!("{app} .confirm-yes")));
+    browser.wait_for("the new limit", |b| {
+        (zone_text(b, "app", "rate") == "5").then_some(())
+    });
+    assert_eq!(api(&nginx, "zones/app")["limit"], 5);
+    upstream.release_all();
+    for pending in held {
+        assert_eq!(pending.finish().status, 200);
+    }
+    browser.wait_for("nothing in flight", |b| {
+        (zone_text(b, "app", "in-flight") == "0").then_some(())
+    });
+    let errors = browser.console_errors();
+    assert!(errors.is_empty(), "console errors: {errors:?}");
+}
