@@ -26,8 +26,8 @@ from .__main__ import machine
 from .nginx import Binaries, Nginx, free_port
 
 # The upstream: CAPACITY requests at once in BASE_MS each, processor sharing beyond.
-CAPACITY = 20
-BASE_MS = 100
+CAPACITY = 10
+BASE_MS = 200
 # Clients: twice the capacity, each request giving up after TIMEOUT_S.
 OVERLOAD = 2.0
 TIMEOUT_S = 1.0
@@ -133,9 +133,9 @@ class Upstream:
 
 
 def admin_sample(port):
-    """The adaptive zone's key as the admin API shows it, or None."""
+    """The adaptive zone as the admin API shows it (its busiest key in `adaptive`), or None."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/zones/auto/keys",
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/zones/auto",
                                     timeout=1) as answer:
             return json.loads(answer.read())
     except (OSError, ValueError):
@@ -219,11 +219,20 @@ def summarise(column, started, results, samples, alerts):
         if abs(mean - half_capacity) <= RECOVERY_BAND * half_capacity:
             recovery = start - FULL_S
             break
+    # Latency: the first RECOVERY_WINDOW_S seconds in a row whose p99 is within P99_BASES b.
+    latency_recovery = None
+    bound = P99_BASES * BASE_MS / 1000
+    for start in range(FULL_S, total_s - RECOVERY_WINDOW_S + 1):
+        window = per_second[start:start + RECOVERY_WINDOW_S]
+        if all(quantile(b["latencies"], 0.99) <= bound for b in window):
+            latency_recovery = start - FULL_S
+            break
     limits = []
     for at, sample in samples:
-        keys = (sample or {}).get("keys") or []
-        if keys:
-            limits.append((round(at - started, 2), keys[0]))
+        adaptive = (sample or {}).get("adaptive")
+        if adaptive:
+            key = dict(adaptive, zone_in_flight=sample.get("in_flight"))
+            limits.append((round(at - started, 2), key))
     return {
         "column": column,
         "requests": len(results),
@@ -232,6 +241,7 @@ def summarise(column, started, results, samples, alerts):
         "half_goodput": half_goodput,
         "half_p99_s": half_p99,
         "recovery_s": recovery,
+        "latency_recovery_s": latency_recovery,
         "per_second": [{"good": b["good"], "rejected": b["rejected"], "failed": b["failed"],
                         "p99_s": quantile(b["latencies"], 0.99)}
                        for b in per_second[:total_s]],
@@ -266,21 +276,23 @@ def render(summaries, info):
         f"Goodput: answers `200` within the timeout per second, averaged from {SETTLE_S} s "
         f"into each phase. p99: over admitted requests (not answered 429), a timeout counting "
         f"as infinite. Recovery: seconds from the halving to the first {RECOVERY_WINDOW_S} s "
-        f"in a row whose mean goodput is within {RECOVERY_BAND:.0%} of the new capacity. "
+        f"in a row whose mean goodput is within {RECOVERY_BAND:.0%} of the new capacity "
+        f"(p99 back: the first {RECOVERY_WINDOW_S} s in a row whose p99 is within {P99_BASES} b). "
         f"Targets (adaptive): goodput ≥ {GOODPUT_SHARE:g} × capacity and p99 ≤ {P99_BASES} b "
         f"= {P99_BASES * BASE_MS} ms at full capacity, recovery ≤ {RECOVERY_S} s.",
         "",
         "| limiter | goodput /s (C) | p99 ms (C) | goodput /s (C/2) | p99 ms (C/2) | "
-        "recovery s | requests |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "recovery s | p99 back s | requests |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for s in summaries:
         recovery = "never" if s["recovery_s"] is None else str(s["recovery_s"])
+        latency = "never" if s["latency_recovery_s"] is None else str(s["latency_recovery_s"])
         lines.append(
             f"| {LABELS[s['column']]} | {s['full_goodput']:.0f} "
             f"({s['full_goodput'] / capacity:.0%}) | {fmt_ms(s['full_p99_s'])} | "
             f"{s['half_goodput']:.0f} ({s['half_goodput'] / half:.0%}) | "
-            f"{fmt_ms(s['half_p99_s'])} | {recovery} | {s['requests']} |")
+            f"{fmt_ms(s['half_p99_s'])} | {recovery} | {latency} | {s['requests']} |")
     lines += ["", "Targets:", ""]
     for name, ok, text in checks(summaries):
         lines.append(f"- {name}: {text} — {'met' if ok else 'NOT met'}")
@@ -294,17 +306,18 @@ def render(summaries, info):
         lines.append(f"| {second} | " + " | ".join(cells) + " |")
     adaptive = next((s for s in summaries if s["column"] == "adaptive"), None)
     if adaptive and adaptive["admin_samples"]:
-        lines += ["", "The adaptive key through the admin API (`GET /api/zones/auto/keys`), "
-                  "one sample a second:", "",
-                  "| second | in flight | limit | latency estimate ms |", "| --- | --- | --- | --- |"]
+        lines += ["", "The adaptive key through the admin API (`GET /api/zones/auto`, its "
+                  "`adaptive` part), one sample a second:", "",
+                  "| second | in flight | limit | phase | latency ms | no-load latency ms |",
+                  "| --- | --- | --- | --- | --- | --- |"]
         shown = -1
         for at, key in adaptive["admin_samples"]:
             if int(at) == shown:
                 continue
             shown = int(at)
-            latency = key.get("latency_ms", "-")
             lines.append(f"| {at:.1f} | {key.get('in_flight', '-')} | {key.get('limit', '-')} | "
-                         f"{latency} |")
+                         f"{key.get('phase', '-')} | {key.get('latency_ms', '-')} | "
+                         f"{key.get('no_load_latency_ms', '-')} |")
     lines += ["", "## Machine", ""]
     lines += [f"- {key.replace('_', ' ')}: {value}" for key, value in info.items()]
     return "\n".join(lines) + "\n"

@@ -123,7 +123,7 @@ local function status_error(self, status)
     elseif status == -8 then
         return 'internal error in zone "' .. self.zone .. '"'
     elseif status == -9 then
-        if self.conn then
+        if self.is_conn then
             return 'zone "' .. self.zone .. '" is not a concurrency zone: use rate_limit.new'
         end
         return 'zone "' .. self.zone .. '" is a concurrency zone: use rate_limit.conn'
@@ -380,7 +380,7 @@ function _M.conn(zone_name, opts)
         end
         cost = value
     end
-    return setmetatable({ zone = zone_name, cost = cost, conn = true, committed = false },
+    return setmetatable({ zone = zone_name, cost = cost, is_conn = true, committed = false },
                         conn_mt)
 end
 
