@@ -27,6 +27,8 @@ http {
     rate_limit_zone $http_x_key zone=fifo:1m algorithm=concurrency limit=1 queue=20 queue_timeout=20s;
     rate_limit_zone $http_x_key zone=short:1m algorithm=concurrency limit=1 queue=1 queue_timeout=500ms;
     rate_limit_zone $http_x_key zone=auto:1m algorithm=concurrency limit=adaptive min=2 max=40;
+    rate_limit_zone $http_x_key zone=slow:1m algorithm=concurrency limit=1 queue=5 queue_timeout=3s;
+    rate_limit_zone $http_x_key zone=rate:1m rate=1r/m;
     @HTTP@
 
     server {
@@ -63,6 +65,28 @@ http {
         }
         location /auto/ {
             rate_limit zone=auto;
+            proxy_pass http://127.0.0.1:@UPSTREAM@/;
+        }
+        location /slow/ {
+            rate_limit zone=slow;
+            proxy_pass http://127.0.0.1:@UPSTREAM@/;
+        }
+        location /both/ {
+            rate_limit zone=app;
+            rate_limit zone=rate;
+            proxy_pass http://127.0.0.1:@UPSTREAM@/;
+        }
+        location /costly/ {
+            rate_limit zone=app cost=2;
+            proxy_pass http://127.0.0.1:@UPSTREAM@/;
+        }
+        location /line_queue/ {
+            rate_limit zone=app burst=1;
+            proxy_pass http://127.0.0.1:@UPSTREAM@/;
+        }
+        location /dry/ {
+            rate_limit zone=app;
+            rate_limit_dry_run on;
             proxy_pass http://127.0.0.1:@UPSTREAM@/;
         }
         location /admin/ {
@@ -512,4 +536,101 @@ fn zone_view_and_metrics() {
     upstream.release_all();
     assert_eq!(held.finish().status, 200);
     wait_in_flight(&nginx, "app", "k", 0);
+}
+
+/// A rate line that rejects the request gives back the slot its concurrency line took; a
+/// line's `cost=` holds that many slots; a line's `burst=` is its queue's places.
+#[test]
+fn lines_of_a_location_work_together() {
+    let upstream = Upstream::start();
+    let nginx = start(&upstream);
+    // 1r/m: the first request passes both lines, the second is refused by the rate line.
+    assert_eq!(send(nginx.port(), &keyed("/both/plain", "k")).status, 200);
+    let refused = send(nginx.port(), &keyed("/both/plain", "k"));
+    assert_eq!(refused.status, 429);
+    assert_eq!(
+        in_flight(&nginx, "app", "k"),
+        0,
+        "the refused request holds no slot"
+    );
+
+    // cost=2: one request takes both slots of `app`.
+    let costly = start_request(nginx.port(), &keyed("/costly/hold/c", "c"));
+    upstream.wait_arrivals(2, PATIENCE);
+    assert_eq!(in_flight(&nginx, "app", "c"), 2);
+    assert_eq!(send(nginx.port(), &keyed("/app/plain", "c")).status, 429);
+
+    // burst=1 on a line of a zone without a queue: one waits there.
+    let mut waiting = start_request(nginx.port(), &keyed("/line_queue/plain", "c"));
+    wait_for("queued", 1, || queued(&nginx, "app", "c"));
+    assert!(!waiting.answered_within(Duration::from_millis(100)));
+    assert_eq!(
+        send(nginx.port(), &keyed("/line_queue/plain", "c")).status,
+        429
+    );
+    upstream.release_all();
+    assert_eq!(costly.finish().status, 200);
+    let waited = waiting.finish();
+    assert_eq!(
+        (waited.status, waited.header("X-Status")),
+        (200, Some("QUEUED"))
+    );
+    wait_in_flight(&nginx, "app", "c", 0);
+}
+
+/// Dry run: over the limit the request is served anyway, without a slot, and counted.
+#[test]
+fn dry_run_serves_and_counts() {
+    let upstream = Upstream::start();
+    let nginx = start(&upstream);
+    let a = start_request(nginx.port(), &keyed("/dry/hold/a", "k"));
+    let b = start_request(nginx.port(), &keyed("/dry/hold/b", "k"));
+    upstream.wait_arrivals(2, PATIENCE);
+    let over = send(nginx.port(), &keyed("/dry/plain", "k"));
+    assert_eq!(
+        (over.status, over.header("X-Status")),
+        (200, Some("REJECTED_DRY_RUN"))
+    );
+    assert_eq!(in_flight(&nginx, "app", "k"), 2);
+    let zone: Value = serde_json::from_slice(&get(nginx.port(), "/admin/zones/app").body).unwrap();
+    assert_eq!(zone["rejected_dry_run"].as_u64(), Some(1), "{zone}");
+    upstream.release_all();
+    assert_eq!((a.finish().status, b.finish().status), (200, 200));
+    wait_in_flight(&nginx, "app", "k", 0);
+}
+
+/// A worker killed while its request waits at the head of the queue: its ticket can never
+/// leave, so once the head has stood still for longer than any live ticket waits
+/// (queue_timeout + 1 s), another worker skips it, and the request behind is served.
+#[test]
+fn a_dead_worker_ticket_is_skipped() {
+    let upstream = Upstream::start();
+    let nginx = start(&upstream);
+    let workers = nginx.worker_pids();
+    let holder = start_on_worker(nginx.port(), workers[1], &keyed("/slow/hold/h", "k"));
+    upstream.wait_arrivals(1, PATIENCE);
+    let doomed = start_on_worker(nginx.port(), workers[0], &keyed("/slow/hold/d", "k"));
+    wait_for("queued", 1, || queued(&nginx, "slow", "k"));
+    let queued_at = Instant::now();
+    // SAFETY: plain kill(2) on a pid of this test's nginx.
+    assert_eq!(unsafe { libc::kill(workers[0] as i32, libc::SIGKILL) }, 0);
+    drop(doomed);
+    upstream.release("h");
+    assert_eq!(holder.finish().status, 200);
+    // The slot is free but the dead ticket is the head: a newcomer queues behind it. It comes
+    // more than a second after the dead ticket, so that the head is stale (3 s + 1 s after it
+    // queued) before the newcomer's own 3 s are over.
+    std::thread::sleep(Duration::from_millis(1500).saturating_sub(queued_at.elapsed()));
+    let behind = start_request(nginx.port(), &keyed("/slow/plain", "k"));
+    let served = behind.finish();
+    assert_eq!(served.status, 200, "{}", served.text());
+    assert_eq!(served.header("X-Status"), Some("QUEUED"));
+    let waited = queued_at.elapsed();
+    assert!(
+        waited >= Duration::from_millis(3500),
+        "served {waited:?} after the dead ticket"
+    );
+    assert_eq!(upstream.arrivals(), ["/hold/h", "/plain"]);
+    wait_in_flight(&nginx, "slow", "k", 0);
+    assert_eq!(queued(&nginx, "slow", "k"), 0);
 }
