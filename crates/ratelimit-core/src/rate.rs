@@ -56,7 +56,8 @@ impl Rate {
     pub const MAX_MILLI_REQUESTS: u64 = (1 << 40) - 1;
 
     /// Parse `10r/s`, `0.5r/m`, `100r/h`, `2r/d` (at most three decimals, greater than zero).
-    /// Errors quote the whole text: `invalid rate "abc"`.
+    /// Errors quote the whole text and say what a rate looks like: `invalid rate "abc": it must
+    /// be NUMBERr/s|m|h|d ...`.
     ///
     /// ```
     /// use ratelimit_core::{Rate, RateUnit};
@@ -65,7 +66,10 @@ impl Rate {
     /// assert_eq!(rate, Rate { milli_requests: 500, unit: RateUnit::Minute });
     /// assert_eq!(rate.to_string(), "0.5r/m");
     /// assert_eq!(Rate::parse("10r/s").unwrap().interval_ns(), 100_000_000);
-    /// assert_eq!(Rate::parse("abc").unwrap_err().to_string(), "invalid rate \"abc\"");
+    /// assert!(Rate::parse("abc")
+    ///     .unwrap_err()
+    ///     .to_string()
+    ///     .starts_with("invalid rate \"abc\": it must be NUMBERr/s|m|h|d"));
     /// ```
     pub fn parse(text: &str) -> Result<Rate, SpecError> {
         let invalid = || SpecError::InvalidRate(text.to_string());
