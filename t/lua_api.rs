@@ -6,7 +6,8 @@
 //! The Lua modules are Debian's (`libnginx-mod-http-lua`, `lua-resty-core`), built for
 //! Debian's nginx: these tests run against it (`TEST_NGINX_BINARY=/usr/sbin/nginx` and
 //! `RATE_LIMIT_MODULE` built for it by `scripts/build-for-nginx.sh`), where they must run. An
-//! nginx that cannot load those modules makes them print why and return.
+//! nginx that cannot load those modules makes them print why (in `cargo test`'s output, see
+//! `common::skip`) and return.
 //!
 //! Rates are per hour (or minute) so that nothing refills while a test runs: every expected
 //! outcome is far from a threshold.
@@ -87,20 +88,22 @@ fn lua_unavailable() -> Option<String> {
              nginx): {output}"
         );
     }
-    Some(output.trim().to_string())
+    // nginx's one line that says why (the module's ABI or version), not the whole output.
+    let reason = output.lines().find(|line| line.contains("[emerg]"));
+    Some(reason.unwrap_or(output.trim()).to_string())
 }
 
 /// Returns from the test, printing why, when the nginx under test cannot load the Lua modules.
 macro_rules! require_lua {
     () => {
         if let Some(reason) = lua_unavailable() {
-            eprintln!(
-                "skipped: {} cannot load the Lua modules of {} (these tests run against \
-                 Debian's nginx: TEST_NGINX_BINARY={DEBIAN_NGINX} with RATE_LIMIT_MODULE \
-                 built by scripts/build-for-nginx.sh): {reason}",
+            common::skip::skipped(&format!(
+                "needs Debian's nginx with Lua: {} cannot load the Lua modules of {} (these \
+                 tests run against Debian's nginx: TEST_NGINX_BINARY={DEBIAN_NGINX} with \
+                 RATE_LIMIT_MODULE built by scripts/build-for-nginx.sh): {reason}",
                 nginx_binary().display(),
                 lua_modules_dir().display()
-            );
+            ));
             return;
         }
     };
