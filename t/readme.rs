@@ -8,10 +8,17 @@
 mod common;
 
 use std::fs;
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
 
-use common::Nginx;
+use common::nginx::{free_port, sys};
+use common::redis::Redis;
+use common::{module_path, nginx_binary, Nginx};
 use serde_json::Value;
 
 fn repo_file(relative: &str) -> String {
@@ -71,9 +78,21 @@ fn steps(block: &[String]) -> Vec<Step> {
 
 /// Runs a README command line with bash, the example's default ports replaced by the test's.
 fn run(command: &str, port: u16, admin_port: u16) -> String {
-    let command = command
-        .replace("127.0.0.1:8080", &format!("127.0.0.1:{port}"))
-        .replace("127.0.0.1:8081", &format!("127.0.0.1:{admin_port}"));
+    run_with(
+        command,
+        &[
+            ("127.0.0.1:8080", format!("127.0.0.1:{port}")),
+            ("127.0.0.1:8081", format!("127.0.0.1:{admin_port}")),
+        ],
+    )
+}
+
+/// Runs a README command line with bash after the replacements `(from, to)`.
+fn run_with(command: &str, replacements: &[(&str, String)]) -> String {
+    let mut command = command.to_string();
+    for (from, to) in replacements {
+        command = command.replace(from, to);
+    }
     let output = Command::new("bash")
         .args(["-c", &command])
         .output()
@@ -214,4 +233,174 @@ fn zone_rs_describes_the_hash_it_uses() {
             "src/zone.rs's opening comment names {other}"
         );
     }
+}
+
+/// nginx started by a README command line (`scripts/run-example.sh ...`) through bash, from the
+/// checkout as a newcomer runs it, with the nginx and module this test uses (`NGINX=`,
+/// `MODULE=`: the script would otherwise run `cargo build`), a prefix of its own (`PREFIX=`)
+/// and `env`. Stopped (SIGTERM to its process group, then SIGKILL) and its prefix removed on
+/// drop.
+struct ScriptedExample {
+    child: Child,
+    prefix: PathBuf,
+    command: String,
+}
+
+impl ScriptedExample {
+    fn start(command: &str, port: u16, env: &[(&str, String)]) -> ScriptedExample {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let prefix = std::env::temp_dir().join("ngx-rate-limit-t").join(format!(
+            "readme-example-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&prefix);
+        fs::create_dir_all(&prefix).expect("cannot create the example's prefix");
+        let log = fs::File::create(prefix.join("script.log")).expect("cannot create script.log");
+        let mut child = Command::new("bash");
+        child
+            .args(["-c", command])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("NGINX", nginx_binary())
+            .env("MODULE", module_path())
+            .env("PREFIX", &prefix)
+            .env("PORT", port.to_string())
+            .envs(env.iter().map(|(name, value)| (name, value)))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("cannot duplicate a file handle"))
+            .stderr(log)
+            .process_group(0);
+        // SAFETY: the closure only calls prctl, which is async-signal-safe.
+        unsafe {
+            child.pre_exec(|| sys::set_parent_death_signal(sys::SIGTERM));
+        }
+        let child = child
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run bash: {e}"));
+        let mut example = ScriptedExample {
+            child,
+            prefix,
+            command: command.to_string(),
+        };
+        example.wait_listening(port);
+        example
+    }
+
+    fn log(&self) -> String {
+        let read = |name: &str| fs::read_to_string(self.prefix.join(name)).unwrap_or_default();
+        format!(
+            "--- script output ---\n{}--- logs/error.log ---\n{}",
+            read("script.log"),
+            read("logs/error.log")
+        )
+    }
+
+    fn wait_listening(&mut self, port: u16) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("`{}` exited ({status}):\n{}", self.command, self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "`{}` does not listen on {port} after 20 s:\n{}",
+                self.command,
+                self.log()
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ScriptedExample {
+    fn drop(&mut self) {
+        let group = -(self.child.id() as i32);
+        sys::signal(group, sys::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(20));
+        }
+        sys::signal(group, sys::SIGKILL);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if thread::panicking() {
+            eprintln!("`{}`:\n{}", self.command, self.log());
+        }
+        let _ = fs::remove_dir_all(&self.prefix);
+    }
+}
+
+/// The Cluster walkthrough: the README's two commands start two instances of
+/// `nginx-conf/cluster.conf` (the second with its own prefix and port) against one Redis, and
+/// its curl loop over both prints what the README shows: one limit for the two.
+#[test]
+fn readme_cluster_walkthrough_prints_what_it_shows() {
+    let readme = repo_file("README.md");
+    let section = readme_section(&readme, "Cluster");
+    let starts: Vec<String> = code_blocks(&section, "sh")
+        .concat()
+        .into_iter()
+        .map(|line| {
+            line.split('#')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        })
+        .filter(|line| line.contains("scripts/run-example.sh nginx-conf/cluster.conf"))
+        .collect();
+    assert_eq!(
+        starts,
+        [
+            "scripts/run-example.sh nginx-conf/cluster.conf",
+            "INSTANCE=2 PORT=8082 scripts/run-example.sh nginx-conf/cluster.conf"
+        ],
+        "the Cluster section does not start the two instances as this test expects"
+    );
+    let blocks = code_blocks(&section, "console");
+    assert!(
+        !blocks.is_empty(),
+        "the Cluster section has no console block"
+    );
+
+    let redis = Redis::start();
+    let redis_url = ("REDIS_URL", format!("redis://127.0.0.1:{}", redis.port));
+    let ports = [free_port(), free_port()];
+    let _instances: Vec<ScriptedExample> = starts
+        .iter()
+        .zip(ports)
+        .map(|(command, port)| {
+            let command = command.replace("PORT=8082", &format!("PORT={port}"));
+            ScriptedExample::start(&command, port, std::slice::from_ref(&redis_url))
+        })
+        .collect();
+    // Both instances' sync loops heartbeat, as they have by the time a reader pastes.
+    redis.wait_instances(2);
+
+    let replacements = [
+        ("8080", ports[0].to_string()),
+        ("8082", ports[1].to_string()),
+    ];
+    let mut commands = 0;
+    for block in &blocks {
+        for step in steps(block) {
+            let real = run_with(&step.command, &replacements);
+            assert!(
+                same_output(&step.shown, &real),
+                "README.md shows for `{}`:\n{}\nbut it printed:\n{real}",
+                step.command,
+                step.shown,
+            );
+            commands += 1;
+        }
+    }
+    assert!(commands >= 2, "only {commands} commands in the walkthrough");
+    // The loop went through Redis: the key's state is there (beside the zone's limits and
+    // overrides).
+    let keys = redis.cli(&["KEYS", "rl:per_api_key:*"]);
+    let key_states: Vec<&str> = keys
+        .lines()
+        .filter(|key| !key.ends_with(":limits") && !key.ends_with(":overrides"))
+        .collect();
+    assert_eq!(key_states.len(), 1, "keys of the zone in Redis: {keys}");
 }
