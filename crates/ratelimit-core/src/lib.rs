@@ -24,6 +24,7 @@ pub mod decision;
 pub mod fleet;
 pub mod fleet_overrides;
 pub mod hint;
+pub mod history;
 pub mod key;
 pub mod leaky_bucket;
 pub mod rate;
