@@ -628,3 +628,33 @@ fn readme_troubleshooting_quotes_nginx() {
         "{stderr}"
     );
 }
+
+/// "Try it": the README's first command starts `nginx-conf/basic.conf` through the script,
+/// and its curl loop prints the statuses in the comment under it.
+#[test]
+fn readme_try_it_prints_what_it_shows() {
+    let readme = repo_file("README.md");
+    let section = readme_section(&readme, "Try it");
+    let blocks = code_blocks(&section, "sh");
+    let start = blocks
+        .iter()
+        .flatten()
+        .map(|line| line.split('#').next().unwrap_or_default().trim())
+        .find(|line| line.starts_with("scripts/run-example.sh"))
+        .expect("Try it does not start scripts/run-example.sh")
+        .to_string();
+    assert_eq!(start, "scripts/run-example.sh");
+    let (command, shown) = blocks
+        .iter()
+        .find_map(|block| {
+            let at = block.iter().position(|line| line.starts_with("curl "))?;
+            let shown = block.get(at + 1)?.strip_prefix("# ")?;
+            Some((block[at].clone(), shown.to_string()))
+        })
+        .expect("Try it has no curl loop with its output under it");
+
+    let port = free_port();
+    let _example = ScriptedExample::start(&start, port, &[]);
+    let real = run_with(&command, &[("127.0.0.1:8080", format!("127.0.0.1:{port}"))]);
+    assert_eq!(real.trim_end(), shown, "`{command}`");
+}
