@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::nginx::free_port;
 use common::skip::skipped;
-use common::{get, nginx_binary, Connection, Nginx, Response};
+use common::{get, nginx_binary, statuses, Connection, Nginx, Response};
 
 fn examples_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("nginx-conf")
@@ -46,10 +46,6 @@ fn is_debian_nginx() -> bool {
 fn burst(port: u16, path: &str, count: usize) -> Vec<Response> {
     let mut connection = Connection::open(port);
     (0..count).map(|_| connection.get(path)).collect()
-}
-
-fn statuses(responses: &[Response]) -> Vec<u16> {
-    responses.iter().map(|r| r.status).collect()
 }
 
 fn total_elapsed(responses: &[Response]) -> Duration {

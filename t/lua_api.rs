@@ -32,36 +32,21 @@ fn lua_modules_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/usr/lib/nginx/modules"))
 }
 
-/// A whole nginx.conf: the Lua modules and ours, `WORKERS` workers, `HTTP` in the http block
-/// and `LOCATIONS` in its one server, which says which worker answered in `X-Pid`.
-const TEMPLATE: &str = r#"
-load_module LUA_DIR/ndk_http_module.so;
-load_module LUA_DIR/ngx_http_lua_module.so;
-load_module %%MODULE%%;
-worker_processes WORKERS;
-error_log logs/error.log info;
-events { worker_connections 256; }
-http {
-    access_log off;
-    lua_package_path "LUA_LIB/?.lua;;";
-    HTTP
-    server {
-        listen 127.0.0.1:%%PORT%% reuseport;
-        root html;
-        add_header X-Pid $pid always;
-        LOCATIONS
-    }
-}
-"#;
-
+/// A whole nginx.conf: the Lua modules and ours, `workers` workers, `http` in the http block
+/// and `locations` in its one server, which says which worker answered in `X-Pid`.
 fn config(workers: usize, http: &str, locations: &str) -> String {
     let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("lib");
-    TEMPLATE
-        .replace("LUA_DIR", &lua_modules_dir().display().to_string())
-        .replace("LUA_LIB", &lib.display().to_string())
-        .replace("WORKERS", &workers.to_string())
-        .replace("HTTP", http)
-        .replace("LOCATIONS", locations)
+    let modules = lua_modules_dir();
+    common::config()
+        .load(&modules.join("ndk_http_module.so").display().to_string())
+        .load(&modules.join("ngx_http_lua_module.so").display().to_string())
+        .workers(workers)
+        .reuseport()
+        .http(&format!("lua_package_path \"{}/?.lua;;\";", lib.display()))
+        .http(http)
+        .server("add_header X-Pid $pid always;")
+        .locations(locations)
+        .build()
 }
 
 /// Debian's nginx, for which Debian's Lua modules are built.
@@ -568,7 +553,8 @@ fn lua_example_config() -> String {
     )
 }
 
-fn statuses(nginx: &Nginx, paths: &[&str]) -> Vec<u16> {
+/// The statuses of GETs of `paths`, one after the other, each on a new connection.
+fn path_statuses(nginx: &Nginx, paths: &[&str]) -> Vec<u16> {
     paths.iter().map(|path| get(nginx, path).status).collect()
 }
 
@@ -617,13 +603,13 @@ fn lua_conf_examples_run() {
     let retry: u64 = refused.header("Retry-After").unwrap().parse().unwrap();
     assert!(retry > 1 && retry <= 120, "Retry-After {retry}");
     assert_eq!(get(&nginx, "/login?user=bob").status, 200);
-    assert_eq!(statuses(&nginx, &["/login"; 5]), [200; 5]);
-    assert_eq!(statuses(&nginx, &["/login?user="; 5]), [200; 5]);
+    assert_eq!(path_statuses(&nginx, &["/login"; 5]), [200; 5]);
+    assert_eq!(path_statuses(&nginx, &["/login?user="; 5]), [200; 5]);
 
     // combine: ann's third request is refused by her limit and takes nothing from the
     // server's 3 tokens, so bob gets the third; then the server-wide limit alone decides
     // requests without a user: none left.
-    let got = statuses(
+    let got = path_statuses(
         &nginx,
         &[
             "/combined?user=ann",
@@ -638,13 +624,16 @@ fn lua_conf_examples_run() {
 
     // resty.limit.rate: 10 tokens, 2 a request; not limited without a token.
     let paths = ["/upload?token=t"; 6];
-    assert_eq!(statuses(&nginx, &paths), [200, 200, 200, 200, 200, 429]);
-    assert_eq!(statuses(&nginx, &["/upload"; 7]), [200; 7]);
+    assert_eq!(
+        path_statuses(&nginx, &paths),
+        [200, 200, 200, 200, 200, 429]
+    );
+    assert_eq!(path_statuses(&nginx, &["/upload"; 7]), [200; 7]);
 
     // The pool (3 tokens) plus the user's own 2: a request without a user takes from the
     // pool alone; ann: her 2 tokens and the pool's next 2 (one of each while there are),
     // then none; bob: his own 2 only; no user: the pool is dry.
-    let got = statuses(
+    let got = path_statuses(
         &nginx,
         &[
             "/pooled",

@@ -42,6 +42,7 @@ pub mod history;
 pub mod json;
 pub mod memory;
 pub mod metrics;
+pub mod percent;
 pub mod route;
 pub mod state;
 pub mod store;

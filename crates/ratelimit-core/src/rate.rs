@@ -2,8 +2,17 @@
 
 use std::fmt;
 
-use crate::spec::SpecError;
 use crate::NANOS_PER_SEC;
+
+/// What a rate looks like, for the errors that quote a bad one.
+pub const RATE_SYNTAX: &str =
+    "it must be NUMBERr/s|m|h|d with NUMBER above 0, e.g. 10r/s or 0.5r/m";
+
+/// A rate that does not read as one: `invalid rate "abc": it must be NUMBERr/s|m|h|d ...`
+/// (the whole text quoted, then what a rate looks like).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid rate \"{0}\": {RATE_SYNTAX}")]
+pub struct InvalidRate(pub String);
 
 /// The unit after `r/`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -71,8 +80,8 @@ impl Rate {
     ///     .to_string()
     ///     .starts_with("invalid rate \"abc\": it must be NUMBERr/s|m|h|d"));
     /// ```
-    pub fn parse(text: &str) -> Result<Rate, SpecError> {
-        let invalid = || SpecError::InvalidRate(text.to_string());
+    pub fn parse(text: &str) -> Result<Rate, InvalidRate> {
+        let invalid = || InvalidRate(text.to_string());
         let (number, unit) = text.split_once("r/").ok_or_else(invalid)?;
         let unit = match unit {
             "s" => RateUnit::Second,
@@ -210,11 +219,7 @@ mod tests {
             "99999999999999999999r/s",
             "1099511628r/s",
         ] {
-            assert_eq!(
-                Rate::parse(text),
-                Err(SpecError::InvalidRate(text.into())),
-                "{text:?}"
-            );
+            assert_eq!(Rate::parse(text), Err(InvalidRate(text.into())), "{text:?}");
         }
         let largest = Rate {
             milli_requests: Rate::MAX_MILLI_REQUESTS,

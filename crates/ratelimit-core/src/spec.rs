@@ -46,9 +46,7 @@ pub enum SpecError {
     Conflict(String),
 }
 
-/// What a rate looks like, for the errors that quote a bad one.
-pub const RATE_SYNTAX: &str =
-    "it must be NUMBERr/s|m|h|d with NUMBER above 0, e.g. 10r/s or 0.5r/m";
+pub use crate::rate::RATE_SYNTAX;
 
 /// Every `algorithm=`, for the error that quotes an unknown one.
 const ALGORITHMS: &str = "leaky_bucket, token_bucket, sliding_log or sliding_window";
@@ -266,7 +264,7 @@ impl ZoneSpec {
             sync,
         };
         spec.check_sliding()?;
-        if sync && algorithm == Algorithm::SlidingLog {
+        if sync && !algorithm.can_sync() {
             return Err(SpecError::Conflict(
                 "\"sync\" is not supported by sliding_log: its log of request times cannot be \
                  merged across instances; use sliding_window"
