@@ -1204,3 +1204,51 @@ http {
         assert!(response.text().contains("<html>"), "{}", response.text());
     }
 }
+
+/// `nginx -t` refuses `rate_limit_admin` where the API cannot find its paths (a regex or a
+/// named location) and says why; the prefix without its slash (`/ratelimit`) is redirected to
+/// it (301), as nginx does for `proxy_pass` locations, and the redirect leads to the JSON.
+#[test]
+fn the_admin_location_is_a_prefix_and_its_name_without_slash_redirects() {
+    for (location, kind, name) in [
+        ("location ~ ^/rl/ { rate_limit_admin; }", "regex", "^/rl/"),
+        ("location @admin { rate_limit_admin; }", "named", "@admin"),
+    ] {
+        let (ok, output) = common::check_config(
+            &common::config::config()
+                .http("rate_limit_zone $http_x_key zone=z:1m rate=1r/s;")
+                .locations(location)
+                .build(),
+        );
+        assert!(!ok, "{location}: accepted");
+        let expected = format!(
+            "[emerg] \"rate_limit_admin\" cannot be used in the {kind} location \"{name}\": \
+             the API's paths follow the location's prefix, so it needs a prefix location, such \
+             as \"location /ratelimit/ {{ rate_limit_admin; }}\" in "
+        );
+        assert!(output.contains(&expected), "{location}: {output}");
+    }
+
+    let nginx = start();
+    let response = get(nginx.port(), "/ratelimit?x=1");
+    assert_eq!(response.status, 301, "{response:?}");
+    let location = response.header("Location").unwrap_or_default().to_string();
+    assert!(
+        location.ends_with(&format!(":{}/ratelimit/?x=1", nginx.port())),
+        "{location}"
+    );
+    let root = send(
+        nginx.port(),
+        &Request::get("/ratelimit/").header("Accept", "application/json"),
+    );
+    assert_eq!(root.status, 200);
+    assert_eq!(json_body(&root)["write"], true);
+    // A location without the trailing slash is not redirected: it is the API's root itself.
+    let (ok, output) = common::check_config(
+        &common::config::config()
+            .http("rate_limit_zone $http_x_key zone=z:1m rate=1r/s;")
+            .locations("location /api { rate_limit_admin; }")
+            .build(),
+    );
+    assert!(ok, "{output}");
+}

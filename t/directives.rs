@@ -171,7 +171,8 @@ fn nginx_t_refuses_bad_configuration() {
 }
 
 /// Errors that quote a word nobody recognises also say what is valid: the rate syntax, the
-/// algorithms, the parameter meant by a typo (or every parameter), the Redis URL form.
+/// algorithms, the parameter meant by a typo (or every parameter), the log levels, the Redis
+/// URL form.
 #[test]
 fn nginx_t_errors_say_what_is_valid() {
     let zone = "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s;";
@@ -201,6 +202,15 @@ fn nginx_t_errors_say_what_is_valid() {
             limited("rate_limit zone=a rate=1r/s;"),
             "invalid parameter \"rate=1r/s\": it must be zone=, burst=, nodelay, delay=, \
              global= or cost= in ",
+        ),
+        (
+            limited("rate_limit_admin wirte=on;"),
+            "invalid parameter \"wirte=on\", did you mean \"write=on\"? in ",
+        ),
+        (
+            format!("{zone}\nrate_limit_log_level debug;"),
+            "invalid value \"debug\" in \"rate_limit_log_level\" directive, it must be \
+             \"info\", \"notice\", \"warn\" or \"error\" in ",
         ),
         (
             format!("rate_limit_sync 127.0.0.1:6379;\n{zone}"),

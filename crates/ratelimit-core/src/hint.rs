@@ -4,7 +4,8 @@
 /// The word of `valid` nearest to `word`, when it is close enough to be the one meant.
 ///
 /// A `name=value` word is compared by its `name=`; a valid word ends with `=` when it takes
-/// a value (`burst=`) and is bare otherwise (`nodelay`). Close enough: at most two edits
+/// any value (`burst=`), is bare when it takes none (`nodelay`), and is whole when only that
+/// value is valid (`write=on`, compared with the whole word). Close enough: at most two edits
 /// (insertion, deletion, substitution, or two neighbours swapped), and fewer than a third of
 /// the valid word's letters.
 ///
@@ -26,7 +27,9 @@ pub fn nearest<'a>(word: &str, valid: &[&'a str]) -> Option<&'a str> {
         .iter()
         .map(|&candidate| {
             let bare = candidate.trim_end_matches('=');
-            (strsim::osa_distance(name, bare), candidate)
+            // A whole word with its value (`write=on`) is compared with the whole word.
+            let typed = if bare.contains('=') { word } else { name };
+            (strsim::osa_distance(typed, bare), candidate)
         })
         .filter(|&(distance, candidate)| distance <= 2 && distance * 3 < candidate.len())
         .min_by_key(|&(distance, _)| distance)
@@ -84,6 +87,14 @@ mod tests {
         for &(word, meant) in rows {
             assert_eq!(nearest(word, &zone), meant, "{word:?}");
         }
+    }
+
+    #[test]
+    fn whole_words_with_their_value() {
+        let admin = ["write=on", "write=off"];
+        assert_eq!(nearest("wirte=on", &admin), Some("write=on"));
+        assert_eq!(nearest("wrte=off", &admin), Some("write=off"));
+        assert_eq!(nearest("write=yes", &admin), None);
     }
 
     #[test]
