@@ -1252,3 +1252,34 @@ fn the_admin_location_is_a_prefix_and_its_name_without_slash_redirects() {
     );
     assert!(ok, "{output}");
 }
+
+/// `GET zones/NAME/history`: each request counted in its second, the last second being now
+/// (Unix time), and the counts kept over a reload (they are in the zone's memory).
+#[test]
+fn history_counts_requests_per_second_and_survives_a_reload() {
+    let mut nginx = start();
+    let statuses: Vec<u16> = (0..3).map(|_| hit(&nginx, "/", "history")).collect();
+    assert_eq!(statuses, [200, 429, 429]);
+    let sums = |nginx: &Nginx| {
+        let (status, history) = admin(nginx, "GET", "zones/one/history", None);
+        assert_eq!(status, 200, "{history}");
+        assert_eq!(history["zone"], "one");
+        assert_eq!(history["seconds"], 300);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let end = history["end"].as_u64().expect("end");
+        assert!(end.abs_diff(now) <= 2, "end {end}, now {now}");
+        ["passed", "delayed", "rejected"].map(|series| {
+            let counts = history[series].as_array().expect(series);
+            assert_eq!(counts.len(), 300, "{series}");
+            counts.iter().filter_map(Value::as_u64).sum::<u64>()
+        })
+    };
+    assert_eq!(sums(&nginx), [1, 0, 2]);
+    nginx.reload();
+    assert_eq!(sums(&nginx), [1, 0, 2]);
+    let (status, error) = admin(&nginx, "GET", "zones/none/history", None);
+    assert_eq!((status, error_text(&error)), (404, "unknown zone \"none\""));
+}
