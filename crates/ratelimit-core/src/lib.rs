@@ -23,6 +23,7 @@ pub mod bucket_charge;
 pub mod decision;
 pub mod fleet;
 pub mod fleet_overrides;
+pub mod fleet_round;
 pub mod key;
 pub mod leaky_bucket;
 pub mod rate;
