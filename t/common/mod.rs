@@ -6,11 +6,13 @@
 //! - [`http`]: a small HTTP/1.1 client on `std::net::TcpStream`.
 //! - [`timeline`]: requests sent at fixed offsets from one start instant.
 //! - [`redis`]: real `redis-server`s (single, Cluster, TLS with a throwaway PKI);
+//!   [`fake_redis`]: a scripted Redis that answers out-of-range values, garbage, huge arrays;
 //!   [`fleet`]: nginx instances sharing a limit through them, and paced traffic.
 //!
 //! Every test binary compiles this module but uses only part of it, hence the `allow`s.
 #![allow(dead_code)]
 
+pub mod fake_redis;
 pub mod fleet;
 pub mod http;
 pub mod nginx;
