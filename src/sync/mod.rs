@@ -17,6 +17,7 @@
 
 mod cluster;
 mod inbox;
+mod link;
 mod overrides;
 pub mod shared;
 mod task;
@@ -39,12 +40,12 @@ use ratelimit_core::sync_spec::SyncSpec;
 
 use crate::conf::{args, conf_error, main_conf, words, MainConf, ZoneConf};
 use crate::RateLimitModule;
-use shared::{Mode, SyncError, SyncShared, SYNC_MAGIC};
+use shared::{Bad, Mode, SyncError, SyncShared, SYNC_MAGIC};
 
 /// The shared memory zone holding the instance's [`SyncShared`]. Its name cannot be written
 /// in `zone=NAME:SIZE` (a colon ends the name there).
 const SHM_NAME: &str = "rate_limit_sync:instance";
-const SHM_SIZE: u64 = 64 * 1024;
+const SHM_SIZE: u64 = 512 * 1024;
 
 /// `rate_limit_sync` as configured.
 pub struct SyncConf {
@@ -455,6 +456,7 @@ fn log_transitions(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
             SyncError::from_code(error).as_str()
         );
     }
+    log_bad_values(cycle, sync);
     let mode = sync.mode.load(Ordering::Relaxed);
     let logged = sync.logged_mode.load(Ordering::Relaxed);
     if mode == logged
@@ -484,6 +486,104 @@ fn log_transitions(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
     }
 }
 
+/// Log each new value from Redis that the loop dropped (once per kind and value; repeats
+/// are only counted, in `bad_values`), by whichever worker sees it first.
+fn log_bad_values(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
+    for kind in Bad::ALL {
+        let note = &sync.bad_notes[kind as usize];
+        let count = note.count.load(Ordering::Acquire);
+        let logged = note.logged.load(Ordering::Relaxed);
+        if count == logged
+            || note
+                .logged
+                .compare_exchange(logged, count, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            continue;
+        }
+        let (value, bound) = (
+            note.value.load(Ordering::Relaxed),
+            note.bound.load(Ordering::Relaxed),
+        );
+        if logged != 0 && note.logged_value.swap(value, Ordering::Relaxed) == value {
+            continue;
+        }
+        note.logged_value.store(value, Ordering::Relaxed);
+        let zone_id = note.zone_id.load(Ordering::Relaxed);
+        let zone = RateLimitModule::main_conf(cycle).and_then(|mcf| {
+            mcf.zones.iter().find_map(|&zone| {
+                // SAFETY: zone configurations live in the configuration pool of this cycle.
+                let zone: &ZoneConf = unsafe { &*zone };
+                (zone.sync && name_seed(&zone.name) == zone_id).then_some(zone)
+            })
+        });
+        let what = bad_value_text(kind, zone, value, bound);
+        let zone_name = zone.map_or(String::new(), |zone| format!(" zone \"{}\":", zone.name));
+        ngx_log_error!(
+            NGX_LOG_WARN,
+            cycle.log,
+            "rate_limit_sync:{} Redis answered {}; dropped",
+            zone_name,
+            what
+        );
+    }
+}
+
+/// What was wrong with a dropped value, in words.
+fn bad_value_text(kind: Bad, zone: Option<&ZoneConf>, value: u64, bound: u64) -> String {
+    match kind {
+        Bad::KeyAhead => format!(
+            "a key state ahead {} us, which is out of range (at most {bound} us: two buckets \
+             and one interval)",
+            value as i64
+        ),
+        Bad::KeyCounts => format!(
+            "key counts of {} requests, which is out of range (at most {bound})",
+            value as i64
+        ),
+        Bad::Instances => format!(
+            "{} instances alive, which is out of range (1 to {})",
+            value as i64,
+            ratelimit_core::fleet_round::MAX_INSTANCES
+        ),
+        Bad::Limits | Bad::Override => {
+            let what = if kind == Bad::Limits {
+                "limits"
+            } else {
+                "an override with limits"
+            };
+            let Some(limits) = ratelimit_core::Limits::unpack(value) else {
+                return format!("{what} {value}, which packs no valid limits");
+            };
+            let reason = zone
+                .and_then(|zone| {
+                    let algorithm = zone.zone?.algorithm();
+                    ratelimit_admin::body::check_limits(
+                        &zone.name,
+                        algorithm,
+                        &limits,
+                        limits.burst != 0,
+                        0,
+                    )
+                    .err()
+                })
+                .map_or_else(String::new, |error| format!(": {error}"));
+            format!(
+                "{what} rate \"{}\" burst {} that the zone cannot take{reason}",
+                limits.rate, limits.burst
+            )
+        }
+        Bad::Version => format!(
+            "an override version {}, which is out of range",
+            value as i64
+        ),
+        Bad::ReplySize => format!(
+            "a reply larger than the exchange allows ({bound} bytes): the connection was \
+             dropped"
+        ),
+    }
+}
+
 /// A URL without its password, for the log.
 fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
@@ -510,5 +610,7 @@ pub fn info() -> Option<ratelimit_admin::SyncInfo> {
         errors: sync.errors.load(Ordering::Relaxed),
         lag_us: sync.lag_us.load(Ordering::Relaxed),
         fallback: mode.is_fallback(),
+        keys_sent: sync.keys_pushed.load(Ordering::Relaxed),
+        bad_values: sync.bad_values.load(Ordering::Relaxed),
     })
 }

@@ -1,15 +1,16 @@
-//! `rediss://` for the sync loop: rustls (through the `redis` crate) with the `ring` provider.
+//! `rediss://` for the sync loop: rustls with the `ring` provider (the connections are opened
+//! in `super::link`).
 //!
 //! The trust settings (`tls_ca=`, else the system's CA bundle; `tls_cert=`/`tls_key=`) are
 //! read when the configuration is (by the master, as root: a key readable by root only still
 //! works, and `nginx -t` names a file that cannot be read or holds no PEM; a reload reads them
-//! again). The loop gets their bytes and builds every client, the cluster's nodes included,
-//! with them: the system's store is never read again on the loop's thread.
+//! again). The loop gets their bytes and builds its TLS settings, the cluster's nodes
+//! included, from them: the system's store is never read again on the loop's thread.
 
 use std::path::{Path, PathBuf};
 
 use ratelimit_core::sync_spec::SyncSpec;
-use redis::{Client, ClientTlsConfig, RedisError, RedisResult, TlsCertificates};
+use redis::{ClientTlsConfig, RedisError, TlsCertificates};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::CertifiedKey;
@@ -126,23 +127,6 @@ fn read_client(cert: &str, key: &str, conf_prefix: &Path) -> Result<ClientTlsCon
         client_cert,
         client_key,
     })
-}
-
-/// A client for `url`: with the trust settings for `rediss://` (there are some, see [`load`]),
-/// as the URL says for `redis://`.
-pub fn client(url: &str, tls: Option<&TlsCertificates>) -> RedisResult<Client> {
-    match tls {
-        Some(certificates) => Client::build_with_tls(url, certificates.clone()),
-        None => Client::open(url),
-    }
-}
-
-/// rustls takes its crypto from a process-wide provider; only `ring` is compiled in, but
-/// installing it explicitly keeps a dependency that enables another one from making rustls
-/// refuse to choose (it would panic). Called by the loop's thread before it connects.
-pub fn install_provider() {
-    // An error means that one is installed already: this one, by an earlier loop.
-    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// A TLS failure, told apart from other I/O errors: a certificate the trust settings do not
