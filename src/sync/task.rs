@@ -25,12 +25,13 @@ use ratelimit_core::sync_spec::{OnFailure, SyncSpec};
 use ratelimit_core::Limits;
 
 use super::cluster;
-use super::inbox::INBOX_ENTRIES;
 use super::link::{self, ReadBudget};
 use super::overrides::{OverrideSync, OVERRIDES_SCRIPT};
 use super::shared::{Bad, Mode, SyncError, SyncShared};
 use crate::conf::LocationBursts;
-use crate::zone::Zone;
+use crate::glue::{now_ms, now_ns};
+use crate::store::inbox::INBOX_ENTRIES;
+use crate::store::Zone;
 
 /// Applies the instances' deltas to many keys at once, each on Redis's clock (`TIME`: nodes'
 /// clocks need not agree). ARGV: this instance's id, this send's number (unique in the
@@ -184,7 +185,8 @@ pub struct SyncZone {
     /// Until the first successful round: the file's value is sent along (see
     /// `LIMITS_SCRIPT`).
     pub first_round: std::cell::Cell<bool>,
-    /// `super::name_seed` of the name: how the inbox and the orphan ring name the zone.
+    /// `name_seed` of the name (`crate::store::sync_record`): how the inbox and the orphan
+    /// ring name the zone to the workers and the loop.
     pub id: u64,
     /// The zone's per-key overrides as agreed with the fleet (`super::overrides`).
     pub overrides: std::cell::RefCell<OverrideSync>,
@@ -804,11 +806,10 @@ impl Task {
         commands.push(cluster::Routed { key, command });
         let limits_hash = redis::Script::new(LIMITS_SCRIPT).get_hash().to_string();
         for zone in &self.zones {
-            let header = zone.zone.header();
-            let local = header.limits.load(Ordering::Acquire);
+            let local = zone.zone.limits_word();
             let first = zone.first_round.get();
             let changed = first || local != zone.agreed_limits.get();
-            let config = header.config_limits.load(Ordering::Acquire);
+            let config = zone.zone.config_limits_word();
             let key = format!("{}{}:limits", self.spec.prefix, zone.name);
             let mut command = redis::cmd("EVALSHA");
             command
@@ -1004,14 +1005,14 @@ impl Task {
     /// not the zone's own (another instance's admin API changed it), the zone takes it, if
     /// the zone's algorithm can (else it is counted and the zone keeps its own).
     fn agree_limits(&self, fleet_limits: &[Option<Option<u64>>]) {
-        let now = crate::handler::now_ns();
+        let now = now_ns();
         for (zone, fleet) in self.zones.iter().zip(fleet_limits) {
             // A zone whose call failed this round tries again next round.
             let Some(fleet) = fleet else {
                 continue;
             };
             zone.first_round.set(false);
-            let local = zone.zone.header().limits.load(Ordering::Acquire);
+            let local = zone.zone.limits_word();
             let Some(fleet) = fleet.filter(|&fleet| fleet != local) else {
                 zone.agreed_limits.set(local);
                 continue;
@@ -1104,7 +1105,7 @@ impl Task {
         state: &mut LoopState,
     ) {
         let sync_ns = self.sync_ns();
-        let now = crate::handler::now_ns();
+        let now = now_ns();
         for &(entry, reply) in synced {
             state.unconfirmed.remove(&(entry.zone, entry.hash));
             let zone = &self.zones[entry.zone];
@@ -1238,11 +1239,6 @@ impl Task {
         };
         grant.store(grant_word::pack(round as u32, granted), Ordering::Release);
     }
-}
-
-/// Monotonic milliseconds (the clock every worker reads too).
-pub fn now_ms() -> u64 {
-    crate::handler::now_ns() / 1_000_000
 }
 
 /// What a client error means for the log.

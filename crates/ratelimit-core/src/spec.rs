@@ -245,7 +245,7 @@ impl ZoneSpec {
             sync,
         };
         spec.check_sliding()?;
-        if sync && algorithm == Algorithm::SlidingLog {
+        if sync && !algorithm.can_sync() {
             return Err(SpecError::Conflict(
                 "\"sync\" is not supported by sliding_log: its log of request times cannot be \
                  merged across instances; use sliding_window"
