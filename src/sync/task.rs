@@ -40,9 +40,9 @@ use crate::store::Zone;
 /// `n`, and `n` pairs of (number, requests) for the earlier sends whose delta this one
 /// carries again (they timed out or failed, so Redis may have applied them after all, or may
 /// yet). Returns three integers per key: how far the fleet's TAT leads Redis's clock (us; for
-/// a sliding window, its estimate of the last window's requests times `T`, see
-/// `ratelimit_core::fleet::window_lead_ns`), the fleet's requests in this and the previous
-/// sync window, and in the previous one alone.
+/// a sliding window, its estimate of the last window's requests, plus what the next interval
+/// frees less than a bucket would, times `T`: `ratelimit_core::fleet::window_lead_ns`), the
+/// fleet's requests in this and the previous sync window, and in the previous one alone.
 ///
 /// Per key and instance (`s`/`f`/`a` + id) it keeps the last send it applied, the earliest
 /// send that one carried, and when it applied it: a late send already carried adds nothing,
@@ -97,7 +97,9 @@ for k = 1, #KEYS do
     local sp = tonumber(h[11]) or 0
     if hw == sw - 1 then sp = sc; sc = 0 elseif hw ~= sw then sp = 0; sc = 0 end
     sc = sc + delta
-    ahead = (sp * (W - (now - sw * W)) / W + sc) * T
+    local slower = 0
+    if sp < K then slower = (K - sp) * I / W end
+    ahead = (sp * (W - (now - sw * W)) / W + sc + slower) * T
     redis.call('HSET', KEYS[k], 'sw', string.format('%.0f', sw), 'sc', sc, 'sp', sp)
   else
     local tat = tonumber(h[1]) or 0
@@ -256,7 +258,21 @@ struct LoopState {
     budget: RoundBudget,
     /// The last round failed: send no key until a round trip succeeds.
     failing: bool,
+    /// Rounds timed out in a row on the connections kept open.
+    timeouts: u32,
+    /// What the timed-out exchanges still pending on those connections may read when Redis
+    /// answers them late (added to the next exchange's bound, at most [`LATE_BYTES_MAX`]).
+    late_bytes: usize,
 }
+
+/// Timed-out rounds after which the connections are opened again (a peer gone without a
+/// reset would otherwise keep them for good). Until then a round that times out keeps its
+/// connections: a stalled Redis gets no new connection, handshake and script loads per round
+/// to work through when it resumes, and answers the next round within an interval.
+const KEEP_AFTER_TIMEOUTS: u32 = 10;
+
+/// The most a connection kept open after timeouts may read on top of an exchange's bound.
+const LATE_BYTES_MAX: usize = 8 << 20;
 
 /// A key that needs the fleet this round, as the scan found it.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -453,6 +469,8 @@ impl Task {
             unconfirmed: HashMap::new(),
             budget: RoundBudget::new(),
             failing: false,
+            timeouts: 0,
+            late_bytes: 0,
         };
         let mut next = tokio::time::Instant::now();
         loop {
@@ -502,10 +520,8 @@ impl Task {
         let timeout = Duration::from_millis(self.spec.timeout_ms);
         let send = self.sync.sends.fetch_add(1, Ordering::AcqRel) + 1;
         let (commands, with_overrides, batches) = self.commands(&entries, send, busy);
-        link.allow(fleet_round::reply_bytes_bound(
-            entries.len(),
-            self.zones.len(),
-        ));
+        let bound = fleet_round::reply_bytes_bound(entries.len(), self.zones.len());
+        link.allow(bound.saturating_add(state.late_bytes));
         let results = match tokio::time::timeout(timeout, self.exchange(link, &commands)).await {
             Ok(results) => results,
             Err(_) => {
@@ -516,7 +532,13 @@ impl Task {
                 } else {
                     SyncError::Timeout
                 };
-                link.reset();
+                state.timeouts += 1;
+                if link.connecting() || state.timeouts.is_multiple_of(KEEP_AFTER_TIMEOUTS) {
+                    link.reset();
+                    state.late_bytes = 0;
+                } else {
+                    state.late_bytes = (state.late_bytes + bound).min(LATE_BYTES_MAX);
+                }
                 commands.iter().map(|_| Err(error)).collect()
             }
         };
@@ -525,7 +547,7 @@ impl Task {
                 Bad::ReplySize,
                 0,
                 0,
-                fleet_round::reply_bytes_bound(entries.len(), self.zones.len()) as u64,
+                bound.saturating_add(state.late_bytes) as u64,
             );
         }
         let mut results = results.into_iter();
@@ -585,6 +607,8 @@ impl Task {
                 self.sync.last_error.store(0, Ordering::Relaxed);
                 self.sync.mode.store(Mode::Synced as u64, Ordering::Release);
                 state.failing = false;
+                state.timeouts = 0;
+                state.late_bytes = 0;
                 if sending {
                     state.budget.after(
                         entries.len(),
@@ -598,7 +622,11 @@ impl Task {
                 }
             }
             Some(error) => {
-                link.reset();
+                if error != SyncError::Timeout {
+                    link.reset();
+                    state.timeouts = 0;
+                    state.late_bytes = 0;
+                }
                 self.sync.errors.fetch_add(1, Ordering::Relaxed);
                 self.sync.last_error.store(error as u64, Ordering::Relaxed);
                 if sending {
