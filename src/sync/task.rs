@@ -40,8 +40,8 @@ use crate::store::Zone;
 /// `n`, and `n` pairs of (number, requests) for the earlier sends whose delta this one
 /// carries again (they timed out or failed, so Redis may have applied them after all, or may
 /// yet). Returns three integers per key: how far the fleet's TAT leads Redis's clock (us; for
-/// a sliding window, its estimate of the last window's requests, plus what the next interval
-/// frees less than a bucket would, times `T`: `ratelimit_core::fleet::window_lead_ns`), the
+/// a sliding window, its estimate of the last window's requests plus the interval's drain a
+/// bucket would grant ahead, times `T`: `ratelimit_core::fleet::window_lead_ns`), the
 /// fleet's requests in this and the previous sync window, and in the previous one alone.
 ///
 /// Per key and instance (`s`/`f`/`a` + id) it keeps the last send it applied, the earliest
@@ -97,9 +97,7 @@ for k = 1, #KEYS do
     local sp = tonumber(h[11]) or 0
     if hw == sw - 1 then sp = sc; sc = 0 elseif hw ~= sw then sp = 0; sc = 0 end
     sc = sc + delta
-    local slower = 0
-    if sp < K then slower = (K - sp) * I / W end
-    ahead = (sp * (W - (now - sw * W)) / W + sc + slower) * T
+    ahead = (sp * (W - (now - sw * W)) / W + sc + K * I / W) * T
     redis.call('HSET', KEYS[k], 'sw', string.format('%.0f', sw), 'sc', sc, 'sp', sp)
   else
     local tat = tonumber(h[1]) or 0

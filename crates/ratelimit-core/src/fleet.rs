@@ -379,10 +379,12 @@ pub fn charge_store(
 /// aligned window of the zone's own length (`window_ns`, one rate unit), as each instance's
 /// window does, and reports the estimate a single sliding window would make now,
 /// `previous * (W - into) / W + current`, as a lead (`* T`, capped as a bucket's TAT is).
-/// [`fleet_room_milli`] grants `K - lead / T` plus one interval's drain at the full rate
-/// (`K * I / W`); the window only frees what the previous window's count decays by over the
-/// interval (`previous * I / W`), so the lead carries the difference,
-/// `(K - previous) * I / W`: the fleet admits what one sliding window would.
+/// A bucket's lead that stays constant means the bucket admits its rate; an estimate that
+/// stays above `K` means a window admits more than `K` per window. So no interval's drain is
+/// granted ahead: the lead carries `K * I / W` on top of the estimate, which takes back the
+/// drain [`fleet_room_milli`] adds, and the fleet's room is `K - estimate`; what the window
+/// frees as it slides is granted at the next sync (the fleet admits what one sliding window
+/// would, one interval late).
 ///
 /// ```
 /// use ratelimit_core::fleet::{window_lead_ns, FleetShape};
@@ -390,8 +392,8 @@ pub fn charge_store(
 /// const MS: u64 = 1_000_000;
 /// let shape = FleetShape { interval_ns: 10 * MS, capacity: 100 }; // 100 per second
 /// // 60 in the previous second, 20 in this one, a quarter of the way in: 45 + 20 = 65, and
-/// // the next 100 ms free 6 requests, not 10: 65 + 4.
-/// assert_eq!(window_lead_ns(60, 20, 250 * MS, 1_000 * MS, &shape, 100 * MS), 690 * MS);
+/// // the interval's 10 that a bucket would grant ahead.
+/// assert_eq!(window_lead_ns(60, 20, 250 * MS, 1_000 * MS, &shape, 100 * MS), 750 * MS);
 /// ```
 pub fn window_lead_ns(
     previous: u64,
@@ -406,11 +408,7 @@ pub fn window_lead_ns(
     // In thousandths of a request.
     let estimate_milli =
         mul_div(previous, left * MILLI, window_ns).saturating_add(current.saturating_mul(MILLI));
-    let slower_milli = mul_div(
-        shape.capacity.saturating_sub(previous),
-        sync_ns.saturating_mul(MILLI),
-        window_ns,
-    );
+    let slower_milli = mul_div(shape.capacity, sync_ns.saturating_mul(MILLI), window_ns);
     mul_div(
         estimate_milli.saturating_add(slower_milli),
         shape.interval_ns,
