@@ -20,13 +20,17 @@ mod equivalence;
 #[cfg(test)]
 mod reference;
 
+pub mod block_table;
 pub mod bucket_charge;
 pub mod decision;
 pub mod fleet;
+pub mod fleet_blocks;
 pub mod fleet_overrides;
 pub mod fleet_round;
 pub mod key;
 pub mod leaky_bucket;
+pub mod log_format;
+pub mod penalty;
 pub mod rate;
 pub mod replay;
 pub mod sliding_log;
