@@ -1644,25 +1644,26 @@ fn small_bursts_share_one_limit_exactly() {
 }
 
 /// Issue 18, 3: a hot key far under its limit is never rejected because of sync. One
-/// instance, limit 1,000,000r/s burst=10000 (a burst that a worker descheduled for a few
-/// milliseconds on a loaded machine does not exhaust: the same key on the same limit without
-/// `sync`, from two more connections, rejects nothing), `interval=1s`, one key as fast as
-/// four connections send it (thousands a second, more than burst + 1 per interval, far less
-/// than the limit). Before, some of them got 429: a grant saturated at 4294 requests per
-/// interval, a local state raised by the key's own requests charged at once.
+/// instance, limit 100,000r/s burst=2000 (20 ms of slack: a worker descheduled for a few
+/// milliseconds on a loaded machine does not exhaust it, as the same key on the same limit
+/// without `sync`, from as many connections, shows), `interval=1s`, one key as fast as three
+/// connections send it: thousands a second, a few percent of the limit, more than burst + 1
+/// in an interval. Before, some of them got 429 (1-3% in the issue's runs): the loop charged
+/// the interval's requests to the fleet at once and raised the key's local state by all of
+/// them, past its burst.
 #[test]
 fn a_hot_key_far_under_its_limit_is_never_rejected() {
     let redis = Redis::start();
     let nginx = Nginx::start(&instance_config(
         redis.port,
         "interval=1s",
-        "rate=1000000r/s burst=10000",
+        "rate=100000r/s burst=2000",
     ));
     redis.wait_instances(1);
     let started = Instant::now();
     let threads: Vec<_> = ["/index.html", "/plain/index.html"]
         .iter()
-        .flat_map(|&path| std::iter::repeat_n(path, if path == "/index.html" { 4 } else { 2 }))
+        .flat_map(|&path| std::iter::repeat_n(path, 3))
         .map(|path| {
             let port = nginx.port();
             thread::spawn(move || {
@@ -1693,9 +1694,9 @@ fn a_hot_key_far_under_its_limit_is_never_rejected() {
         plain.len(),
         rejected(&plain)
     );
-    // More than one grant of the old word (4294 requests) per interval.
+    // More than burst + 1 per interval.
     assert!(
-        synced.len() >= 3 * 4295,
+        synced.len() >= 3 * 2002,
         "too few requests to tell: {}",
         synced.len()
     );
