@@ -36,13 +36,11 @@ use crate::store::Zone;
 /// Applies the instances' deltas to many keys at once, each on Redis's clock (`TIME`: nodes'
 /// clocks need not agree). ARGV: this instance's id, this send's number (unique in the
 /// instance), the sync interval (ms); then per key (KEYS[k]): its delta, `T` (ns per
-/// request), `K`, the idle expiry (ms), the sliding window's length (us; 0 for a bucket),
-/// `n`, and `n` pairs of (number, requests) for the earlier sends whose delta this one
-/// carries again (they timed out or failed, so Redis may have applied them after all, or may
-/// yet). Returns three integers per key: how far the fleet's TAT leads Redis's clock (us; for
-/// a sliding window, its estimate of the last window's requests plus the interval's drain a
-/// bucket would grant ahead, times `T`: `ratelimit_core::fleet::window_lead_ns`), the
-/// fleet's requests in this and the previous sync window, and in the previous one alone.
+/// request), `K`, the idle expiry (ms), `n`, and `n` pairs of (number, requests) for the
+/// earlier sends whose delta this one carries again (they timed out or failed, so Redis may
+/// have applied them after all, or may yet). Returns three integers per key: how far the
+/// fleet's TAT leads Redis's clock (us), the fleet's requests in this and the previous sync
+/// window, and in the previous one alone.
 ///
 /// Per key and instance (`s`/`f`/`a` + id) it keeps the last send it applied, the earliest
 /// send that one carried, and when it applied it: a late send already carried adds nothing,
@@ -68,10 +66,8 @@ for k = 1, #KEYS do
   local tns = tonumber(ARGV[at + 1])
   local T = tns / 1000
   local K = tonumber(ARGV[at + 2])
-  local W = tonumber(ARGV[at + 4])
-  local n = tonumber(ARGV[at + 5])
-  local h = redis.call('HMGET', KEYS[k], 't', 'w', 'c', 'p', 'r', 's' .. id, 'f' .. id, 'a' .. id,
-    'sw', 'sc', 'sp')
+  local n = tonumber(ARGV[at + 4])
+  local h = redis.call('HMGET', KEYS[k], 't', 'w', 'c', 'p', 'r', 's' .. id, 'f' .. id, 'a' .. id)
   local last = tonumber(h[6]) or -1
   local from = tonumber(h[7]) or -1
   local since = tonumber(h[8]) or (now - I)
@@ -80,7 +76,7 @@ for k = 1, #KEYS do
     if sent >= from then delta = 0 end
   else
     from = sent
-    for i = at + 6, at + 4 + 2 * n, 2 do
+    for i = at + 5, at + 3 + 2 * n, 2 do
       local earlier = tonumber(ARGV[i])
       if earlier == last then delta = math.max(0, delta - tonumber(ARGV[i + 1])) end
       if earlier < from then from = earlier end
@@ -89,42 +85,29 @@ for k = 1, #KEYS do
     applied = now
   end
   local cap = 2 * K * T + I
-  local ahead = 0
-  if W > 0 then
-    local sw = math.floor(now / W)
-    local hw = tonumber(h[9]) or sw
-    local sc = tonumber(h[10]) or 0
-    local sp = tonumber(h[11]) or 0
-    if hw == sw - 1 then sp = sc; sc = 0 elseif hw ~= sw then sp = 0; sc = 0 end
-    sc = sc + delta
-    ahead = (sp * (W - (now - sw * W)) / W + sc + K * I / W) * T
-    redis.call('HSET', KEYS[k], 'sw', string.format('%.0f', sw), 'sc', sc, 'sp', sp)
-  else
-    local tat = tonumber(h[1]) or 0
-    local r = tonumber(h[5])
-    if r and r > 0 and r ~= tns and tat > now then tat = now + (tat - now) * tns / r end
-    if since > now then since = now end
-    if tat < since then tat = since end
-    tat = tat + delta * T
-    if tat > now + cap then tat = now + cap end
-    ahead = tat - now
-    redis.call('HSET', KEYS[k], 't', string.format('%.0f', tat), 'r', ARGV[at + 1])
-  end
-  if ahead > cap then ahead = cap end
+  local tat = tonumber(h[1]) or 0
+  local r = tonumber(h[5])
+  if r and r > 0 and r ~= tns and tat > now then tat = now + (tat - now) * tns / r end
+  if since > now then since = now end
+  if tat < since then tat = since end
+  tat = tat + delta * T
+  if tat > now + cap then tat = now + cap end
+  local ahead = tat - now
   if ahead < 0 then ahead = 0 end
   local hw = tonumber(h[2]) or w
   local c = tonumber(h[3]) or 0
   local p = tonumber(h[4]) or 0
   if hw == w - 1 then p = c; c = 0 elseif hw ~= w then p = 0; c = 0 end
   c = c + delta
-  redis.call('HSET', KEYS[k], 'w', string.format('%.0f', w), 'c', c, 'p', p,
+  redis.call('HSET', KEYS[k], 't', string.format('%.0f', tat), 'r', ARGV[at + 1],
+    'w', string.format('%.0f', w), 'c', c, 'p', p,
     's' .. id, string.format('%.0f', last), 'f' .. id, string.format('%.0f', from),
     'a' .. id, string.format('%.0f', applied))
   redis.call('PEXPIRE', KEYS[k], ARGV[at + 3])
   out[#out + 1] = ahead
   out[#out + 1] = p + c
   out[#out + 1] = p
-  at = at + 6 + 2 * n
+  at = at + 5 + 2 * n
 end
 return out
 "#;
@@ -210,16 +193,6 @@ impl SyncZone {
     fn shape(&self, hash: u64) -> Option<FleetShape> {
         FleetShape::of(self.zone.algorithm(), &self.limits(hash)?)
     }
-
-    /// The key's sliding window in microseconds (0 for a bucket).
-    fn window_us(&self, hash: u64) -> u64 {
-        match (self.zone.algorithm(), self.limits(hash)) {
-            (ratelimit_core::Algorithm::SlidingWindow, Some(limits)) => {
-                limits.rate.unit.nanos() / 1000
-            }
-            _ => 0,
-        }
-    }
 }
 
 /// Everything the thread needs; built by a worker, moved into the thread.
@@ -289,9 +262,6 @@ struct Entry {
     hash: u64,
     delta: u64,
     shape: FleetShape,
-    /// A sliding window's length in microseconds (the fleet counts per window); 0 for a
-    /// bucket (the fleet keeps a TAT).
-    window_us: u64,
     /// [`LoopState::unconfirmed`] when the round was built.
     unconfirmed: Vec<(u64, u64)>,
 }
@@ -749,7 +719,6 @@ impl Task {
                 hash,
                 delta: (word & !ASKED).min(shape.carry_limit()),
                 shape,
-                window_us: synced.window_us(hash),
                 unconfirmed: state
                     .unconfirmed
                     .get(&(candidate.zone, hash))
@@ -783,7 +752,6 @@ impl Task {
                 hash,
                 delta: (delta & !ASKED).min(shape.carry_limit()),
                 shape,
-                window_us: self.zones[zone].window_us(hash),
                 unconfirmed: state
                     .unconfirmed
                     .get(&(zone, hash))
@@ -898,7 +866,6 @@ impl Task {
                     .arg(entry.shape.interval_ns)
                     .arg(entry.shape.capacity)
                     .arg(idle_ms)
-                    .arg(entry.window_us)
                     .arg(entry.unconfirmed.len());
                 for &(earlier, sent) in &entry.unconfirmed {
                     command.arg(earlier).arg(sent);

@@ -375,48 +375,6 @@ pub fn charge_store(
     charged.min(now_ns.saturating_add(shape.max_ahead_ns(sync_ns)))
 }
 
-/// The store's side of a sync for a sliding window zone: the fleet counts its requests per
-/// aligned window of the zone's own length (`window_ns`, one rate unit), as each instance's
-/// window does, and reports the estimate a single sliding window would make now,
-/// `previous * (W - into) / W + current`, as a lead (`* T`, capped as a bucket's TAT is).
-/// A bucket's lead that stays constant means the bucket admits its rate; an estimate that
-/// stays above `K` means a window admits more than `K` per window. So no interval's drain is
-/// granted ahead: the lead carries `K * I / W` on top of the estimate, which takes back the
-/// drain [`fleet_room_milli`] adds, and the fleet's room is `K - estimate`; what the window
-/// frees as it slides is granted at the next sync (the fleet admits what one sliding window
-/// would, one interval late).
-///
-/// ```
-/// use ratelimit_core::fleet::{window_lead_ns, FleetShape};
-///
-/// const MS: u64 = 1_000_000;
-/// let shape = FleetShape { interval_ns: 10 * MS, capacity: 100 }; // 100 per second
-/// // 60 in the previous second, 20 in this one, a quarter of the way in: 45 + 20 = 65, and
-/// // the interval's 10 that a bucket would grant ahead.
-/// assert_eq!(window_lead_ns(60, 20, 250 * MS, 1_000 * MS, &shape, 100 * MS), 750 * MS);
-/// ```
-pub fn window_lead_ns(
-    previous: u64,
-    current: u64,
-    into_window_ns: u64,
-    window_ns: u64,
-    shape: &FleetShape,
-    sync_ns: u64,
-) -> u64 {
-    let window_ns = window_ns.max(1);
-    let left = window_ns.saturating_sub(into_window_ns.min(window_ns));
-    // In thousandths of a request.
-    let estimate_milli =
-        mul_div(previous, left * MILLI, window_ns).saturating_add(current.saturating_mul(MILLI));
-    let slower_milli = mul_div(shape.capacity, sync_ns.saturating_mul(MILLI), window_ns);
-    mul_div(
-        estimate_milli.saturating_add(slower_milli),
-        shape.interval_ns,
-        MILLI,
-    )
-    .min(shape.max_ahead_ns(sync_ns))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
