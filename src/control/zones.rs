@@ -82,6 +82,8 @@ fn sync_info() -> Option<SyncInfo> {
         errors: sync.errors.load(Ordering::Relaxed),
         lag_us: sync.lag_us.load(Ordering::Relaxed),
         fallback: mode.is_fallback(),
+        keys_sent: sync.keys_pushed.load(Ordering::Relaxed),
+        bad_values: sync.bad_values.load(Ordering::Relaxed),
     })
 }
 

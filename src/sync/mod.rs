@@ -5,8 +5,8 @@
 //! `ratelimit_core::fleet`'s.
 //!
 //! * `shared`: the record as the loop names it, and the codes of its errors;
-//! * `task`: the loop thread and its Redis I/O; `cluster`: its routing for a Redis Cluster;
-//!   `tls`: the clients of `rediss://`;
+//! * `task`: the loop thread and its rounds; `link`: its connections (every byte read
+//!   bounded), `cluster`: its routing for a Redis Cluster, `tls`: TLS failures told apart;
 //! * `overrides`: the fleet's per-key overrides as the loop agrees on them with Redis; their
 //!   changes reach a worker through the store's inbox, and the worker applies them from its
 //!   watch timer through the control layer (the thread may not take a zone's lock);
@@ -17,6 +17,7 @@
 //!   calls nginx.
 
 mod cluster;
+mod link;
 mod overrides;
 mod shared;
 mod task;
@@ -38,7 +39,7 @@ use crate::control;
 use crate::glue::{now_ms, process_alive};
 use crate::store::inbox;
 use crate::store::sync_record::{self, name_seed};
-use shared::{Mode, SyncError, SyncShared};
+use shared::{Bad, Mode, SyncError, SyncShared};
 
 /// The loop thread of this process, when it owns the election.
 struct Running {
@@ -274,6 +275,7 @@ fn log_transitions(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
             SyncError::from_code(error).as_str()
         );
     }
+    log_bad_values(cycle, sync);
     let mode = sync.mode.load(Ordering::Relaxed);
     let logged = sync.logged_mode.load(Ordering::Relaxed);
     if mode == logged
@@ -300,6 +302,100 @@ fn log_transitions(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
             "rate_limit_sync: synced with Redis ({} instances seen)",
             sync.instances()
         );
+    }
+}
+
+/// Log each new value from Redis that the loop dropped (once per kind and value; repeats
+/// are only counted, in `bad_values`), by whichever worker sees it first.
+fn log_bad_values(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
+    for kind in Bad::ALL {
+        let note = &sync.bad_notes[kind as usize];
+        let count = note.count.load(Ordering::Acquire);
+        let logged = note.logged.load(Ordering::Relaxed);
+        if count == logged
+            || note
+                .logged
+                .compare_exchange(logged, count, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            continue;
+        }
+        let (value, bound) = (
+            note.value.load(Ordering::Relaxed),
+            note.bound.load(Ordering::Relaxed),
+        );
+        if logged != 0 && note.logged_value.swap(value, Ordering::Relaxed) == value {
+            continue;
+        }
+        note.logged_value.store(value, Ordering::Relaxed);
+        let zone_id = note.zone_id.load(Ordering::Relaxed);
+        let zone = RateLimitModule::main_conf(cycle).and_then(|mcf| {
+            conf::zones(mcf).find(|zone: &&ZoneConf| zone.sync && name_seed(&zone.name) == zone_id)
+        });
+        let what = bad_value_text(kind, zone, value, bound);
+        let zone_name = zone.map_or(String::new(), |zone| format!(" zone \"{}\":", zone.name));
+        ngx_log_error!(
+            NGX_LOG_WARN,
+            cycle.log,
+            "rate_limit_sync:{} Redis answered {}; dropped",
+            zone_name,
+            what
+        );
+    }
+}
+
+/// What was wrong with a dropped value, in words.
+fn bad_value_text(kind: Bad, zone: Option<&ZoneConf>, value: u64, bound: u64) -> String {
+    match kind {
+        Bad::KeyAhead => format!(
+            "a key state ahead {} us, which is out of range (at most {bound} us: two buckets \
+             and one interval)",
+            value as i64
+        ),
+        Bad::KeyCounts => format!(
+            "key counts of {} requests, which is out of range (at most {bound})",
+            value as i64
+        ),
+        Bad::Instances => format!(
+            "{} instances alive, which is out of range (1 to {})",
+            value as i64,
+            ratelimit_core::fleet_round::MAX_INSTANCES
+        ),
+        Bad::Limits | Bad::Override => {
+            let what = if kind == Bad::Limits {
+                "limits"
+            } else {
+                "an override with limits"
+            };
+            let Some(limits) = ratelimit_core::Limits::unpack(value) else {
+                return format!("{what} {value}, which packs no valid limits");
+            };
+            let reason = zone
+                .and_then(|zone| {
+                    let algorithm = zone.zone?.algorithm();
+                    ratelimit_admin::body::check_limits(
+                        &zone.name,
+                        algorithm,
+                        &limits,
+                        limits.burst != 0,
+                        0,
+                    )
+                    .err()
+                })
+                .map_or_else(String::new, |error| format!(": {error}"));
+            format!(
+                "{what} rate \"{}\" burst {} that the zone cannot take{reason}",
+                limits.rate, limits.burst
+            )
+        }
+        Bad::Version => format!(
+            "an override version {}, which is out of range",
+            value as i64
+        ),
+        Bad::ReplySize => format!(
+            "a reply larger than the exchange allows ({bound} bytes): the connection was \
+             dropped"
+        ),
     }
 }
 

@@ -2,7 +2,7 @@
 //! store, `crate::store::sync_record`, named here for the loop) and the codes of the loop's
 //! errors it leaves there for the workers to log.
 
-pub use crate::store::sync_record::{Mode, SyncShared};
+pub use crate::store::sync_record::{Bad, Mode, SyncShared};
 
 /// Why a sync round failed, as the workers log it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,10 +30,12 @@ pub enum SyncError {
     ConnectTimeout = 12,
     /// No route to the network or host.
     ConnectUnreachable = 13,
+    /// A reply larger than the exchange allows: the connection was dropped.
+    ReplyTooLarge = 14,
 }
 
 impl SyncError {
-    const ALL: [SyncError; 14] = [
+    const ALL: [SyncError; 15] = [
         SyncError::None,
         SyncError::Connect,
         SyncError::Timeout,
@@ -48,6 +50,7 @@ impl SyncError {
         SyncError::ConnectDns,
         SyncError::ConnectTimeout,
         SyncError::ConnectUnreachable,
+        SyncError::ReplyTooLarge,
     ];
 
     /// The error stored as `code` (`None` for anything else).
@@ -83,6 +86,7 @@ impl SyncError {
                  a wrong address?)"
             }
             SyncError::ConnectUnreachable => "cannot connect: network or host unreachable",
+            SyncError::ReplyTooLarge => "reply too large, connection dropped",
         }
     }
 }

@@ -57,6 +57,8 @@ pub struct SyncJson {
     pub errors: u64,
     pub lag_ms: f64,
     pub fallback: bool,
+    pub keys_sent: u64,
+    pub bad_values: u64,
 }
 
 impl From<&SyncInfo> for SyncJson {
@@ -70,6 +72,8 @@ impl From<&SyncInfo> for SyncJson {
             errors: info.errors,
             lag_ms: info.lag_us as f64 / 1000.0,
             fallback: info.fallback,
+            keys_sent: info.keys_sent,
+            bad_values: info.bad_values,
         }
     }
 }

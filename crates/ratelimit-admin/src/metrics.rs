@@ -16,7 +16,7 @@ struct Family {
     help: &'static str,
 }
 
-const FAMILIES: [Family; 15] = [
+const FAMILIES: [Family; 17] = [
     Family {
         name: "rate_limit_requests_total",
         kind: "counter",
@@ -92,6 +92,16 @@ const FAMILIES: [Family; 15] = [
         kind: "gauge",
         help: "1 while the on_failure mode is in force (sync zones only).",
     },
+    Family {
+        name: "rate_limit_sync_keys_total",
+        kind: "counter",
+        help: "Keys sent to Redis by the instance's sync rounds (sync zones only).",
+    },
+    Family {
+        name: "rate_limit_sync_bad_values_total",
+        kind: "counter",
+        help: "Values from Redis dropped for being out of bounds (sync zones only).",
+    },
 ];
 
 /// Render every zone's metrics.
@@ -159,6 +169,8 @@ fn sync_value(family: &str, sync: &SyncInfo) -> String {
         "rate_limit_sync_errors_total" => sync.errors.to_string(),
         "rate_limit_sync_lag_seconds" => format!("{:.6}", sync.lag_us as f64 / 1e6),
         "rate_limit_sync_instances" => sync.instances.to_string(),
+        "rate_limit_sync_keys_total" => sync.keys_sent.to_string(),
+        "rate_limit_sync_bad_values_total" => sync.bad_values.to_string(),
         _ => u8::from(sync.fallback).to_string(),
     }
 }
@@ -236,6 +248,8 @@ mod tests {
                 errors: 1,
                 lag_us: 1_500,
                 fallback: false,
+                keys_sent: 40,
+                bad_values: 2,
             }),
         }
     }
@@ -267,6 +281,8 @@ mod tests {
             "rate_limit_sync_lag_seconds{zone=\"one\"} 0.001500",
             "rate_limit_sync_instances{zone=\"one\"} 3",
             "rate_limit_sync_fallback{zone=\"one\"} 0",
+            "rate_limit_sync_keys_total{zone=\"one\"} 40",
+            "rate_limit_sync_bad_values_total{zone=\"one\"} 2",
             "rate_limit_keys{zone=\"t\\\"w\\\\o\\n\"} 25",
         ];
         for sample in samples {

@@ -74,6 +74,12 @@ pub struct SyncInfo {
     pub lag_us: u64,
     /// Whether the failure mode is in force.
     pub fallback: bool,
+    /// Keys sent to Redis since the instance started (a key whose pending delta stays well
+    /// inside its share needs no round trip, so this grows with what matters, not traffic).
+    pub keys_sent: u64,
+    /// Values from Redis dropped for being out of the bounds the instance computes itself
+    /// (key states, counts, limits, overrides, instances, replies too large).
+    pub bad_values: u64,
 }
 
 impl ZoneInfo {

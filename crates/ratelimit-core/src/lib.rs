@@ -26,6 +26,7 @@ pub mod decision;
 pub mod fleet;
 pub mod fleet_blocks;
 pub mod fleet_overrides;
+pub mod fleet_round;
 pub mod hint;
 pub mod history;
 pub mod key;
