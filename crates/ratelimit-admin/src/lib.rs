@@ -464,6 +464,8 @@ mod tests {
             ("log", r#"{"rate": "101r/m"}"#, 400),
             ("log", r#"{"rate": "1.5r/m"}"#, 400),
             ("two", r#"{"rate": "1r/s"}"#, 404),
+            ("one", r#"{"rate": "0.001r/d", "burst": 4194303}"#, 400),
+            ("one", r#"{"rate": "0.001r/d", "burst": 36}"#, 400),
         ];
         for (zone, body, status) in rows {
             let (got, error) = call(&zones, "PATCH", &format!("zones/{zone}"), body);
@@ -472,6 +474,38 @@ mod tests {
         }
         assert_eq!(zones[0].limits(), limits("10r/s", 5));
         assert_eq!(zones[1].limits(), limits("100r/m", 0));
+        // A bucket that would take longer than 100 years names the largest burst.
+        let (_, error) = call(
+            &zones,
+            "PATCH",
+            "zones/one",
+            r#"{"rate": "0.001r/d", "burst": 300}"#,
+        );
+        assert_eq!(
+            error["error"],
+            "burst 300 is too large for rate \"0.001r/d\" \
+             (at most 35: a leaky_bucket must drain within 100 years)"
+        );
+        assert_eq!(
+            call(
+                &zones,
+                "PATCH",
+                "zones/one",
+                r#"{"rate": "0.001r/d", "burst": 35}"#
+            )
+            .0,
+            200
+        );
+        assert_eq!(
+            call(
+                &zones,
+                "PATCH",
+                "zones/one",
+                r#"{"rate": "10r/s", "burst": 5}"#
+            )
+            .0,
+            200
+        );
         // Lowering a sliding log's N is fine; raising it back up to the configured N too.
         assert_eq!(
             call(&zones, "PATCH", "zones/log", r#"{"rate": "50r/m"}"#).0,
