@@ -1,0 +1,152 @@
+//! The worker that runs the sync loop (`rate_limit_sync`) stays an ordinary nginx worker: a
+//! reload or a shutdown never makes its event loop wait for the sync thread, and it exits
+//! when nginx would.
+//!
+//! The "Redis" here accepts connections and never answers, with `interval=10s timeout=10s`:
+//! the sync thread spends each round waiting the whole timeout.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::nginx::is_running;
+use common::Nginx;
+
+/// A TCP server on 127.0.0.1 that accepts every connection, reads what it is sent and never
+/// writes a byte: a Redis that answers nothing. Lives as long as the test process.
+fn silent_redis() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().unwrap().port();
+    thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            thread::spawn(move || {
+                let mut stream = stream;
+                let mut sink = [0u8; 4096];
+                while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+            });
+        }
+    });
+    port
+}
+
+/// One worker (so every download is served by the worker that runs the sync loop), a sync
+/// zone, and a 16 MB file sent at 1 MB/s.
+fn config(redis_port: u16) -> String {
+    format!(
+        r#"
+load_module %%MODULE%%;
+worker_processes 1;
+error_log logs/error.log info;
+events {{ worker_connections 64; }}
+http {{
+    access_log off;
+    rate_limit_sync redis://127.0.0.1:{redis_port} interval=10s timeout=10s;
+    rate_limit_zone $arg_k zone=api:1m rate=100r/s burst=20 sync;
+    server {{
+        listen 127.0.0.1:%%PORT%%;
+        root html;
+        location / {{ rate_limit zone=api nodelay; }}
+        location /slow/ {{ limit_rate 1m; alias html/; }}
+    }}
+}}
+"#
+    )
+}
+
+const FILE_BYTES: usize = 16 << 20;
+
+/// A download read as fast as it comes: its bytes and the longest pause between two reads.
+struct Download {
+    bytes: usize,
+    longest_gap: Duration,
+}
+
+/// Starts a download of `/slow/big.bin` and reads it on a thread until `until` (or its end).
+fn download(port: u16, until: Instant) -> thread::JoinHandle<Download> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream
+        .write_all(b"GET /slow/big.bin HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    thread::spawn(move || {
+        let mut buffer = vec![0u8; 64 * 1024];
+        let mut bytes = 0;
+        let mut last = Instant::now();
+        let mut longest_gap = Duration::ZERO;
+        while Instant::now() < until && bytes < FILE_BYTES {
+            match stream.read(&mut buffer) {
+                Ok(0) => break,
+                Ok(n) => {
+                    bytes += n;
+                    longest_gap = longest_gap.max(last.elapsed());
+                    last = Instant::now();
+                }
+                Err(_) => {}
+            }
+        }
+        longest_gap = longest_gap.max(last.elapsed().min(until.saturating_duration_since(last)));
+        Download { bytes, longest_gap }
+    })
+}
+
+/// Four slow downloads on the worker running the sync loop, then `nginx -s reload` while that
+/// loop waits on a silent Redis: every download keeps receiving bytes (the longest pause is
+/// a fraction of a second, not the 10 s timeout), and once they are closed the old worker
+/// exits within a second or two, not after its sync thread's timeout.
+#[test]
+fn a_reload_never_stalls_the_worker_that_runs_the_sync_loop() {
+    let redis_port = silent_redis();
+    let mut nginx = Nginx::start(&config(redis_port));
+    nginx.write_file("html/big.bin", &"x".repeat(FILE_BYTES));
+    let old_workers = nginx.worker_pids();
+    // The loop is started and already waiting on Redis.
+    thread::sleep(Duration::from_millis(500));
+
+    let until = Instant::now() + Duration::from_secs(14);
+    let downloads: Vec<_> = (0..4).map(|_| download(nginx.port(), until)).collect();
+    thread::sleep(Duration::from_secs(2));
+    let reloaded = Instant::now();
+    nginx.reload();
+    let reload_took = reloaded.elapsed();
+    let downloads: Vec<Download> = downloads.into_iter().map(|d| d.join().unwrap()).collect();
+    for (i, download) in downloads.iter().enumerate() {
+        eprintln!(
+            "download {i}: {} bytes, longest gap {:?}",
+            download.bytes, download.longest_gap
+        );
+    }
+    for (i, download) in downloads.iter().enumerate() {
+        assert!(
+            download.longest_gap < Duration::from_millis(1500),
+            "download {i} waited {:?} for bytes (the reload took {reload_took:?})",
+            download.longest_gap,
+        );
+        // 14 s at 1 MB/s, less the start: far more than the 2 s before the reload.
+        assert!(
+            download.bytes > 8 << 20,
+            "download {i} got {} bytes",
+            download.bytes
+        );
+    }
+
+    // The downloads are closed (their streams dropped): the old worker has nothing left and
+    // exits now, whatever its sync thread is waiting for.
+    let closed = Instant::now();
+    let old = old_workers[0];
+    while is_running(old) && closed.elapsed() < Duration::from_secs(20) {
+        thread::sleep(Duration::from_millis(20));
+    }
+    let exit_after = closed.elapsed();
+    assert!(!is_running(old), "the old worker {old} is still running");
+    assert!(
+        exit_after < Duration::from_secs(3),
+        "the old worker exited {exit_after:?} after its last connection closed"
+    );
+    let log = nginx.error_log();
+    assert!(!log.contains("[alert]"), "{log}");
+}
