@@ -4,11 +4,11 @@
 //! `ffi.C`. The ABI is versioned ([`ABI_VERSION`]) and documented in `docs/lua.md`; the Lua
 //! side declares the same structs and checks the version before its first call.
 //!
-//! Every function takes the request (`ngx_http_request_t *`, from
+//! A front door: every function takes the request (`ngx_http_request_t *`, from
 //! `resty.core.base.get_request()`) and reaches the zone through the module's http main
-//! configuration, by name. Decisions then go through the directive's own steps
-//! (`handler::find_slot`, `handler::effective_policy`, `Zone::decide`, the zone counters), so
-//! a Lua location and a `rate_limit` location share state and decide alike.
+//! configuration, by name. Decisions then go through the pipeline the directive uses
+//! (`crate::control::decide`), so a Lua location and a `rate_limit` location share state and
+//! decide alike; changes of limits go through `crate::control::zones`.
 //!
 //! No panic may cross `extern "C"`: each body runs under `catch_unwind` and answers
 //! [`Status::Internal`] if it panics. Pointers are checked before use; errors are negative
@@ -18,14 +18,15 @@ use core::ffi::c_int;
 use core::ptr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use ngx::ffi::{ngx_http_request_t, ngx_log_t};
+use ngx::ffi::ngx_http_request_t;
 use ngx::http::HttpModuleMainConf;
-use ratelimit_core::{Algorithm, Decision, DelayMode, LimitSpec, Limits, Outcome, Rate};
+use ratelimit_core::{Decision, DelayMode, LimitSpec, Limits, Outcome, Rate};
 
+use crate::conf::RateLimitModule;
 use crate::conf::{LimitConf, MainConf, ZoneConf};
-use crate::handler::{self, MAX_KEY_BYTES};
-use crate::zone::{Counter, Zone};
-use crate::RateLimitModule;
+use crate::control::decide::{self, Applied, AppliedLimit, Charge};
+use crate::glue::{connection_log, now_ns};
+use crate::store::{Zone, MAX_KEY_BYTES};
 
 /// Bumped whenever a struct or a function signature below changes.
 pub const ABI_VERSION: c_int = 1;
@@ -101,7 +102,7 @@ impl From<Decision> for LuaDecision {
 }
 
 impl LuaOptions {
-    /// The `rate_limit` line these options stand for, for `handler::effective_policy`.
+    /// The `rate_limit` line these options stand for.
     fn limit_conf(&self, zone_conf: &ZoneConf) -> Result<LimitConf, Status> {
         let delay = match self.delay_mode {
             DELAY_ALL => DelayMode::Delay,
@@ -118,11 +119,7 @@ impl LuaOptions {
                     .ok_or(Status::BadArgument)?,
             ),
         };
-        let sliding = matches!(
-            zone_conf.algorithm,
-            Algorithm::SlidingLog | Algorithm::SlidingWindow
-        );
-        if burst.is_some() && sliding {
+        if burst.is_some() && !zone_conf.algorithm.takes_burst() {
             return Err(Status::BurstNotUsed);
         }
         if self.cost == 0 {
@@ -209,16 +206,9 @@ fn request<'r>(r: *mut ngx_http_request_t) -> Result<&'r ngx_http_request_t, Sta
     Ok(r)
 }
 
-fn connection_log(r: &ngx_http_request_t) -> *mut ngx_log_t {
-    // SAFETY: `request` checked the connection; a live connection has a log.
-    unsafe { (*r.connection).log }
-}
-
 /// A key, its zone and the options, resolved as the directive resolves a request's.
 struct Target<'r> {
-    zone: &'r Zone,
-    found: handler::Found<'r>,
-    limit: LimitConf,
+    applied: Applied<'r>,
     now_ns: u64,
 }
 
@@ -245,23 +235,13 @@ unsafe fn target<'r>(
         return Err(Status::KeyTooLong);
     }
     let limit = opts.limit_conf(zone_conf)?;
-    let now_ns = handler::now_ns();
-    let (found, evicted) = handler::find_slot(zone_conf, zone, key, now_ns);
+    let now_ns = now_ns();
+    let (found, evicted) = decide::find(zone_conf, zone, key, now_ns);
     if evicted {
-        handler::log_zone_full(&found, now_ns, connection_log(r));
+        found.log_zone_full(now_ns, connection_log(r));
     }
-    Ok(Target {
-        zone,
-        found,
-        limit,
-        now_ns,
-    })
-}
-
-impl Target<'_> {
-    fn policy(&self) -> Result<ratelimit_core::Policy, Status> {
-        handler::effective_policy(self.zone, &self.limit, self.found.hash).ok_or(Status::Internal)
-    }
+    let applied = Applied::new(found, &limit).ok_or(Status::Internal)?;
+    Ok(Target { applied, now_ns })
 }
 
 /// The ABI version this module exports; `resty.rate_limit` refuses to run on another.
@@ -346,19 +326,18 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_incoming(
         let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts) }?;
         // SAFETY: a non-null `out` is writable (the caller's contract).
         let out = unsafe { out.as_mut() }.ok_or(Status::BadArgument)?;
-        let policy = target.policy()?;
-        let commit = commit != 0;
-        let decision = target
-            .zone
-            .decide(target.found.slot, target.now_ns, &policy, commit);
-        if commit {
-            target.zone.count(match decision.outcome {
-                Outcome::Passed => Counter::Passed,
-                Outcome::Delayed => Counter::Delayed,
-                Outcome::Rejected => Counter::Rejected,
-            });
+        let charge = if commit != 0 {
+            Charge::Now
+        } else {
+            Charge::Peek
+        };
+        let limits = &mut [AppliedLimit::new(target.applied, None)];
+        let verdict = decide::decide(limits, target.now_ns, charge);
+        if charge == Charge::Now {
+            // Lua keeps no top keys: nothing more to record than the counters.
+            decide::account(limits, &verdict, false, |_, _| {});
         }
-        *out = decision.into();
+        *out = verdict.decision.into();
         Ok(())
     })
 }
@@ -379,10 +358,7 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_uncommit(
     guarded(|| {
         // SAFETY: the caller's contract.
         let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts) }?;
-        let policy = target.policy()?;
-        target
-            .zone
-            .uncommit(target.found.slot, target.now_ns, &policy);
+        target.applied.uncommit(target.now_ns);
         Ok(())
     })
 }
@@ -407,13 +383,16 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_state(
         let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts) }?;
         // SAFETY: a non-null `out` is writable (the caller's contract).
         let out = unsafe { out.as_mut() }.ok_or(Status::BadArgument)?;
-        let policy = target.policy()?;
-        let (slot, now_ns) = (target.found.slot, target.now_ns);
-        let next = target.zone.decide(slot, now_ns, &policy, false);
-        let standing = target.zone.standing(slot, now_ns, &policy);
+        let Target {
+            mut applied,
+            now_ns,
+        } = target;
+        let next = applied.decide(now_ns, false);
+        applied.stand(now_ns);
+        let (zone, slot, limits) = (applied.zone, applied.slot, &applied.policy.limits);
         *out = LuaDecision {
-            remaining: standing.remaining,
-            reset_ns: target.zone.time_to_fresh_ns(slot, &policy.limits, now_ns),
+            remaining: applied.decision.remaining,
+            reset_ns: zone.time_to_fresh_ns(slot, limits, now_ns),
             ..next.into()
         };
         Ok(())
@@ -451,7 +430,7 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_set_limits(
             unsafe { write_error(err, err_len, &message) };
             Status::Refused
         };
-        // What a PATCH body with these fields parses to; the API's checks follow in patch_zone.
+        // What a PATCH body with these fields parses to; the API's checks follow.
         let mut patch = ratelimit_admin::body::LimitsBody::default();
         if !rate.is_empty() {
             let text = String::from_utf8_lossy(rate);
@@ -474,7 +453,7 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_set_limits(
                 ))
             })?);
         }
-        crate::admin::patch_zone(mcf, &zone_conf.name, &patch, connection_log(r))
+        crate::control::zones::patch_zone(mcf, &zone_conf.name, &patch, connection_log(r))
             .map_err(|error| refused(error.to_string()))
     })
 }

@@ -19,54 +19,14 @@ use std::time::Duration;
 use common::{get, send, Connection, Nginx, Request, Response};
 use serde_json::{json, Value};
 
-/// Two workers, four zones (one per algorithm), a write and a read-only admin location.
-/// `@GLOBAL@` and `@HTTP@` take extra main-level and http-level directives.
-const TEMPLATE: &str = r#"
-load_module %%MODULE%%;
-worker_processes 2;
-error_log logs/error.log notice;
-@GLOBAL@
-events { worker_connections 256; }
-http {
-    access_log off;
-    @HTTP@
-    rate_limit_zone $http_x_key zone=one:1m rate=1r/m;
-    rate_limit_zone $http_x_key zone=bucket:1m rate=1r/m burst=2 algorithm=token_bucket;
-    rate_limit_zone $http_x_key zone=log:1m rate=10r/m algorithm=sliding_log;
-    rate_limit_zone $http_x_key zone=window:1m rate=10r/m algorithm=sliding_window;
-
-    server {
-        listen 127.0.0.1:%%PORT%% reuseport;
-        root html;
-        add_header X-Pid $pid always;
-
-        location / {
-            rate_limit zone=one nodelay;
-        }
-        location /bucket/ {
-            rate_limit zone=bucket;
-            alias html/;
-        }
-        location /log/ {
-            rate_limit zone=log;
-            alias html/;
-        }
-        location /ratelimit/ {
-            rate_limit_admin write=on;
-        }
-        location /readonly/ {
-            rate_limit_admin;
-        }
-    }
-}
-"#;
-
+/// The admin tests' config (`common::admin::admin_api`) with lines of the main context
+/// (`global`) and of the `http` block.
 fn config(global: &str, http: &str) -> String {
-    TEMPLATE.replace("@GLOBAL@", global).replace("@HTTP@", http)
+    common::admin::admin_api().main(global).http(http).build()
 }
 
 fn start() -> Nginx {
-    Nginx::start(&config("", ""))
+    common::admin::admin_api().start()
 }
 
 /// An admin request on a new connection; the body is JSON when there is one.

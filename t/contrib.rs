@@ -6,35 +6,22 @@ mod common;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use common::{get, Nginx, Request};
+use common::{get, Request};
 use serde_json::Value;
 
-const CONFIG: &str = r#"
-load_module %%MODULE%%;
-worker_processes 1;
-error_log logs/error.log notice;
-events { worker_connections 64; }
-http {
-    access_log off;
-    rate_limit_zone $http_x_key zone=one:1m rate=1r/m;
-    # A sync zone, so that the rate_limit_sync_* families are exported; nothing listens on
-    # the Redis port, and nginx runs in the on_failure mode.
-    rate_limit_sync redis://127.0.0.1:%%PORT2%% interval=100ms;
-    rate_limit_zone $http_x_key zone=fleet:1m rate=1r/m sync;
-
-    server {
-        listen 127.0.0.1:%%PORT%%;
-        root html;
-
-        location / {
-            rate_limit zone=one nodelay;
-        }
-        location /ratelimit/ {
-            rate_limit_admin;
-        }
-    }
+/// One worker, a zone on `/` and a read-only admin location; a sync zone, so that the
+/// rate_limit_sync_* families are exported (nothing listens on the Redis port, and nginx runs
+/// in the on_failure mode).
+fn config() -> common::Config {
+    common::config()
+        .workers(1)
+        .error_log("notice")
+        .http("rate_limit_zone $http_x_key zone=one:1m rate=1r/m;")
+        .http("rate_limit_sync redis://127.0.0.1:%%PORT2%% interval=100ms;")
+        .http("rate_limit_zone $http_x_key zone=fleet:1m rate=1r/m sync;")
+        .locations("location / { rate_limit zone=one nodelay; }")
+        .locations("location /ratelimit/ { rate_limit_admin; }")
 }
-"#;
 
 fn contrib(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -94,7 +81,7 @@ fn outcomes(expr: &str) -> Vec<String> {
 
 #[test]
 fn contrib_queries_name_exported_metrics() {
-    let nginx = Nginx::start(CONFIG);
+    let nginx = config().start();
     for _ in 0..2 {
         common::send(nginx.port(), &Request::get("/").header("X-Key", "k"));
     }

@@ -10,46 +10,9 @@ mod webdriver;
 
 use std::path::PathBuf;
 
-use common::{send, Nginx, Request};
+use common::{key_statuses, send, Nginx, Request};
 use serde_json::Value;
 use webdriver::Browser;
-
-const CONFIG: &str = r#"
-load_module %%MODULE%%;
-worker_processes 2;
-error_log logs/error.log notice;
-events { worker_connections 256; }
-http {
-    access_log off;
-    rate_limit_zone $http_x_key zone=one:1m rate=1r/m;
-    rate_limit_zone $http_x_key zone=window:1m rate=10r/m algorithm=sliding_window;
-
-    server {
-        listen 127.0.0.1:%%PORT%% reuseport;
-        root html;
-
-        location / {
-            rate_limit zone=one nodelay;
-        }
-        location /window/ {
-            rate_limit zone=window;
-            alias html/;
-        }
-        location /ratelimit/ {
-            rate_limit_admin write=on;
-        }
-        location /readonly/ {
-            rate_limit_admin;
-        }
-    }
-}
-"#;
-
-fn statuses(nginx: &Nginx, key: &str, requests: usize) -> Vec<u16> {
-    (0..requests)
-        .map(|_| send(nginx.port(), &Request::get("/").header("X-Key", key)).status)
-        .collect()
-}
 
 fn screenshot_path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -68,7 +31,7 @@ fn api(nginx: &Nginx, path: &str) -> Value {
 
 #[test]
 fn dashboard_in_a_real_browser() {
-    let nginx = Nginx::start(CONFIG);
+    let nginx = common::admin::dashboard().start();
     nginx.write_file("html/index.html", "ok");
     let browser = Browser::start();
     let base = format!("http://127.0.0.1:{}", nginx.port());
@@ -91,8 +54,11 @@ fn dashboard_in_a_real_browser() {
     assert_eq!(browser.text(&browser.find("#mode")), "changes allowed");
 
     // Traffic: the page's totals, chart and top keys follow.
-    assert_eq!(statuses(&nginx, "greedy", 5), [200, 429, 429, 429, 429]);
-    assert_eq!(statuses(&nginx, "modest", 2), [200, 429]);
+    assert_eq!(
+        key_statuses(nginx.port(), "/", "greedy", 5),
+        [200, 429, 429, 429, 429]
+    );
+    assert_eq!(key_statuses(nginx.port(), "/", "modest", 2), [200, 429]);
     browser.wait_for("4 + 1 rejections", |b| {
         (zone_text(b, "one", "total-rejected") == "5").then_some(())
     });
@@ -123,7 +89,10 @@ fn dashboard_in_a_real_browser() {
     browser.screenshot(&screenshot_path("dashboard-traffic"));
 
     // Change the rate through the page: 1r/m to a million a second.
-    assert_eq!(statuses(&nginx, "before", 3), [200, 429, 429]);
+    assert_eq!(
+        key_statuses(nginx.port(), "/", "before", 3),
+        [200, 429, 429]
+    );
     let rate_input = browser.find("section[data-zone=\"one\"] .rate-input");
     browser.type_into(&rate_input, "1000000r/s");
     browser.click(&browser.find("section[data-zone=\"one\"] .apply-limits"));
@@ -138,7 +107,7 @@ fn dashboard_in_a_real_browser() {
     assert_eq!(api(&nginx, "zones/one")["rate"], "1000000r/s");
     // One request per microsecond at most: sequential requests over new connections, each
     // far longer than that, all pass now.
-    assert_eq!(statuses(&nginx, "after", 5), [200; 5]);
+    assert_eq!(key_statuses(nginx.port(), "/", "after", 5), [200; 5]);
     browser.screenshot(&screenshot_path("dashboard-changed"));
 
     // Override a top key from its row, then remove the override, each confirmed.
@@ -160,15 +129,15 @@ fn dashboard_in_a_real_browser() {
             .any(|row| row.starts_with("greedy 1r/m burst 0"))
             .then_some(())
     });
-    assert_eq!(statuses(&nginx, "greedy", 2), [200, 429]);
-    assert_eq!(statuses(&nginx, "other", 2), [200, 200]);
+    assert_eq!(key_statuses(nginx.port(), "/", "greedy", 2), [200, 429]);
+    assert_eq!(key_statuses(nginx.port(), "/", "other", 2), [200, 200]);
     browser.click(&browser.find(&format!("{one} table.override-list .remove-override")));
     browser.click(&browser.find(&format!("{one} .confirm-yes")));
     browser.wait_for("no override", |b| {
         let rows = b.texts(&format!("{one} table.override-list tr"));
         (rows == ["none"]).then_some(())
     });
-    assert_eq!(statuses(&nginx, "greedy", 2), [200, 200]);
+    assert_eq!(key_statuses(nginx.port(), "/", "greedy", 2), [200, 200]);
     // A zone whose JSON has a `sync` object (cluster sync) shows each of its fields; the
     // zones here have none, so the renderer is fed one, and the next poll clears it again.
     let sync = browser.script(

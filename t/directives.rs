@@ -9,19 +9,9 @@ mod common;
 
 use common::{check_config, get, start_request, Connection, Nginx, Request, Response};
 
-/// A whole nginx.conf with the module loaded; `HTTP` is the body of the `http` block.
-const TEMPLATE: &str = r#"
-load_module %%MODULE%%;
-error_log logs/error.log info;
-events { worker_connections 64; }
-http {
-    access_log off;
-    HTTP
-}
-"#;
-
+/// A whole nginx.conf with the module loaded; `http` is the body of the `http` block.
 fn config(http: &str) -> String {
-    TEMPLATE.replace("HTTP", http)
+    common::config().no_server().http(http).build()
 }
 
 /// A server on `%%PORT%%` whose every location is a static file, for `nginx -t` cases.
@@ -110,6 +100,27 @@ fn nginx_t_refuses_bad_configuration() {
             "status above 599",
             format!("{zone}\n{}", server("rate_limit_status 600;")),
             "invalid status \"600\": value must be between 400 and 599",
+        ),
+        // nginx's own setters read these three: their errors are nginx's own words.
+        (
+            "status not a number",
+            format!("{zone}\nrate_limit_status abc;"),
+            "\"rate_limit_status\" directive invalid number",
+        ),
+        (
+            "dry run neither on nor off",
+            format!("{zone}\nrate_limit_dry_run maybe;"),
+            "invalid value \"maybe\" in \"rate_limit_dry_run\" directive, it must be \"on\" or \"off\"",
+        ),
+        (
+            "headers set twice",
+            format!("{zone}\n{}", server("rate_limit_headers on; rate_limit_headers off;")),
+            "\"rate_limit_headers\" directive is duplicate",
+        ),
+        (
+            "unknown log level",
+            format!("{zone}\nrate_limit_log_level loud;"),
+            "invalid value \"loud\"",
         ),
         (
             "global= with a leaky_bucket user zone",

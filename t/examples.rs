@@ -8,7 +8,7 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{get, Connection, Nginx, Response};
+use common::{get, statuses, Connection, Nginx, Response};
 
 fn examples_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("nginx-conf")
@@ -23,10 +23,6 @@ fn example(name: &str) -> String {
 fn burst(port: u16, path: &str, count: usize) -> Vec<Response> {
     let mut connection = Connection::open(port);
     (0..count).map(|_| connection.get(path)).collect()
-}
-
-fn statuses(responses: &[Response]) -> Vec<u16> {
-    responses.iter().map(|r| r.status).collect()
 }
 
 fn total_elapsed(responses: &[Response]) -> Duration {

@@ -14,29 +14,10 @@ use std::time::Duration;
 
 use common::{Connection, Nginx, Request, Response};
 
-/// A whole nginx.conf with the module loaded; `HTTP` is the rest of the `http` block and
-/// `LOCATIONS` the locations of its one server on `%%PORT%%`, which serves `html/`.
-const TEMPLATE: &str = r#"
-load_module %%MODULE%%;
-error_log logs/error.log info;
-events { worker_connections 64; }
-http {
-    access_log off;
-    HTTP
-    server {
-        listen 127.0.0.1:%%PORT%%;
-        root html;
-        LOCATIONS
-    }
-}
-"#;
-
+/// nginx with the module; `http` is the rest of the `http` block and `locations` the
+/// locations of its one server on `%%PORT%%`, which serves `html/`.
 fn start(http: &str, locations: &str) -> Nginx {
-    Nginx::start(
-        &TEMPLATE
-            .replace("HTTP", http)
-            .replace("LOCATIONS", locations),
-    )
+    common::config().http(http).locations(locations).start()
 }
 
 /// Each location `/NAME/` gets an `index.html`.

@@ -16,37 +16,23 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{
-    describe, run_timeline, send, start_request, Connection, Nginx, Outcome, Request, Response,
-    Step,
+    describe, run_timeline, send, start_request, statuses, Connection, Nginx, Outcome, Request,
+    Response, Step,
 };
 
-/// A whole nginx.conf with the module loaded; `HTTP` is the rest of the `http` block and
-/// `LOCATIONS` the locations of its one server on `%%PORT%%`, which serves `html/`. Every
-/// response says `$rate_limit_status` in `X-Status`; the access log has `uri status
-/// rate_limit_status` lines.
-const TEMPLATE: &str = r#"
-load_module %%MODULE%%;
-error_log logs/error.log info;
-events { worker_connections 64; }
-http {
-    log_format rl '$uri $status $rate_limit_status';
-    access_log logs/access.log rl;
-    HTTP
-    server {
-        listen 127.0.0.1:%%PORT%%;
-        root html;
-        add_header X-Status $rate_limit_status always;
-        LOCATIONS
-    }
-}
-"#;
-
+/// nginx with the module; `http` is the rest of the `http` block and `locations` the
+/// locations of its one server on `%%PORT%%`, which serves `html/`. Every response says
+/// `$rate_limit_status` in `X-Status`; the access log has `uri status rate_limit_status`
+/// lines.
 fn start(http: &str, locations: &str) -> Nginx {
-    Nginx::start(
-        &TEMPLATE
-            .replace("HTTP", http)
-            .replace("LOCATIONS", locations),
-    )
+    common::config()
+        .access_log(
+            "log_format rl '$uri $status $rate_limit_status';\naccess_log logs/access.log rl;",
+        )
+        .http(http)
+        .server("add_header X-Status $rate_limit_status always;")
+        .locations(locations)
+        .start()
 }
 
 /// Served "at once": an undelayed response takes a few milliseconds, the shortest delay here
@@ -57,10 +43,6 @@ const DELAY_TOLERANCE_MS: i64 = 200;
 
 fn keyed(path: &str, key: &str) -> Request {
     Request::get(path).header("X-Key", key)
-}
-
-fn statuses(responses: &[Response]) -> Vec<u16> {
-    responses.iter().map(|r| r.status).collect()
 }
 
 fn limit_status(response: &Response) -> &str {

@@ -11,6 +11,7 @@ mod common;
 
 use std::path::Path;
 
+use common::config::MODULE;
 use common::{get, nginx_binary, start_request, Nginx, Request};
 
 const DEBIAN_NGINX: &str = "/usr/sbin/nginx";
@@ -19,45 +20,10 @@ const LUA_MODULE: &str = "/usr/lib/nginx/modules/ngx_http_lua_module.so";
 
 /// The two `load_module` orders: Debian's (NDK, Lua, then ours: `10-mod-http-ndk.conf`,
 /// `50-mod-http-lua.conf`, `50-mod-http-rate-limit.conf`) and ours first.
-const ORDERS: [&str; 2] = [
-    "load_module NDK;\nload_module LUA;\nload_module %%MODULE%%;",
-    "load_module %%MODULE%%;\nload_module NDK;\nload_module LUA;",
+const ORDERS: [[&str; 3]; 2] = [
+    [NDK_MODULE, LUA_MODULE, MODULE],
+    [MODULE, NDK_MODULE, LUA_MODULE],
 ];
-
-/// `LOAD` is one of [`ORDERS`]; `/limited/` records in `access_by_lua` the status variable and
-/// how long the request had waited since nginx read it, and answers both from
-/// `content_by_lua`; `/count` says how many requests reached `access_by_lua`.
-const TEMPLATE: &str = r#"
-LOAD
-error_log logs/error.log info;
-events { worker_connections 64; }
-http {
-    access_log off;
-    lua_shared_dict counts 1m;
-    RATE_LIMIT_ZONE
-    server {
-        listen 127.0.0.1:%%PORT%%;
-        location /limited/ {
-            RATE_LIMIT
-            access_by_lua_block {
-                ngx.shared.counts:incr("access", 1, 0)
-                ngx.update_time()
-                ngx.ctx.access_status = ngx.var.rate_limit_status
-                ngx.ctx.waited_s = ngx.now() - ngx.req.start_time()
-            }
-            content_by_lua_block {
-                ngx.say(ngx.ctx.access_status, " ", ngx.var.rate_limit_status, " ",
-                        string.format("%.3f", ngx.ctx.waited_s))
-            }
-        }
-        location = /count {
-            content_by_lua_block {
-                ngx.say(ngx.shared.counts:get("access") or 0)
-            }
-        }
-    }
-}
-"#;
 
 /// Whether the suite runs against Debian's nginx, for which Debian's Lua module is built.
 /// Prints why not otherwise. Panics when it does but the Lua module is not installed.
@@ -80,14 +46,35 @@ fn lua_available() -> bool {
     true
 }
 
-fn start(load: &str, zone: &str, limit: &str) -> Nginx {
-    let load = load.replace("NDK", NDK_MODULE).replace("LUA", LUA_MODULE);
-    Nginx::start(
-        &TEMPLATE
-            .replace("LOAD", &load)
-            .replace("RATE_LIMIT_ZONE", zone)
-            .replace("RATE_LIMIT", limit),
-    )
+/// `load` is one of [`ORDERS`]; `/limited/` records in `access_by_lua` the status variable
+/// and how long the request had waited since nginx read it, and answers both from
+/// `content_by_lua`; `/count` says how many requests reached `access_by_lua`.
+fn start(load: &[&str], zone: &str, limit: &str) -> Nginx {
+    common::config()
+        .load_order(load)
+        .http("lua_shared_dict counts 1m;")
+        .http(zone)
+        .locations(&format!(
+            r#"location /limited/ {{
+    {limit}
+    access_by_lua_block {{
+        ngx.shared.counts:incr("access", 1, 0)
+        ngx.update_time()
+        ngx.ctx.access_status = ngx.var.rate_limit_status
+        ngx.ctx.waited_s = ngx.now() - ngx.req.start_time()
+    }}
+    content_by_lua_block {{
+        ngx.say(ngx.ctx.access_status, " ", ngx.var.rate_limit_status, " ",
+                string.format("%.3f", ngx.ctx.waited_s))
+    }}
+}}
+location = /count {{
+    content_by_lua_block {{
+        ngx.say(ngx.shared.counts:get("access") or 0)
+    }}
+}}"#
+        ))
+        .start()
 }
 
 /// `(status seen by access_by_lua, status seen by content_by_lua, seconds waited before
@@ -111,27 +98,27 @@ fn a_rejected_request_never_reaches_access_by_lua() {
     }
     for load in ORDERS {
         let nginx = start(
-            load,
+            &load,
             "rate_limit_zone $binary_remote_addr zone=lua:1m rate=1r/m;",
             "rate_limit zone=lua;",
         );
         let first = get(nginx.port(), "/limited/");
-        assert_eq!(first.status, 200, "{load}: {first:?}");
+        assert_eq!(first.status, 200, "{load:?}: {first:?}");
         let (access_status, content_status, _) = lua_view(&first.text());
         assert_eq!(
             (access_status.as_str(), content_status.as_str()),
             ("PASSED", "PASSED"),
-            "{load}"
+            "{load:?}"
         );
         for _ in 0..2 {
             let rejected = get(nginx.port(), "/limited/");
-            assert_eq!(rejected.status, 429, "{load}: {rejected:?}");
+            assert_eq!(rejected.status, 429, "{load:?}: {rejected:?}");
         }
         let count = get(nginx.port(), "/count");
         assert_eq!(
             count.text().trim(),
             "1",
-            "{load}: access_by_lua ran for a rejection"
+            "{load:?}: access_by_lua ran for a rejection"
         );
     }
 }
@@ -147,7 +134,7 @@ fn a_delayed_request_is_delayed_before_access_by_lua() {
     }
     for load in ORDERS {
         let nginx = start(
-            load,
+            &load,
             "rate_limit_zone $binary_remote_addr zone=lua:1m rate=2r/s burst=5;",
             "rate_limit zone=lua;",
         );
@@ -158,7 +145,7 @@ fn a_delayed_request_is_delayed_before_access_by_lua() {
             .into_iter()
             .map(|request| {
                 let response = request.finish();
-                assert_eq!(response.status, 200, "{load}: {response:?}");
+                assert_eq!(response.status, 200, "{load:?}: {response:?}");
                 lua_view(&response.text())
             })
             .collect();
@@ -170,17 +157,17 @@ fn a_delayed_request_is_delayed_before_access_by_lua() {
         );
         assert!(
             *waited_s < 0.25,
-            "{load}: the first request waited {waited_s} s"
+            "{load:?}: the first request waited {waited_s} s"
         );
         for (access_status, content_status, waited_s) in &views[1..] {
             assert_eq!(
                 (access_status.as_str(), content_status.as_str()),
                 ("DELAYED", "DELAYED"),
-                "{load}"
+                "{load:?}"
             );
             assert!(
                 *waited_s >= 0.35,
-                "{load}: a delayed request reached access_by_lua after {waited_s} s: {views:?}"
+                "{load:?}: a delayed request reached access_by_lua after {waited_s} s: {views:?}"
             );
         }
     }

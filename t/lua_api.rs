@@ -31,36 +31,21 @@ fn lua_modules_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/usr/lib/nginx/modules"))
 }
 
-/// A whole nginx.conf: the Lua modules and ours, `WORKERS` workers, `HTTP` in the http block
-/// and `LOCATIONS` in its one server, which says which worker answered in `X-Pid`.
-const TEMPLATE: &str = r#"
-load_module LUA_DIR/ndk_http_module.so;
-load_module LUA_DIR/ngx_http_lua_module.so;
-load_module %%MODULE%%;
-worker_processes WORKERS;
-error_log logs/error.log info;
-events { worker_connections 256; }
-http {
-    access_log off;
-    lua_package_path "LUA_LIB/?.lua;;";
-    HTTP
-    server {
-        listen 127.0.0.1:%%PORT%% reuseport;
-        root html;
-        add_header X-Pid $pid always;
-        LOCATIONS
-    }
-}
-"#;
-
+/// A whole nginx.conf: the Lua modules and ours, `workers` workers, `http` in the http block
+/// and `locations` in its one server, which says which worker answered in `X-Pid`.
 fn config(workers: usize, http: &str, locations: &str) -> String {
     let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("lib");
-    TEMPLATE
-        .replace("LUA_DIR", &lua_modules_dir().display().to_string())
-        .replace("LUA_LIB", &lib.display().to_string())
-        .replace("WORKERS", &workers.to_string())
-        .replace("HTTP", http)
-        .replace("LOCATIONS", locations)
+    let modules = lua_modules_dir();
+    common::config()
+        .load(&modules.join("ndk_http_module.so").display().to_string())
+        .load(&modules.join("ngx_http_lua_module.so").display().to_string())
+        .workers(workers)
+        .reuseport()
+        .http(&format!("lua_package_path \"{}/?.lua;;\";", lib.display()))
+        .http(http)
+        .server("add_header X-Pid $pid always;")
+        .locations(locations)
+        .build()
 }
 
 /// Debian's nginx, for which Debian's Lua modules are built.
@@ -622,7 +607,8 @@ fn readme_examples() -> Vec<(String, String)> {
         .collect()
 }
 
-fn statuses(nginx: &Nginx, paths: &[&str]) -> Vec<u16> {
+/// The statuses of GETs of `paths`, one after the other, each on a new connection.
+fn path_statuses(nginx: &Nginx, paths: &[&str]) -> Vec<u16> {
     paths.iter().map(|path| get(nginx, path).status).collect()
 }
 
@@ -686,7 +672,7 @@ fn readme_migration_examples_run() {
             "/combined" => {
                 // ann's third request is refused by her limit and takes nothing from the
                 // server's 3 tokens, so bob gets the third; carl finds none left.
-                let got = statuses(
+                let got = path_statuses(
                     &nginx,
                     &[
                         "/combined?user=ann",
@@ -700,12 +686,15 @@ fn readme_migration_examples_run() {
             }
             "/upload" => {
                 let paths = ["/upload?token=t"; 6];
-                assert_eq!(statuses(&nginx, &paths), [200, 200, 200, 200, 200, 429]);
+                assert_eq!(
+                    path_statuses(&nginx, &paths),
+                    [200, 200, 200, 200, 200, 429]
+                );
             }
             "/pooled" => {
                 // ann: her 2 tokens and the pool's 3 (each request takes one of each while
                 // there are), then none; bob: his own 2 only.
-                let got = statuses(
+                let got = path_statuses(
                     &nginx,
                     &[
                         "/pooled?user=ann",

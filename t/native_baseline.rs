@@ -15,32 +15,23 @@ use common::{
     check_config, describe, get, run_timeline, statuses, Connection, Nginx, Request, Step,
 };
 
-/// A config whose `/index.html` is limited by `limit_req LIMIT` in zone `one` (`ZONE` holds
-/// the zone's rate), keyed by client address.
-const TEMPLATE: &str = r#"
-worker_processes 2;
-error_log logs/error.log info;
-events { worker_connections 64; }
-http {
-    log_format status '$uri $status';
-    access_log logs/access.log status;
-    limit_req_zone $binary_remote_addr zone=one:1m ZONE;
-    EXTRA
-    server {
-        listen 127.0.0.1:%%PORT%%;
-        add_header X-Pid $pid always;
-        location = /index.html {
-            limit_req zone=one LIMIT;
-        }
-    }
-}
-"#;
-
+/// nginx alone (no module), two workers: `/index.html` is limited by `limit_req {limit}` in
+/// zone `one` (`zone` holds the zone's rate), keyed by client address; `extra` goes into the
+/// `http` block.
 fn config(zone: &str, limit: &str, extra: &str) -> String {
-    TEMPLATE
-        .replace("ZONE", zone)
-        .replace("LIMIT", limit)
-        .replace("EXTRA", extra)
+    common::config()
+        .without_module()
+        .workers(2)
+        .access_log("log_format status '$uri $status';\naccess_log logs/access.log status;")
+        .http(&format!(
+            "limit_req_zone $binary_remote_addr zone=one:1m {zone};"
+        ))
+        .http(extra)
+        .server("add_header X-Pid $pid always;")
+        .locations(&format!(
+            "location = /index.html {{ limit_req zone=one {limit}; }}"
+        ))
+        .build()
 }
 
 /// A request is "immediate" well under any delay used here (the shortest is about 450 ms).

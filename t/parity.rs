@@ -151,41 +151,29 @@ const SCENARIOS: &[Scenario] = &[
 /// One server with a location per scenario and side: `/limit_req/NAME` and, with the module,
 /// `/rate_limit/NAME`. Both sides answer rejections with 429.
 fn config(with_module: bool) -> String {
-    let mut zones = String::new();
-    let mut locations = String::new();
+    let mut config = common::config()
+        .workers(2)
+        .http("limit_req_status 429;")
+        .server("add_header X-Pid $pid always;");
+    if !with_module {
+        config = config.without_module();
+    }
     for s in SCENARIOS {
         let (name, zone, limit) = (s.name, s.zone, s.limit);
-        zones += &format!("    limit_req_zone $http_x_key zone=limit_req_{name}:1m {zone};\n");
-        locations += &format!(
-            "        location = /limit_req/{name} {{ limit_req zone=limit_req_{name} {limit}; empty_gif; }}\n"
-        );
+        config = config
+            .http(&format!("limit_req_zone $http_x_key zone=limit_req_{name}:1m {zone};"))
+            .locations(&format!(
+                "location = /limit_req/{name} {{ limit_req zone=limit_req_{name} {limit}; empty_gif; }}"
+            ));
         if with_module {
-            zones +=
-                &format!("    rate_limit_zone $http_x_key zone=rate_limit_{name}:1m {zone};\n");
-            locations += &format!(
-                "        location = /rate_limit/{name} {{ rate_limit zone=rate_limit_{name} {limit}; empty_gif; }}\n"
-            );
+            config = config
+                .http(&format!("rate_limit_zone $http_x_key zone=rate_limit_{name}:1m {zone};"))
+                .locations(&format!(
+                    "location = /rate_limit/{name} {{ rate_limit zone=rate_limit_{name} {limit}; empty_gif; }}"
+                ));
         }
     }
-    let load_module = if with_module {
-        "load_module %%MODULE%%;"
-    } else {
-        ""
-    };
-    format!(
-        r#"{load_module}
-worker_processes 2;
-events {{ worker_connections 256; }}
-http {{
-    limit_req_status 429;
-{zones}
-    server {{
-        listen 127.0.0.1:%%PORT%%;
-        add_header X-Pid $pid always;
-{locations}    }}
-}}
-"#
-    )
+    config.build()
 }
 
 /// Every scenario's requests to `/SIDE/NAME`, for each side, interleaved at the same offsets.

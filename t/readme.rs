@@ -187,10 +187,11 @@ fn walkthrough_comparison_notices_differences() {
     ));
 }
 
-/// `src/zone.rs` opens with how keys are identified: by the hash `Zone::hash_key` computes.
+/// The store (`src/store/mod.rs`) opens with how keys are identified: by the hash
+/// `Zone::hash_key` computes.
 #[test]
-fn zone_rs_describes_the_hash_it_uses() {
-    let source = repo_file("src/zone.rs");
+fn the_store_describes_the_hash_it_uses() {
+    let source = repo_file("src/store/mod.rs");
     let module_doc: String = source
         .lines()
         .take_while(|line| line.starts_with("//!"))
@@ -198,7 +199,7 @@ fn zone_rs_describes_the_hash_it_uses() {
         .join("\n");
     let hash_key = &source[source
         .find("pub fn hash_key")
-        .expect("src/zone.rs has no hash_key")..];
+        .expect("src/store/mod.rs has no hash_key")..];
     let body = &hash_key[..hash_key.find("\n    }").unwrap_or(hash_key.len())];
     assert!(
         body.contains("foldhash::"),
@@ -206,12 +207,12 @@ fn zone_rs_describes_the_hash_it_uses() {
     );
     assert!(
         module_doc.contains("foldhash"),
-        "src/zone.rs's opening comment does not say keys are hashed with foldhash:\n{module_doc}"
+        "src/store/mod.rs's opening comment does not say keys are hashed with foldhash:\n{module_doc}"
     );
     for other in ["SipHash", "siphash", "FxHash", "ahash", "xxhash"] {
         assert!(
             !module_doc.contains(other),
-            "src/zone.rs's opening comment names {other}"
+            "src/store/mod.rs's opening comment names {other}"
         );
     }
 }

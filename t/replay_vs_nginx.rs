@@ -95,32 +95,16 @@ const PLAN: [(u64, &str); 30] = [
     (3000, "b"),
 ];
 
-const CONFIG: &str = r#"
-load_module %%MODULE%%;
-events { worker_connections 64; }
-http {
-    access_log off;
-    ZONES
-    server {
-        listen 127.0.0.1:%%PORT%%;
-        add_header X-Limit $rate_limit_status always;
-        LOCATIONS
-    }
-}
-"#;
-
 fn config() -> String {
-    let mut zones = String::new();
-    let mut locations = String::new();
+    let mut config = common::config().server("add_header X-Limit $rate_limit_status always;");
     for Limit { name, zone, limit } in &LIMITS {
-        zones += &format!("rate_limit_zone $arg_k zone={name}:1m {zone};\n    ");
-        locations += &format!(
-            "location = /{name} {{ rate_limit zone={name} {limit}; empty_gif; }}\n        "
-        );
+        config = config
+            .http(&format!("rate_limit_zone $arg_k zone={name}:1m {zone};"))
+            .locations(&format!(
+                "location = /{name} {{ rate_limit zone={name} {limit}; empty_gif; }}"
+            ));
     }
-    CONFIG
-        .replace("ZONES", &zones)
-        .replace("LOCATIONS", &locations)
+    config.build()
 }
 
 /// The policy the replay tool builds from the same words.

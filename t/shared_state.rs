@@ -12,34 +12,19 @@ use std::net::{SocketAddr, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{send, Nginx, Request, Response};
+use common::{key_statuses, send, Nginx, Request, Response};
 
-/// A whole nginx.conf with the module loaded and two workers; `HTTP` is the rest of the
-/// `http` block and `LOCATIONS` the locations of its one server on `%%PORT%%`, which serves
-/// `html/` and says which worker answered in `X-Pid`.
-const TEMPLATE: &str = r#"
-load_module %%MODULE%%;
-worker_processes 2;
-error_log logs/error.log info;
-events { worker_connections 256; }
-http {
-    access_log off;
-    HTTP
-    server {
-        listen 127.0.0.1:%%PORT%% reuseport;
-        root html;
-        add_header X-Pid $pid always;
-        add_header X-Version VERSION always;
-        LOCATIONS
-    }
-}
-"#;
-
+/// Two workers and one server on `%%PORT%%` which says which worker answered in `X-Pid` and
+/// which config it runs in `X-Version`; `http` is the rest of the `http` block.
 fn config(http: &str, locations: &str, version: &str) -> String {
-    TEMPLATE
-        .replace("HTTP", http)
-        .replace("LOCATIONS", locations)
-        .replace("VERSION", version)
+    common::config()
+        .workers(2)
+        .reuseport()
+        .http(http)
+        .server("add_header X-Pid $pid always;")
+        .server(&format!("add_header X-Version {version} always;"))
+        .locations(locations)
+        .build()
 }
 
 /// An undelayed response takes a few milliseconds; a deadlocked zone never answers.
@@ -52,10 +37,6 @@ fn keyed(path: &str, key: &str) -> Request {
 /// Sends one request for `key` on a new connection (so either worker may get it).
 fn request(nginx: &Nginx, key: &str) -> Response {
     send(nginx.port(), &keyed("/index.html", key))
-}
-
-fn statuses(nginx: &Nginx, key: &str, count: usize) -> Vec<u16> {
-    (0..count).map(|_| request(nginx, key).status).collect()
 }
 
 /// Five requests a minute (1 + burst 4) for one key, sent on new connections until both
@@ -106,16 +87,25 @@ fn reload_keeps_each_keys_state() {
     let zone = "rate_limit_zone $http_x_key zone=kept:1m rate=1r/m burst=1;";
     let location = "location / { rate_limit zone=kept nodelay; }";
     let mut nginx = Nginx::start(&config(zone, location, "one"));
-    assert_eq!(statuses(&nginx, "used", 3), [200, 200, 429]);
-    assert_eq!(statuses(&nginx, "half", 1), [200]);
+    assert_eq!(
+        key_statuses(nginx.port(), "/index.html", "used", 3),
+        [200, 200, 429]
+    );
+    assert_eq!(key_statuses(nginx.port(), "/index.html", "half", 1), [200]);
 
     let workers = nginx.reload_with(&config(zone, location, "two"));
     let after = request(&nginx, "used");
     assert_eq!(after.header("X-Version"), Some("two"), "{after:?}");
     assert!(workers.contains(&after.worker_pid()));
     assert_eq!(after.status, 429, "the reload forgot the key: {after:?}");
-    assert_eq!(statuses(&nginx, "half", 2), [200, 429]);
-    assert_eq!(statuses(&nginx, "new", 3), [200, 200, 429]);
+    assert_eq!(
+        key_statuses(nginx.port(), "/index.html", "half", 2),
+        [200, 429]
+    );
+    assert_eq!(
+        key_statuses(nginx.port(), "/index.html", "new", 3),
+        [200, 200, 429]
+    );
     assert!(
         !nginx.error_log().contains("starts afresh"),
         "{}",
@@ -132,13 +122,19 @@ fn reload_with_another_key_starts_afresh() {
         location,
         "one",
     ));
-    assert_eq!(statuses(&nginx, "k", 2), [200, 429]);
+    assert_eq!(
+        key_statuses(nginx.port(), "/index.html", "k", 2),
+        [200, 429]
+    );
     nginx.reload_with(&config(
         "rate_limit_zone $http_x_key$http_x_other zone=z:1m rate=1r/m;",
         location,
         "two",
     ));
-    assert_eq!(statuses(&nginx, "k", 2), [200, 429]);
+    assert_eq!(
+        key_statuses(nginx.port(), "/index.html", "k", 2),
+        [200, 429]
+    );
     let log = nginx.error_log();
     assert!(
         log.contains("rate_limit zone \"z\" changed its key or algorithm"),

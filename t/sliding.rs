@@ -28,40 +28,28 @@ const MS_NS: u64 = 1_000_000;
 const IMMEDIATE: Duration = Duration::from_millis(200);
 
 /// Per algorithm, a one-minute zone (`/log`, `/window` and their `cost=`, dry-run variants)
-/// and a one-second one for the window-edge test. Keys come from `?k=`.
-const CONFIG: &str = r#"
-load_module %%MODULE%%;
-worker_processes 2;
-events { worker_connections 256; }
-http {
-    access_log off;
-    rate_limit_zone $arg_k zone=log:1m rate=5r/m algorithm=sliding_log;
-    rate_limit_zone $arg_k zone=window:1m rate=5r/m algorithm=sliding_window;
-    rate_limit_zone $arg_k zone=log_edge:1m rate=4r/s algorithm=sliding_log;
-    rate_limit_zone $arg_k zone=window_edge:1m rate=4r/s algorithm=sliding_window;
-    server {
-        listen 127.0.0.1:%%PORT%%;
-        add_header X-Pid $pid always;
-        add_header X-Limit $rate_limit_status always;
-        location = /pid { empty_gif; }
-        location = /log_edge { rate_limit zone=log_edge; empty_gif; }
-        location = /window_edge { rate_limit zone=window_edge; empty_gif; }
-        LOCATIONS
-    }
-}
-"#;
-
+/// and a one-second one for the window-edge test; two workers. Keys come from `?k=`.
 fn start() -> Nginx {
-    let mut locations = String::new();
+    let mut config = common::config()
+        .workers(2)
+        .http("rate_limit_zone $arg_k zone=log:1m rate=5r/m algorithm=sliding_log;")
+        .http("rate_limit_zone $arg_k zone=window:1m rate=5r/m algorithm=sliding_window;")
+        .http("rate_limit_zone $arg_k zone=log_edge:1m rate=4r/s algorithm=sliding_log;")
+        .http("rate_limit_zone $arg_k zone=window_edge:1m rate=4r/s algorithm=sliding_window;")
+        .server("add_header X-Pid $pid always;")
+        .server("add_header X-Limit $rate_limit_status always;")
+        .locations("location = /pid { empty_gif; }")
+        .locations("location = /log_edge { rate_limit zone=log_edge; empty_gif; }")
+        .locations("location = /window_edge { rate_limit zone=window_edge; empty_gif; }");
     for zone in ["log", "window"] {
-        locations += &format!(
-            "location = /{zone} {{ rate_limit zone={zone}; empty_gif; }}\n        \
-             location = /{zone}/cost2 {{ rate_limit zone={zone} cost=2; empty_gif; }}\n        \
-             location = /{zone}/cost6 {{ rate_limit zone={zone} cost=6; empty_gif; }}\n        \
-             location = /{zone}/dry {{ rate_limit zone={zone}; rate_limit_dry_run on; empty_gif; }}\n        "
-        );
+        config = config.locations(&format!(
+            "location = /{zone} {{ rate_limit zone={zone}; empty_gif; }}\n\
+             location = /{zone}/cost2 {{ rate_limit zone={zone} cost=2; empty_gif; }}\n\
+             location = /{zone}/cost6 {{ rate_limit zone={zone} cost=6; empty_gif; }}\n\
+             location = /{zone}/dry {{ rate_limit zone={zone}; rate_limit_dry_run on; empty_gif; }}"
+        ));
     }
-    Nginx::start(&CONFIG.replace("LOCATIONS", &locations))
+    config.start()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,48 +10,6 @@ mod common;
 use common::{send, Nginx, Request, Response};
 use serde_json::{json, Value};
 
-const CONFIG: &str = r#"
-load_module %%MODULE%%;
-worker_processes 2;
-error_log logs/error.log notice;
-events { worker_connections 256; }
-http {
-    access_log off;
-    rate_limit_zone $http_x_key zone=one:1m rate=1r/m;
-    rate_limit_zone $http_x_key zone=slow:1m rate=1r/m burst=5;
-    rate_limit_zone $http_x_key zone=tiny:252k rate=1r/m;
-    rate_limit_zone $http_x_key zone=quarter:256k rate=1r/m;
-
-    server {
-        listen 127.0.0.1:%%PORT%% reuseport;
-        root html;
-
-        location / {
-            rate_limit zone=one nodelay;
-        }
-        location /dry/ {
-            rate_limit zone=slow;
-            rate_limit_dry_run on;
-            alias html/;
-        }
-        location /tiny/ {
-            rate_limit zone=tiny nodelay;
-            alias html/;
-        }
-        location /quarter/ {
-            rate_limit zone=quarter nodelay;
-            alias html/;
-        }
-        location /ratelimit/ {
-            rate_limit_admin write=on;
-        }
-        location /readonly/ {
-            rate_limit_admin;
-        }
-    }
-}
-"#;
-
 fn hit(nginx: &Nginx, path: &str, key: &str) -> u16 {
     send(nginx.port(), &Request::get(path).header("X-Key", key)).status
 }
@@ -80,7 +38,7 @@ fn counts(top: &Value) -> Vec<(String, u64)> {
 
 #[test]
 fn rejections_are_counted_per_key_across_workers() {
-    let nginx = Nginx::start(CONFIG);
+    let nginx = common::admin::top_keys().start();
     // key -> requests: the first of each passes, the others are rejected.
     for (key, requests) in [("heavy", 7), ("light", 2), ("once", 1)] {
         for _ in 0..requests {
@@ -116,7 +74,7 @@ fn rejections_are_counted_per_key_across_workers() {
 
 #[test]
 fn delays_are_counted_dry_run_included() {
-    let nginx = Nginx::start(CONFIG);
+    let nginx = common::admin::top_keys().start();
     nginx.write_file("html/index.html", "ok");
     // burst=5 at 1r/m: the 2nd to 6th requests are delays (dry run: answered at once), the
     // 7th is a rejection (dry run: answered too).
@@ -130,7 +88,7 @@ fn delays_are_counted_dry_run_included() {
 
 #[test]
 fn long_keys_are_cut_and_small_zones_keep_none() {
-    let nginx = Nginx::start(CONFIG);
+    let nginx = common::admin::top_keys().start();
     nginx.write_file("html/index.html", "ok");
     let long = "k".repeat(100);
     hit(&nginx, "/", &long);
@@ -159,7 +117,7 @@ fn long_keys_are_cut_and_small_zones_keep_none() {
 
 #[test]
 fn bad_parameters_name_the_problem() {
-    let nginx = Nginx::start(CONFIG);
+    let nginx = common::admin::top_keys().start();
     #[rustfmt::skip]
     let rows = [
         ("by=passed", "invalid by \"passed\": use rejected or delayed"),
@@ -181,7 +139,7 @@ fn bad_parameters_name_the_problem() {
 
 #[test]
 fn the_root_says_what_the_location_offers() {
-    let nginx = Nginx::start(CONFIG);
+    let nginx = common::admin::top_keys().start();
     let (status, root) = get_json(&nginx, "/ratelimit/");
     assert_eq!(status, 200);
     assert_eq!(
@@ -225,7 +183,7 @@ fn workers_killed_while_recording_leave_a_working_summary() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::thread;
 
-    let nginx = Nginx::start(CONFIG);
+    let nginx = common::admin::top_keys().start();
     let stop = AtomicBool::new(false);
     thread::scope(|scope| {
         for client in 0..2 {

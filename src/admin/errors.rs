@@ -18,7 +18,7 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModuleLocationConf, NgxHttpCoreModule};
 
-use crate::RateLimitModule;
+use crate::conf::RateLimitModule;
 
 const NGX_ERROR: ngx_int_t = -1;
 const NGX_OK: ngx_int_t = 0;

@@ -1,5 +1,5 @@
 //! The admin location's content handler: read the request (and its body, for PATCH and PUT),
-//! let the `ratelimit-admin` crate answer, persist a change, send the answer.
+//! let the `ratelimit-admin` crate answer over the control layer's zones, send the answer.
 
 use core::ptr;
 
@@ -12,10 +12,10 @@ use ngx::ffi::{
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 use ratelimit_admin::{ApiError, Response, Route, MAX_BODY_BYTES};
 
-use crate::admin::persist;
-use crate::admin::zones::shared_zones;
-use crate::handler::{add_header, now_ns};
-use crate::RateLimitModule;
+use crate::conf::RateLimitModule;
+use crate::control::zones::shared_zones;
+use crate::glue::response::add_header;
+use crate::glue::{connection_log, now_ns};
 
 /// The dashboard's Content-Security-Policy: its own inline script and style, and requests to
 /// this server only.
@@ -112,8 +112,7 @@ fn execute(r: &ngx_http_request_t, route: &Route, body: &[u8]) -> Response {
     };
     let response = ratelimit_admin::execute(route, body, &shared_zones(mcf, now_ns()));
     if response.changed {
-        persist::save(mcf, connection_log(r));
-        crate::sync::kick();
+        crate::control::changed(mcf, connection_log(r));
     }
     response
 }
@@ -234,9 +233,4 @@ fn send(r: &mut ngx_http_request_t, response: &Response) -> ngx_int_t {
         };
         ngx_http_output_filter(r, &mut out)
     }
-}
-
-fn connection_log(r: &ngx_http_request_t) -> *mut ngx::ffi::ngx_log_t {
-    // SAFETY: a live request always has a connection with a log.
-    unsafe { (*r.connection).log }
 }

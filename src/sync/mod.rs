@@ -1,196 +1,44 @@
-//! Cluster-wide limits: `rate_limit_sync` and the one sync loop per nginx instance.
+//! Cluster-wide limits: the one sync loop per nginx instance, a front door. The directive is
+//! configuration's (`crate::conf::sync`), the instance's sync record and the per-key words
+//! are the store's (`crate::store::sync_record`, `crate::store::inbox`), and the request
+//! path's grant is the decision pipeline's (`crate::control`); the arithmetic is
+//! `ratelimit_core::fleet`'s.
 //!
-//! * `shared`: the instance's sync record in its own shared memory, and the request path's
-//!   grant (no Redis call, no lock on the request path);
+//! * `shared`: the record as the loop names it, and the codes of its errors;
 //! * `task`: the loop thread and its Redis I/O; `cluster`: its routing for a Redis Cluster;
-//!   `tls`: `rediss://` and its trust settings;
-//! * `overrides`: the fleet's per-key overrides as the loop agrees on them with Redis, and
-//!   `inbox`: how their changes reach a worker, which applies them from its watch timer (the
-//!   thread may not take a zone's lock);
-//! * here: the directive, the election of the worker that runs the loop (an owner pid and a
-//!   heartbeat in shared memory, checked by every worker on a timer), its start after fork
+//!   `tls`: the clients of `rediss://`;
+//! * `overrides`: the fleet's per-key overrides as the loop agrees on them with Redis; their
+//!   changes reach a worker through the store's inbox, and the worker applies them from its
+//!   watch timer through the control layer (the thread may not take a zone's lock);
+//! * here: the election of the worker that runs the loop (an owner pid and a heartbeat in
+//!   shared memory, checked by every worker on a timer), its start after fork
 //!   (`init_process`, never in the master), take-over when its worker dies, and its stop and
 //!   last flush when the worker exits. Workers log the loop's transitions; the thread never
 //!   calls nginx.
-//!
-//! The arithmetic is in `ratelimit_core::fleet`.
 
 mod cluster;
-mod inbox;
 mod overrides;
-pub mod shared;
+mod shared;
 mod task;
 mod tls;
 
-use core::ffi::{c_char, c_void};
 use core::ptr;
 use core::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use ngx::core::{Status, NGX_CONF_ERROR, NGX_CONF_OK};
-use ngx::ffi::{
-    ngx_command_t, ngx_conf_t, ngx_cycle_t, ngx_event_t, ngx_int_t, ngx_shm_zone_t,
-    ngx_slab_pool_t, NGX_LOG_EMERG, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
-};
+use ngx::ffi::{ngx_cycle_t, ngx_event_t, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN};
 use ngx::http::HttpModuleMainConf;
-use ngx::{ngx_conf_log_error, ngx_log_error};
+use ngx::ngx_log_error;
 use ratelimit_core::sync_spec::SyncSpec;
 
-use crate::conf::{args, conf_error, main_conf, words, MainConf, ZoneConf};
-use crate::RateLimitModule;
-use shared::{Mode, SyncError, SyncShared, SYNC_MAGIC};
-
-/// The shared memory zone holding the instance's [`SyncShared`]. Its name cannot be written
-/// in `zone=NAME:SIZE` (a colon ends the name there).
-const SHM_NAME: &str = "rate_limit_sync:instance";
-const SHM_SIZE: u64 = 64 * 1024;
-
-/// `rate_limit_sync` as configured.
-pub struct SyncConf {
-    pub spec: SyncSpec,
-    /// The files of `tls_ca=`, `tls_cert=`/`tls_key=`, read at config time.
-    pub tls: Option<redis::TlsCertificates>,
-}
-
-/// The hash seed of a sync zone: derived from its name (not random), so that every instance
-/// of the fleet gives a key the same id, and so the same Redis key.
-pub fn name_seed(name: &str) -> u64 {
-    use std::hash::BuildHasher;
-    foldhash::quality::FixedState::with_seed(0x7379_6e63).hash_one(("rate_limit_sync", name))
-}
-
-/// `rate_limit_sync redis://… [cluster] [interval=] [timeout=] [prefix=] [on_failure=]
-/// [tls_ca=] [tls_cert= tls_key=];`
-pub extern "C" fn cmd_rate_limit_sync(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    _conf: *mut c_void,
-) -> *mut c_char {
-    // SAFETY: nginx calls directive handlers with a valid configuration context.
-    let cf = unsafe { &mut *cf };
-    let words = match words(&args(cf)[1..]) {
-        Ok(words) => words,
-        Err(message) => return conf_error(cf, &message),
-    };
-    let spec = match SyncSpec::parse_words(&words) {
-        Ok(spec) => spec,
-        Err(error) => return conf_error(cf, &error.to_string()),
-    };
-    for url in &spec.urls {
-        if let Err(error) = redis::Client::open(url.as_str()) {
-            return conf_error(cf, &format!("invalid Redis URL \"{url}\": {error}"));
-        }
-    }
-    let tls = match tls::load(&spec, &conf_prefix(cf)) {
-        Ok(tls) => tls,
-        Err(error) => return conf_error(cf, &error.to_string()),
-    };
-    if spec.urls.len() > 1 && !spec.cluster {
-        return conf_error(
-            cf,
-            &format!(
-                "invalid Redis URL \"{}\": several URLs need \"cluster\"",
-                spec.urls[1]
-            ),
-        );
-    }
-    let Some(mcf) = main_conf(cf) else {
-        return NGX_CONF_ERROR;
-    };
-    if mcf.sync.is_some() {
-        return conf_error(cf, "\"rate_limit_sync\" directive is duplicate");
-    }
-    let shm_zone = crate::conf::add_shared_zone(cf, SHM_NAME, SHM_SIZE);
-    if shm_zone.is_null() {
-        return NGX_CONF_ERROR;
-    }
-    // SAFETY: `shm_zone` was just returned by ngx_shared_memory_add.
-    let shm = unsafe { &mut *shm_zone };
-    shm.init = Some(shm_init);
-    shm.noreuse = 0;
-    mcf.sync = Some(SyncConf { spec, tls });
-    // The interval reaches the shared record through the zone's data: the configuration's
-    // main conf lives as long as the cycle.
-    shm.data = ptr::from_mut(mcf).cast();
-    NGX_CONF_OK
-}
-
-/// The directory of nginx.conf, against which relative `tls_*=` paths are read.
-fn conf_prefix(cf: &ngx_conf_t) -> std::path::PathBuf {
-    use std::os::unix::ffi::OsStrExt;
-    // SAFETY: `cf.cycle` is the cycle being configured; its `conf_prefix` is set before any
-    // directive is read.
-    let prefix = unsafe { (*cf.cycle).conf_prefix.as_bytes() };
-    std::path::PathBuf::from(std::ffi::OsStr::from_bytes(prefix))
-}
-
-/// Once the `http` block is read: a `sync` zone needs `rate_limit_sync`.
-pub fn check_zones(cf: &mut ngx_conf_t) -> Result<(), ()> {
-    let Some(mcf) = main_conf(cf) else {
-        return Ok(());
-    };
-    for &zone in &mcf.zones {
-        // SAFETY: zone configurations live in the configuration pool of this cycle.
-        let zone = unsafe { &*zone };
-        if zone.sync && mcf.sync.is_none() {
-            ngx_conf_log_error!(
-                NGX_LOG_EMERG,
-                cf,
-                "zone \"{}\" has \"sync\" but no \"rate_limit_sync\" is configured",
-                zone.name
-            );
-            return Err(());
-        }
-    }
-    Ok(())
-}
-
-/// Lay out (or adopt across a reload) the instance's sync record.
-extern "C" fn shm_init(shm_zone: *mut ngx_shm_zone_t, _data: *mut c_void) -> ngx_int_t {
-    // SAFETY: nginx passes the zone being initialized; its data is this cycle's main conf.
-    let shm_zone = unsafe { &mut *shm_zone };
-    let shpool = shm_zone.shm.addr.cast::<ngx_slab_pool_t>();
-    // SAFETY: the slab pool at the start of the mapping is initialized by nginx before this
-    // callback, which runs in the master before workers exist.
-    let record = unsafe {
-        let existing = (*shpool).data.cast::<SyncShared>();
-        if !existing.is_null() && (*existing).magic == SYNC_MAGIC {
-            existing
-        } else {
-            let fresh = ngx::ffi::ngx_slab_alloc(shpool, core::mem::size_of::<SyncShared>())
-                .cast::<SyncShared>();
-            if fresh.is_null() {
-                return Status::NGX_ERROR.into();
-            }
-            ptr::write_bytes(fresh.cast::<u8>(), 0, core::mem::size_of::<SyncShared>());
-            (*fresh).magic = SYNC_MAGIC;
-            (*fresh).instance_id = random_id();
-            (*shpool).data = fresh.cast();
-            fresh
-        }
-    };
-    // SAFETY: `data` was set to the cycle's main conf by the directive.
-    if let Some(mcf) = unsafe { shm_zone.data.cast::<MainConf>().as_ref() } {
-        if let Some(sync) = &mcf.sync {
-            // SAFETY: `record` points at the live record.
-            let interval_ns = sync.spec.interval_ms * 1_000_000;
-            unsafe { (*record).interval_ns.store(interval_ns, Ordering::Relaxed) };
-        }
-    }
-    shared::set_shared(record);
-    Status::NGX_OK.into()
-}
-
-fn random_id() -> u64 {
-    use std::io::Read;
-    let mut bytes = [0u8; 8];
-    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
-    if read.is_err() {
-        return u64::from(std::process::id()) << 32 | crate::handler::now_ns() & 0xffff_ffff;
-    }
-    u64::from_le_bytes(bytes).max(1)
-}
+use crate::conf::RateLimitModule;
+use crate::conf::{self, ZoneConf};
+use crate::control;
+use crate::glue::{now_ms, process_alive};
+use crate::store::inbox;
+use crate::store::sync_record::{self, name_seed};
+use shared::{Mode, SyncError, SyncShared};
 
 /// The loop thread of this process, when it owns the election.
 struct Running {
@@ -202,6 +50,7 @@ struct Running {
 static RUNNING: Mutex<Option<Running>> = Mutex::new(None);
 
 /// The worker's timer that watches the election and logs transitions.
+// SAFETY: all-zero bytes are an unarmed event, as nginx's own `ngx_pcalloc`ed ones start.
 static mut WATCH_EVENT: ngx_event_t = unsafe { core::mem::zeroed() };
 
 /// This process's cycle, for the timer (set in `init_process`).
@@ -212,14 +61,7 @@ pub fn init_process(cycle: &mut ngx_cycle_t) {
     let Some(mcf) = RateLimitModule::main_conf(cycle) else {
         return;
     };
-    if mcf.sync.is_none() || shared::shared().is_none() {
-        return;
-    }
-    // SAFETY: set by nginx before init_process callbacks run.
-    let process = unsafe { nginx_sys::ngx_process };
-    let worker = process == nginx_sys::NGX_PROCESS_WORKER as ngx::ffi::ngx_uint_t
-        || process == nginx_sys::NGX_PROCESS_SINGLE as ngx::ffi::ngx_uint_t;
-    if !worker {
+    if mcf.sync.is_none() || sync_record::shared().is_none() || !crate::glue::is_worker_process() {
         return;
     }
     // SAFETY: the event and cycle statics are only used by this process's event loop (one
@@ -251,7 +93,7 @@ unsafe extern "C" fn watch(event: *mut ngx_event_t) {
 }
 
 fn watch_now(cycle: &mut ngx_cycle_t) {
-    let Some(sync) = shared::shared() else {
+    let Some(sync) = sync_record::shared() else {
         return;
     };
     // SAFETY: process flags set by nginx's signal handling in this (single) thread.
@@ -290,7 +132,7 @@ fn elect(cycle: &mut ngx_cycle_t, sync: &'static SyncShared) {
         let stale_after_ms = 3 * sync.interval_ns() / 1_000_000 + 1000;
         let stale = owner == 0
             || !process_alive(owner)
-            || task::now_ms().saturating_sub(heartbeat_ms) > stale_after_ms;
+            || now_ms().saturating_sub(heartbeat_ms) > stale_after_ms;
         if !stale
             || sync
                 .owner_pid
@@ -299,7 +141,7 @@ fn elect(cycle: &mut ngx_cycle_t, sync: &'static SyncShared) {
         {
             return;
         }
-        sync.heartbeat_ms.store(task::now_ms(), Ordering::Release);
+        sync.heartbeat_ms.store(now_ms(), Ordering::Release);
     }
     match start_loop(cycle, sync, me) {
         Some(started) => *running = Some(started),
@@ -320,17 +162,13 @@ fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Op
     let mcf = RateLimitModule::main_conf(cycle)?;
     let spec = mcf.sync.as_ref()?.spec.clone();
     let tls = mcf.sync.as_ref()?.tls.clone();
-    let zones = mcf
-        .zones
-        .iter()
-        .filter_map(|&zone| {
-            // SAFETY: zone configurations live in the configuration pool of this cycle.
-            let zone: &ZoneConf = unsafe { &*zone };
+    let zones = conf::zones(mcf)
+        .filter_map(|zone| {
             let view = zone.zone.filter(|view| zone.sync && view.is_sync())?;
             Some(task::SyncZone {
                 name: zone.name.clone(),
                 zone: view,
-                agreed_limits: std::cell::Cell::new(view.header().limits.load(Ordering::Acquire)),
+                agreed_limits: std::cell::Cell::new(view.limits_word()),
                 first_round: std::cell::Cell::new(true),
                 id: name_seed(&zone.name),
                 overrides: Default::default(),
@@ -365,7 +203,7 @@ fn stop_loop() {
     running.stop.store(true, Ordering::Release);
     // Bounded: the loop notices within 20 ms and its last round is bounded by `timeout=`.
     let _ = running.handle.join();
-    if let Some(sync) = shared::shared() {
+    if let Some(sync) = sync_record::shared() {
         let me = u64::from(std::process::id());
         let _ = sync
             .owner_pid
@@ -373,15 +211,7 @@ fn stop_loop() {
     }
 }
 
-/// After an admin write (a zone's limits, an override): have the loop push it now rather
-/// than at its next round, so the fleet has it within one interval.
-pub fn kick() {
-    if let Some(sync) = shared::shared() {
-        sync.kick.store(1, Ordering::Release);
-    }
-}
-
-/// Apply the fleet's override changes the loop left in the inbox, as the admin API would
+/// Apply the fleet's override changes the loop left in the inbox through the control layer
 /// (backlog rescaled, state file written), in whichever worker's timer comes first.
 fn apply_fleet_overrides(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
     let Some(mcf) = RateLimitModule::main_conf(cycle) else {
@@ -389,16 +219,13 @@ fn apply_fleet_overrides(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
     };
     let log = cycle.log;
     let applied = sync.inbox.apply(|incoming| {
-        let zone = mcf.zones.iter().find_map(|&zone| {
-            // SAFETY: zone configurations live in the configuration pool of this cycle.
-            let zone: &ZoneConf = unsafe { &*zone };
-            (zone.sync && name_seed(&zone.name) == incoming.zone_id).then_some(zone)
-        });
+        let zone = conf::zones(mcf)
+            .find(|zone: &&ZoneConf| zone.sync && name_seed(&zone.name) == incoming.zone_id);
         let Some(zone) = zone else {
             return inbox::Applied::Failed;
         };
         let to = ratelimit_core::Limits::unpack(incoming.to);
-        match crate::admin::replace_override(zone, &incoming.key, incoming.from, to) {
+        match control::zones::replace_override(zone, &incoming.key, incoming.from, to) {
             Ok(true) => inbox::Applied::Done,
             Ok(false) => inbox::Applied::Skipped,
             Err(_) => {
@@ -419,17 +246,8 @@ fn apply_fleet_overrides(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
             log,
             "rate_limit_sync: {applied} override change(s) from the fleet applied"
         );
-        crate::admin::save_state(mcf, log);
+        control::persist::save(mcf, log);
     }
-}
-
-pub(crate) fn process_alive(pid: u64) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
-    // SAFETY: signal 0 only checks that the process exists.
-    let result = unsafe { libc::kill(pid, 0) };
-    result == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// Log each mode change and each new kind of error once, by whichever worker sees it first.
@@ -494,21 +312,4 @@ fn redact(url: &str) -> String {
         }
         _ => url.to_string(),
     }
-}
-
-/// The instance's sync state for the admin API; `None` without `rate_limit_sync`.
-pub fn info() -> Option<ratelimit_admin::SyncInfo> {
-    let sync = shared::shared()?;
-    let mode = sync.mode();
-    let last_ok_ms = sync.last_ok_ms.load(Ordering::Relaxed);
-    Some(ratelimit_admin::SyncInfo {
-        connected: mode == Mode::Synced,
-        mode: mode.as_str(),
-        last_sync_age_ms: (last_ok_ms != 0).then(|| task::now_ms().saturating_sub(last_ok_ms)),
-        instances: sync.instances(),
-        round_trips: sync.round_trips.load(Ordering::Relaxed),
-        errors: sync.errors.load(Ordering::Relaxed),
-        lag_us: sync.lag_us.load(Ordering::Relaxed),
-        fallback: mode.is_fallback(),
-    })
 }

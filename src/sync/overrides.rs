@@ -6,7 +6,7 @@
 //! instance's changes; the reply is the version, plus the whole map only when the version is
 //! not the one sent, so a quiet round costs a few bytes. The local overrides are read without
 //! the lock (`Zone::overrides_unlocked`), the fleet's changes are handed to a worker through
-//! the inbox (`super::inbox`); what to push and what to apply is decided in
+//! the inbox (`crate::store::inbox`); what to push and what to apply is decided in
 //! `ratelimit_core::fleet_overrides`.
 
 use redis::Value;
@@ -14,7 +14,7 @@ use redis::Value;
 use ratelimit_core::fleet_overrides::{self, Change, OverrideMap};
 
 use super::cluster::Routed;
-use crate::zone::Zone;
+use crate::store::Zone;
 
 /// ARGV: the version last seen (empty: none), the number of seed pairs (empty: not a seed
 /// call), the seed pairs, then the changes: pairs of key bytes and packed limits (`0`: removed).

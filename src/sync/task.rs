@@ -19,12 +19,13 @@ use ratelimit_core::sync_spec::{OnFailure, SyncSpec};
 use ratelimit_core::Limits;
 
 use super::cluster;
-use super::inbox::INBOX_ENTRIES;
 use super::overrides::{OverrideSync, OVERRIDES_SCRIPT};
 use super::shared::{Mode, SyncError, SyncShared};
 use super::tls;
 use crate::conf::LocationBursts;
-use crate::zone::Zone;
+use crate::glue::{now_ms, now_ns};
+use crate::store::inbox::INBOX_ENTRIES;
+use crate::store::Zone;
 
 /// Applies one instance's delta to a key's fleet state on Redis's clock and returns the
 /// fleet TAT's lead over Redis's now (µs), the fleet's requests in this and the previous
@@ -115,7 +116,8 @@ pub struct SyncZone {
     /// Until the first successful round: the file's value is sent along (see
     /// `LIMITS_SCRIPT`).
     pub first_round: std::cell::Cell<bool>,
-    /// `super::name_seed` of the name: how the inbox names the zone to the workers.
+    /// `name_seed` of the name (`crate::store::sync_record`): how the inbox names the zone
+    /// to the workers.
     pub id: u64,
     /// The zone's per-key overrides as agreed with the fleet (`super::overrides`).
     pub overrides: std::cell::RefCell<OverrideSync>,
@@ -486,11 +488,10 @@ impl Task {
         commands.push(cluster::Routed { key, command });
         let limits_hash = redis::Script::new(LIMITS_SCRIPT).get_hash().to_string();
         for zone in &self.zones {
-            let header = zone.zone.header();
-            let local = header.limits.load(Ordering::Acquire);
+            let local = zone.zone.limits_word();
             let first = zone.first_round.get();
             let changed = first || local != zone.agreed_limits.get();
-            let config = header.config_limits.load(Ordering::Acquire);
+            let config = zone.zone.config_limits_word();
             let key = format!("{}{}:limits", self.spec.prefix, zone.name);
             let mut command = redis::cmd("EVALSHA");
             command
@@ -604,14 +605,14 @@ impl Task {
     /// After a round trip: the fleet's value of each zone's limits is agreed on; when it is
     /// not the zone's own (another instance's admin API changed it), the zone takes it.
     fn agree_limits(&self, fleet_limits: &[Option<Option<u64>>]) {
-        let now = crate::handler::now_ns();
+        let now = now_ns();
         for (zone, fleet) in self.zones.iter().zip(fleet_limits) {
             // A zone whose call failed this round tries again next round.
             let Some(fleet) = fleet else {
                 continue;
             };
             zone.first_round.set(false);
-            let local = zone.zone.header().limits.load(Ordering::Acquire);
+            let local = zone.zone.limits_word();
             let Some(fleet) = fleet.filter(|&fleet| fleet != local) else {
                 zone.agreed_limits.set(local);
                 continue;
@@ -681,7 +682,7 @@ impl Task {
         memory: &mut HashMap<(usize, u64), KeyMemory>,
     ) {
         let sync_ns = self.spec.interval_ms * 1_000_000;
-        let now = crate::handler::now_ns();
+        let now = now_ns();
         for &(entry, (ahead_us, fleet_recent, fleet_before)) in synced {
             let Some((hash, [state, pending, grant])) =
                 self.zones[entry.zone].zone.sync_slot(entry.slot)
@@ -762,11 +763,6 @@ impl Task {
             grant.store(grant_word::pack(round as u32, granted), Ordering::Release);
         }
     }
-}
-
-/// Monotonic milliseconds (the clock every worker reads too).
-pub fn now_ms() -> u64 {
-    crate::handler::now_ns() / 1_000_000
 }
 
 /// What a client error means for the log.

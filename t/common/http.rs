@@ -136,6 +136,29 @@ fn connect(port: u16) -> TcpStream {
     stream
 }
 
+/// Something that came back with an HTTP status: a [`Response`], a timeline's outcome.
+pub trait Answer {
+    fn status(&self) -> u16;
+}
+
+impl Answer for Response {
+    fn status(&self) -> u16 {
+        self.status
+    }
+}
+
+/// The status of each answer, in order.
+pub fn statuses<A: Answer>(answers: &[A]) -> Vec<u16> {
+    answers.iter().map(Answer::status).collect()
+}
+
+/// The statuses of `count` GETs of `path` with `X-Key: key`, each on a new connection (so
+/// that any worker may answer it).
+pub fn key_statuses(port: u16, path: &str, key: &str, count: usize) -> Vec<u16> {
+    let request = Request::get(path).header("X-Key", key);
+    (0..count).map(|_| send(port, &request).status).collect()
+}
+
 /// `GET path` on a new connection.
 pub fn get(port: u16, path: &str) -> Response {
     send(port, &Request::get(path))

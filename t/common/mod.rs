@@ -3,6 +3,8 @@
 //!
 //! - [`nginx`]: [`Nginx`] runs one nginx (master + workers) in a fresh prefix on free loopback
 //!   ports, and kills it on drop; [`check_config`] runs `nginx -t`.
+//! - [`config`]: the tests' nginx configs, from one builder; [`admin`]: the configs the
+//!   admin API, top keys and dashboard tests share.
 //! - [`http`]: a small HTTP/1.1 client on `std::net::TcpStream`.
 //! - [`timeline`]: requests sent at fixed offsets from one start instant.
 //! - [`redis`]: real `redis-server`s (single, Cluster, TLS with a throwaway PKI);
@@ -11,6 +13,8 @@
 //! Every test binary compiles this module but uses only part of it, hence the `allow`s.
 #![allow(dead_code)]
 
+pub mod admin;
+pub mod config;
 pub mod fleet;
 pub mod http;
 pub mod nginx;
@@ -18,8 +22,12 @@ pub mod redis;
 pub mod timeline;
 
 #[allow(unused_imports)]
-pub use http::{get, send, start_request, Connection, PendingRequest, Request, Response};
+pub use config::{config, Config};
+#[allow(unused_imports)]
+pub use http::{
+    get, key_statuses, send, start_request, statuses, Connection, PendingRequest, Request, Response,
+};
 #[allow(unused_imports)]
 pub use nginx::{check_config, is_running, module_path, nginx_binary, Nginx};
 #[allow(unused_imports)]
-pub use timeline::{describe, run_timeline, statuses, Outcome, Step};
+pub use timeline::{describe, run_timeline, Outcome, Step};

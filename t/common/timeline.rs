@@ -87,9 +87,10 @@ pub fn run_timeline(steps: &[Step]) -> Vec<Outcome> {
     })
 }
 
-/// The status of each outcome, in order.
-pub fn statuses(outcomes: &[Outcome]) -> Vec<u16> {
-    outcomes.iter().map(Outcome::status).collect()
+impl super::http::Answer for Outcome {
+    fn status(&self) -> u16 {
+        Outcome::status(self)
+    }
 }
 
 /// One line per outcome, for assertion messages: planned and real send time, status, latency.

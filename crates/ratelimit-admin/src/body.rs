@@ -164,7 +164,7 @@ pub fn check_limits(
     burst_given: bool,
     log_capacity: u64,
 ) -> Result<(), ApiError> {
-    if matches!(algorithm, Algorithm::LeakyBucket | Algorithm::TokenBucket) {
+    if algorithm.takes_burst() {
         // The largest bucket the rate allows, as `rate_limit_zone` checks it.
         return limits
             .check_bucket(algorithm)

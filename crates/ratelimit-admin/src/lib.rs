@@ -40,6 +40,7 @@ pub mod error;
 pub mod json;
 pub mod memory;
 pub mod metrics;
+pub mod percent;
 pub mod route;
 pub mod state;
 pub mod store;

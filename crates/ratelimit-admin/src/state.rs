@@ -36,7 +36,7 @@ use ratelimit_core::{Algorithm, Limits, Rate};
 use serde::{Deserialize, Serialize};
 
 use crate::body::check_limits;
-use crate::route::{percent_decode, percent_encode};
+use crate::percent::{percent_decode, percent_encode};
 
 /// The only version written and read.
 pub const VERSION: u32 = 1;
@@ -310,12 +310,11 @@ pub fn plan_restore(
     let mut restore = Restore::default();
     let capacity = ratelimit_core::sliding_log::window_limit(&config.rate);
     let check = |limits: &Limits| {
-        let sliding = matches!(algorithm, Algorithm::SlidingLog | Algorithm::SlidingWindow);
         check_limits(
             name,
             algorithm,
             limits,
-            sliding && limits.burst != 0,
+            !algorithm.takes_burst() && limits.burst != 0,
             capacity,
         )
     };

@@ -5,7 +5,7 @@ use ratelimit_core::top::{TopCount, TopKind, TopWindow, TOP_CAPACITY, TOP_KEY_BY
 use serde::Serialize;
 
 use crate::error::ApiError;
-use crate::route::percent_decode;
+use crate::percent::percent_decode;
 
 /// Keys shown when `limit=` is not given.
 pub const DEFAULT_LIMIT: usize = 10;

@@ -12,6 +12,7 @@
 
 #![warn(missing_docs)]
 
+mod algorithm;
 mod gcra;
 
 #[cfg(test)]
@@ -78,11 +79,18 @@ pub fn decide_word(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Optio
     }
 }
 
-/// What a key looks like now, without charging anything: the same fields a decision for a
-/// request of `policy.cost` would report, with `outcome` telling whether it would pass.
+/// Decide one request for the algorithms whose per-key state is several words
+/// ([`Algorithm::is_single_word`] is false: `SlidingLog`). With `commit`, a charged request
+/// (passed or delayed) is written into `state`; without it nothing changes. For a
+/// single-word algorithm this returns a rejection with `retry_after_ns == 0`: use
+/// [`decide_word`].
 #[inline]
-pub fn inspect_word(state: u64, now_ns: u64, policy: &Policy) -> Decision {
-    decide_word(state, now_ns, policy).0
+pub fn decide_words(state: &mut [u64], now_ns: u64, policy: &Policy, commit: bool) -> Decision {
+    match policy.algorithm {
+        Algorithm::SlidingLog if commit => sliding_log::decide(state, now_ns, policy),
+        Algorithm::SlidingLog => sliding_log::inspect(state, now_ns, policy),
+        _ => Decision::rejected(0, 0, 0),
+    }
 }
 
 /// The earliest time at which a single-word state is indistinguishable from a fresh key
@@ -98,6 +106,15 @@ pub fn word_idle_at_ns(state: u64, limits: &Limits, algorithm: Algorithm) -> u64
         Algorithm::TokenBucket => token_bucket::idle_at_ns(state, limits),
         Algorithm::SlidingWindow => sliding_window::idle_at_ns(state, limits),
         Algorithm::SlidingLog => 0,
+    }
+}
+
+/// [`word_idle_at_ns`] for a state of several words; 0 for a single-word algorithm.
+#[inline]
+pub fn words_idle_at_ns(state: &[u64], limits: &Limits, algorithm: Algorithm) -> u64 {
+    match algorithm {
+        Algorithm::SlidingLog => sliding_log::idle_at_ns(state, limits),
+        _ => 0,
     }
 }
 

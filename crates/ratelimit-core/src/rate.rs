@@ -2,8 +2,12 @@
 
 use std::fmt;
 
-use crate::spec::SpecError;
 use crate::NANOS_PER_SEC;
+
+/// A rate that does not read as one: `invalid rate "abc"` (the whole text quoted).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid rate \"{0}\"")]
+pub struct InvalidRate(pub String);
 
 /// The unit after `r/`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -67,8 +71,8 @@ impl Rate {
     /// assert_eq!(Rate::parse("10r/s").unwrap().interval_ns(), 100_000_000);
     /// assert_eq!(Rate::parse("abc").unwrap_err().to_string(), "invalid rate \"abc\"");
     /// ```
-    pub fn parse(text: &str) -> Result<Rate, SpecError> {
-        let invalid = || SpecError::InvalidRate(text.to_string());
+    pub fn parse(text: &str) -> Result<Rate, InvalidRate> {
+        let invalid = || InvalidRate(text.to_string());
         let (number, unit) = text.split_once("r/").ok_or_else(invalid)?;
         let unit = match unit {
             "s" => RateUnit::Second,
@@ -207,11 +211,7 @@ mod tests {
             "99999999999999999999r/s",
             "1099511628r/s",
         ] {
-            assert_eq!(
-                Rate::parse(text),
-                Err(SpecError::InvalidRate(text.into())),
-                "{text:?}"
-            );
+            assert_eq!(Rate::parse(text), Err(InvalidRate(text.into())), "{text:?}");
         }
         let largest = Rate {
             milli_requests: Rate::MAX_MILLI_REQUESTS,

@@ -167,7 +167,7 @@ impl Limits {
     /// );
     /// ```
     pub fn check_bucket(&self, algorithm: Algorithm) -> Result<(), SpecError> {
-        if !matches!(algorithm, Algorithm::LeakyBucket | Algorithm::TokenBucket) {
+        if !algorithm.takes_burst() {
             return Ok(());
         }
         let max = Limits::max_burst(algorithm, &self.rate);
@@ -325,7 +325,7 @@ impl ZoneSpec {
         };
         spec.check_sliding()?;
         spec.limits().check_bucket(algorithm)?;
-        if sync && algorithm == Algorithm::SlidingLog {
+        if sync && !algorithm.can_sync() {
             return Err(SpecError::Conflict(
                 "\"sync\" is not supported by sliding_log: its log of request times cannot be \
                  merged across instances; use sliding_window"

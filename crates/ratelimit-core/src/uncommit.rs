@@ -42,6 +42,14 @@ pub fn uncommit_word(state: u64, now_ns: u64, policy: &Policy) -> u64 {
     }
 }
 
+/// A state of several words ([`Algorithm::is_single_word`] is false) with `policy.cost`
+/// requests given back; a single-word algorithm's words are left as they are.
+pub fn uncommit_words(state: &mut [u64], policy: &Policy) {
+    if policy.algorithm == Algorithm::SlidingLog {
+        uncommit_log(state, policy);
+    }
+}
+
 /// A sliding log with its `policy.cost` newest entries removed.
 pub fn uncommit_log(log: &mut [u64], policy: &Policy) {
     sliding_log::drop_newest(log, policy.cost);

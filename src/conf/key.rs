@@ -1,22 +1,22 @@
 //! Keys of the form `$arg_NAME`, read straight from the query string.
 //!
 //! nginx evaluates `$arg_NAME` through its variable API: an indexed-variable lookup, the
-//! prefix variables' handler, then a case-insensitive substring search of the arguments. On
-//! the request path that is about 250 instructions for a short query string, more than
-//! everything else this module does per request. A zone whose key is exactly one `$arg_NAME`
-//! (and whose variable is nginx's own prefix variable, checked once per configuration by
-//! [`resolve_query_arg_keys`]) finds the value with [`query_arg`] instead, by the same rules
-//! (`ratelimit_core::key`, tested there and against nginx's own `$arg_` in t/directives.rs).
+//! prefix variables' handler, then a case-insensitive substring search of the arguments,
+//! more work than everything else the module does per request. A zone whose key is exactly
+//! one `$arg_NAME` (and whose variable is nginx's own prefix variable, checked once per
+//! configuration by [`resolve_query_arg_keys`]) has the request path find the value with
+//! `ratelimit_core::key::query_arg` instead, by the same rules (tested there and against
+//! nginx's own `$arg_` in t/directives.rs).
 
 use ngx::ffi::{ngx_cycle_t, ngx_http_variable_t};
 use ngx::http::{HttpModuleMainConf, NgxHttpCoreModule};
 
-use crate::RateLimitModule;
-pub use ratelimit_core::key::query_arg;
+use super::RateLimitModule;
+use crate::glue::array_slice;
 
 /// For every zone whose key is a single `$arg_NAME` that nginx resolves with its own `arg_`
 /// prefix variable (not a variable of the same name that `map`, `geo` or another module
-/// defines), remember NAME so that requests read the value with [`query_arg`].
+/// defines), remember NAME so that requests read the value from the query string.
 ///
 /// Runs once per configuration cycle, after nginx has bound every variable to its handler.
 pub fn resolve_query_arg_keys(cycle: &ngx_cycle_t) {
@@ -57,14 +57,4 @@ pub fn resolve_query_arg_keys(cycle: &ngx_cycle_t) {
             .filter(|name| !name.is_empty())
             .map(|name| name.to_ascii_lowercase());
     }
-}
-
-/// # Safety
-/// `array` must be initialized with elements of type `T`.
-unsafe fn array_slice<T>(array: &ngx::ffi::ngx_array_t) -> &[T] {
-    if array.elts.is_null() || array.nelts == 0 {
-        return &[];
-    }
-    // SAFETY: the caller guarantees `nelts` elements of `T` at `elts`.
-    unsafe { core::slice::from_raw_parts(array.elts.cast::<T>(), array.nelts) }
 }

@@ -3,7 +3,7 @@
 //! Setting an override allocates the key from the zone's slab pool under its mutex, which the
 //! thread may not take. So the thread writes the changes into this fixed-size inbox in the
 //! instance's sync shared memory, and a worker applies them from its watch timer through the
-//! admin API's own code (the key's backlog rescaled, the state file written).
+//! control layer (the key's backlog rescaled, the state file written).
 //!
 //! One state word orders everything: `EMPTY` → `WRITING` (the loop) → `READY` → `APPLYING`
 //! (one worker) → `DONE` (each entry's result written) → `EMPTY` (the loop, after reading the
@@ -14,6 +14,8 @@
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use ratelimit_core::fleet_overrides::{Change, KEY_MAX};
+
+use crate::glue::process_alive;
 
 /// Changes one inbox holds; more wait for the next round.
 pub const INBOX_ENTRIES: usize = 128;
@@ -66,7 +68,8 @@ impl Applied {
 /// One change: `from` and `to` are packed limits, 0 for none.
 #[repr(C)]
 pub struct InboxEntry {
-    /// [`super::name_seed`] of the zone's name: the same in every generation of workers.
+    /// [`super::sync_record::name_seed`] of the zone's name: the same in every generation of
+    /// workers.
     zone_id: AtomicU64,
     from: AtomicU64,
     to: AtomicU64,
@@ -150,7 +153,7 @@ impl Inbox {
                 self.state.store(EMPTY, Ordering::Release);
                 true
             }
-            state @ (WRITING | APPLYING) if !super::process_alive(pid_of(word)) => {
+            state @ (WRITING | APPLYING) if !process_alive(pid_of(word)) => {
                 // A loop that died writing left half a batch: dropped (its changes are
                 // computed again). A worker that died applying: another applies the batch.
                 let back = if state == WRITING { EMPTY } else { READY };

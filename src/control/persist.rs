@@ -1,6 +1,6 @@
-//! `rate_limit_state_file`: restore admin changes into fresh zones (master, zone init), write
-//! them after every admin write (the worker that made it), and once after each start (worker
-//! 0), so that the file always follows what is in force.
+//! `rate_limit_state_file`: restore changes into fresh zones (master, zone init), write them
+//! after every change (the worker that made it), and once after each start (worker 0), so
+//! that the file always follows what is in force.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -11,10 +11,10 @@ use ngx::ngx_log_error;
 use ratelimit_admin::state::{self, Note, StateError, StateFile, ZoneState};
 use ratelimit_admin::AdminZone;
 
-use crate::admin::zones::shared_zones;
+use super::zones::shared_zones;
+use crate::conf::RateLimitModule;
 use crate::conf::{self, MainConf, ZoneConf};
-use crate::handler::now_ns;
-use crate::RateLimitModule;
+use crate::glue::now_ns;
 
 /// The state file of the configuration being loaded, for the zone inits that follow its
 /// parsing in the same `ngx_init_cycle` (zone init has no way to the `http` configuration).
@@ -96,17 +96,14 @@ pub fn restore(zone_conf: &ZoneConf) {
         }
     }
     if let Some(limits) = plan.limits {
-        // No worker runs yet (zone init is in the master): a plain store is enough.
-        let header = zone.header();
-        header
-            .limits
-            .store(limits.pack(), core::sync::atomic::Ordering::Relaxed);
+        // No worker runs yet (zone init is in the master).
+        zone.restore_limits(limits);
     }
     let mut restored = 0;
     for (key, limits) in &plan.overrides {
         match zone.set_override(key, *limits) {
             Ok(_) => restored += 1,
-            Err(()) => {
+            Err(_) => {
                 ngx_log_error!(
                     NGX_LOG_WARN,
                     log,
@@ -158,10 +155,8 @@ fn load(path: &Path, log: *mut ngx_log_t) -> Option<StateFile> {
 /// then rewrite the file from shared memory.
 pub fn worker_started(cycle: &ngx_cycle_t) {
     // SAFETY: set by nginx before init_process callbacks run.
-    let (process, worker) = unsafe { (nginx_sys::ngx_process, nginx_sys::ngx_worker) };
-    let worker_process = process == nginx_sys::NGX_PROCESS_WORKER as ngx::ffi::ngx_uint_t
-        || process == nginx_sys::NGX_PROCESS_SINGLE as ngx::ffi::ngx_uint_t;
-    if !worker_process || worker != 0 {
+    let worker = unsafe { nginx_sys::ngx_worker };
+    if !crate::glue::is_worker_process() || worker != 0 {
         return;
     }
     let Some(mcf) = RateLimitModule::main_conf(cycle) else {

@@ -8,11 +8,12 @@
 //! mid-update leaves at worst one miscounted entry.
 
 use core::ptr;
+use core::sync::atomic::Ordering;
 
 use nginx_sys::{ngx_slab_alloc_locked, ngx_slab_pool_t};
 use ratelimit_core::top::{TopCount, TopKeys, TopKind, TopWindow};
 
-use crate::zone::Zone;
+use super::Zone;
 
 /// Size of the smallest zone that keeps top keys (`zone=NAME:256k`): in a smaller one the
 /// region (11 pages of 4 KiB) would crowd out the keys' slots.
@@ -23,7 +24,7 @@ pub const MIN_ZONE_BYTES: usize = 256 * 1024;
 ///
 /// # Safety
 /// `shpool` is an initialized slab pool whose mutex the caller holds.
-pub unsafe fn allocate_locked(shpool: *mut ngx_slab_pool_t) -> u64 {
+pub(super) unsafe fn allocate_locked(shpool: *mut ngx_slab_pool_t) -> u64 {
     // SAFETY: the caller passes an initialized pool, which spans the zone up to `end`.
     let zone_bytes = unsafe { (*shpool).end } as usize - shpool as usize;
     if zone_bytes < MIN_ZONE_BYTES {
@@ -41,52 +42,52 @@ pub unsafe fn allocate_locked(shpool: *mut ngx_slab_pool_t) -> u64 {
     region as u64 - shpool as u64
 }
 
-/// The zone's region, if it has one. Callers hold the zone lock while they use it.
-fn region(zone: &Zone) -> Option<*mut TopKeys> {
-    let offset = zone
-        .header()
-        .top_offset
-        .load(core::sync::atomic::Ordering::Relaxed);
-    if offset == 0 {
-        return None;
+impl Zone {
+    /// The zone's region, if it has one. Callers hold the zone lock while they use it.
+    fn top_region(&self) -> Option<*mut TopKeys> {
+        let offset = self.header().top_offset.load(Ordering::Relaxed);
+        if offset == 0 {
+            return None;
+        }
+        // SAFETY: a non-zero offset was returned by `allocate_locked` for this pool, and the
+        // region lives as long as the pool.
+        Some(unsafe {
+            self.shpool
+                .cast::<u8>()
+                .add(offset as usize)
+                .cast::<TopKeys>()
+        })
     }
-    // SAFETY: a non-zero offset was returned by `allocate_locked` for this pool, and the
-    // region lives as long as the pool.
-    Some(unsafe {
-        zone.pool()
-            .cast::<u8>()
-            .add(offset as usize)
-            .cast::<TopKeys>()
-    })
-}
 
-/// Count one delayed or rejected request of `key` in the zone.
-pub fn record(zone: &Zone, kind: TopKind, now_ns: u64, key: &[u8]) {
-    let Some(region) = region(zone) else {
-        return;
-    };
-    let hash = zone.hash_key(key);
-    let _lock = zone.lock();
-    // SAFETY: the region is inside the zone's mapping; the zone lock makes this the only
-    // access to it until the lock is released (every access takes it).
-    let top = unsafe { &mut *region };
-    top.record(kind, now_ns, hash, key);
-}
+    /// Count one delayed or rejected request of `key` in the zone.
+    pub fn record_top(&self, kind: TopKind, now_ns: u64, key: &[u8]) {
+        let Some(region) = self.top_region() else {
+            return;
+        };
+        let hash = self.hash_key(key);
+        let _lock = self.lock();
+        // SAFETY: the region is inside the zone's mapping; the zone lock makes this the only
+        // access to it until the lock is released (every access takes it).
+        let top = unsafe { &mut *region };
+        top.record(kind, now_ns, hash, key);
+    }
 
-/// The `limit` keys with the highest counts; `None` when the zone keeps no top keys.
-pub fn top(
-    zone: &Zone,
-    kind: TopKind,
-    window: TopWindow,
-    now_ns: u64,
-    limit: usize,
-) -> Option<(Vec<TopCount>, u64)> {
-    let region = region(zone)?;
-    let _lock = zone.lock();
-    // SAFETY: as in `record`; the lock is held while the summaries are read.
-    let top = unsafe { &*region };
-    Some((
-        top.top(kind, window, now_ns, limit),
-        top.total(kind, window, now_ns),
-    ))
+    /// The `limit` keys with the highest counts, and the total; `None` when the zone keeps
+    /// no top keys.
+    pub fn top(
+        &self,
+        kind: TopKind,
+        window: TopWindow,
+        now_ns: u64,
+        limit: usize,
+    ) -> Option<(Vec<TopCount>, u64)> {
+        let region = self.top_region()?;
+        let _lock = self.lock();
+        // SAFETY: as in `record_top`; the lock is held while the summaries are read.
+        let top = unsafe { &*region };
+        Some((
+            top.top(kind, window, now_ns, limit),
+            top.total(kind, window, now_ns),
+        ))
+    }
 }

@@ -1,15 +1,18 @@
-//! The zones of the running configuration, shown to the admin API (`AdminZone`) over their
-//! shared memory.
+//! The zones of the running configuration as the admin API sees them ([`AdminZone`]), and
+//! every change to them: a zone's limits, a key's override, forgetting a key. The admin API,
+//! the Lua API and the sync loop all change zones through here.
 
-use core::sync::atomic::Ordering;
-
+use ngx::ffi::ngx_log_t;
+use ratelimit_admin::body::LimitsBody;
 use ratelimit_admin::top::TopList;
-use ratelimit_admin::{AdminZone, Counters, KeyState, OverridesFull, ZoneInfo};
+use ratelimit_admin::{AdminZone, ApiError, Counters, KeyState, OverridesFull, SyncInfo, ZoneInfo};
 use ratelimit_core::top::{TopKind, TopWindow};
 use ratelimit_core::{DelayMode, Limits, Policy};
 
-use crate::conf::{MainConf, ZoneConf};
-use crate::zone::{Counter, Zone, OVERRIDE_CAPACITY};
+use crate::conf::{self, MainConf, ZoneConf};
+use crate::glue::{now_ms, now_ns};
+use crate::store::sync_record::{self, Mode};
+use crate::store::{Counter, Zone, OVERRIDE_CAPACITY};
 
 /// One `rate_limit_zone` with its shared memory, and the time the request is answered at.
 pub struct SharedZone<'a> {
@@ -20,19 +23,65 @@ pub struct SharedZone<'a> {
 
 /// Every zone of `mcf` whose shared memory is set up, in the configuration's order.
 pub fn shared_zones(mcf: &MainConf, now_ns: u64) -> Vec<SharedZone<'_>> {
-    mcf.zones
-        .iter()
-        .filter_map(|&zone_conf| {
-            // SAFETY: zone configurations live in the pool of the cycle that `mcf` belongs
-            // to, as long as `mcf` does.
-            let conf = unsafe { zone_conf.as_ref() }?;
-            Some(SharedZone {
-                conf,
-                zone: conf.zone?,
-                now_ns,
-            })
-        })
+    conf::zones(mcf)
+        .filter_map(|conf| SharedZone::new(conf, now_ns))
         .collect()
+}
+
+/// Change the rate and/or burst of zone `name` the way `PATCH zones/NAME` does: every worker
+/// sees it at once, the state file keeps it, the fleet gets it. The Lua API's `set_rate` and
+/// `set_burst`.
+pub fn patch_zone(
+    mcf: &MainConf,
+    name: &str,
+    patch: &LimitsBody,
+    log: *mut ngx_log_t,
+) -> Result<(), ApiError> {
+    let zones = shared_zones(mcf, now_ns());
+    ratelimit_admin::patch_zone(&zones, name, patch)?;
+    super::changed(mcf, log);
+    Ok(())
+}
+
+/// Set (`to`) or remove (`None`) a key's override the way `PUT`/`DELETE
+/// zones/NAME/overrides/KEY` do (the key's backlog rescaled), provided the key's override is
+/// still `expected` (packed limits, 0 for none): `Ok(false)` when it is not (changed here
+/// meanwhile). The caller writes the state file ([`super::persist::save`]) after a batch.
+pub fn replace_override(
+    zone_conf: &ZoneConf,
+    key: &[u8],
+    expected: u64,
+    to: Option<Limits>,
+) -> Result<bool, OverridesFull> {
+    let Some(zone) = SharedZone::new(zone_conf, now_ns()) else {
+        return Ok(false);
+    };
+    let current = zone.override_for(key).map_or(0, |limits| limits.pack());
+    if current != expected {
+        return Ok(false);
+    }
+    match to {
+        Some(limits) => zone.set_override(key, limits).map(|_| true),
+        None => Ok(zone.remove_override(key)),
+    }
+}
+
+/// The instance's sync state; `None` without `rate_limit_sync`.
+fn sync_info() -> Option<SyncInfo> {
+    use core::sync::atomic::Ordering;
+    let sync = sync_record::shared()?;
+    let mode = sync.mode();
+    let last_ok_ms = sync.last_ok_ms.load(Ordering::Relaxed);
+    Some(SyncInfo {
+        connected: mode == Mode::Synced,
+        mode: mode.as_str(),
+        last_sync_age_ms: (last_ok_ms != 0).then(|| now_ms().saturating_sub(last_ok_ms)),
+        instances: sync.instances(),
+        round_trips: sync.round_trips.load(Ordering::Relaxed),
+        errors: sync.errors.load(Ordering::Relaxed),
+        lag_us: sync.lag_us.load(Ordering::Relaxed),
+        fallback: mode.is_fallback(),
+    })
 }
 
 impl<'a> SharedZone<'a> {
@@ -51,8 +100,7 @@ impl<'a> SharedZone<'a> {
 
     /// What the configuration file says, as recorded in the zone at the last (re)load.
     pub fn config_limits(&self) -> Limits {
-        let packed = self.zone.header().config_limits.load(Ordering::Relaxed);
-        Limits::unpack(packed).unwrap_or(self.conf.limits)
+        Limits::unpack(self.zone.config_limits_word()).unwrap_or(self.conf.limits)
     }
 }
 
@@ -62,7 +110,6 @@ impl AdminZone for SharedZone<'_> {
     }
 
     fn info(&self) -> ZoneInfo {
-        let header = self.zone.header();
         let count = |counter: Counter| self.zone.counter(counter);
         ZoneInfo {
             algorithm: self.zone.algorithm(),
@@ -79,10 +126,10 @@ impl AdminZone for SharedZone<'_> {
                 delayed_dry_run: count(Counter::DelayedDryRun),
                 rejected_dry_run: count(Counter::RejectedDryRun),
             },
-            evictions: header.evictions.load(Ordering::Relaxed),
-            overrides: header.override_count.load(Ordering::Relaxed),
+            evictions: self.zone.evictions(),
+            overrides: self.zone.override_count(),
             override_capacity: OVERRIDE_CAPACITY as u64,
-            sync: self.zone.is_sync().then(crate::sync::info).flatten(),
+            sync: self.zone.is_sync().then(sync_info).flatten(),
         }
     }
 
@@ -91,18 +138,8 @@ impl AdminZone for SharedZone<'_> {
     }
 
     fn replace_limits(&self, current: Limits, new: Limits) -> Result<(), Limits> {
-        // One word holds rate and burst: requests read either the old pair or the new one,
-        // and two admin writes in two workers cannot lose one another's field.
         self.zone
-            .header()
-            .limits
-            .compare_exchange(
-                current.pack(),
-                new.pack(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .map(|_| self.zone.rescale_backlogs(&current, &new, self.now_ns))
+            .replace_limits(current, new, self.now_ns)
             .map_err(|found| Limits::unpack(found).unwrap_or(self.conf.limits))
     }
 
@@ -150,7 +187,7 @@ impl AdminZone for SharedZone<'_> {
         let created = self
             .zone
             .set_override(key, limits)
-            .map_err(|()| OverridesFull)?;
+            .map_err(|_| OverridesFull)?;
         // The key's backlog drains at its new rate from now on.
         self.zone.rescale_key(hash, &before, &limits, self.now_ns);
         Ok(created)
@@ -168,7 +205,7 @@ impl AdminZone for SharedZone<'_> {
     }
 
     fn top(&self, kind: TopKind, window: TopWindow, limit: usize) -> Option<TopList> {
-        let (keys, total) = crate::top::top(&self.zone, kind, window, self.now_ns, limit)?;
+        let (keys, total) = self.zone.top(kind, window, self.now_ns, limit)?;
         Some(TopList { keys, total })
     }
 }

@@ -1,0 +1,110 @@
+//! What callers need to know about each [`Algorithm`], asked of the algorithm rather than
+//! matched on its name: adding an algorithm is adding its answers here (and its arithmetic).
+
+use crate::{sliding_log, Algorithm, Rate};
+
+impl Algorithm {
+    /// Every algorithm, in the order of their [`Algorithm::code`]s.
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::LeakyBucket,
+        Algorithm::TokenBucket,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+    ];
+
+    /// A number for the algorithm that never changes (shared memory keeps it across
+    /// reloads and versions of the module).
+    pub fn code(self) -> u64 {
+        match self {
+            Algorithm::LeakyBucket => 1,
+            Algorithm::TokenBucket => 2,
+            Algorithm::SlidingLog => 3,
+            Algorithm::SlidingWindow => 4,
+        }
+    }
+
+    /// The algorithm of [`Algorithm::code`] `code`; the default (`LeakyBucket`) for a code
+    /// no algorithm has.
+    pub fn from_code(code: u64) -> Algorithm {
+        Algorithm::ALL
+            .into_iter()
+            .find(|algorithm| algorithm.code() == code)
+            .unwrap_or(Algorithm::LeakyBucket)
+    }
+
+    /// Whether a key's state is one `u64` ([`crate::decide_word`]), updated by
+    /// compare-and-swap; else it is several words ([`crate::decide_words`]).
+    #[inline]
+    pub fn is_single_word(self) -> bool {
+        !matches!(self, Algorithm::SlidingLog)
+    }
+
+    /// Whether a key's state is read and written under a lock: a state of several words
+    /// cannot be swapped at once.
+    #[inline]
+    pub fn needs_lock(self) -> bool {
+        !self.is_single_word()
+    }
+
+    /// The `u64` words a key's state takes at `rate`.
+    pub fn state_words(self, rate: &Rate) -> usize {
+        match self {
+            Algorithm::SlidingLog => sliding_log::words_for(rate.whole_requests().unwrap_or(1)),
+            _ => 1,
+        }
+    }
+
+    /// Whether `burst=` means something to it (the buckets); the sliding algorithms have
+    /// none, and refuse one.
+    #[inline]
+    pub fn takes_burst(self) -> bool {
+        matches!(self, Algorithm::LeakyBucket | Algorithm::TokenBucket)
+    }
+
+    /// Whether its state keeps a time computed at the rate (the buckets' theoretical arrival
+    /// time), which a change of rate must re-express ([`crate::rescale_word`]).
+    #[inline]
+    pub fn keeps_time_at_rate(self) -> bool {
+        matches!(self, Algorithm::LeakyBucket | Algorithm::TokenBucket)
+    }
+
+    /// Whether a fleet can share it (`rate_limit_sync`): a state one grant can be taken from.
+    #[inline]
+    pub fn can_sync(self) -> bool {
+        self.is_single_word()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_and_never_collide() {
+        for algorithm in Algorithm::ALL {
+            assert_eq!(Algorithm::from_code(algorithm.code()), algorithm);
+        }
+        assert_eq!(Algorithm::from_code(0), Algorithm::LeakyBucket);
+        assert_eq!(Algorithm::from_code(99), Algorithm::LeakyBucket);
+    }
+
+    #[test]
+    fn answers_per_algorithm() {
+        let rate = Rate::parse("10r/s").unwrap();
+        // (algorithm, single word, takes burst, rescaled, can sync)
+        let table = [
+            (Algorithm::LeakyBucket, true, true, true, true),
+            (Algorithm::TokenBucket, true, true, true, true),
+            (Algorithm::SlidingLog, false, false, false, false),
+            (Algorithm::SlidingWindow, true, false, false, true),
+        ];
+        for (algorithm, single, burst, rescaled, sync) in table {
+            assert_eq!(algorithm.is_single_word(), single, "{algorithm}");
+            assert_eq!(algorithm.needs_lock(), !single, "{algorithm}");
+            assert_eq!(algorithm.takes_burst(), burst, "{algorithm}");
+            assert_eq!(algorithm.keeps_time_at_rate(), rescaled, "{algorithm}");
+            assert_eq!(algorithm.can_sync(), sync, "{algorithm}");
+            assert_eq!(algorithm.state_words(&rate) == 1, single, "{algorithm}");
+        }
+    }
+}

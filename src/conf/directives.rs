@@ -1,0 +1,319 @@
+//! The `cmd_*` handlers of the module's directives. Each turns its raw pointers into
+//! references in its first lines and calls a function that returns a [`ConfError`].
+//! `rate_limit_status`, `rate_limit_dry_run` and `rate_limit_headers` use nginx's own
+//! setters (the table in `lib.rs`), `rate_limit_sync` is in [`super::sync`].
+
+use core::cell::{Cell, RefCell};
+use core::ffi::{c_char, c_void};
+use core::mem;
+
+use ngx::core::NGX_CONF_OK;
+use ngx::ffi::{
+    ngx_command_t, ngx_conf_post_t, ngx_conf_t, ngx_http_compile_complex_value,
+    ngx_http_compile_complex_value_t, ngx_http_complex_value_t, ngx_int_t, ngx_uint_t, NGX_LOG_ERR,
+    NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
+};
+use ngx::http::{HttpModuleLocationConf, HttpModuleServerConf, NgxHttpCoreModule};
+use ratelimit_core::{Algorithm, LimitSpec, ZoneSpec};
+
+use super::ext::ConfExt;
+use super::{
+    add_shared_zone, main_conf, variable_index, AdminConf, ConfError, LimitConf, LocConf,
+    LocationBursts, ZoneConf, ZoneReference,
+};
+use crate::store::sizing::{size_hint, zone_size_fits};
+use crate::store::ZoneLayout;
+
+/// The answer of a `cmd_*` handler.
+fn answer(cf: &mut ngx_conf_t, result: Result<(), ConfError>) -> *mut c_char {
+    match result {
+        Ok(()) => NGX_CONF_OK,
+        Err(error) => cf.fail(&error),
+    }
+}
+
+/// `rate_limit_zone KEY zone=NAME:SIZE rate=RATE [burst=N] [algorithm=NAME] [sync];`
+pub extern "C" fn cmd_rate_limit_zone(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    _conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: nginx calls directive handlers with a valid configuration context.
+    let cf = unsafe { &mut *cf };
+    let result = rate_limit_zone(cf);
+    answer(cf, result)
+}
+
+fn rate_limit_zone(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
+    let args = cf.args();
+    let words = cf.words(2)?;
+    let spec = ZoneSpec::parse_words(&words).map_err(|error| ConfError::Spec {
+        directive: "rate_limit_zone",
+        error,
+    })?;
+    let (name, size) = spec
+        .zone
+        .clone()
+        .ok_or(ConfError::NoZone("rate_limit_zone"))?;
+    // The exact test zone init will make, so that `nginx -t` refuses what could not start,
+    // at this line, with the size that would do.
+    // SAFETY: ngx_pagesize is set at startup, before any configuration is read.
+    let pagesize = unsafe { nginx_sys::ngx_pagesize };
+    let layout = ZoneLayout {
+        algorithm: spec.algorithm,
+        limits: spec.limits(),
+        fingerprint: 0,
+        sync_seed: spec.sync.then_some(0),
+    };
+    let fits =
+        usize::try_from(size).is_ok_and(|size| zone_size_fits(size, layout.slot_words(), pagesize));
+    if !fits {
+        let hint = size_hint(&layout, pagesize);
+        return Err(ConfError::ZoneTooSmall { name, hint });
+    }
+
+    // SAFETY: all-zero is a valid (empty) complex value, filled by the compiler below.
+    let mut key: ngx_http_complex_value_t = unsafe { mem::zeroed() };
+    let mut key_arg = args[1];
+    // SAFETY: zeroed is the documented initial state of ngx_http_compile_complex_value_t.
+    let mut ccv: ngx_http_compile_complex_value_t = unsafe { mem::zeroed() };
+    ccv.cf = cf;
+    ccv.value = &mut key_arg;
+    ccv.complex_value = &mut key;
+    // SAFETY: `ccv` points at live values for the duration of the call.
+    if unsafe { ngx_http_compile_complex_value(&mut ccv) } != 0 {
+        return Err(ConfError::Logged);
+    }
+    let key_variable = match single_variable(args[1].as_bytes()) {
+        Some(name) => Some(variable_index(cf, name)?),
+        None => None,
+    };
+
+    let mcf = main_conf(cf).ok_or(ConfError::Logged)?;
+    if super::zones(mcf).any(|zone| zone.name == name) {
+        return Err(ConfError::DuplicateZone(name));
+    }
+    let zone_init = mcf.hooks.zone_init;
+    let shm_zone = add_shared_zone(cf, &name, size)?;
+    let zone_conf = cf.alloc(ZoneConf {
+        name: name.clone(),
+        shm_zone,
+        key,
+        key_variable,
+        key_query_arg: None,
+        policy_item: RefCell::new(None),
+        key_text: String::from_utf8_lossy(args[1].as_bytes()).into_owned(),
+        algorithm: spec.algorithm,
+        limits: spec.limits(),
+        size,
+        zone: None,
+        sync: spec.sync,
+        bursts: LocationBursts::default(),
+    })?;
+    if !shm_zone.data.is_null() {
+        return Err(ConfError::DuplicateZone(name));
+    }
+    shm_zone.data = zone_conf.cast();
+    shm_zone.init = zone_init;
+    mcf.zones.push(zone_conf);
+    Ok(())
+}
+
+/// `$name` or `${name}` alone: the variable's name.
+fn single_variable(text: &[u8]) -> Option<&[u8]> {
+    let name = text.strip_prefix(b"$")?;
+    let name = match name.strip_prefix(b"{") {
+        Some(braced) => braced.strip_suffix(b"}")?,
+        None => name,
+    };
+    let valid = !name.is_empty()
+        && name
+            .iter()
+            .all(|&byte| byte.is_ascii_alphanumeric() || byte == b'_');
+    valid.then_some(name)
+}
+
+/// `rate_limit zone=NAME [burst=N] [nodelay | delay=N] [global=NAME] [cost=N];`
+pub extern "C" fn cmd_rate_limit(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: nginx calls directive handlers with a valid configuration context, and `conf`
+    // is this module's location configuration (NGX_HTTP_LOC_CONF_OFFSET).
+    let (cf, lcf) = unsafe { (&mut *cf, &mut *conf.cast::<LocConf>()) };
+    let result = rate_limit(cf, lcf);
+    answer(cf, result)
+}
+
+fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
+    let words = cf.words(1)?;
+    let spec = LimitSpec::parse_words(&words).map_err(|error| ConfError::Spec {
+        directive: "rate_limit",
+        error,
+    })?;
+    let name = spec.zone.clone().ok_or(ConfError::NoZone("rate_limit"))?;
+    let limits = lcf.limits.get_or_insert_with(Vec::new);
+    if limits.iter().any(|limit| limit.name == name) {
+        return Err(ConfError::DuplicateLimit(name));
+    }
+    let shm_zone: *mut _ = add_shared_zone(cf, &name, 0)?;
+    let global = match &spec.global {
+        Some(global) => Some(add_shared_zone(cf, global, 0)? as *mut _),
+        None => None,
+    };
+    let (file, line) = cf.position();
+    let mcf = main_conf(cf).ok_or(ConfError::Logged)?;
+    mcf.references.push(ZoneReference {
+        name: name.clone(),
+        global: false,
+        local_algorithm_needed: spec.global.is_some().then_some(Algorithm::TokenBucket),
+        burst_given: spec.burst.is_some(),
+        burst: spec.burst,
+        file: file.clone(),
+        line,
+    });
+    if let Some(global) = &spec.global {
+        mcf.references.push(ZoneReference {
+            name: global.clone(),
+            global: true,
+            local_algorithm_needed: Some(Algorithm::TokenBucket),
+            burst_given: false,
+            burst: spec.burst,
+            file,
+            line,
+        });
+    }
+    limits.push(LimitConf {
+        name,
+        shm_zone,
+        burst: spec.burst,
+        delay: spec.delay,
+        global,
+        cost: spec.cost.max(1),
+        charge_cache: Cell::new((0, None)),
+    });
+    Ok(())
+}
+
+/// `rate_limit_status CODE;` is read by `ngx_conf_set_num_slot`; this post handler keeps the
+/// code to the statuses a rejection may have, as limit_req's bounds do.
+pub static STATUS_BOUNDS: ngx_conf_post_t = ngx_conf_post_t {
+    post_handler: Some(check_status),
+};
+
+extern "C" fn check_status(
+    cf: *mut ngx_conf_t,
+    _post: *mut c_void,
+    data: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: nginx calls the post handler with the configuration context and the number
+    // `ngx_conf_set_num_slot` just stored.
+    let (cf, code) = unsafe { (&mut *cf, *data.cast::<ngx_int_t>()) };
+    if (400..=599).contains(&code) {
+        return NGX_CONF_OK;
+    }
+    cf.fail(&ConfError::InvalidStatus(code))
+}
+
+/// `rate_limit_log_level info|notice|warn|error;` (its own handler: the error names the value).
+pub extern "C" fn cmd_log_level(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: as for every directive handler; `conf` is our location configuration.
+    let (cf, lcf) = unsafe { (&mut *cf, &mut *conf.cast::<LocConf>()) };
+    let result = log_level(cf, lcf);
+    answer(cf, result)
+}
+
+fn log_level(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
+    if lcf.log_level.is_some() {
+        return Err(ConfError::Duplicate("rate_limit_log_level"));
+    }
+    let level = match cf.args()[1].as_bytes() {
+        b"info" => NGX_LOG_INFO,
+        b"notice" => NGX_LOG_NOTICE,
+        b"warn" => NGX_LOG_WARN,
+        b"error" => NGX_LOG_ERR,
+        other => {
+            return Err(ConfError::InvalidValue(
+                String::from_utf8_lossy(other).into_owned(),
+            ))
+        }
+    };
+    lcf.log_level = Some(level as ngx_uint_t);
+    Ok(())
+}
+
+/// `rate_limit_admin [write=on|off];`
+pub extern "C" fn cmd_admin(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: as for every directive handler; `conf` is our location configuration.
+    let (cf, lcf) = unsafe { (&mut *cf, &mut *conf.cast::<LocConf>()) };
+    let result = admin(cf, lcf);
+    answer(cf, result)
+}
+
+fn admin(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
+    if lcf.admin.is_some() {
+        return Err(ConfError::Duplicate("rate_limit_admin"));
+    }
+    let mut admin_conf = AdminConf::default();
+    for word in &cf.args()[1..] {
+        match word.as_bytes() {
+            b"write=on" => admin_conf.write = true,
+            b"write=off" => admin_conf.write = false,
+            other => {
+                return Err(ConfError::InvalidParameter(
+                    String::from_utf8_lossy(other).into_owned(),
+                ))
+            }
+        }
+    }
+    lcf.admin = Some(admin_conf);
+    // The server's own configuration (the one a request has before a location is found).
+    let server = NgxHttpCoreModule::server_conf(&*cf).and_then(|cscf| {
+        // SAFETY: a server's ctx is its configuration context, live while configuring;
+        // its loc_conf array has an element for every HTTP module.
+        unsafe {
+            let ctx = cscf.ctx.as_ref()?;
+            let index = (*super::module_ptr()).ctx_index;
+            (*ctx.loc_conf.add(index)).cast::<LocConf>().as_mut()
+        }
+    });
+    server.ok_or(ConfError::Logged)?.admin_server = true;
+    let handler = main_conf(cf).ok_or(ConfError::Logged)?.hooks.admin_handler;
+    let clcf = NgxHttpCoreModule::location_conf_mut(cf).ok_or(ConfError::Logged)?;
+    clcf.handler = handler;
+    Ok(())
+}
+
+/// `rate_limit_state_file PATH;`
+pub extern "C" fn cmd_state_file(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    _conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: as for every directive handler.
+    let cf = unsafe { &mut *cf };
+    let result = state_file(cf);
+    answer(cf, result)
+}
+
+fn state_file(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
+    let path = String::from_utf8_lossy(cf.args()[1].as_bytes()).into_owned();
+    let mcf = main_conf(cf).ok_or(ConfError::Logged)?;
+    if mcf.state_file.is_some() {
+        return Err(ConfError::Duplicate("rate_limit_state_file"));
+    }
+    if path.is_empty() {
+        return Err(ConfError::EmptyStateFile);
+    }
+    mcf.state_file = Some(path);
+    Ok(())
+}

@@ -1,0 +1,81 @@
+//! Configuration errors, worded as nginx words its own (`invalid rate "%V"`,
+//! `zone "%V" is too small`), each quoting the token at fault.
+
+use ratelimit_core::sync_spec::SyncSpecError;
+use ratelimit_core::SpecError;
+
+use super::tls::TlsFileError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfError {
+    /// nginx said why already (an allocation or a complex value that failed): nothing to add.
+    #[error("")]
+    Logged,
+    /// `invalid parameter "zone=a:1m\xff"`: a word that is not UTF-8.
+    #[error("invalid parameter \"{0}\"")]
+    InvalidParameter(String),
+    /// A parameter of `rate_limit_zone` or `rate_limit` (the directive names a missing one).
+    #[error("{}", spec_message(.directive, .error))]
+    Spec {
+        directive: &'static str,
+        error: SpecError,
+    },
+    #[error("{0}")]
+    Sync(#[from] SyncSpecError),
+    #[error("{0}")]
+    Tls(#[from] TlsFileError),
+    #[error("\"{0}\" must have \"zone\" parameter")]
+    NoZone(&'static str),
+    #[error("zone \"{name}\" is too small{hint}")]
+    ZoneTooSmall { name: String, hint: String },
+    #[error("duplicate zone \"{0}\"")]
+    DuplicateZone(String),
+    #[error("duplicate limit \"{0}\"")]
+    DuplicateLimit(String),
+    #[error("\"{0}\" directive is duplicate")]
+    Duplicate(&'static str),
+    /// `rate_limit_log_level`: the valid levels are the directive's own words.
+    #[error("invalid value \"{0}\"")]
+    InvalidValue(String),
+    #[error("invalid status \"{0}\": value must be between 400 and 599")]
+    InvalidStatus(isize),
+    #[error("invalid state file path \"\"")]
+    EmptyStateFile,
+    #[error("invalid Redis URL \"{url}\": {reason}")]
+    InvalidRedisUrl { url: String, reason: String },
+    #[error("invalid Redis URL \"{0}\": several URLs need \"cluster\"")]
+    UrlsNeedCluster(String),
+    /// Found once the `http` block is read: a zone `rate_limit` names that does not exist.
+    #[error("unknown zone \"{0}\"")]
+    UnknownZone(String),
+    #[error(
+        "{role} \"{zone}\" used with \"global=\" must use algorithm=token_bucket, not {algorithm}"
+    )]
+    GlobalNeedsTokenBucket {
+        role: &'static str,
+        zone: String,
+        algorithm: ratelimit_core::Algorithm,
+    },
+    #[error("\"burst\" is not used by {algorithm} (zone \"{zone}\")")]
+    BurstNotUsed {
+        algorithm: ratelimit_core::Algorithm,
+        zone: String,
+    },
+    #[error("zone \"{0}\" has \"sync\" but no \"rate_limit_sync\" is configured")]
+    SyncNotConfigured(String),
+    /// An error about the `rate_limit` line at FILE:LINE, found after the whole `http` block
+    /// was read (when nginx's own position is its `}`).
+    #[error("{error} in {file}:{line}")]
+    At {
+        error: Box<ConfError>,
+        file: String,
+        line: usize,
+    },
+}
+
+fn spec_message(directive: &str, error: &SpecError) -> String {
+    match error {
+        SpecError::MissingParameter(_) => format!("\"{directive}\" {error}"),
+        _ => error.to_string(),
+    }
+}

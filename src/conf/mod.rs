@@ -1,0 +1,378 @@
+//! Configuration: the directives turned into structures. `directives` holds the `cmd_*`
+//! handlers, `sync` the `rate_limit_sync` directive and its TLS files, `key` what is settled
+//! about keys once nginx has bound its variables.
+//!
+//! Configuration calls neither the control layer nor a front door: what they must do at
+//! configuration time, they hand over as [`Hooks`] before the `http` block is read.
+
+pub mod directives;
+mod error;
+pub mod ext;
+pub mod key;
+pub mod sync;
+mod tls;
+
+use core::cell::{Cell, RefCell};
+use core::ptr;
+
+use ngx::ffi::ngx_module_t;
+use ngx::ffi::{
+    ngx_conf_t, ngx_flag_t, ngx_http_complex_value_t, ngx_http_handler_pt, ngx_int_t,
+    ngx_shm_zone_init_pt, ngx_shm_zone_t, ngx_uint_t, NGX_LOG_ERR, NGX_LOG_INFO,
+};
+use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Merge, MergeConfigError};
+use ratelimit_core::{Algorithm, BucketCharge, DelayMode, Limits, Rate};
+
+use crate::store::sync_record::name_seed;
+use crate::store::{Zone, ZoneLayout};
+pub use error::ConfError;
+use ext::ConfExt;
+pub use sync::SyncConf;
+
+/// The module as the `ngx` crate sees it: where nginx keeps its configuration structures.
+/// Every part reaches its configuration through it (`RateLimitModule::main_conf(r)`).
+pub struct RateLimitModule;
+
+impl HttpModule for RateLimitModule {
+    fn module() -> &'static ngx_module_t {
+        // SAFETY: the module static is only written by nginx while loading the module.
+        unsafe { &*module_ptr() }
+    }
+}
+
+// SAFETY: the configuration types match what create_*_conf allocates for this module.
+unsafe impl HttpModuleMainConf for RateLimitModule {
+    type MainConf = MainConf;
+}
+
+// SAFETY: as above.
+unsafe impl HttpModuleLocationConf for RateLimitModule {
+    type LocationConf = LocConf;
+}
+
+/// The module registered by `lib.rs` (the tag of its shared memory zones, its index).
+pub fn module_ptr() -> *mut ngx_module_t {
+    ptr::addr_of_mut!(crate::ngx_http_rate_limit_module)
+}
+
+/// nginx's "not set" value of a setting (`NGX_CONF_UNSET`).
+pub const UNSET: isize = -1;
+
+/// `http`-level state: the zones declared and the zone names `rate_limit` refers to, checked
+/// once the whole `http` block is read.
+#[derive(Default)]
+pub struct MainConf {
+    pub zones: Vec<*mut ZoneConf>,
+    pub references: Vec<ZoneReference>,
+    /// Index of `$rate_limit_status` in `r->variables`: where a request's outcome is kept
+    /// (it survives internal redirects, unlike module contexts, and subrequests share it).
+    pub status_variable: Option<ngx_uint_t>,
+    /// `rate_limit_state_file`: where changes are persisted.
+    pub state_file: Option<String>,
+    /// `rate_limit_sync`: the fleet's shared store.
+    pub sync: Option<SyncConf>,
+    pub hooks: Hooks,
+}
+
+/// The handlers configuration installs on behalf of the layers above it, set by `lib.rs`
+/// before the `http` block is read.
+#[derive(Default)]
+pub struct Hooks {
+    /// Content handler of a location with `rate_limit_admin`.
+    pub admin_handler: ngx_http_handler_pt,
+    /// Init callback of every `rate_limit_zone`'s shared memory.
+    pub zone_init: ngx_shm_zone_init_pt,
+}
+
+/// A zone name used by `rate_limit zone=` or `global=`, with where it was written.
+pub struct ZoneReference {
+    pub name: String,
+    pub global: bool,
+    pub local_algorithm_needed: Option<Algorithm>,
+    pub burst_given: bool,
+    /// `burst=` of the `rate_limit` line, which applies to its zone and its `global=` zone.
+    pub burst: Option<u64>,
+    /// The configuration file and line of the `rate_limit` directive: the references are
+    /// checked after the whole `http` block is read, when nginx's own position is its `}`.
+    pub file: String,
+    pub line: usize,
+}
+
+impl ZoneReference {
+    /// `error`, placed at the `rate_limit` line it is about.
+    fn error(&self, error: ConfError) -> ConfError {
+        ConfError::At {
+            error: Box::new(error),
+            file: self.file.clone(),
+            line: self.line,
+        }
+    }
+}
+
+/// One `rate_limit_zone`: lives in the configuration pool of its cycle; `shm_zone.data`
+/// points here.
+pub struct ZoneConf {
+    pub name: String,
+    pub shm_zone: *mut ngx_shm_zone_t,
+    pub key: ngx_http_complex_value_t,
+    /// When KEY is a single variable (`$binary_remote_addr`), its index: read directly,
+    /// without evaluating a complex value into a fresh buffer.
+    pub key_variable: Option<ngx_uint_t>,
+    /// When KEY is nginx's own `$arg_NAME`, NAME (lowercase): the value is read from the
+    /// query string directly. Set by [`key::resolve_query_arg_keys`] once variables are
+    /// bound.
+    pub key_query_arg: Option<Vec<u8>>,
+    /// This worker's `RateLimit-Policy` item for the zone (`"NAME";q=Q;w=W`) and the rate it
+    /// was formatted for, formatted again only when the zone's rate changes.
+    pub policy_item: RefCell<Option<(Rate, Vec<u8>)>>,
+    pub key_text: String,
+    pub algorithm: Algorithm,
+    /// Limits as written in the configuration.
+    pub limits: Limits,
+    pub size: u64,
+    /// The process-local view of the shared memory, set by the zone's init callback.
+    pub zone: Option<Zone>,
+    /// `sync`: the zone's limits hold across the fleet (`rate_limit_sync`).
+    pub sync: bool,
+    /// The bursts its `rate_limit` lines apply (set once the `http` block is read).
+    pub bursts: LocationBursts,
+}
+
+impl ZoneConf {
+    pub fn layout(&self) -> ZoneLayout {
+        ZoneLayout {
+            algorithm: self.algorithm,
+            limits: self.limits,
+            fingerprint: fingerprint(&self.key_text, self.algorithm),
+            sync_seed: self.sync.then(|| name_seed(&self.name)),
+        }
+    }
+}
+
+/// The bursts requests of a zone are decided with: a `rate_limit` line's own `burst=` takes
+/// the place of the zone's. The fleet (`rate_limit_sync`) sizes a key's shared bucket with the
+/// largest of them; each request is still decided locally with its own line's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LocationBursts {
+    /// The largest `burst=` given on a line using the zone.
+    pub largest_given: Option<u64>,
+    /// Whether some line (or none at all) leaves the zone's own burst in force.
+    pub zone_burst_used: bool,
+}
+
+impl LocationBursts {
+    /// The burst of the largest bucket a request of the zone can see, `zone_burst` being the
+    /// zone's own now (the admin API can change it).
+    pub fn largest(&self, zone_burst: u64) -> u64 {
+        match self.largest_given {
+            Some(given) if self.zone_burst_used => given.max(zone_burst),
+            Some(given) => given,
+            None => zone_burst,
+        }
+    }
+
+    fn add(&mut self, burst: Option<u64>) {
+        match burst {
+            Some(burst) => {
+                self.largest_given = Some(self.largest_given.map_or(burst, |b| b.max(burst)));
+            }
+            None => self.zone_burst_used = true,
+        }
+    }
+}
+
+/// One `rate_limit` line (or the options a Lua call gives in its place).
+#[derive(Clone)]
+pub struct LimitConf {
+    pub name: String,
+    pub shm_zone: *mut ngx_shm_zone_t,
+    pub burst: Option<u64>,
+    pub delay: DelayMode,
+    pub global: Option<*mut ngx_shm_zone_t>,
+    pub cost: u64,
+    /// This worker's [`BucketCharge`] for the zone limits word it was computed from (0 when
+    /// none yet): the request path recomputes it only when the zone's limits change.
+    pub charge_cache: Cell<(u64, Option<BucketCharge>)>,
+}
+
+/// `rate_limit_admin [write=on]`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AdminConf {
+    pub write: bool,
+}
+
+/// The location's settings. `status`, `dry_run` and `headers` are set by nginx's own
+/// setters (`ngx_conf_set_num_slot`, `ngx_conf_set_flag_slot`) and are [`UNSET`] until then.
+pub struct LocConf {
+    pub limits: Option<Vec<LimitConf>>,
+    pub status: ngx_int_t,
+    pub dry_run: ngx_flag_t,
+    pub log_level: Option<ngx_uint_t>,
+    pub headers: ngx_flag_t,
+    pub admin: Option<AdminConf>,
+    /// Set on a server's own configuration when one of its locations has `rate_limit_admin`:
+    /// a request refused before a location is matched (414) is answered in JSON. Not merged.
+    pub admin_server: bool,
+}
+
+impl Default for LocConf {
+    fn default() -> LocConf {
+        LocConf {
+            limits: None,
+            status: UNSET,
+            dry_run: UNSET,
+            log_level: None,
+            headers: UNSET,
+            admin: None,
+            admin_server: false,
+        }
+    }
+}
+
+impl LocConf {
+    pub fn status(&self) -> ngx_uint_t {
+        if self.status == UNSET {
+            429
+        } else {
+            self.status as ngx_uint_t
+        }
+    }
+    pub fn dry_run(&self) -> bool {
+        self.dry_run == 1
+    }
+    pub fn log_level(&self) -> ngx_uint_t {
+        self.log_level.unwrap_or(NGX_LOG_ERR as ngx_uint_t)
+    }
+    /// Delays are logged one level below rejections, as limit_req does.
+    pub fn delay_log_level(&self) -> ngx_uint_t {
+        let level = self.log_level();
+        if level == NGX_LOG_INFO as ngx_uint_t {
+            level
+        } else {
+            level + 1
+        }
+    }
+    #[inline]
+    pub fn headers(&self) -> bool {
+        self.headers != 0
+    }
+    #[inline]
+    pub fn limits(&self) -> &[LimitConf] {
+        self.limits.as_deref().unwrap_or(&[])
+    }
+}
+
+impl Merge for LocConf {
+    fn merge(&mut self, prev: &LocConf) -> Result<(), MergeConfigError> {
+        if self.limits.is_none() {
+            self.limits = prev.limits.clone();
+        }
+        let merge = |value: &mut isize, prev: isize| {
+            if *value == UNSET {
+                *value = prev;
+            }
+        };
+        merge(&mut self.status, prev.status);
+        merge(&mut self.dry_run, prev.dry_run);
+        merge(&mut self.headers, prev.headers);
+        self.log_level = self.log_level.or(prev.log_level);
+        Ok(())
+    }
+}
+
+/// Hash of a zone's key text and algorithm, to notice a reload that changes either.
+fn fingerprint(key_text: &str, algorithm: Algorithm) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::quality::FixedState::with_seed(0).hash_one((key_text, algorithm.as_str()))
+}
+
+pub fn main_conf(cf: &ngx_conf_t) -> Option<&'static mut MainConf> {
+    RateLimitModule::main_conf_mut(cf)
+}
+
+/// Every zone of the configuration.
+pub fn zones(mcf: &MainConf) -> impl Iterator<Item = &ZoneConf> {
+    mcf.zones
+        .iter()
+        // SAFETY: zone configurations live in the configuration pool of the cycle `mcf`
+        // belongs to, as long as `mcf` does.
+        .filter_map(|&zone| unsafe { zone.as_ref() })
+}
+
+/// Once the whole `http` block is read: check every zone name `rate_limit` used (errors name
+/// the `rate_limit` line they are about, not the `}` that ends `http`), and that a `sync`
+/// zone has `rate_limit_sync`.
+pub fn postconfiguration(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
+    let Some(mcf) = main_conf(cf) else {
+        return Ok(());
+    };
+    for reference in &mcf.references {
+        let zone = mcf.zones.iter().find(|&&zone| {
+            // SAFETY: zone configurations live in the configuration pool of this cycle.
+            unsafe { (*zone).name == reference.name }
+        });
+        let Some(&zone) = zone else {
+            return Err(reference.error(ConfError::UnknownZone(reference.name.clone())));
+        };
+        // SAFETY: as above; nothing else holds a reference to the zone's configuration while
+        // the configuration is being read.
+        let zone = unsafe { &mut *zone };
+        zone.bursts.add(reference.burst);
+        if let Some(needed) = reference.local_algorithm_needed {
+            if zone.algorithm != needed {
+                let role = if reference.global {
+                    "global zone"
+                } else {
+                    "zone"
+                };
+                return Err(reference.error(ConfError::GlobalNeedsTokenBucket {
+                    role,
+                    zone: zone.name.clone(),
+                    algorithm: zone.algorithm,
+                }));
+            }
+        }
+        if reference.burst_given && !zone.algorithm.takes_burst() {
+            return Err(reference.error(ConfError::BurstNotUsed {
+                algorithm: zone.algorithm,
+                zone: zone.name.clone(),
+            }));
+        }
+    }
+    if mcf.sync.is_none() {
+        if let Some(zone) = zones(mcf).find(|zone| zone.sync) {
+            return Err(ConfError::SyncNotConfigured(zone.name.clone()));
+        }
+    }
+    let index = variable_index(cf, b"rate_limit_status")?;
+    if let Some(mcf) = main_conf(cf) {
+        mcf.status_variable = Some(index);
+    }
+    Ok(())
+}
+
+/// Index a variable by name, as `ngx_http_compile_complex_value` would.
+pub fn variable_index(cf: &mut ngx_conf_t, name: &[u8]) -> Result<ngx_uint_t, ConfError> {
+    // The name must outlive configuration parsing: copied into the configuration pool.
+    let mut name = cf.copy_str(name)?;
+    // SAFETY: `cf` is valid during configuration.
+    let index = unsafe { ngx::ffi::ngx_http_get_variable_index(cf, &mut name) };
+    ngx_uint_t::try_from(index).map_err(|_| ConfError::Logged)
+}
+
+/// The shared memory zone NAME of this module (created with `size`, or found when `size`
+/// is 0 and it is declared elsewhere).
+pub fn add_shared_zone(
+    cf: &mut ngx_conf_t,
+    name: &str,
+    size: u64,
+) -> Result<&'static mut ngx_shm_zone_t, ConfError> {
+    // The name must outlive the call: copied into the configuration pool.
+    let mut name = cf.copy_str(name.as_bytes())?;
+    // SAFETY: `cf` is valid; the tag is our module, so zones of other modules never match.
+    let zone = unsafe {
+        ngx::ffi::ngx_shared_memory_add(cf, &mut name, size as usize, module_ptr().cast())
+    };
+    // SAFETY: a non-null zone lives in the cycle being configured.
+    unsafe { zone.as_mut() }.ok_or(ConfError::Logged)
+}

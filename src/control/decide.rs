@@ -1,0 +1,435 @@
+//! The decision pipeline: every front door (the request path, Lua) decides through here.
+//!
+//! 1. [`find`]: the key's slot in its zone (claimed for a new key);
+//! 2. [`Applied::new`]: the limits the key gets, computed once ([`effective_policy`]);
+//! 3. [`decide`] (or [`decide_one`], the request path's common case, then [`verdict`]): the
+//!    decisions, the fleet's grant taken for a sync zone, and a [`Verdict`];
+//! 4. [`account`] (or [`account_passed`]): what follows a decision, the counters and the
+//!    top keys.
+//!
+//! What a new capability adds to every decision goes into these steps once: a check that
+//! may refuse before anything is charged goes first in [`Applied::decide`] (or before
+//! [`decide_one`]'s charge), what follows a decision goes into [`account`].
+
+use ngx::ffi::{ngx_log_t, NGX_LOG_WARN};
+use ngx::ngx_log_error;
+use ratelimit_core::top::TopKind;
+use ratelimit_core::{BucketCharge, Decision, Limits, Outcome, Policy};
+
+use super::fleet;
+use crate::conf::{LimitConf, ZoneConf};
+use crate::store::{Counter, SlotIndex, Zone};
+
+/// A key found in a zone: its slot, claimed if the key is new.
+pub struct Found<'a> {
+    pub zone_conf: &'a ZoneConf,
+    pub zone: &'a Zone,
+    pub hash: u64,
+    pub slot: SlotIndex,
+}
+
+/// The zone's slot for `key` (1 to `MAX_KEY_BYTES` bytes), claiming one for a new key, and
+/// whether another key was evicted for it (the caller says so with
+/// [`Found::log_zone_full`]).
+#[inline(always)]
+pub fn find<'a>(
+    zone_conf: &'a ZoneConf,
+    zone: &'a Zone,
+    key: &[u8],
+    now_ns: u64,
+) -> (Found<'a>, bool) {
+    let hash = zone.hash_key(key);
+    let (slot, evicted) = zone.find_or_claim(hash, now_ns);
+    let found = Found {
+        zone_conf,
+        zone,
+        hash,
+        slot,
+    };
+    (found, evicted)
+}
+
+impl Found<'_> {
+    /// After an eviction: say that the zone is full, once a second at most.
+    #[cold]
+    pub fn log_zone_full(&self, now_ns: u64, log: *mut ngx_log_t) {
+        if self.zone.should_log_full(now_ns) {
+            ngx_log_error!(
+                NGX_LOG_WARN,
+                log,
+                "rate_limit zone \"{}\" is full: evicted the key nearest to its fresh state",
+                self.zone_conf.name
+            );
+        }
+    }
+}
+
+/// The limits for one request in one zone: the zone's live limits, the line's `burst=`, then
+/// a per-key override, which wins over both.
+pub fn effective_policy(zone: &Zone, limit: &LimitConf, hash: u64) -> Option<Policy> {
+    let mut limits = zone.limits()?;
+    if let Some(burst) = limit.burst {
+        limits.burst = burst;
+    }
+    if let Some(overridden) = zone.override_for(hash) {
+        limits = overridden;
+    }
+    Some(Policy {
+        algorithm: zone.algorithm(),
+        limits,
+        delay: limit.delay,
+        cost: limit.cost,
+    })
+}
+
+/// One zone applied to a request: where the key is, the limits it gets, and the zone's last
+/// decision for it.
+pub struct Applied<'a> {
+    pub zone_conf: &'a ZoneConf,
+    pub zone: &'a Zone,
+    pub slot: SlotIndex,
+    pub policy: Policy,
+    pub decision: Decision,
+}
+
+impl<'a> Applied<'a> {
+    /// The key found, under the limits of `limit`; `None` when the zone has no limits.
+    pub fn new(found: Found<'a>, limit: &LimitConf) -> Option<Applied<'a>> {
+        let policy = effective_policy(found.zone, limit, found.hash)?;
+        Some(Applied::decided(found, policy, Decision::rejected(0, 0, 0)))
+    }
+
+    fn decided(found: Found<'a>, policy: Policy, decision: Decision) -> Applied<'a> {
+        Applied {
+            zone_conf: found.zone_conf,
+            zone: found.zone,
+            slot: found.slot,
+            policy,
+            decision,
+        }
+    }
+
+    /// Peek (`commit` false: nothing changes) or charge; a sync zone's charge takes the
+    /// fleet's grant first.
+    #[inline]
+    pub fn decide(&mut self, now_ns: u64, commit: bool) -> Decision {
+        self.decision = charge_or_peek(self.zone, self.slot, now_ns, &self.policy, commit);
+        self.decision
+    }
+
+    /// Where the key stands now, charging nothing.
+    pub fn stand(&mut self, now_ns: u64) {
+        self.decision = self.zone.standing(self.slot, now_ns, &self.policy);
+    }
+
+    /// Give back a request charged to the key (Lua's `uncommit`), the fleet's grant too.
+    pub fn uncommit(&self, now_ns: u64) {
+        if self.zone.is_sync() {
+            fleet::uncommit(self.zone, self.slot, &self.policy);
+        }
+        self.zone.uncommit(self.slot, now_ns, &self.policy);
+    }
+}
+
+/// One zone's decision for the key in `slot`: a peek changes nothing, a charge of a sync zone
+/// takes the fleet's grant first.
+#[inline]
+fn charge_or_peek(
+    zone: &Zone,
+    slot: SlotIndex,
+    now_ns: u64,
+    policy: &Policy,
+    commit: bool,
+) -> Decision {
+    if commit && zone.is_sync() {
+        fleet::decide(zone, slot, now_ns, policy)
+    } else {
+        zone.decide(slot, now_ns, policy, commit)
+    }
+}
+
+/// A `rate_limit` line applied to a request: its zone and, with `global=`, the global one,
+/// with their composed decision.
+pub struct AppliedLimit<'a> {
+    pub own: Applied<'a>,
+    pub global: Option<Applied<'a>>,
+    pub decision: Decision,
+}
+
+impl<'a> AppliedLimit<'a> {
+    pub fn new(own: Applied<'a>, global: Option<Applied<'a>>) -> AppliedLimit<'a> {
+        let decision = own.decision;
+        AppliedLimit {
+            own,
+            global,
+            decision,
+        }
+    }
+
+    /// Peek (commit = false) or charge. With a global bucket, a token is taken from each
+    /// bucket that has one and the request passes if either had one.
+    fn decide(&mut self, now_ns: u64, commit: bool) -> Decision {
+        self.decision = match &mut self.global {
+            None => self.own.decide(now_ns, commit),
+            Some(global) => {
+                self.own.decide(now_ns, false);
+                global.decide(now_ns, false);
+                if commit {
+                    if self.own.decision.outcome != Outcome::Rejected {
+                        self.own.decide(now_ns, true);
+                    }
+                    if global.decision.outcome != Outcome::Rejected {
+                        global.decide(now_ns, true);
+                    }
+                }
+                ratelimit_core::token_bucket::compose_global(&self.own.decision, &global.decision)
+            }
+        };
+        self.decision
+    }
+
+    /// Record where each zone of this limit stands, charging nothing.
+    pub fn stand(&mut self, now_ns: u64) {
+        self.own.stand(now_ns);
+        if let Some(global) = &mut self.global {
+            global.stand(now_ns);
+        }
+    }
+
+    /// The zones of this limit: its own, then the global one.
+    pub fn zones(&self) -> impl Iterator<Item = &Applied<'a>> + Clone {
+        core::iter::once(&self.own).chain(self.global.iter())
+    }
+}
+
+/// What the pipeline says of a request.
+#[derive(Clone, Copy, Debug)]
+pub struct Verdict {
+    /// Passed, delayed (by the limit asking the longest delay) or rejected.
+    pub outcome: Outcome,
+    /// The limit that rejected the request, or that delays it longest.
+    pub by: Option<usize>,
+    /// Its decision (for a log line, `Retry-After`, the delay).
+    pub decision: Decision,
+    /// The limits that were charged, in order (with a rejection, those before it and itself).
+    pub charged: usize,
+}
+
+/// Whether the pipeline charges the request or only looks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Charge {
+    Now,
+    Peek,
+}
+
+/// Decide a request against all its limits. All must pass, and a request rejected by one
+/// is charged to none: with several, every limit is looked at first, then each is charged
+/// in order (a charge can still be refused by a request of another worker meanwhile).
+pub fn decide(limits: &mut [AppliedLimit], now_ns: u64, charge: Charge) -> Verdict {
+    let looked_first = limits.len() > 1 || charge == Charge::Peek;
+    if looked_first {
+        let rejected = limits
+            .iter_mut()
+            .position(|limit| limit.decide(now_ns, false).outcome == Outcome::Rejected);
+        if let Some(index) = rejected {
+            return rejected_by(limits, index, 0);
+        }
+    }
+    if charge == Charge::Now {
+        for index in 0..limits.len() {
+            if limits[index].decide(now_ns, true).outcome == Outcome::Rejected {
+                return rejected_by(limits, index, index + 1);
+            }
+        }
+    }
+    let charged = if charge == Charge::Now {
+        limits.len()
+    } else {
+        0
+    };
+    passed(limits, charged)
+}
+
+/// The verdict on limits that were all charged, each with its decision: the first that
+/// rejected, else the longest delay.
+pub fn verdict(limits: &[AppliedLimit]) -> Verdict {
+    match limits
+        .iter()
+        .position(|limit| limit.decision.outcome == Outcome::Rejected)
+    {
+        Some(index) => rejected_by(limits, index, index + 1),
+        None => passed(limits, limits.len()),
+    }
+}
+
+fn rejected_by(limits: &[AppliedLimit], index: usize, charged: usize) -> Verdict {
+    Verdict {
+        outcome: Outcome::Rejected,
+        by: Some(index),
+        decision: limits[index].decision,
+        charged,
+    }
+}
+
+/// Every limit let the request through: delayed by the longest delay any asks for.
+fn passed(limits: &[AppliedLimit], charged: usize) -> Verdict {
+    let mut verdict = Verdict {
+        outcome: Outcome::Passed,
+        by: None,
+        decision: limits
+            .first()
+            .map_or(Decision::rejected(0, 0, 0), |limit| limit.decision),
+        charged,
+    };
+    let mut delay_ns = 0;
+    for (index, limit) in limits.iter().enumerate() {
+        let decision = limit.decision;
+        if decision.outcome == Outcome::Delayed && decision.delay_ns > delay_ns {
+            delay_ns = decision.delay_ns;
+            verdict = Verdict {
+                outcome: Outcome::Delayed,
+                by: Some(index),
+                decision,
+                charged,
+            };
+        }
+    }
+    verdict
+}
+
+/// What [`decide_one`] says of a request.
+pub enum One<'a> {
+    /// Passed on the quick path: charged and counted, nothing to report.
+    Passed,
+    /// Charged with its whole decision: to be reported, and accounted for
+    /// ([`account_passed`], or [`verdict`] and [`account`]).
+    Decided(Applied<'a>),
+    /// The zone has no limits in force (its memory is not what it should be): not limited.
+    Unlimited,
+}
+
+/// The request path's common case: one `rate_limit` line without `global=`, charged at once.
+/// Unless `report` asks for the decision (to write headers), a request that passes costs
+/// only its outcome: a bucket with no per-key override is charged with its precomputed
+/// constants ([`BucketCharge`]), another single-word state without the decision's other
+/// fields, and the policy is computed only when the request does not pass.
+#[inline(always)]
+pub fn decide_one<'a>(found: Found<'a>, limit: &LimitConf, now_ns: u64, report: bool) -> One<'a> {
+    let (zone, hash, slot) = (found.zone, found.hash, found.slot);
+    // A sync zone decides through `Applied::decide`, which takes the fleet's grant first.
+    let quick = !report && !zone.is_sync();
+    let charge = if quick {
+        bucket_charge(limit, zone, hash)
+    } else {
+        None
+    };
+    if let Some(charge) = charge {
+        // The policy is computed only for a request that does not pass (and by the fallback,
+        // for a state the constants cannot decide: a product over 64 bits).
+        let (outcome, previous) = zone.charge_bucket(slot, now_ns, &charge, |state| {
+            match effective_policy(zone, limit, hash) {
+                Some(policy) => ratelimit_core::decide_word(state, now_ns, &policy),
+                None => (Decision::rejected(0, 0, 0), None),
+            }
+        });
+        if outcome == Outcome::Passed {
+            account_passed(zone);
+            return One::Passed;
+        }
+        let Some(policy) = effective_policy(zone, limit, hash) else {
+            return One::Unlimited;
+        };
+        let decision = ratelimit_core::decide_word(previous, now_ns, &policy).0;
+        return One::Decided(Applied::decided(found, policy, decision));
+    }
+    let Some(policy) = effective_policy(zone, limit, hash) else {
+        return One::Unlimited;
+    };
+    if quick && policy.algorithm.is_single_word() {
+        let (outcome, previous) = zone.charge(slot, now_ns, &policy);
+        if outcome == Outcome::Passed {
+            account_passed(zone);
+            return One::Passed;
+        }
+        let decision = ratelimit_core::decide_word(previous, now_ns, &policy).0;
+        return One::Decided(Applied::decided(found, policy, decision));
+    }
+    let decision = charge_or_peek(zone, slot, now_ns, &policy, true);
+    One::Decided(Applied::decided(found, policy, decision))
+}
+
+/// The line's precomputed bucket constants for this key, when they apply: a leaky or token
+/// bucket and no per-key override. Recomputed only when the zone's limits change.
+#[inline(always)]
+fn bucket_charge(limit: &LimitConf, zone: &Zone, hash: u64) -> Option<BucketCharge> {
+    if zone.override_for(hash).is_some() {
+        return None;
+    }
+    // A sliding zone caches `None` (BucketCharge::new declines it); the initial (0, None)
+    // matches no valid limits word, and would answer `None` anyway.
+    let word = zone.limits_word();
+    let (cached_word, cached) = limit.charge_cache.get();
+    if cached_word == word {
+        return cached;
+    }
+    let charge = Limits::unpack(word).and_then(|mut limits| {
+        if let Some(burst) = limit.burst {
+            limits.burst = burst;
+        }
+        BucketCharge::new(&Policy {
+            algorithm: zone.algorithm(),
+            limits,
+            delay: limit.delay,
+            cost: limit.cost,
+        })
+    });
+    limit.charge_cache.set((word, charge));
+    charge
+}
+
+/// After a decision that charged: each zone's counters, and the top keys (`top`, given the
+/// zone applied and what happened there) of the zones that delayed or rejected the request.
+/// A rejection counts in the zones of the limit that rejected; otherwise every limit counts
+/// its own outcome.
+pub fn account(
+    limits: &[AppliedLimit],
+    verdict: &Verdict,
+    dry_run: bool,
+    mut top: impl FnMut(&Applied, TopKind),
+) {
+    if verdict.outcome == Outcome::Rejected {
+        let counter = if dry_run {
+            Counter::RejectedDryRun
+        } else {
+            Counter::Rejected
+        };
+        let Some(limit) = verdict.by.and_then(|index| limits.get(index)) else {
+            return;
+        };
+        for applied in limit.zones() {
+            applied.zone.count(counter);
+            top(applied, TopKind::Rejected);
+        }
+        return;
+    }
+    for limit in limits {
+        let delayed = limit.decision.outcome == Outcome::Delayed;
+        let counter = match (delayed, dry_run) {
+            (false, _) => Counter::Passed,
+            (true, false) => Counter::Delayed,
+            (true, true) => Counter::DelayedDryRun,
+        };
+        for applied in limit.zones() {
+            applied.zone.count(counter);
+            if delayed {
+                top(applied, TopKind::Delayed);
+            }
+        }
+    }
+}
+
+/// [`account`] for a request one zone let through.
+#[inline]
+pub fn account_passed(zone: &Zone) {
+    zone.count(Counter::Passed);
+}

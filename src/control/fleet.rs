@@ -1,0 +1,104 @@
+//! The fleet's step of a sync zone's decision: the grant the sync loop left in the key's
+//! slot is taken before the zone's own algorithm decides, and what the key charges is added
+//! to its pending delta for the loop. No lock, no I/O; the arithmetic is
+//! `ratelimit_core::fleet`'s.
+
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use ratelimit_core::fleet::{self, FleetShape, ASKED};
+use ratelimit_core::{Decision, Outcome, Policy};
+
+use crate::store::sync_record::{self, Mode, SyncShared};
+use crate::store::{SlotIndex, Zone};
+
+/// Decide a request of a sync zone: the fleet's grant first (one compare-and-swap), then the
+/// zone's own algorithm; a request the algorithm rejects gives its grant back, one it charges
+/// is added to the key's pending delta for the loop.
+pub(super) fn decide(zone: &Zone, index: SlotIndex, now_ns: u64, policy: &Policy) -> Decision {
+    let decide_local = || zone.decide(index, now_ns, policy, true);
+    let Some(sync) = sync_record::shared() else {
+        return decide_local();
+    };
+    let Some(words) = zone.sync_words(index) else {
+        return decide_local();
+    };
+    let mode = sync.mode();
+    if mode == Mode::Closed {
+        return refused(
+            zone,
+            index,
+            now_ns,
+            policy,
+            sync.interval_ns().max(1_000_000_000),
+        );
+    }
+    let cost = policy.cost.max(1);
+    let granted = mode == Mode::Open || take_grant(words.grant, sync, policy, cost);
+    if !granted {
+        words.pending.fetch_or(ASKED, Ordering::Relaxed);
+        return refused(zone, index, now_ns, policy, sync.interval_ns());
+    }
+    let decision = decide_local();
+    if decision.outcome == Outcome::Rejected {
+        if mode != Mode::Open {
+            let _ = words
+                .grant
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+                    Some(fleet::return_grant(word, cost))
+                });
+        }
+    } else {
+        words.pending.fetch_add(cost, Ordering::Relaxed);
+    }
+    decision
+}
+
+/// A request of a sync zone given back (Lua's `uncommit`): its charge leaves the key's pending
+/// delta and its grant returns. A delta the loop already sent stays charged to the fleet
+/// (it errs on the strict side, by at most the requests given back within one interval).
+pub(super) fn uncommit(zone: &Zone, index: SlotIndex, policy: &Policy) {
+    let (Some(sync), Some(words)) = (sync_record::shared(), zone.sync_words(index)) else {
+        return;
+    };
+    let cost = policy.cost.max(1);
+    let _ = words
+        .pending
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+            let charged = word & !ASKED;
+            (charged > 0).then(|| (word & ASKED) | charged.saturating_sub(cost))
+        });
+    if sync.mode() != Mode::Open {
+        let _ = words
+            .grant
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+                Some(fleet::return_grant(word, cost))
+            });
+    }
+}
+
+fn take_grant(grant: &AtomicU64, sync: &SyncShared, policy: &Policy, cost: u64) -> bool {
+    let round = sync.round.load(Ordering::Acquire) as u32;
+    let fresh = FleetShape::of(policy.algorithm, &policy.limits).map_or(0, |shape| {
+        fleet::fresh_grant_milli(&shape, sync.instances(), sync.interval_ns())
+    });
+    grant
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+            fleet::take_grant(word, round, cost, fresh)
+        })
+        .is_ok()
+}
+
+/// A rejection for want of a grant (or in `closed` mode): where the key stands, retried after
+/// `retry_ns` (the next sync, or a second when closed).
+fn refused(zone: &Zone, index: SlotIndex, now_ns: u64, policy: &Policy, retry_ns: u64) -> Decision {
+    // What the zone alone would say, charging nothing (a peek never takes a grant).
+    let alone = zone.decide(index, now_ns, policy, false);
+    Decision {
+        remaining: 0,
+        ..Decision::rejected(
+            retry_ns.max(alone.retry_after_ns),
+            alone.reset_ns,
+            alone.excess_milli,
+        )
+    }
+}

@@ -1,0 +1,79 @@
+//! Glue: the nginx helpers every other part of the module uses (clock, response headers,
+//! logging, the slab pool's lock, variable values). Imports nothing of ours.
+
+pub mod pool;
+pub mod response;
+pub mod value_bits;
+
+use ngx::ffi::{ngx_array_t, ngx_http_request_t, ngx_log_t};
+
+/// Nanoseconds in one second.
+const NANOS_PER_SEC: u64 = 1_000_000_000;
+
+/// Monotonic nanoseconds: the same clock in every worker (and in the sync thread),
+/// unaffected by wall-clock changes.
+#[inline]
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // Seconds since boot times 1e9 fits a u64 for 584 years.
+    (ts.tv_sec as u64)
+        .wrapping_mul(NANOS_PER_SEC)
+        .wrapping_add(ts.tv_nsec as u64)
+}
+
+/// Monotonic milliseconds, on the clock of [`now_ns`].
+pub fn now_ms() -> u64 {
+    now_ns() / 1_000_000
+}
+
+/// The log of the request's connection.
+pub fn connection_log(r: &ngx_http_request_t) -> *mut ngx_log_t {
+    // SAFETY: a live request always has a connection with a log.
+    unsafe { (*r.connection).log }
+}
+
+/// `N` bytes from `/dev/urandom`; `None` when it cannot be read (the caller falls back to
+/// something weaker).
+pub fn random_bytes<const N: usize>() -> Option<[u8; N]> {
+    use std::io::Read;
+    let mut bytes = [0u8; N];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut file| file.read_exact(&mut bytes))
+        .ok()?;
+    Some(bytes)
+}
+
+/// Whether process `pid` exists (it may belong to another user).
+pub fn process_alive(pid: u64) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks that the process exists.
+    let result = unsafe { libc::kill(pid, 0) };
+    result == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// The elements of an nginx array.
+///
+/// # Safety
+/// `array` must be initialized with elements of type `T`.
+pub unsafe fn array_slice<T>(array: &ngx_array_t) -> &[T] {
+    if array.elts.is_null() || array.nelts == 0 {
+        return &[];
+    }
+    // SAFETY: the caller guarantees `nelts` elements of `T` at `elts`.
+    unsafe { core::slice::from_raw_parts(array.elts.cast::<T>(), array.nelts) }
+}
+
+/// Whether this process serves requests (a worker, or nginx without a master).
+pub fn is_worker_process() -> bool {
+    // SAFETY: set by nginx before init_process callbacks run, and only read afterwards.
+    let process = unsafe { nginx_sys::ngx_process };
+    process == nginx_sys::NGX_PROCESS_WORKER as ngx::ffi::ngx_uint_t
+        || process == nginx_sys::NGX_PROCESS_SINGLE as ngx::ffi::ngx_uint_t
+}

@@ -1,0 +1,261 @@
+//! The request path: the preaccess handler, delays, response headers and `$rate_limit_status`.
+//! A front door: it finds the request's keys and decides through `crate::control::decide`.
+
+mod delay;
+mod headers;
+mod key;
+mod status;
+
+use core::ptr;
+
+use ngx::core::Status;
+use ngx::ffi::NGX_LOG_ERR;
+use ngx::ffi::{ngx_http_request_t, ngx_int_t, ngx_shm_zone_t};
+use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf};
+use ngx::ngx_log_error;
+use ratelimit_core::top::TopKind;
+use ratelimit_core::{Outcome, NANOS_PER_SEC};
+use smallvec::SmallVec;
+
+use crate::conf::RateLimitModule;
+use crate::conf::{LimitConf, LocConf, ZoneConf};
+use crate::control::decide::{self, Applied, AppliedLimit, Charge, Found, One, Verdict};
+use crate::glue::response::add_header;
+use crate::glue::{connection_log, now_ns};
+use crate::store::MAX_KEY_BYTES;
+use headers::add_rate_limit_headers;
+use key::evaluate_key;
+pub use status::add_variables;
+use status::{LimitStatus, RequestState};
+
+fn zone_conf_of(shm_zone: *mut ngx_shm_zone_t) -> Option<&'static ZoneConf> {
+    // SAFETY: `shm_zone` was returned by ngx_shared_memory_add for this cycle; its `data` is a
+    // `ZoneConf` in the cycle's pool (checked non-null), alive while requests run.
+    unsafe { shm_zone.as_ref()?.data.cast::<ZoneConf>().as_ref() }
+}
+
+/// Find the zone's slot for the request's key (claiming one for a new key); `None` when the
+/// key is empty or too long, or the zone is not set up.
+#[inline(always)]
+fn find_key<'a>(
+    r: &mut ngx_http_request_t,
+    shm_zone: *mut ngx_shm_zone_t,
+    now_ns: u64,
+) -> Option<Found<'a>> {
+    let zone_conf = zone_conf_of(shm_zone)?;
+    let zone = zone_conf.zone.as_ref()?;
+    let key = evaluate_key(r, zone_conf)?;
+    if key.is_empty() {
+        return None;
+    }
+    if key.len() > MAX_KEY_BYTES {
+        ngx_log_error!(
+            NGX_LOG_ERR,
+            connection_log(r),
+            "the value of the \"{}\" key is more than 65535 bytes",
+            zone_conf.key_text
+        );
+        return None;
+    }
+    let (found, evicted) = decide::find(zone_conf, zone, key, now_ns);
+    if evicted {
+        found.log_zone_full(now_ns, connection_log(r));
+    }
+    Some(found)
+}
+
+/// The zone's slot for the request's key and the limits that apply to it, not yet decided.
+fn resolve<'a>(
+    r: &mut ngx_http_request_t,
+    shm_zone: *mut ngx_shm_zone_t,
+    limit: &LimitConf,
+    now_ns: u64,
+) -> Option<Applied<'a>> {
+    Applied::new(find_key(r, shm_zone, now_ns)?, limit)
+}
+
+/// The preaccess phase handler.
+pub unsafe extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: nginx calls phase handlers with the live request.
+    let r = unsafe { &mut *r };
+    if !ptr::eq(r.main, r) {
+        return Status::NGX_DECLINED.into();
+    }
+    let Some(lcf) = RateLimitModule::location_conf(r) else {
+        return Status::NGX_DECLINED.into();
+    };
+    if lcf.limits().is_empty() {
+        return Status::NGX_DECLINED.into();
+    }
+    let Some(index) = RateLimitModule::main_conf(r).and_then(|mcf| mcf.status_variable) else {
+        return Status::NGX_DECLINED.into();
+    };
+    let state = RequestState::of(r, index);
+    if state.is_set() {
+        return Status::NGX_DECLINED.into();
+    }
+    limit_request(r, lcf, state)
+}
+
+#[inline]
+fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf, state: RequestState) -> ngx_int_t {
+    let now = now_ns();
+    // The common case, one limit without `global=`: no collection, one compare-and-swap,
+    // and a request that passes without headers to add is done right here.
+    if let [limit] = lcf.limits() {
+        if limit.global.is_none() {
+            return limit_one(r, lcf, state, limit, now);
+        }
+    }
+
+    // Inline storage: the common configurations (one or two limits) never touch the heap.
+    let mut applied: SmallVec<[AppliedLimit; 2]> = SmallVec::new();
+    for limit in lcf.limits() {
+        let Some(own) = resolve(r, limit.shm_zone, limit, now) else {
+            continue;
+        };
+        let global = limit
+            .global
+            .and_then(|global| resolve(r, global, limit, now));
+        applied.push(AppliedLimit::new(own, global));
+    }
+    if applied.is_empty() {
+        return Status::NGX_DECLINED.into();
+    }
+    let verdict = decide::decide(&mut applied, now, Charge::Now);
+    finish(r, lcf, state, &mut applied, &verdict, now)
+}
+
+/// One `rate_limit` without `global=`: the common configuration, kept short.
+fn limit_one(
+    r: &mut ngx_http_request_t,
+    lcf: &LocConf,
+    state: RequestState,
+    limit: &LimitConf,
+    now: u64,
+) -> ngx_int_t {
+    let Some(found) = find_key(r, limit.shm_zone, now) else {
+        return Status::NGX_DECLINED.into();
+    };
+    match decide::decide_one(found, limit, now, lcf.headers()) {
+        One::Passed => passed(state),
+        One::Unlimited => Status::NGX_DECLINED.into(),
+        One::Decided(own) if own.decision.outcome == Outcome::Passed => {
+            // What `finish` does for one limit that passed, without its generality.
+            if lcf.headers() {
+                headers::add_one(r, &own);
+            }
+            decide::account_passed(own.zone);
+            passed(state)
+        }
+        One::Decided(own) => {
+            let applied = &mut [AppliedLimit::new(own, None)];
+            let verdict = decide::verdict(applied);
+            finish(r, lcf, state, applied, &verdict, now)
+        }
+    }
+}
+
+/// A request that its limits let through: marked for `$rate_limit_status`, and on to the next
+/// phase.
+#[inline]
+fn passed(state: RequestState) -> ngx_int_t {
+    state.set(LimitStatus::Passed);
+    Status::NGX_DECLINED.into()
+}
+
+/// Act on the verdict: log, account, headers, `$rate_limit_status`, then reject, delay or go
+/// on.
+fn finish(
+    r: &mut ngx_http_request_t,
+    lcf: &LocConf,
+    state: RequestState,
+    applied: &mut [AppliedLimit],
+    verdict: &Verdict,
+    now: u64,
+) -> ngx_int_t {
+    let dry_run = lcf.dry_run();
+    let dry = if dry_run { ", dry run" } else { "" };
+    let decision = verdict.decision;
+
+    if let (Outcome::Rejected, Some(index)) = (verdict.outcome, verdict.by) {
+        if lcf.headers() {
+            // The other zones show where they stand: those charged before a late rejection
+            // as charged, the rest unchanged.
+            let charged = verdict.charged.saturating_sub(1);
+            for (position, limit) in applied.iter_mut().enumerate().skip(charged) {
+                if position != index {
+                    limit.stand(now);
+                }
+            }
+        }
+        let zone_name = &applied[index].own.zone_conf.name;
+        ngx_log_error!(
+            lcf.log_level(),
+            connection_log(r),
+            "limiting requests{dry}, excess: {} by zone \"{zone_name}\"",
+            format_excess(decision.excess_milli)
+        );
+        decide::account(applied, verdict, dry_run, |zone, kind| {
+            record_top(r, zone, kind, now)
+        });
+        if lcf.headers() {
+            add_rate_limit_headers(r, applied);
+        }
+        state.set(if dry_run {
+            LimitStatus::RejectedDryRun
+        } else {
+            LimitStatus::Rejected
+        });
+        if dry_run {
+            return Status::NGX_DECLINED.into();
+        }
+        let retry_after = decision.retry_after_ns.div_ceil(NANOS_PER_SEC).max(1);
+        add_header(
+            r,
+            "Retry-After",
+            itoa::Buffer::new().format(retry_after).as_bytes(),
+        );
+        return lcf.status() as ngx_int_t;
+    }
+
+    decide::account(applied, verdict, dry_run, |zone, kind| {
+        record_top(r, zone, kind, now)
+    });
+    if lcf.headers() {
+        add_rate_limit_headers(r, applied);
+    }
+    let (Outcome::Delayed, Some(index)) = (verdict.outcome, verdict.by) else {
+        state.set(LimitStatus::Passed);
+        return Status::NGX_DECLINED.into();
+    };
+    ngx_log_error!(
+        lcf.delay_log_level(),
+        connection_log(r),
+        "delaying request{dry}, excess: {}, by zone \"{}\"",
+        format_excess(decision.excess_milli),
+        applied[index].own.zone_conf.name
+    );
+    if dry_run {
+        state.set(LimitStatus::DelayedDryRun);
+        return Status::NGX_DECLINED.into();
+    }
+    state.set(LimitStatus::Delayed);
+    delay::start_delay(r, decision.delay_ns)
+}
+
+/// Count a delayed or rejected request in the zone's top keys. The key is evaluated again
+/// here so that a passing request carries nothing for it; cold and out of line, so that the
+/// request path around it stays as short as without it.
+#[cold]
+#[inline(never)]
+fn record_top(r: &mut ngx_http_request_t, applied: &Applied, kind: TopKind, now: u64) {
+    if let Some(key) = evaluate_key(r, applied.zone_conf).filter(|key| !key.is_empty()) {
+        applied.zone.record_top(kind, now, key);
+    }
+}
+
+/// limit_req's "excess: 1.500": whole requests and thousandths.
+fn format_excess(excess_milli: u64) -> String {
+    format!("{}.{:03}", excess_milli / 1000, excess_milli % 1000)
+}

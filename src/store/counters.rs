@@ -1,0 +1,68 @@
+//! A zone's decision counters (striped per worker) and its evictions.
+
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use super::Zone;
+
+/// Per-zone decision counters, in the order of [`Counter`].
+pub const COUNTERS: usize = 5;
+/// Counters are kept per worker (modulo this many stripes), each stripe on its own cache
+/// line, so that workers counting requests do not contend for one line.
+pub(super) const COUNTER_STRIPES: usize = 16;
+
+/// This process's stripe: `ngx_worker % COUNTER_STRIPES`, set when a worker starts.
+static COUNTER_STRIPE: AtomicUsize = AtomicUsize::new(0);
+
+/// Pick this worker's counter stripe (called once per worker, at start).
+pub fn set_counter_stripe(worker: usize) {
+    COUNTER_STRIPE.store(worker % COUNTER_STRIPES, Ordering::Relaxed);
+}
+
+/// One worker's counters, padded to a cache line.
+#[repr(C, align(64))]
+pub struct CounterStripe {
+    counts: [AtomicU64; COUNTERS],
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    Passed = 0,
+    Delayed = 1,
+    Rejected = 2,
+    DelayedDryRun = 3,
+    RejectedDryRun = 4,
+}
+
+impl Zone {
+    /// Count one decision, in this worker's stripe.
+    #[inline]
+    pub fn count(&self, counter: Counter) {
+        let stripe = COUNTER_STRIPE.load(Ordering::Relaxed);
+        self.header().counters[stripe].counts[counter as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A counter summed over every worker's stripe.
+    pub fn counter(&self, counter: Counter) -> u64 {
+        self.header()
+            .counters
+            .iter()
+            .map(|stripe| stripe.counts[counter as usize].load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Keys dropped to make room for new ones while their state still mattered.
+    pub fn evictions(&self) -> u64 {
+        self.header().evictions.load(Ordering::Relaxed)
+    }
+
+    /// True at most once a second (per zone, across workers): when to log that it is full.
+    pub fn should_log_full(&self, now_ns: u64) -> bool {
+        let second = now_ns / 1_000_000_000;
+        let full_logged_sec = &self.header().full_logged_sec;
+        let last = full_logged_sec.load(Ordering::Relaxed);
+        last != second
+            && full_logged_sec
+                .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+}

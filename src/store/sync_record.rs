@@ -1,0 +1,242 @@
+//! The instance's sync record: what the sync loop and the workers share, as data (the small
+//! shared memory zone `rate_limit_sync` adds). The per-key words of a sync zone are in its
+//! slots ([`super::slots::SyncWords`]); what they mean is `ratelimit_core::fleet`'s.
+//!
+//! Everything here is an atomic in shared memory: the loop thread and the workers of every
+//! generation (old and new workers overlap across a reload) exchange data only through it.
+
+use core::ffi::c_void;
+use core::ptr;
+use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::hash::BuildHasher;
+
+use ngx::core::Status;
+use ngx::ffi::{ngx_int_t, ngx_shm_zone_t, ngx_slab_pool_t};
+
+use super::inbox::Inbox;
+
+/// The sync state of the instance, read by the request path (`mode`, `round`, `instances`,
+/// `interval_ns`), written by the loop thread (the owner), and by workers for the election.
+#[repr(C)]
+pub struct SyncShared {
+    /// Set once when the memory is first laid out; a reload keeps it.
+    pub magic: u64,
+    /// This instance's id in the fleet's heartbeats: random, kept across reloads.
+    pub instance_id: u64,
+    /// The pid of the worker whose thread runs the loop; 0 when none.
+    pub owner_pid: AtomicU64,
+    /// Monotonic milliseconds of the owner's last loop turn.
+    pub heartbeat_ms: AtomicU64,
+    /// The sync rounds done (the loop turns, successful or not).
+    pub round: AtomicU64,
+    /// Sends of keys' deltas to Redis: each round's number for them, unique in the instance
+    /// even when two loops overlap (see `KEY_SCRIPT` of the sync loop).
+    pub sends: AtomicU64,
+    /// A [`Mode`].
+    pub mode: AtomicU64,
+    /// The mode a worker last logged (so each transition is logged once).
+    pub logged_mode: AtomicU64,
+    /// Instances seen alive in the fleet's heartbeats at the last successful sync (N̂).
+    pub instances: AtomicU64,
+    /// `interval=` in nanoseconds (from the configuration of the current cycle).
+    pub interval_ns: AtomicU64,
+    /// Rounds missed in a row.
+    pub missed: AtomicU64,
+    /// Monotonic milliseconds of the last successful sync (0: never).
+    pub last_ok_ms: AtomicU64,
+    /// Round trip of the last successful sync, microseconds.
+    pub lag_us: AtomicU64,
+    /// Successful round trips and failed ones since start.
+    pub round_trips: AtomicU64,
+    pub errors: AtomicU64,
+    /// Keys pushed in total.
+    pub keys_pushed: AtomicU64,
+    /// The code of the sync loop's error of the last failure (0 none), for the workers to log.
+    pub last_error: AtomicU64,
+    pub logged_error: AtomicU64,
+    /// Set by a worker after a change (a zone's limits, an override): the loop sends the
+    /// zones' limits and overrides at once instead of at its next round.
+    pub kick: AtomicU64,
+    /// The fleet's override changes, from the loop to a worker.
+    pub inbox: Inbox,
+    /// Per sync zone (its [`name_seed`], then a version): the fleet's version of the zone's
+    /// overrides that this instance's overrides last matched, or 0. A loop that takes over
+    /// (reload, worker crash) reads it to tell local changes from the fleet's.
+    pub override_versions: [[AtomicU64; 2]; OVERRIDE_VERSIONS],
+}
+
+/// Sync zones whose override version a loop hands to the next (more fall back to taking the
+/// fleet's overrides at a take-over).
+pub const OVERRIDE_VERSIONS: usize = 32;
+
+/// Name and size of the shared memory zone holding the record. The name cannot be written
+/// in `zone=NAME:SIZE` (a colon ends the name there).
+pub const SHM_NAME: &str = "rate_limit_sync:instance";
+pub const SHM_SIZE: u64 = 64 * 1024;
+
+// The record is one slab allocation in the 64 KiB zone, whose slab pool keeps a few pages
+// for itself.
+const _: () = assert!(core::mem::size_of::<SyncShared>() <= 48 * 1024);
+
+/// Identifies [`SyncShared`]'s layout.
+const SYNC_MAGIC: u64 = 0x726c_7379_6e63_0004;
+
+/// What the request path does with a sync zone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub enum Mode {
+    /// Not connected yet (the first rounds): grants as in `Synced`, fresh ones from defaults.
+    Starting = 0,
+    /// Grants from the fleet's state.
+    Synced = 1,
+    /// One or two rounds missed: grants from the last known shares.
+    Degraded = 2,
+    /// `on_failure=local_share` in force.
+    LocalShare = 3,
+    /// `on_failure=open` in force: the whole limit locally.
+    Open = 4,
+    /// `on_failure=closed` in force: every request rejected.
+    Closed = 5,
+}
+
+impl Mode {
+    const ALL: [Mode; 6] = [
+        Mode::Starting,
+        Mode::Synced,
+        Mode::Degraded,
+        Mode::LocalShare,
+        Mode::Open,
+        Mode::Closed,
+    ];
+
+    /// The mode stored as `code` (`Starting` for anything else).
+    pub fn from_code(code: u64) -> Mode {
+        Mode::ALL
+            .into_iter()
+            .find(|&mode| mode as u64 == code)
+            .unwrap_or(Mode::Starting)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Starting => "starting",
+            Mode::Synced => "synced",
+            Mode::Degraded => "degraded",
+            Mode::LocalShare => "local_share",
+            Mode::Open => "open",
+            Mode::Closed => "closed",
+        }
+    }
+
+    /// Whether the failure mode is in force.
+    pub fn is_fallback(self) -> bool {
+        matches!(self, Mode::LocalShare | Mode::Open | Mode::Closed)
+    }
+}
+
+/// This process's view of the instance's [`SyncShared`], set when its shared memory is
+/// initialized (in the master, before workers fork; the address is the same in all of them).
+static SYNC: AtomicPtr<SyncShared> = AtomicPtr::new(ptr::null_mut());
+
+/// The instance's sync record, when `rate_limit_sync` is configured.
+pub fn shared() -> Option<&'static SyncShared> {
+    // SAFETY: the pointer is null or points at the record inside the `rate_limit_sync` shared
+    // memory, mapped for the life of this process.
+    unsafe { SYNC.load(Ordering::Acquire).as_ref() }
+}
+
+/// The hash seed of a sync zone: derived from its name (not random), so that every instance
+/// of the fleet gives a key the same id, and so the same Redis key.
+pub fn name_seed(name: &str) -> u64 {
+    foldhash::quality::FixedState::with_seed(0x7379_6e63).hash_one(("rate_limit_sync", name))
+}
+
+/// Init callback of the record's zone: lay the record out (or adopt it across a reload).
+/// The zone's `data` is the configured interval in nanoseconds (a `u64` in the
+/// configuration's pool).
+pub extern "C" fn init_zone(shm_zone: *mut ngx_shm_zone_t, _data: *mut c_void) -> ngx_int_t {
+    // SAFETY: nginx passes the zone being initialized.
+    let shm_zone = unsafe { &mut *shm_zone };
+    let shpool = shm_zone.shm.addr.cast::<ngx_slab_pool_t>();
+    // SAFETY: the slab pool at the start of the mapping is initialized by nginx before this
+    // callback, which runs in the master before workers exist.
+    let existing = unsafe { (*shpool).data }.cast::<SyncShared>();
+    // SAFETY: a non-null `data` is a record an earlier cycle laid out.
+    let record = if !existing.is_null() && unsafe { (*existing).magic } == SYNC_MAGIC {
+        existing
+    } else {
+        let size = core::mem::size_of::<SyncShared>();
+        // SAFETY: as above; the allocator takes the pool's mutex itself.
+        let fresh = unsafe { ngx::ffi::ngx_slab_alloc(shpool, size) }.cast::<SyncShared>();
+        if fresh.is_null() {
+            return Status::NGX_ERROR.into();
+        }
+        // SAFETY: the chunk is ours and `size` long; all-zero bytes are a valid record.
+        unsafe {
+            ptr::write_bytes(fresh.cast::<u8>(), 0, size);
+            (*fresh).magic = SYNC_MAGIC;
+            (*fresh).instance_id = random_id();
+            (*shpool).data = fresh.cast();
+        }
+        fresh
+    };
+    // SAFETY: `data` was set by the directive to a u64 in the configuration's pool.
+    if let Some(&interval_ns) = unsafe { shm_zone.data.cast::<u64>().as_ref() } {
+        // SAFETY: `record` points at the live record.
+        unsafe { (*record).interval_ns.store(interval_ns, Ordering::Relaxed) };
+    }
+    SYNC.store(record, Ordering::Release);
+    Status::NGX_OK.into()
+}
+
+fn random_id() -> u64 {
+    match crate::glue::random_bytes::<8>() {
+        Some(bytes) => u64::from_le_bytes(bytes).max(1),
+        None => u64::from(std::process::id()) << 32 | crate::glue::now_ns() & 0xffff_ffff,
+    }
+}
+
+impl SyncShared {
+    /// The override version recorded for zone `zone_id` by an earlier loop (0: none).
+    pub fn override_version(&self, zone_id: u64) -> u64 {
+        self.override_versions
+            .iter()
+            .find(|entry| entry[0].load(Ordering::Acquire) == zone_id)
+            .map_or(0, |entry| entry[1].load(Ordering::Acquire))
+    }
+
+    /// Record zone `zone_id`'s override version (0: unknown). Only the loop writes these.
+    pub fn set_override_version(&self, zone_id: u64, version: u64) {
+        let entry = self
+            .override_versions
+            .iter()
+            .find(|entry| entry[0].load(Ordering::Relaxed) == zone_id)
+            .or_else(|| {
+                self.override_versions
+                    .iter()
+                    .find(|entry| entry[0].load(Ordering::Relaxed) == 0)
+            });
+        if let Some(entry) = entry {
+            entry[1].store(version, Ordering::Release);
+            entry[0].store(zone_id, Ordering::Release);
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        Mode::from_code(self.mode.load(Ordering::Relaxed))
+    }
+
+    /// N̂, at least 1.
+    pub fn instances(&self) -> u64 {
+        self.instances.load(Ordering::Relaxed).max(1)
+    }
+
+    pub fn interval_ns(&self) -> u64 {
+        self.interval_ns.load(Ordering::Relaxed).max(1_000_000)
+    }
+
+    /// Have the loop push the zones' limits and overrides now rather than at its next round.
+    pub fn wake(&self) {
+        self.kick.store(1, Ordering::Release);
+    }
+}
