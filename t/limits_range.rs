@@ -2,37 +2,21 @@
 //! and the state file accept is enforced exactly, what a bucket cannot hold is refused with
 //! the largest value allowed, and a limit no wait can satisfy answers without a `Retry-After`.
 //!
-//! Rates are `0.001r/d` (one request every 1000 days): nothing refills while a test runs.
+//! Rates are `0.001r/d` (one request every 1000 days) or a bucket of five at `1r/s` with waits
+//! of seconds: nothing refills while a test runs.
 
 mod common;
 
-use common::{send, Connection, Nginx, Request, Response};
+use common::{config, send, Connection, Nginx, Request, Response};
 use serde_json::Value;
 
-/// A whole nginx.conf with the module loaded; `HTTP` is the rest of the `http` block and
-/// `LOCATIONS` the locations of its one server, which has a writable admin API.
-const TEMPLATE: &str = r#"
-load_module %%MODULE%%;
-error_log logs/error.log info;
-events { worker_connections 64; }
-http {
-    access_log off;
-    HTTP
-    server {
-        listen 127.0.0.1:%%PORT%%;
-        root html;
-        LOCATIONS
-        location /ratelimit/ { rate_limit_admin write=on; }
-    }
-}
-"#;
-
+/// One worker, `HTTP` in the `http` block, `LOCATIONS` and a writable admin API in its server.
 fn start(http: &str, locations: &str) -> Nginx {
-    Nginx::start(
-        &TEMPLATE
-            .replace("HTTP", http)
-            .replace("LOCATIONS", locations),
-    )
+    config()
+        .http(http)
+        .locations(locations)
+        .locations("location /ratelimit/ { rate_limit_admin write=on; }")
+        .start()
 }
 
 /// One interval at `0.001r/d`, in seconds: 1000 days.
@@ -180,4 +164,42 @@ fn a_state_file_with_a_bucket_too_large_is_not_restored() {
         assert!(log.contains(dropped), "{dropped}\n{log}");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A cost no bucket of the zone can hold is rejected with the status alone: no wait would let
+/// it through, so no `Retry-After` (it said 18446744074 for this one), and the log says why.
+#[test]
+fn a_cost_that_can_never_pass_gets_no_retry_after() {
+    let nginx = start(
+        "rate_limit_zone $arg_k zone=leaky:1m rate=1r/s burst=4;",
+        "location /huge { rate_limit zone=leaky cost=18446744073709551615 nodelay; empty_gif; }\n\
+         location /five { rate_limit zone=leaky cost=5 nodelay; empty_gif; }\n\
+         location /six { rate_limit zone=leaky cost=6 nodelay; empty_gif; }",
+    );
+    let mut connection = Connection::open(nginx.port());
+    for path in ["/huge?k=a", "/six?k=a"] {
+        let response = connection.get(path);
+        assert_eq!(
+            (response.status, response.header("Retry-After")),
+            (429, None),
+            "{path}: {response:?}"
+        );
+        // RateLimit still tells where the key stands: untouched, fresh.
+        assert_eq!(reset_seconds(&response), 0, "{path}: {response:?}");
+    }
+    // Five is the whole bucket: it passes, and the next one waits five seconds.
+    assert_eq!(connection.get("/five?k=a").status, 200);
+    let again = connection.get("/five?k=a");
+    assert_eq!(
+        (again.status, again.header("Retry-After")),
+        (429, Some("5")),
+        "{again:?}"
+    );
+    let log = nginx.error_log();
+    for line in [
+        "by zone \"leaky\"; cost 18446744073709551615 can never pass (at most 5 at once)",
+        "by zone \"leaky\"; cost 6 can never pass (at most 5 at once)",
+    ] {
+        assert!(log.contains(line), "{line}\n{log}");
+    }
 }

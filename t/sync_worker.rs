@@ -12,8 +12,7 @@ use std::net::{TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::nginx::is_running;
-use common::Nginx;
+use common::{config, is_running, Nginx};
 
 /// A TCP server on 127.0.0.1 that accepts every connection, reads what it is sent and never
 /// writes a byte: a Redis that answers nothing. Lives as long as the test process.
@@ -34,26 +33,17 @@ fn silent_redis() -> u16 {
 
 /// One worker (so every download is served by the worker that runs the sync loop), a sync
 /// zone, and a 16 MB file sent at 1 MB/s.
-fn config(redis_port: u16) -> String {
-    format!(
-        r#"
-load_module %%MODULE%%;
-worker_processes 1;
-error_log logs/error.log info;
-events {{ worker_connections 64; }}
-http {{
-    access_log off;
-    rate_limit_sync redis://127.0.0.1:{redis_port} interval=10s timeout=10s;
-    rate_limit_zone $arg_k zone=api:1m rate=100r/s burst=20 sync;
-    server {{
-        listen 127.0.0.1:%%PORT%%;
-        root html;
-        location / {{ rate_limit zone=api nodelay; }}
-        location /slow/ {{ limit_rate 1m; alias html/; }}
-    }}
-}}
-"#
-    )
+fn start(redis_port: u16) -> Nginx {
+    config()
+        .http(&format!(
+            "rate_limit_sync redis://127.0.0.1:{redis_port} interval=10s timeout=10s;\n\
+             rate_limit_zone $arg_k zone=api:1m rate=100r/s burst=20 sync;"
+        ))
+        .locations(
+            "location / { rate_limit zone=api nodelay; }\n\
+             location /slow/ { limit_rate 1m; alias html/; }",
+        )
+        .start()
 }
 
 const FILE_BYTES: usize = 16 << 20;
@@ -101,7 +91,7 @@ fn download(port: u16, until: Instant) -> thread::JoinHandle<Download> {
 #[test]
 fn a_reload_never_stalls_the_worker_that_runs_the_sync_loop() {
     let redis_port = silent_redis();
-    let mut nginx = Nginx::start(&config(redis_port));
+    let mut nginx = start(redis_port);
     nginx.write_file("html/big.bin", &"x".repeat(FILE_BYTES));
     let old_workers = nginx.worker_pids();
     // The loop is started and already waiting on Redis.

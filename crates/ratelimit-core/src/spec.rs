@@ -246,6 +246,30 @@ pub struct Policy {
     pub cost: u64,
 }
 
+impl Policy {
+    /// The largest cost a request can have and still pass (on a fresh key): the bucket's
+    /// `K` (`burst + 1` leaky, `burst` but at least 1 token), the sliding algorithms' `N`. A
+    /// request costing more is rejected with [`crate::Decision::NEVER_NS`].
+    ///
+    /// ```
+    /// use ratelimit_core::{Algorithm, DelayMode, Limits, Policy, Rate};
+    ///
+    /// let limits = Limits { rate: Rate::parse("5r/s").unwrap(), burst: 2 };
+    /// let policy = |algorithm| Policy { algorithm, limits, delay: DelayMode::NoDelay, cost: 1 };
+    /// assert_eq!(policy(Algorithm::LeakyBucket).max_cost(), 3);
+    /// assert_eq!(policy(Algorithm::TokenBucket).max_cost(), 2);
+    /// assert_eq!(policy(Algorithm::SlidingWindow).max_cost(), 5);
+    /// ```
+    pub fn max_cost(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::LeakyBucket => self.limits.burst.saturating_add(1),
+            Algorithm::TokenBucket => crate::token_bucket::capacity(&self.limits),
+            Algorithm::SlidingLog => crate::sliding_log::window_limit(&self.limits.rate),
+            Algorithm::SlidingWindow => crate::sliding_window::window_limit(&self.limits.rate),
+        }
+    }
+}
+
 /// The words of `rate_limit_zone` after KEY:
 /// `zone=NAME:SIZE rate=RATE [burst=N] [algorithm=NAME]`.
 /// The replay tool passes the same words without `zone=`, so `zone` is optional here and the

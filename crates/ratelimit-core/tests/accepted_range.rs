@@ -115,12 +115,20 @@ fn accepted(algorithm: Algorithm) -> impl Strategy<Value = (Limits, DelayMode)> 
 /// The largest cost a request may have and still pass on a fresh key: `K` for the buckets,
 /// `N` for the sliding algorithms.
 fn capacity(algorithm: Algorithm, limits: &Limits) -> u64 {
-    match algorithm {
+    let expected = match algorithm {
         Algorithm::LeakyBucket => limits.burst + 1,
         Algorithm::TokenBucket => limits.burst.max(1),
         Algorithm::SlidingLog => sliding_log::window_limit(&limits.rate),
         Algorithm::SlidingWindow => sliding_window::window_limit(&limits.rate),
-    }
+    };
+    let policy = Policy {
+        algorithm,
+        limits: *limits,
+        delay: DelayMode::NoDelay,
+        cost: 1,
+    };
+    assert_eq!(policy.max_cost(), expected);
+    expected
 }
 
 /// A clock anywhere in `u64`, the ends and the edge of the exact range drawn often.
