@@ -124,6 +124,27 @@ fn patch_refuses_a_bucket_too_large_for_its_rate() {
     assert_eq!(passed, 36);
 }
 
+/// A `rate_limit` line's own `burst=` must fit a new rate too: the `PATCH` that would make
+/// it a bucket of more than 100 years is refused and names that line's burst.
+#[test]
+fn patch_refuses_a_rate_too_slow_for_a_line_burst() {
+    let nginx = start(
+        "rate_limit_zone $arg_k zone=leaky:1m rate=1r/s;",
+        "location /leaky { rate_limit zone=leaky burst=300 nodelay; empty_gif; }",
+    );
+    let (status, error) = admin(&nginx, "PATCH", "zones/leaky", r#"{"rate": "0.001r/d"}"#);
+    assert_eq!(status, 400, "{error}");
+    assert_eq!(
+        error["error"],
+        "burst 300 is too large for rate \"0.001r/d\" (at most 35: a leaky_bucket must drain \
+         within 100 years): the burst= of a rate_limit line using zone \"leaky\""
+    );
+    let (status, _) = admin(&nginx, "PATCH", "zones/leaky", r#"{"rate": "1r/d"}"#);
+    assert_eq!(status, 200);
+    let (passed, _) = four_hundred(&nginx, "/leaky?k=line");
+    assert_eq!(passed, 301);
+}
+
 /// A state file edited by hand beyond the largest bucket is not restored: the runtime limits
 /// and the override are dropped, and the log says why with the largest burst.
 #[test]

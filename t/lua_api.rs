@@ -495,6 +495,7 @@ fn bad_use_gets_an_error_and_no_worker_crashes() {
         rate_limit_zone $arg_k zone=z:1m rate=1r/h burst=1;
         rate_limit_zone $arg_k zone=window:1m rate=5r/h algorithm=sliding_window;
         rate_limit_zone $arg_k zone=log:1m rate=5r/h algorithm=sliding_log;
+        rate_limit_zone $arg_k zone=slow:1m rate=0.001r/d;
         init_by_lua_block {
             local rl = require "resty.rate_limit"
             local lim = assert(rl.new("z"))
@@ -539,6 +540,19 @@ fn bad_use_gets_an_error_and_no_worker_crashes() {
                                       tostring(select(3, big:incoming("big", true)))}, " | "))
                 local remaining, reset, wait = big:state("big")
                 ngx.say(table.concat({tostring(remaining), tostring(reset), tostring(wait)}, " | "))
+                -- A burst larger than the zone's rate allows, as a rate_limit line's would be.
+                local slow = rl.new("slow", {burst = 300})
+                show(slow:incoming("k", true))
+                show(slow:state("k"))
+                show(slow:uncommit("k"))
+                show(rl.new("slow", {burst = 35, nodelay = true}):incoming("k", true))
+                -- The C call itself refuses to change nothing (set_rate("") stops before it).
+                local ffi = require "ffi"
+                local buf, len = ffi.new("unsigned char[256]"), ffi.new("size_t[1]", 256)
+                local request = require("resty.core.base").get_request()
+                local st = ffi.C.ngx_http_rate_limit_lua_set_limits(request, "z", 1, "", 0, -1,
+                                                                    buf, len)
+                ngx.say(st, " | ", ffi.string(buf, len[0]))
                 rl.ABI_VERSION = 2
                 show(rl.new("z"))
                 rl.ABI_VERSION = 1
@@ -572,6 +586,14 @@ fn bad_use_gets_an_error_and_no_worker_crashes() {
          and reload instead",
         "nil | rejected | nil",
         "2 | 0 | nil",
+        "nil | burst 300 is too large for the rate of zone \"slow\" (at most 35): a bucket \
+         must drain or refill within 100 years",
+        "nil | burst 300 is too large for the rate of zone \"slow\" (at most 35): a bucket \
+         must drain or refill within 100 years",
+        "nil | burst 300 is too large for the rate of zone \"slow\": a bucket must drain or \
+         refill within 100 years",
+        "0 | 0",
+        "-6 | nothing to change: give a rate (such as \"10r/s\") or a burst",
         "nil | ABI version mismatch: ngx_http_rate_limit_module has 1, resty.rate_limit needs 2",
         "0 | 0",
     ];

@@ -94,7 +94,9 @@ local function buffer_error()
 end
 
 -- A negative status as a message, for limiter `self` (nil for errors without one).
-local function status_error(self, status)
+-- `decided`: the call filled `decision` (incoming, state), which then holds the largest
+-- burst for -9.
+local function status_error(self, status, decided)
     if status == -1 then
         return "no request: resty.rate_limit works only while handling a request"
     elseif status == -2 then
@@ -109,6 +111,12 @@ local function status_error(self, status)
         return '"burst" is not used by the algorithm of zone "' .. self.zone .. '"'
     elseif status == -8 then
         return 'internal error in zone "' .. self.zone .. '"'
+    elseif status == -9 then
+        local most = decided and (" (at most " .. tostring(tonumber(decision.remaining)) .. ")")
+                     or ""
+        return "burst " .. tostring(tonumber(self.opts.burst)) .. ' is too large for the rate of '
+               .. 'zone "' .. self.zone .. '"' .. most .. ": a bucket must drain or refill "
+               .. "within 100 years"
     end
     return "bad argument (status " .. tostring(status) .. ")"
 end
@@ -201,7 +209,7 @@ function _M.incoming(self, key, commit)
     local status = C.ngx_http_rate_limit_lua_incoming(r, zone, #zone, key, #key, self.opts,
                                                       commit and 1 or 0, decision)
     if status ~= 0 then
-        return nil, status_error(self, status)
+        return nil, status_error(self, status, true)
     end
     local outcome = decision.outcome
     local remaining = tonumber(decision.remaining)
@@ -243,7 +251,7 @@ function _M.state(self, key)
     local status = C.ngx_http_rate_limit_lua_state(r, zone, #zone, key, #key, self.opts,
                                                    decision)
     if status ~= 0 then
-        return nil, status_error(self, status)
+        return nil, status_error(self, status, true)
     end
     local wait = 0
     if decision.outcome == REJECTED then

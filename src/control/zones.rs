@@ -129,6 +129,7 @@ impl AdminZone for SharedZone<'_> {
             evictions: self.zone.evictions(),
             overrides: self.zone.override_count(),
             override_capacity: OVERRIDE_CAPACITY as u64,
+            line_burst: self.conf.bursts.largest_given,
             sync: self.zone.is_sync().then(sync_info).flatten(),
         }
     }

@@ -51,6 +51,7 @@ pub use route::Route;
 pub use store::{AdminZone, Counters, KeyState, OverridesFull, SyncInfo, ZoneInfo};
 
 use ratelimit_core::top::{TopKind, TopWindow};
+use ratelimit_core::Limits;
 
 use json::{Entries, ErrorJson, KeyJson, LimitsJson, OverrideJson, ZoneJson};
 
@@ -218,6 +219,18 @@ pub fn patch_zone<'a, Z: AdminZone>(
         let burst_given = patch.burst.is_some();
         let capacity = info.log_capacity();
         body::check_limits(name, info.algorithm, &new, burst_given, capacity)?;
+        // A `rate_limit` line's own burst meets the new rate too.
+        if let Some(line_burst) = info.line_burst {
+            let line = Limits {
+                burst: line_burst,
+                ..new
+            };
+            line.check_bucket(info.algorithm).map_err(|error| {
+                ApiError::BadValue(format!(
+                    "{error}: the burst= of a rate_limit line using zone \"{name}\""
+                ))
+            })?;
+        }
         match zone.replace_limits(current, new) {
             Ok(()) => return Ok(zone),
             Err(found) => current = found,
@@ -505,6 +518,20 @@ mod tests {
                 r#"{"rate": "10r/s", "burst": 5}"#
             )
             .0,
+            200
+        );
+        // A line's own burst must fit the new rate too: 300 at 0.001r/d does not.
+        zones[0].set_line_burst(300);
+        let (status, error) = call(&zones, "PATCH", "zones/one", r#"{"rate": "0.001r/d"}"#);
+        assert_eq!(status, 400);
+        assert_eq!(
+            error["error"],
+            "burst 300 is too large for rate \"0.001r/d\" (at most 35: a leaky_bucket must \
+             drain within 100 years): the burst= of a rate_limit line using zone \"one\""
+        );
+        assert_eq!(zones[0].limits(), limits("10r/s", 5));
+        assert_eq!(
+            call(&zones, "PATCH", "zones/one", r#"{"rate": "1r/d"}"#).0,
             200
         );
         // Lowering a sliding log's N is fine; raising it back up to the configured N too.

@@ -42,6 +42,7 @@ impl MemoryZone {
             evictions: 0,
             overrides: 0,
             override_capacity: 4,
+            line_burst: None,
             sync: None,
         };
         MemoryZone {
@@ -94,6 +95,11 @@ impl MemoryZone {
     /// Replace the counters and other numbers `info` reports.
     pub fn set_counters(&self, counters: Counters) {
         self.with(|state| state.info.counters = counters);
+    }
+
+    /// A `rate_limit` line using the zone gives `burst=` (the largest of them).
+    pub fn set_line_burst(&self, burst: u64) {
+        self.with(|state| state.info.line_burst = Some(burst));
     }
 }
 

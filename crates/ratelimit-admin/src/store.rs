@@ -50,6 +50,9 @@ pub struct ZoneInfo {
     pub evictions: u64,
     pub overrides: u64,
     pub override_capacity: u64,
+    /// The largest `burst=` a `rate_limit` line using the zone gives (in place of the zone's
+    /// for that line's requests): a new rate must allow it too.
+    pub line_burst: Option<u64>,
     /// For a `sync` zone (`rate_limit_sync`): the instance's sync state.
     pub sync: Option<SyncInfo>,
 }
