@@ -48,7 +48,7 @@ pub mod top;
 
 pub use error::ApiError;
 pub use route::Route;
-pub use store::{AdminZone, Counters, KeyState, OverridesFull, SyncInfo, ZoneInfo};
+pub use store::{AdminZone, Counters, KeyState, OverrideRefused, SyncInfo, ZoneInfo};
 
 use ratelimit_core::top::{TopKind, TopWindow};
 use ratelimit_core::Limits;
@@ -311,12 +311,19 @@ fn try_execute<Z: AdminZone>(
             let burst_given = request.burst.is_some();
             let capacity = info.log_capacity();
             body::check_limits(name, info.algorithm, &limits, burst_given, capacity)?;
-            let created = zone.set_override(key, limits).map_err(|OverridesFull| {
-                ApiError::OverridesFull {
-                    zone: name.clone(),
-                    capacity: info.override_capacity as usize,
-                }
-            })?;
+            let created = zone
+                .set_override(key, limits)
+                .map_err(|refused| match refused {
+                    OverrideRefused::TableFull => ApiError::OverridesFull {
+                        zone: name.clone(),
+                        capacity: info.override_capacity as usize,
+                    },
+                    OverrideRefused::NoMemory => ApiError::OverrideKeyNoMemory {
+                        zone: name.clone(),
+                        key_bytes: key.len(),
+                        size: info.size,
+                    },
+                })?;
             let status = if created { 201 } else { 200 };
             Response::json(status, &OverrideJson::new(name, key, &limits)).changed()
         }
@@ -624,6 +631,21 @@ mod tests {
         assert_eq!(put_log(r#"{"rate": "100r/m"}"#).0, 201);
         assert_eq!(put_log(r#"{"rate": "10r/m", "burst": 1}"#).0, 400);
         assert_eq!(put_log(r#"{"rate": "1000r/m"}"#).0, 400);
+    }
+
+    /// The zone's memory, not its table, is what is short: the 507 says so.
+    #[test]
+    fn overrides_out_of_memory_are_507_naming_the_memory() {
+        let zones = zones();
+        let key = |c: char| format!("zones/one/overrides/{}", c.to_string().repeat(700_000));
+        assert_eq!(call(&zones, "PUT", &key('a'), r#"{"rate": "1r/s"}"#).0, 201);
+        let (status, error) = call(&zones, "PUT", &key('b'), r#"{"rate": "1r/s"}"#);
+        assert_eq!(status, 507);
+        assert_eq!(
+            error["error"],
+            "zone \"one\" has no memory left for the key of another override (700000 bytes): \
+             its 1048576 bytes are in use; a larger zone size holds more"
+        );
     }
 
     #[test]

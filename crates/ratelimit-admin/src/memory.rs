@@ -9,7 +9,7 @@ use ratelimit_core::{Algorithm, Decision, Limits, Outcome};
 
 use crate::top::TopList;
 
-use crate::store::{AdminZone, Counters, KeyState, OverridesFull, ZoneInfo};
+use crate::store::{AdminZone, Counters, KeyState, OverrideRefused, ZoneInfo};
 
 /// A zone kept in a `Mutex`.
 pub struct MemoryZone {
@@ -160,11 +160,18 @@ impl AdminZone for MemoryZone {
         })
     }
 
-    fn set_override(&self, key: &[u8], limits: Limits) -> Result<bool, OverridesFull> {
+    fn set_override(&self, key: &[u8], limits: Limits) -> Result<bool, OverrideRefused> {
         self.with(|state| {
             let capacity = state.info.override_capacity as usize;
             if !state.overrides.contains_key(key) && state.overrides.len() >= capacity {
-                return Err(OverridesFull);
+                return Err(OverrideRefused::TableFull);
+            }
+            // A stand-in for the zone's memory: keys of all overrides within its size.
+            let key_bytes: usize = state.overrides.keys().map(Vec::len).sum();
+            if !state.overrides.contains_key(key)
+                && (key_bytes + key.len()) as u64 > state.info.size
+            {
+                return Err(OverrideRefused::NoMemory);
             }
             Ok(state.overrides.insert(key.to_vec(), limits).is_none())
         })
