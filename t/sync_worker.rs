@@ -132,11 +132,27 @@ fn a_reload_never_stalls_the_worker_that_runs_the_sync_loop() {
         thread::sleep(Duration::from_millis(20));
     }
     let exit_after = closed.elapsed();
+    eprintln!("old worker exited {exit_after:?} after its last connection closed");
     assert!(!is_running(old), "the old worker {old} is still running");
     assert!(
         exit_after < Duration::from_secs(3),
         "the old worker exited {exit_after:?} after its last connection closed"
     );
     let log = nginx.error_log();
+    assert!(!log.contains("[alert]"), "{log}");
+}
+
+/// `nginx -s quit` with the sync loop waiting on a silent Redis: the worker waits at most a
+/// second for the loop's last round, not its 10 s timeout (twice, with the last flush).
+#[test]
+fn a_shutdown_waits_for_the_sync_thread_a_second_at_most() {
+    let redis_port = silent_redis();
+    let nginx = start(redis_port);
+    thread::sleep(Duration::from_millis(500));
+    let quit = Instant::now();
+    let log = nginx.stop();
+    let took = quit.elapsed();
+    eprintln!("nginx quit in {took:?}");
+    assert!(took < Duration::from_secs(3), "quit took {took:?}:\n{log}");
     assert!(!log.contains("[alert]"), "{log}");
 }

@@ -26,6 +26,7 @@ use core::ptr;
 use core::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use ngx::ffi::{ngx_cycle_t, ngx_event_t, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN};
 use ngx::http::HttpModuleMainConf;
@@ -44,7 +45,16 @@ use shared::{Mode, SyncError, SyncShared};
 struct Running {
     stop: Arc<AtomicBool>,
     handle: JoinHandle<()>,
+    /// `timeout=`: how long one round may wait on Redis, its last one too.
+    round_timeout: Duration,
 }
+
+/// The longest an exiting worker waits for its loop's last round (a flush of what it has
+/// not sent yet): with nothing left to serve, nginx would exit now.
+const EXIT_WAIT: Duration = Duration::from_secs(1);
+
+/// How often an exiting worker that still serves connections looks whether its loop ended.
+const EXITING_POLL_MS: ngx::ffi::ngx_msec_t = 20;
 
 /// Process-local (never in shared memory): only this worker's event loop touches it.
 static RUNNING: Mutex<Option<Running>> = Mutex::new(None);
@@ -77,10 +87,28 @@ pub fn init_process(cycle: &mut ngx_cycle_t) {
     watch_now(cycle);
 }
 
-/// In each worker at exit: stop this process's loop after one last flush, and give up
-/// ownership so another instance's worker takes over at once.
+/// In each worker at exit: stop this process's loop, wait for its last flush at most
+/// [`EXIT_WAIT`] (or `timeout=` when shorter), and give up ownership so that another worker
+/// takes over at once. A loop still waiting on Redis then is left to end with the process:
+/// what it had not sent yet is lost to the fleet (at most one round of this instance's
+/// traffic), and the worker exits when nginx would.
 pub fn exit_process() {
-    stop_loop();
+    let wait = RUNNING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .as_ref()
+        .map_or(Duration::ZERO, |running| {
+            running.round_timeout.min(EXIT_WAIT)
+        });
+    if !stop_loop(wait) {
+        // Detached: the handle is dropped, the thread dies with the process.
+        let running = RUNNING
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        drop(running);
+        release_ownership();
+    }
 }
 
 unsafe extern "C" fn watch(event: *mut ngx_event_t) {
@@ -99,7 +127,13 @@ fn watch_now(cycle: &mut ngx_cycle_t) {
     // SAFETY: process flags set by nginx's signal handling in this (single) thread.
     let exiting = unsafe { nginx_sys::ngx_exiting != 0 || nginx_sys::ngx_terminate != 0 };
     if exiting {
-        stop_loop();
+        // The worker still serves its connections: the loop is told to stop and looked at
+        // again later, never waited for here (its round may wait `timeout=` on Redis).
+        if !stop_loop(Duration::ZERO) {
+            // SAFETY: the event was set up in init_process; re-armed only from this thread.
+            // It is cancelable: it keeps no exiting worker alive.
+            unsafe { nginx_sys::ngx_add_timer(ptr::addr_of_mut!(WATCH_EVENT), EXITING_POLL_MS) };
+        }
         return;
     }
     elect(cycle, sync);
@@ -177,6 +211,7 @@ fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Op
         })
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
+    let round_timeout = Duration::from_millis(spec.timeout_ms);
     let job = task::Task {
         zones,
         spec,
@@ -189,20 +224,42 @@ fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Op
         .name("rate_limit_sync".into())
         .spawn(move || job.run())
         .ok()?;
-    Some(Running { stop, handle })
+    Some(Running {
+        stop,
+        handle,
+        round_timeout,
+    })
 }
 
-fn stop_loop() {
-    let running = RUNNING
+/// Tell this process's loop to stop, and wait at most `wait` for it to end (it notices within
+/// 20 ms; its last round flushes what it has not sent, bounded by `timeout=`). Returns
+/// whether there is no loop left: it ended (joined at once, ownership given up) or there was
+/// none.
+fn stop_loop(wait: Duration) -> bool {
+    let mut running = RUNNING
         .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .take();
-    let Some(running) = running else {
-        return;
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let Some(current) = running.as_ref() else {
+        return true;
     };
-    running.stop.store(true, Ordering::Release);
-    // Bounded: the loop notices within 20 ms and its last round is bounded by `timeout=`.
-    let _ = running.handle.join();
+    current.stop.store(true, Ordering::Release);
+    let deadline = Instant::now() + wait;
+    while !current.handle.is_finished() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if let Some(ended) = running.take() {
+        // Finished: joining takes no time.
+        let _ = ended.handle.join();
+    }
+    release_ownership();
+    true
+}
+
+/// This process no longer owns the loop: another worker may start one at its next watch.
+fn release_ownership() {
     if let Some(sync) = sync_record::shared() {
         let me = u64::from(std::process::id());
         let _ = sync
