@@ -1,9 +1,10 @@
-//! The worker that runs the sync loop (`rate_limit_sync`) stays an ordinary nginx worker: a
-//! reload or a shutdown never makes its event loop wait for the sync thread, and it exits
-//! when nginx would.
+//! The workers of a sync zone (`rate_limit_sync`) stay ordinary nginx workers: a reload or a
+//! shutdown never makes an event loop wait for the sync thread, the worker exits when nginx
+//! would, and what the loop hands them cannot flood their log.
 //!
-//! The "Redis" here accepts connections and never answers, with `interval=10s timeout=10s`:
-//! the sync thread spends each round waiting the whole timeout.
+//! The "Redis" of the first tests accepts connections and never answers, with
+//! `interval=10s timeout=10s`: the sync thread spends each round waiting the whole timeout.
+//! The log test uses a real `redis-server`.
 
 mod common;
 
@@ -12,7 +13,8 @@ use std::net::{TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{config, is_running, Nginx};
+use common::redis::Redis;
+use common::{config, is_running, send, Connection, Nginx, Request};
 
 /// A TCP server on 127.0.0.1 that accepts every connection, reads what it is sent and never
 /// writes a byte: a Redis that answers nothing. Lives as long as the test process.
@@ -155,4 +157,122 @@ fn a_shutdown_waits_for_the_sync_thread_a_second_at_most() {
     eprintln!("nginx quit in {took:?}");
     assert!(took < Duration::from_secs(3), "quit took {took:?}:\n{log}");
     assert!(!log.contains("[alert]"), "{log}");
+}
+
+/// An instance of the fleet: a sync zone `api` of `size` on `$arg_k`, the admin API writable.
+fn instance(redis: &Redis, size: &str, workers: usize) -> Nginx {
+    config()
+        .workers(workers)
+        .http(&format!(
+            "rate_limit_sync redis://127.0.0.1:{} interval=100ms;\n\
+             rate_limit_zone $arg_k zone=api:{size} rate=10r/s sync;",
+            redis.port
+        ))
+        .locations(
+            "location / { rate_limit zone=api nodelay; }\n\
+             location /ratelimit/ { rate_limit_admin write=on; }",
+        )
+        .start()
+}
+
+/// Sets `count` overrides of 200-byte keys at `rate` through `nginx`'s admin API.
+fn put_overrides(nginx: &Nginx, count: usize, rate: &str) {
+    let mut connection = Connection::open(nginx.port());
+    for n in 0..count {
+        let key = format!("{n:04}{}", "k".repeat(196));
+        let request = Request::new("PUT", &format!("/ratelimit/zones/api/overrides/{key}"))
+            .json(&format!("{{\"rate\": \"{rate}\"}}"));
+        let status = connection.send(&request).status;
+        assert!(status == 201 || status == 200, "override {n}: {status}");
+    }
+}
+
+fn lines_with(log: &str, text: &str) -> Vec<String> {
+    log.lines()
+        .filter(|line| line.contains(text))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Overrides of 200-byte keys set on an instance whose zone keeps 32k for their keys (128 of
+/// them); the other instance's zone (128k) keeps one page.
+const OVERRIDES: usize = 120;
+
+/// 120 overrides set on one instance reach another whose zone has room for few of them, then
+/// all 120 change: each key that does not fit used to be a warning, every time the fleet's
+/// overrides changed (about a hundred lines each time here, 13,184 in the issue). Now a
+/// worker logs the first in full and counts the rest, one line with the count every 10 s at
+/// most.
+#[test]
+fn overrides_without_room_are_counted_not_logged_one_by_one() {
+    let redis = Redis::start();
+    let roomy = instance(&redis, "4m", 1);
+    let small = instance(&redis, "128k", 2);
+    redis.wait_instances(2);
+
+    put_overrides(&roomy, OVERRIDES, "2r/s");
+    let first = "has no room for the fleet's override of key";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lines_with(&small.error_log(), first).is_empty() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(50));
+    }
+    // Every change of the fleet's map is tried again: a second version of all of them.
+    thread::sleep(Duration::from_secs(2));
+    put_overrides(&roomy, OVERRIDES, "3r/s");
+    thread::sleep(Duration::from_secs(3));
+
+    let zone: serde_json::Value =
+        serde_json::from_slice(&send(small.port(), &Request::get("/ratelimit/zones/api")).body)
+            .unwrap();
+    let held = zone["overrides"].as_u64().unwrap();
+    assert!(
+        held < OVERRIDES as u64 / 2,
+        "the small zone holds {held} overrides: little was refused"
+    );
+    let log = small.error_log();
+    let firsts = lines_with(&log, first);
+    eprintln!(
+        "{} first lines for {} overrides refused twice",
+        firsts.len(),
+        OVERRIDES as u64 - held
+    );
+    assert!(
+        !firsts.is_empty() && firsts.len() <= 2,
+        "one first line per worker at most:\n{}",
+        firsts.join("\n")
+    );
+    assert!(
+        firsts[0].contains("its memory is short for the key"),
+        "{}",
+        firsts[0]
+    );
+
+    // Within the next period each worker that counted repeats logs how many.
+    let counted = "more of the fleet's overrides in the last 10 s: its memory is short";
+    let deadline = Instant::now() + Duration::from_secs(12);
+    while lines_with(&small.error_log(), counted).is_empty() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(100));
+    }
+    let log = small.error_log();
+    let summaries = lines_with(&log, counted);
+    assert!(
+        !summaries.is_empty() && summaries.len() <= 2,
+        "{}",
+        summaries.join("\n")
+    );
+    let total: u64 = summaries
+        .iter()
+        .filter_map(|line| {
+            let (_, rest) = line.split_once("had no room for ")?;
+            rest.split(' ').next()?.parse::<u64>().ok()
+        })
+        .sum();
+    eprintln!("{total} refusals counted in {} lines", summaries.len());
+    assert!(
+        total >= OVERRIDES as u64 - held,
+        "{total} counted:\n{}",
+        summaries.join("\n")
+    );
+    let warnings = log.lines().filter(|line| line.contains("[warn]")).count();
+    assert!(warnings <= 8, "{warnings} warning lines:\n{log}");
 }

@@ -18,6 +18,7 @@
 
 mod cluster;
 mod overrides;
+mod repeats;
 mod shared;
 mod task;
 mod tls;
@@ -39,6 +40,8 @@ use crate::control;
 use crate::glue::{now_ms, process_alive};
 use crate::store::inbox;
 use crate::store::sync_record::{self, name_seed};
+use ratelimit_admin::OverrideRefused;
+use repeats::Condition;
 use shared::{Mode, SyncError, SyncShared};
 
 /// The loop thread of this process, when it owns the election.
@@ -139,6 +142,7 @@ fn watch_now(cycle: &mut ngx_cycle_t) {
     elect(cycle, sync);
     log_transitions(cycle, sync);
     apply_fleet_overrides(cycle, sync);
+    log_repeats(cycle);
     // An eighth of the interval (10 to 100 ms): the fleet's override changes wait in the
     // inbox at most that long, so they land within two intervals end to end.
     let interval_ms = (sync.interval_ns() / 1_000_000).max(10);
@@ -180,11 +184,13 @@ fn elect(cycle: &mut ngx_cycle_t, sync: &'static SyncShared) {
     match start_loop(cycle, sync, me) {
         Some(started) => *running = Some(started),
         None => {
-            ngx_log_error!(
-                NGX_LOG_ERR,
-                cycle.log,
-                "rate_limit_sync: could not start the sync thread"
-            );
+            if repeats::occurred(Condition::ThreadStart, "", 1, Instant::now()) {
+                ngx_log_error!(
+                    NGX_LOG_ERR,
+                    cycle.log,
+                    "rate_limit_sync: could not start the sync thread"
+                );
+            }
             let _ = sync
                 .owner_pid
                 .compare_exchange(me, 0, Ordering::AcqRel, Ordering::Acquire);
@@ -275,6 +281,7 @@ fn apply_fleet_overrides(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
         return;
     };
     let log = cycle.log;
+    let now = Instant::now();
     let applied = sync.inbox.apply(|incoming| {
         let zone = conf::zones(mcf)
             .find(|zone: &&ZoneConf| zone.sync && name_seed(&zone.name) == incoming.zone_id);
@@ -285,25 +292,79 @@ fn apply_fleet_overrides(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
         match control::zones::replace_override(zone, &incoming.key, incoming.from, to) {
             Ok(true) => inbox::Applied::Done,
             Ok(false) => inbox::Applied::Skipped,
-            Err(_) => {
-                ngx_log_error!(
-                    NGX_LOG_WARN,
-                    log,
-                    "rate_limit_sync: zone \"{}\" has no room for the fleet's override of key \"{}\"",
-                    zone.name,
-                    String::from_utf8_lossy(&incoming.key)
-                );
+            Err(refused) => {
+                // Once, then counted: a fleet of thousands of overrides that do not fit
+                // would otherwise log a line per key and round.
+                let (condition, why) = match refused {
+                    OverrideRefused::TableFull => {
+                        (Condition::NoRoomInTable, "its table of overrides is full")
+                    }
+                    OverrideRefused::NoMemory => (
+                        Condition::NoMemoryForKey,
+                        "its memory is short for the key (a larger zone size holds more)",
+                    ),
+                };
+                if repeats::occurred(condition, &zone.name, 1, now) {
+                    ngx_log_error!(
+                        NGX_LOG_WARN,
+                        log,
+                        "rate_limit_sync: zone \"{}\" has no room for the fleet's override of key \
+                         \"{}\": {why}; more are counted, not logged one by one",
+                        zone.name,
+                        String::from_utf8_lossy(&incoming.key)
+                    );
+                }
                 inbox::Applied::Failed
             }
         }
     });
     if applied > 0 {
-        ngx_log_error!(
-            NGX_LOG_INFO,
-            log,
-            "rate_limit_sync: {applied} override change(s) from the fleet applied"
-        );
+        if repeats::occurred(Condition::Applied, "", applied as u64, now) {
+            ngx_log_error!(
+                NGX_LOG_INFO,
+                log,
+                "rate_limit_sync: {applied} override change(s) from the fleet applied"
+            );
+        }
         control::persist::save(mcf, log);
+    }
+}
+
+/// The counts of repeated conditions whose period has passed, one line each.
+fn log_repeats(cycle: &mut ngx_cycle_t) {
+    let period = repeats::SUMMARY_PERIOD.as_secs();
+    for (condition, zone, count) in repeats::due(Instant::now()) {
+        match condition {
+            Condition::NoRoomInTable | Condition::NoMemoryForKey => {
+                let why = if condition == Condition::NoRoomInTable {
+                    "its table of overrides is full"
+                } else {
+                    "its memory is short for their keys"
+                };
+                ngx_log_error!(
+                    NGX_LOG_WARN,
+                    cycle.log,
+                    "rate_limit_sync: zone \"{zone}\" had no room for {count} more of the \
+                     fleet's overrides in the last {period} s: {why}"
+                );
+            }
+            Condition::Applied => {
+                ngx_log_error!(
+                    NGX_LOG_INFO,
+                    cycle.log,
+                    "rate_limit_sync: {count} more override change(s) from the fleet applied in \
+                     the last {period} s"
+                );
+            }
+            Condition::ThreadStart => {
+                ngx_log_error!(
+                    NGX_LOG_ERR,
+                    cycle.log,
+                    "rate_limit_sync: could not start the sync thread, {count} more times in the \
+                     last {period} s"
+                );
+            }
+        }
     }
 }
 
