@@ -76,6 +76,18 @@ fn nginx_t_refuses_bad_configuration() {
             "duplicate zone \"a\"",
         ),
         (
+            // Read by ratelimit-replay; refused by nginx until the module enforces it, so
+            // that no configuration believes it is protected.
+            "block= before the module keeps blocks",
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=5r/m block=15m;".to_string(),
+            "\"block\" is not supported by the module yet",
+        ),
+        (
+            "on_status= before the module charges after the response",
+            format!("{zone}\n{}", server("location / { rate_limit zone=a on_status=401; }")),
+            "\"on_status\" is not supported by the module yet",
+        ),
+        (
             "unknown algorithm",
             "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s algorithm=fast;"
                 .to_string(),

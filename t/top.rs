@@ -147,7 +147,7 @@ fn the_root_says_what_the_location_offers() {
         json!({
             "write": true, "zones": ["one", "slow", "tiny", "quarter"],
             "top": ["one", "slow", "quarter"],
-            "dashboard": "dashboard"
+            "blocks": [], "dashboard": "dashboard"
         })
     );
     assert_eq!(get_json(&nginx, "/readonly/").1["write"], false);

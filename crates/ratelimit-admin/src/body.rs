@@ -72,6 +72,44 @@ pub fn parse_override(body: &[u8]) -> Result<LimitsBody, ApiError> {
     Ok(parsed)
 }
 
+/// Parse the body of `PUT zones/NAME/blocked/KEY`: `{"duration": "15m"}` (nginx time, from
+/// 1 ms to 365 days); the block's length in nanoseconds.
+///
+/// ```
+/// use ratelimit_admin::body::parse_block;
+///
+/// assert_eq!(parse_block(br#"{"duration": "15m"}"#).unwrap(), 900_000_000_000);
+/// assert!(parse_block(br#"{"duration": "soon"}"#).unwrap_err().to_string()
+///     .contains("invalid duration \"soon\""));
+/// ```
+pub fn parse_block(body: &[u8]) -> Result<u64, ApiError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct BlockBody {
+        duration: String,
+    }
+    let example = "the body must be a JSON object such as {\"duration\": \"15m\"}";
+    let first = body.iter().find(|byte| !byte.is_ascii_whitespace());
+    if first.is_some_and(|&byte| byte != b'{') {
+        serde_json::from_slice::<de::IgnoredAny>(body).map_err(body_error)?;
+        return Err(ApiError::BadBody(example.to_string()));
+    }
+    let raw: BlockBody = serde_json::from_slice(body).map_err(|error| match body_error(error) {
+        ApiError::BadBody(message) => ApiError::BadBody(format!("{message}; {example}")),
+        other => other,
+    })?;
+    let max = ratelimit_core::penalty::BlockPolicy::MAX_NS;
+    ratelimit_core::penalty::parse_duration_ns(&raw.duration)
+        .filter(|&ns| (1_000_000..=max).contains(&ns))
+        .ok_or_else(|| {
+            ApiError::BadBody(format!(
+                "invalid duration \"{}\": give a duration such as 30s, 15m, 24h or 1h30m, \
+                 from 1ms to 365d",
+                raw.duration
+            ))
+        })
+}
+
 fn body_error(error: serde_json::Error) -> ApiError {
     use serde_json::error::Category;
     match error.classify() {

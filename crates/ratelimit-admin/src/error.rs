@@ -57,6 +57,15 @@ pub enum ApiError {
     /// 400: a bad parameter of `GET zones/NAME/top`.
     #[error("{0}")]
     BadQuery(String),
+    /// 404: a zone without `block=`.
+    #[error("zone \"{0}\" has no penalty box: \"block=DURATION\" on its rate_limit_zone keeps blocked keys")]
+    NoBlocks(String),
+    /// 404: the key is not blocked.
+    #[error("key \"{key}\" is not blocked in zone \"{zone}\"")]
+    NotBlocked { zone: String, key: String },
+    /// 507: the block table has no record to give.
+    #[error("zone \"{0}\" has no room for another blocked key")]
+    BlocksFull(String),
     /// 404: a zone too small to keep top keys.
     #[error("zone \"{0}\" keeps no top keys: it needs 256k of shared memory at least")]
     NoTopKeys(String),
@@ -70,7 +79,9 @@ impl ApiError {
             | ApiError::UnknownZone(_)
             | ApiError::KeyNotTracked { .. }
             | ApiError::NoOverride { .. }
-            | ApiError::NoTopKeys(_) => 404,
+            | ApiError::NoTopKeys(_)
+            | ApiError::NoBlocks(_)
+            | ApiError::NotBlocked { .. } => 404,
             ApiError::BadPercentEncoding(_)
             | ApiError::BadBody(_)
             | ApiError::BadValue(_)
@@ -79,7 +90,9 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::ReadOnly => 403,
             ApiError::BodyTooLarge { .. } => 413,
-            ApiError::OverridesFull { .. } | ApiError::OverrideKeyNoMemory { .. } => 507,
+            ApiError::OverridesFull { .. }
+            | ApiError::OverrideKeyNoMemory { .. }
+            | ApiError::BlocksFull(_) => 507,
         }
     }
 

@@ -4,7 +4,7 @@ use ratelimit_core::{Limits, Outcome};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
-use crate::store::{KeyState, SyncInfo, ZoneInfo};
+use crate::store::{BlockCounts, BlockInfo, KeyState, SyncInfo, ZoneInfo};
 
 /// `{"rate": "10r/s", "burst": 5}`
 #[derive(Serialize)]
@@ -115,6 +115,64 @@ pub struct KeyJson<'a> {
     pub retry_after_ms: u64,
     /// How long until the key is back to its fresh state.
     pub reset_ms: u64,
+    /// The key's block, when it is blocked (`block=`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block: Option<BlockJson>,
+}
+
+/// One blocked key: `since` and `until` in Unix seconds (millisecond precision).
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct BlockJson {
+    pub key: String,
+    /// The key is longer than the zone keeps for listing: `key` is its start.
+    pub truncated: bool,
+    pub since: f64,
+    pub until: f64,
+    /// 0 for `block`, `n` for `block × 2^n` (capped at `block_max`).
+    pub level: u8,
+    pub left_ms: u64,
+}
+
+impl From<&BlockInfo> for BlockJson {
+    fn from(block: &BlockInfo) -> BlockJson {
+        BlockJson {
+            key: String::from_utf8_lossy(&block.key).into_owned(),
+            truncated: block.truncated,
+            since: block.since_unix_ms as f64 / 1000.0,
+            until: block.until_unix_ms as f64 / 1000.0,
+            level: block.level,
+            left_ms: block.left_ms,
+        }
+    }
+}
+
+/// `GET zones/NAME/blocked`.
+#[derive(Serialize)]
+pub struct BlockedJson<'a> {
+    pub zone: &'a str,
+    /// `block=` and `block_max=`, as nginx time text.
+    pub block: String,
+    pub block_max: String,
+    /// Keys blocked now, and how many the zone holds at most.
+    pub count: usize,
+    pub capacity: u64,
+    /// Requests refused while their key was blocked, since the zone was created.
+    pub blocked_requests: u64,
+    pub keys: Vec<BlockJson>,
+}
+
+impl<'a> BlockedJson<'a> {
+    pub fn new(zone: &'a str, counts: &BlockCounts, keys: Vec<BlockJson>) -> BlockedJson<'a> {
+        BlockedJson {
+            zone,
+            block: ratelimit_core::penalty::duration_text(counts.block_ns),
+            block_max: ratelimit_core::penalty::duration_text(counts.block_max_ns),
+            count: keys.len(),
+            capacity: counts.capacity,
+            blocked_requests: counts.blocked_requests,
+            keys,
+        }
+    }
 }
 
 impl<'a> KeyJson<'a> {
@@ -140,6 +198,7 @@ impl<'a> KeyJson<'a> {
                 milliseconds(decision.retry_after_ns)
             },
             reset_ms: milliseconds(decision.reset_ns),
+            block: None,
         }
     }
 }

@@ -18,6 +18,10 @@
 //! | `DELETE zones/NAME/overrides/KEY` | back to the zone's limits (204) |
 //! | `GET metrics` | Prometheus text |
 //! | `GET zones/NAME/top?by=rejected\|delayed&window=1m\|10m&limit=N` | the keys limited most |
+//! | `GET zones/NAME/blocked` | the keys blocked now (`block=`): key, since, until, level |
+//! | `GET zones/NAME/blocked/KEY` | one key's block; 404 when not blocked |
+//! | `PUT zones/NAME/blocked/KEY` | `{"duration": "15m"}`: block by hand; 201 new, 200 replaced |
+//! | `DELETE zones/NAME/blocked/KEY` | release the key (204) |
 //! | `GET` (the root) | `{"write": bool, "zones": [...], ...}`: what this location offers |
 //! | `GET dashboard` (or the root with `Accept: text/html`) | the live dashboard page |
 //!
@@ -48,12 +52,17 @@ pub mod top;
 
 pub use error::ApiError;
 pub use route::Route;
-pub use store::{AdminZone, Counters, KeyState, OverrideRefused, SyncInfo, ZoneInfo};
+pub use store::{
+    AdminZone, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverrideRefused, SyncInfo,
+    ZoneInfo,
+};
 
 use ratelimit_core::top::{TopKind, TopWindow};
 use ratelimit_core::Limits;
 
-use json::{Entries, ErrorJson, KeyJson, LimitsJson, OverrideJson, ZoneJson};
+use json::{
+    BlockJson, BlockedJson, Entries, ErrorJson, KeyJson, LimitsJson, OverrideJson, ZoneJson,
+};
 
 /// `GET` of the admin location's root.
 #[derive(serde::Serialize)]
@@ -64,6 +73,8 @@ struct RootJson<'a> {
     zones: Vec<&'a str>,
     /// The zones that keep top keys (`GET zones/NAME/top`).
     top: Vec<&'a str>,
+    /// The zones with a penalty box (`block=`, `GET zones/NAME/blocked`).
+    blocks: Vec<&'a str>,
     /// The dashboard's path, relative to this location.
     dashboard: &'static str,
 }
@@ -264,14 +275,78 @@ fn try_execute<Z: AdminZone>(
             Response::json(200, &ZoneJson::from(&zone.info())).changed()
         }
         Route::GetKey { zone: name, key } => {
-            let state =
-                find(zones, name)?
-                    .key_state(key)
-                    .ok_or_else(|| ApiError::KeyNotTracked {
+            let zone = find(zones, name)?;
+            let block = zone.block_of(key);
+            let state = zone.key_state(key);
+            match (state, block) {
+                (Some(state), block) => {
+                    let mut json = KeyJson::new(name, key, &state);
+                    json.block = block.as_ref().map(BlockJson::from);
+                    if let Some(block) = &block {
+                        // Blocked: nothing passes before the block ends.
+                        json.would_pass = false;
+                        json.remaining = 0;
+                        json.retry_after_ms = json.retry_after_ms.max(block.left_ms);
+                    }
+                    Response::json(200, &json)
+                }
+                // A blocked key whose bucket drained (and was dropped) is still blocked.
+                (None, Some(block)) => Response::json(200, &BlockJson::from(&block)),
+                (None, None) => {
+                    return Err(ApiError::KeyNotTracked {
                         zone: name.clone(),
                         key: shown(key),
-                    })?;
-            Response::json(200, &KeyJson::new(name, key, &state))
+                    })
+                }
+            }
+        }
+        Route::ListBlocked { zone: name } => {
+            let zone = find(zones, name)?;
+            let counts = zone
+                .block_counts()
+                .ok_or_else(|| ApiError::NoBlocks(name.clone()))?;
+            let blocked: Vec<BlockJson> = zone.blocked().iter().map(BlockJson::from).collect();
+            Response::json(200, &BlockedJson::new(name, &counts, blocked))
+        }
+        Route::GetBlocked { zone: name, key } => {
+            let zone = find(zones, name)?;
+            zone.block_counts()
+                .ok_or_else(|| ApiError::NoBlocks(name.clone()))?;
+            let block = zone.block_of(key).ok_or_else(|| ApiError::NotBlocked {
+                zone: name.clone(),
+                key: shown(key),
+            })?;
+            Response::json(200, &BlockJson::from(&block))
+        }
+        Route::PutBlocked { zone: name, key } => {
+            let zone = find(zones, name)?;
+            if key.is_empty() {
+                return Err(ApiError::EmptyKey);
+            }
+            zone.block_counts()
+                .ok_or_else(|| ApiError::NoBlocks(name.clone()))?;
+            let duration_ns = body::parse_block(body)?;
+            let existed = zone.block_of(key).is_some();
+            let block = zone
+                .block_key(key, duration_ns)
+                .map_err(|refused| match refused {
+                    BlockRefused::NoBlocks => ApiError::NoBlocks(name.clone()),
+                    BlockRefused::Full => ApiError::BlocksFull(name.clone()),
+                })?;
+            let status = if existed { 200 } else { 201 };
+            Response::json(status, &BlockJson::from(&block))
+        }
+        Route::ReleaseBlocked { zone: name, key } => {
+            let zone = find(zones, name)?;
+            zone.block_counts()
+                .ok_or_else(|| ApiError::NoBlocks(name.clone()))?;
+            if !zone.release_key(key) {
+                return Err(ApiError::NotBlocked {
+                    zone: name.clone(),
+                    key: shown(key),
+                });
+            }
+            Response::no_content()
         }
         Route::ForgetKey { zone: name, key } => {
             if !find(zones, name)?.forget_key(key) {
@@ -355,6 +430,11 @@ fn try_execute<Z: AdminZone>(
                     })
                     .map(|zone| zone.name())
                     .collect(),
+                blocks: zones
+                    .iter()
+                    .filter(|zone| zone.block_counts().is_some())
+                    .map(|zone| zone.name())
+                    .collect(),
                 dashboard: "dashboard",
             },
         ),
@@ -370,10 +450,11 @@ fn try_execute<Z: AdminZone>(
                 .iter()
                 .map(|zone| (zone.name().to_string(), zone.info()))
                 .collect();
+            let blocks: Vec<_> = zones.iter().map(|zone| zone.block_counts()).collect();
             Response {
                 status: 200,
                 content_type: metrics::CONTENT_TYPE,
-                body: metrics::render(&infos).into_bytes(),
+                body: metrics::render_with_blocks(&infos, &blocks).into_bytes(),
                 allow: None,
                 changed: false,
             }
@@ -822,7 +903,7 @@ mod tests {
                 body,
                 json!({
                     "write": write, "zones": ["one", "log"], "top": ["one", "log"],
-                    "dashboard": "dashboard"
+                    "blocks": [], "dashboard": "dashboard"
                 })
             );
         }
@@ -847,5 +928,142 @@ mod tests {
         assert!(response
             .body_text()
             .contains("rate_limit_zone_size_bytes{zone=\"log\"} 1048576\n"));
+    }
+
+    const S: u64 = 1_000_000_000;
+    /// 2026-12-01 18:35:53 UTC, in nanoseconds.
+    const NOW: u64 = 1_796_150_153 * S;
+
+    fn penalty_zones() -> Vec<MemoryZone> {
+        let login = MemoryZone::new("login", Algorithm::LeakyBucket, limits("5r/m", 5))
+            .with_blocks(
+                ratelimit_core::penalty::BlockPolicy {
+                    block_ns: 900 * S,
+                    block_max_ns: 86_400 * S,
+                },
+                64,
+            );
+        login.set_now(NOW);
+        vec![login, zones().remove(0)]
+    }
+
+    #[test]
+    fn blocked_keys_are_listed_set_and_released() {
+        let zones = penalty_zones();
+        zones[0].reject(b"203.0.113.9");
+        zones[0].refuse_blocked(53);
+        let (status, list) = call(&zones, "GET", "zones/login/blocked", "");
+        assert_eq!(status, 200);
+        assert_eq!(
+            list,
+            json!({
+                "zone": "login", "block": "15m", "block_max": "1d", "count": 1, "capacity": 64,
+                "blocked_requests": 53,
+                "keys": [{"key": "203.0.113.9", "truncated": false, "since": 1_796_150_153.0,
+                          "until": 1_796_151_053.0, "level": 0, "left_ms": 900_000}]
+            })
+        );
+        // By hand: 201 for a new block, 200 when it replaces one.
+        let (status, block) = call(
+            &zones,
+            "PUT",
+            "zones/login/blocked/user%2F7",
+            r#"{"duration": "2h"}"#,
+        );
+        assert_eq!(status, 201, "{block}");
+        assert_eq!(
+            (&block["key"], &block["left_ms"]),
+            (&json!("user/7"), &json!(7_200_000))
+        );
+        let (status, _) = call(
+            &zones,
+            "PUT",
+            "zones/login/blocked/user%2F7",
+            r#"{"duration": "1m"}"#,
+        );
+        assert_eq!(status, 200);
+        let (status, block) = call(&zones, "GET", "zones/login/blocked/user%2F7", "");
+        assert_eq!((status, &block["left_ms"]), (200, &json!(60_000)));
+        // A key's state shows its block; a blocked key whose bucket is gone still answers.
+        zones[0].track(b"203.0.113.9", 3);
+        let (status, key) = call(&zones, "GET", "zones/login/keys/203.0.113.9", "");
+        assert_eq!(status, 200);
+        assert_eq!(
+            (&key["would_pass"], &key["remaining"]),
+            (&json!(false), &json!(0))
+        );
+        assert_eq!(key["retry_after_ms"], 900_000);
+        assert_eq!(key["block"]["level"], 0);
+        let (status, key) = call(&zones, "GET", "zones/login/keys/user%2F7", "");
+        assert_eq!((status, &key["left_ms"]), (200, &json!(60_000)));
+        // Release: 204, then 404.
+        let (status, _) = call(&zones, "DELETE", "zones/login/blocked/203.0.113.9", "");
+        assert_eq!(status, 204);
+        let (status, error) = call(&zones, "DELETE", "zones/login/blocked/203.0.113.9", "");
+        assert_eq!(status, 404);
+        assert_eq!(
+            error["error"],
+            "key \"203.0.113.9\" is not blocked in zone \"login\""
+        );
+        let (_, key) = call(&zones, "GET", "zones/login/keys/203.0.113.9", "");
+        assert_eq!((&key["would_pass"], key.get("block")), (&json!(true), None));
+        let (_, list) = call(&zones, "GET", "zones/login/blocked", "");
+        assert_eq!(list["count"], 1);
+        // Rejected again within block_max of its release: the next level, twice as long.
+        zones[0].reject(b"203.0.113.9");
+        let (_, block) = call(&zones, "GET", "zones/login/blocked/203.0.113.9", "");
+        assert_eq!(
+            (&block["level"], &block["left_ms"]),
+            (&json!(1), &json!(1_800_000))
+        );
+        // The root names the zones with blocks.
+        let (_, root) = call(&zones, "GET", "", "");
+        assert_eq!(root["blocks"], json!(["login"]));
+    }
+
+    #[test]
+    fn block_errors_say_what_is_valid() {
+        let zones = penalty_zones();
+        #[rustfmt::skip]
+        let rows = [
+            ("GET", "zones/one/blocked", "", 404,
+             "zone \"one\" has no penalty box: \"block=DURATION\" on its rate_limit_zone keeps blocked keys"),
+            ("PUT", "zones/one/blocked/k", r#"{"duration": "1m"}"#, 404, "has no penalty box"),
+            ("PUT", "zones/login/blocked/k", r#"{"duration": "15x"}"#, 400,
+             "invalid duration \"15x\": give a duration such as 30s, 15m, 24h or 1h30m, from 1ms to 365d"),
+            ("PUT", "zones/login/blocked/k", r#"{"seconds": 5}"#, 400,
+             "unknown field `seconds`, expected `duration`"),
+            ("PUT", "zones/login/blocked/k", "[1]", 400,
+             "the body must be a JSON object such as {\"duration\": \"15m\"}"),
+            ("PUT", "zones/login/blocked/", r#"{"duration": "1m"}"#, 405, "method PUT is not allowed here"),
+            ("GET", "zones/login/blocked/nobody", "", 404, "key \"nobody\" is not blocked"),
+            ("POST", "zones/login/blocked/k", "", 405, "use GET, HEAD, PUT, DELETE"),
+        ];
+        for (method, path, body, status, message) in rows {
+            let (got, error) = call(&zones, method, path, body);
+            assert_eq!(got, status, "{method} {path}: {error}");
+            let text = error["error"].as_str().unwrap_or_default();
+            assert!(text.contains(message), "{method} {path}: {text}");
+        }
+        // A read-only location refuses changes.
+        let response = handle(b"DELETE", b"zones/login/blocked/k", b"", false, &zones);
+        assert_eq!(response.status, 403);
+    }
+
+    #[test]
+    fn blocked_metrics() {
+        let zones = penalty_zones();
+        zones[0].reject(b"a");
+        zones[0].reject(b"b");
+        zones[0].refuse_blocked(7);
+        let text = handle(b"GET", b"metrics", b"", false, &zones).body_text();
+        assert!(text.contains("rate_limit_requests_total{zone=\"login\",outcome=\"blocked\"} 7\n"));
+        assert!(
+            text.contains("rate_limit_blocked_keys{zone=\"login\"} 2\n"),
+            "{text}"
+        );
+        // Zones without block= have neither.
+        assert!(!text.contains("zone=\"one\",outcome=\"blocked\""));
+        assert!(!text.contains("rate_limit_blocked_keys{zone=\"one\"}"));
     }
 }

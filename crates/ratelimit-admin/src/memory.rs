@@ -2,19 +2,68 @@
 //! shared-memory zone, with keys and their decisions set by hand.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use ratelimit_core::block_table::{BlockChange, BlockTable, BlockedKey};
+use ratelimit_core::penalty::BlockPolicy;
 use ratelimit_core::top::{TopKeys, TopKind, TopWindow};
 use ratelimit_core::{Algorithm, Decision, Limits, Outcome};
 
 use crate::top::TopList;
 
-use crate::store::{AdminZone, Counters, KeyState, OverrideRefused, ZoneInfo};
+use crate::store::{
+    AdminZone, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverrideRefused, ZoneInfo,
+};
 
 /// A zone kept in a `Mutex`.
 pub struct MemoryZone {
     name: String,
     state: Mutex<MemoryState>,
+    /// `block=`: the policy and the block table's words (as the module keeps them in shared
+    /// memory), with the clock set by hand ([`MemoryZone::set_now`], Unix nanoseconds).
+    blocks: Option<MemoryBlocks>,
+}
+
+struct MemoryBlocks {
+    policy: BlockPolicy,
+    words: Vec<AtomicU64>,
+    lock: Mutex<()>,
+    now_ns: AtomicU64,
+    blocked_requests: AtomicU64,
+}
+
+impl MemoryBlocks {
+    fn table(&self) -> BlockTable<'_> {
+        BlockTable::new(&self.words)
+    }
+
+    fn now(&self) -> u64 {
+        self.now_ns.load(Ordering::Relaxed)
+    }
+
+    fn info(&self, blocked: BlockedKey) -> BlockInfo {
+        let now = self.now();
+        BlockInfo {
+            key: blocked.key,
+            truncated: blocked.truncated,
+            since_unix_ms: blocked.block.since_ns / 1_000_000,
+            until_unix_ms: blocked.block.until_ns / 1_000_000,
+            level: blocked.block.level,
+            left_ms: blocked
+                .block
+                .until_ns
+                .saturating_sub(now)
+                .div_ceil(1_000_000),
+        }
+    }
+}
+
+/// FNV-1a: any fixed hash will do here.
+fn hash(key: &[u8]) -> u64 {
+    key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 struct MemoryState {
@@ -54,6 +103,50 @@ impl MemoryZone {
                 top: Box::new(TopKeys::EMPTY),
                 top_now_ns: 0,
             }),
+            blocks: None,
+        }
+    }
+
+    /// The same zone with `block=` (`policy`) and a block table of `records` records.
+    pub fn with_blocks(mut self, policy: BlockPolicy, records: usize) -> MemoryZone {
+        self.blocks = Some(MemoryBlocks {
+            policy,
+            words: (0..BlockTable::words_for(records))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            lock: Mutex::new(()),
+            now_ns: AtomicU64::new(0),
+            blocked_requests: AtomicU64::new(0),
+        });
+        self
+    }
+
+    /// Set the clock of the zone's blocks (Unix nanoseconds).
+    pub fn set_now(&self, now_ns: u64) {
+        if let Some(blocks) = &self.blocks {
+            blocks.now_ns.store(now_ns, Ordering::Relaxed);
+        }
+    }
+
+    /// A request of `key` is rejected now: block it as the module would, and count the
+    /// requests it then refuses with [`MemoryZone::refuse_blocked`].
+    pub fn reject(&self, key: &[u8]) {
+        if let Some(blocks) = &self.blocks {
+            let _ = blocks.table().block(
+                hash(key),
+                key,
+                blocks.now(),
+                BlockChange::Rejected,
+                &blocks.policy,
+                || blocks.lock.lock(),
+            );
+        }
+    }
+
+    /// Count `count` requests refused because their key was blocked.
+    pub fn refuse_blocked(&self, count: u64) {
+        if let Some(blocks) = &self.blocks {
+            blocks.blocked_requests.fetch_add(count, Ordering::Relaxed);
         }
     }
 
@@ -82,10 +175,7 @@ impl MemoryZone {
 
     /// Count a delayed or rejected request of `key` at `now_ns` in the zone's top keys.
     pub fn record_top(&self, kind: TopKind, now_ns: u64, key: &[u8]) {
-        // Any fixed hash will do here: FNV-1a.
-        let hash = key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-        });
+        let hash = hash(key);
         self.with(|state| {
             state.top.record(kind, now_ns, hash, key);
             state.top_now_ns = now_ns;
@@ -188,5 +278,53 @@ impl AdminZone for MemoryZone {
                 total: state.top.total(kind, window, state.top_now_ns),
             })
         })
+    }
+
+    fn block_counts(&self) -> Option<BlockCounts> {
+        let blocks = self.blocks.as_ref()?;
+        let table = blocks.table();
+        Some(BlockCounts {
+            block_ns: blocks.policy.block_ns,
+            block_max_ns: blocks.policy.block_max_ns,
+            blocked_requests: blocks.blocked_requests.load(Ordering::Relaxed),
+            blocked_keys: table.blocked_count(blocks.now()) as u64,
+            capacity: table.capacity() as u64,
+        })
+    }
+
+    fn blocked(&self) -> Vec<BlockInfo> {
+        let Some(blocks) = &self.blocks else {
+            return Vec::new();
+        };
+        let listed = blocks.table().blocked(blocks.now());
+        listed.into_iter().map(|key| blocks.info(key)).collect()
+    }
+
+    fn block_of(&self, key: &[u8]) -> Option<BlockInfo> {
+        let blocks = self.blocks.as_ref()?;
+        let listed = blocks.table().blocked_key(hash(key), blocks.now())?;
+        Some(blocks.info(listed))
+    }
+
+    fn block_key(&self, key: &[u8], duration_ns: u64) -> Result<BlockInfo, BlockRefused> {
+        let blocks = self.blocks.as_ref().ok_or(BlockRefused::NoBlocks)?;
+        let table = blocks.table();
+        let now = blocks.now();
+        let change = BlockChange::ByHand(duration_ns);
+        table
+            .block(hash(key), key, now, change, &blocks.policy, || {
+                blocks.lock.lock()
+            })
+            .ok_or(BlockRefused::Full)?;
+        let listed = table
+            .blocked_key(hash(key), now)
+            .ok_or(BlockRefused::Full)?;
+        Ok(blocks.info(listed))
+    }
+
+    fn release_key(&self, key: &[u8]) -> bool {
+        self.blocks
+            .as_ref()
+            .is_some_and(|blocks| blocks.table().release(hash(key), blocks.now()))
     }
 }

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use ratelimit_core::{Limits, NANOS_PER_SEC};
 
-use crate::store::{SyncInfo, ZoneInfo};
+use crate::store::{BlockCounts, SyncInfo, ZoneInfo};
 
 /// The `Content-Type` of the exposition.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -16,7 +16,7 @@ struct Family {
     help: &'static str,
 }
 
-const FAMILIES: [Family; 14] = [
+const FAMILIES: [Family; 15] = [
     Family {
         name: "rate_limit_requests_total",
         kind: "counter",
@@ -63,6 +63,11 @@ const FAMILIES: [Family; 14] = [
         help: "The zone's burst now.",
     },
     Family {
+        name: "rate_limit_blocked_keys",
+        kind: "gauge",
+        help: "Keys blocked now (zones with block= only).",
+    },
+    Family {
         name: "rate_limit_sync_round_trips_total",
         kind: "counter",
         help: "Successful sync round trips to Redis of the instance (sync zones only).",
@@ -97,11 +102,18 @@ const FAMILIES: [Family; 14] = [
 /// assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
 /// ```
 pub fn render(zones: &[(String, ZoneInfo)]) -> String {
+    render_with_blocks(zones, &[])
+}
+
+/// [`render`] with each zone's penalty box (`blocks[i]` for `zones[i]`; `None` or missing for
+/// a zone without `block=`): `outcome="blocked"` requests and `rate_limit_blocked_keys`.
+pub fn render_with_blocks(zones: &[(String, ZoneInfo)], blocks: &[Option<BlockCounts>]) -> String {
     let mut out = String::new();
     for family in &FAMILIES {
         let _ = writeln!(out, "# HELP {} {}", family.name, family.help);
         let _ = writeln!(out, "# TYPE {} {}", family.name, family.kind);
-        for (name, info) in zones {
+        for (index, (name, info)) in zones.iter().enumerate() {
+            let block = blocks.get(index).copied().flatten();
             let zone = escape_label(name);
             let mut sample = |extra: &str, value: &str| {
                 let _ = writeln!(out, "{}{{zone=\"{zone}\"{extra}}} {value}", family.name);
@@ -110,6 +122,15 @@ pub fn render(zones: &[(String, ZoneInfo)]) -> String {
                 "rate_limit_requests_total" => {
                     for (outcome, value) in info.counters.by_outcome() {
                         sample(&format!(",outcome=\"{outcome}\""), &value.to_string());
+                    }
+                    if let Some(block) = block {
+                        let value = block.blocked_requests.to_string();
+                        sample(",outcome=\"blocked\"", &value);
+                    }
+                }
+                "rate_limit_blocked_keys" => {
+                    if let Some(block) = block {
+                        sample("", &block.blocked_keys.to_string());
                     }
                 }
                 "rate_limit_keys" => sample("", &info.keys.to_string()),
@@ -263,7 +284,8 @@ mod tests {
             .collect();
         let mut deduped = families.clone();
         deduped.dedup();
-        assert_eq!(deduped.len(), FAMILIES.len());
+        // Every family but rate_limit_blocked_keys (zones with block= only).
+        assert_eq!(deduped.len(), FAMILIES.len() - 1);
         assert!(text.ends_with('\n'));
     }
 

@@ -27,6 +27,14 @@ pub enum Route {
     PutOverride { zone: String, key: Vec<u8> },
     /// `DELETE zones/NAME/overrides/KEY`
     RemoveOverride { zone: String, key: Vec<u8> },
+    /// `GET zones/NAME/blocked`
+    ListBlocked { zone: String },
+    /// `GET zones/NAME/blocked/KEY`
+    GetBlocked { zone: String, key: Vec<u8> },
+    /// `PUT zones/NAME/blocked/KEY`: block by hand
+    PutBlocked { zone: String, key: Vec<u8> },
+    /// `DELETE zones/NAME/blocked/KEY`: release
+    ReleaseBlocked { zone: String, key: Vec<u8> },
     /// `GET metrics`
     Metrics,
     /// `GET zones/NAME/top?by=..&window=..&limit=..`
@@ -47,12 +55,17 @@ impl Route {
                 | Route::ForgetKey { .. }
                 | Route::PutOverride { .. }
                 | Route::RemoveOverride { .. }
+                | Route::PutBlocked { .. }
+                | Route::ReleaseBlocked { .. }
         )
     }
 
     /// Whether the route reads a JSON request body.
     pub fn takes_body(&self) -> bool {
-        matches!(self, Route::PatchZone { .. } | Route::PutOverride { .. })
+        matches!(
+            self,
+            Route::PatchZone { .. } | Route::PutOverride { .. } | Route::PutBlocked { .. }
+        )
     }
 }
 
@@ -63,6 +76,8 @@ enum Resource {
     Key(String, Vec<u8>),
     Overrides(String),
     Override(String, Vec<u8>),
+    Blocked(String),
+    BlockedKey(String, Vec<u8>),
     Metrics,
     Top(String),
     Root,
@@ -75,13 +90,14 @@ impl Resource {
         match self {
             Resource::Zones
             | Resource::Overrides(_)
+            | Resource::Blocked(_)
             | Resource::Metrics
             | Resource::Top(_)
             | Resource::Root
             | Resource::Dashboard => "GET, HEAD",
             Resource::Zone(_) => "GET, HEAD, PATCH",
             Resource::Key(..) => "GET, HEAD, DELETE",
-            Resource::Override(..) => "GET, HEAD, PUT, DELETE",
+            Resource::Override(..) | Resource::BlockedKey(..) => "GET, HEAD, PUT, DELETE",
         }
     }
 }
@@ -125,6 +141,10 @@ pub fn parse_with_query(method: &[u8], path: &[u8], query: &[u8]) -> Result<Rout
         (b"GET" | b"HEAD", Resource::Override(zone, key)) => Route::GetOverride { zone, key },
         (b"PUT", Resource::Override(zone, key)) => Route::PutOverride { zone, key },
         (b"DELETE", Resource::Override(zone, key)) => Route::RemoveOverride { zone, key },
+        (b"GET" | b"HEAD", Resource::Blocked(zone)) => Route::ListBlocked { zone },
+        (b"GET" | b"HEAD", Resource::BlockedKey(zone, key)) => Route::GetBlocked { zone, key },
+        (b"PUT", Resource::BlockedKey(zone, key)) => Route::PutBlocked { zone, key },
+        (b"DELETE", Resource::BlockedKey(zone, key)) => Route::ReleaseBlocked { zone, key },
         (b"GET" | b"HEAD", Resource::Metrics) => Route::Metrics,
         (b"GET" | b"HEAD", Resource::Top(zone)) => Route::Top {
             zone,
@@ -162,6 +182,8 @@ fn resource(path: &[u8]) -> Result<Resource, ApiError> {
                 Some((b"overrides", None | Some(b""))) => Resource::Overrides(zone),
                 Some((b"overrides", Some(key))) => Resource::Override(zone, percent_decode(key)?),
                 Some((b"top", None | Some(b""))) => Resource::Top(zone),
+                Some((b"blocked", None | Some(b""))) => Resource::Blocked(zone),
+                Some((b"blocked", Some(key))) => Resource::BlockedKey(zone, percent_decode(key)?),
                 Some(_) => return Err(unknown()),
             };
             return Ok(resource);

@@ -97,6 +97,48 @@ pub struct KeyState {
     pub decision: Decision,
 }
 
+/// One blocked key (`block=`), as the admin API lists it. Times are wall-clock milliseconds
+/// since the Unix epoch (the module converts from its monotonic clock).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockInfo {
+    /// The key (cut to what the zone keeps when `truncated`).
+    pub key: Vec<u8>,
+    /// The key was longer than the block table keeps for listing.
+    pub truncated: bool,
+    /// When the block started.
+    pub since_unix_ms: u64,
+    /// When it ends.
+    pub until_unix_ms: u64,
+    /// Its escalation level: 0 for `block`, `n` for `block × 2^n` (capped at `block_max`).
+    pub level: u8,
+    /// Time left, in milliseconds.
+    pub left_ms: u64,
+}
+
+/// A zone's penalty box, for metrics and the dashboard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockCounts {
+    /// `block=` in nanoseconds.
+    pub block_ns: u64,
+    /// `block_max=` in nanoseconds.
+    pub block_max_ns: u64,
+    /// Requests refused because their key was blocked, since the zone was created.
+    pub blocked_requests: u64,
+    /// Keys blocked now.
+    pub blocked_keys: u64,
+    /// Blocked keys the zone's table holds at most.
+    pub capacity: u64,
+}
+
+/// The zone has no penalty box (no `block=`), or its table has no room at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockRefused {
+    /// The zone has no `block=`.
+    NoBlocks,
+    /// The block table has no record to give.
+    Full,
+}
+
 /// Why a zone has no room for another override.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OverrideRefused {
@@ -144,5 +186,30 @@ pub trait AdminZone {
     /// zone keeps no top keys.
     fn top(&self, _kind: TopKind, _window: TopWindow, _limit: usize) -> Option<TopList> {
         None
+    }
+
+    /// The zone's penalty box; `None` when the zone has no `block=`.
+    fn block_counts(&self) -> Option<BlockCounts> {
+        None
+    }
+
+    /// The keys blocked now, the block ending first first.
+    fn blocked(&self) -> Vec<BlockInfo> {
+        Vec::new()
+    }
+
+    /// `key`'s block, if it is blocked now.
+    fn block_of(&self, _key: &[u8]) -> Option<BlockInfo> {
+        None
+    }
+
+    /// Block `key` by hand for `duration_ns` (it keeps its escalation level).
+    fn block_key(&self, _key: &[u8], _duration_ns: u64) -> Result<BlockInfo, BlockRefused> {
+        Err(BlockRefused::NoBlocks)
+    }
+
+    /// End `key`'s block now; false when it was not blocked.
+    fn release_key(&self, _key: &[u8]) -> bool {
+        false
     }
 }

@@ -20,12 +20,16 @@ mod equivalence;
 #[cfg(test)]
 mod reference;
 
+pub mod block_table;
 pub mod bucket_charge;
 pub mod decision;
 pub mod fleet;
+pub mod fleet_blocks;
 pub mod fleet_overrides;
 pub mod key;
 pub mod leaky_bucket;
+pub mod log_format;
+pub mod penalty;
 pub mod rate;
 pub mod replay;
 pub mod sliding_log;

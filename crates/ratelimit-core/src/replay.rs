@@ -4,6 +4,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 
+use crate::log_format::{FormatError, KeyTemplate, LogFormat, TimeVariable};
+use crate::penalty::{Block, BlockPolicy, BlockWord, StatusMatcher};
 use crate::{
     decide_word, sliding_log, Algorithm, Decision, LimitSpec, Outcome, Policy, SpecError, ZoneSpec,
     NANOS_PER_SEC,
@@ -60,7 +62,7 @@ pub fn policy_from_specs(zone: &ZoneSpec, limit: Option<&LimitSpec>) -> Result<P
 }
 
 /// What the input lines are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum InputFormat {
     /// `SECONDS [KEY]` a line; `#` starts a comment; blank lines are skipped.
     Timeline,
@@ -70,6 +72,37 @@ pub enum InputFormat {
         /// 1-based index of the field holding the key.
         key_field: usize,
     },
+    /// nginx access log lines in a `log_format` (`combined`, `common` or the user's own).
+    Log(LogInput),
+}
+
+/// How to read an access log written with a `log_format`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogInput {
+    /// What the format is called in messages: `combined`, `common`, `--log-format`.
+    pub name: String,
+    /// The format.
+    pub format: LogFormat,
+    /// Which variable holds the time.
+    pub time: TimeVariable,
+    /// What requests are keyed by.
+    pub key: KeyTemplate,
+}
+
+impl LogInput {
+    /// Read `format` (called `name` in messages), keying requests by `key` (a zone's key such
+    /// as `$binary_remote_addr`).
+    pub fn new(name: &str, format: &str, key: &str) -> Result<LogInput, FormatError> {
+        let format = LogFormat::parse(format)?;
+        let time = format.time_variable()?;
+        let key = KeyTemplate::parse(key, &format)?;
+        Ok(LogInput {
+            name: name.to_string(),
+            format,
+            time,
+            key,
+        })
+    }
 }
 
 /// One request read from the input.
@@ -77,12 +110,19 @@ pub enum InputFormat {
 pub struct Request {
     /// 1-based line number in the input.
     pub line: usize,
-    /// Its time, as written (`0.25`, `1700000000.123`).
+    /// Its time, as written (`0.25`, `1700000000.123`), or as placed within its second
+    /// ([`SecondSpreader`]).
     pub time_text: String,
     /// Its time in nanoseconds.
     pub time_ns: u64,
     /// Its key ([`DEFAULT_KEY`] when a timeline line names none).
     pub key: String,
+    /// Its response status, when the log has `$status`.
+    pub status: Option<u16>,
+    /// Its time has whole seconds only (`$time_local`, `$time_iso8601`).
+    pub whole_second: bool,
+    /// The UTC offset its time was written with, in seconds (0 when none was written).
+    pub utc_offset_s: i64,
 }
 
 /// A bad input line: `line 3: invalid time "abc"`.
@@ -111,10 +151,15 @@ impl LineReader {
         }
     }
 
+    /// The format it reads.
+    pub fn format(&self) -> &InputFormat {
+        &self.format
+    }
+
     /// The request on line `line` (1-based), `None` for a blank or comment line.
     pub fn read(&mut self, line: usize, text: &str) -> Result<Option<Request>, InputError> {
         let problem = |problem: String| InputError { line, problem };
-        let (time_text, key) = match self.format {
+        let (time_text, key, status, time_ns, utc_offset_s, whole_second) = match &self.format {
             InputFormat::Timeline => {
                 let text = text.split_once('#').map_or(text, |(before, _)| before);
                 let mut fields = text.split_whitespace();
@@ -125,14 +170,16 @@ impl LineReader {
                 if let Some(extra) = fields.next() {
                     return Err(problem(format!("unexpected \"{extra}\" after the key")));
                 }
-                (time, key)
+                let time_ns = parse_seconds(time)
+                    .ok_or_else(|| problem(format!("invalid time \"{time}\"")))?;
+                (time.to_string(), key.to_string(), None, time_ns, 0, false)
             }
             InputFormat::AccessLog { key_field } => {
                 let mut fields = text.split_whitespace();
                 let Some(time) = fields.next() else {
                     return Ok(None);
                 };
-                let key = match key_field {
+                let key = match *key_field {
                     0 => return Err(problem("key field 0: fields count from 1".to_string())),
                     1 => time,
                     n => text
@@ -140,26 +187,129 @@ impl LineReader {
                         .nth(n - 1)
                         .ok_or_else(|| problem(format!("no field {n} for the key")))?,
                 };
-                (time, key)
+                let time_ns = parse_seconds(time)
+                    .ok_or_else(|| problem(format!("invalid time \"{time}\"")))?;
+                (time.to_string(), key.to_string(), None, time_ns, 0, false)
+            }
+            InputFormat::Log(input) => {
+                if text.trim().is_empty() {
+                    return Ok(None);
+                }
+                let values = input.format.match_line(text).map_err(|mismatch| {
+                    problem(format!(
+                        "does not match the {} log format: {mismatch}",
+                        input.name
+                    ))
+                })?;
+                let value = |name: &str| {
+                    values
+                        .iter()
+                        .find(|(variable, _)| *variable == name)
+                        .map(|(_, value)| *value)
+                };
+                let time_name = input.time.name();
+                let time_text = value(&time_name[1..]).unwrap_or_default();
+                let (time_ns, offset) = input
+                    .time
+                    .parse(time_text)
+                    .ok_or_else(|| problem(format!("invalid {time_name} \"{time_text}\"")))?;
+                let status = match value("status") {
+                    Some(text) => Some(
+                        text.parse::<u16>()
+                            .ok()
+                            .filter(|status| (100..=999).contains(status))
+                            .ok_or_else(|| problem(format!("invalid $status \"{text}\"")))?,
+                    ),
+                    None => None,
+                };
+                let key = input.key.render(&values);
+                let whole = input.time.whole_seconds();
+                (time_text.to_string(), key, status, time_ns, offset, whole)
             }
         };
-        let time_ns = parse_seconds(time_text)
-            .ok_or_else(|| problem(format!("invalid time \"{time_text}\"")))?;
+        let mut time_ns = time_ns;
         if let Some((previous_ns, previous_text)) = &self.previous {
             if time_ns < *previous_ns {
-                return Err(problem(format!(
-                    "time \"{time_text}\" is earlier than the previous request's \
-                     \"{previous_text}\""
-                )));
+                // Workers write whole-second times as they finish requests: a line can come a
+                // second late. It counts in the second being read.
+                if whole_second && *previous_ns - time_ns <= NANOS_PER_SEC {
+                    time_ns = *previous_ns;
+                } else {
+                    return Err(problem(format!(
+                        "time \"{time_text}\" is earlier than the previous request's \
+                         \"{previous_text}\""
+                    )));
+                }
             }
         }
-        self.previous = Some((time_ns, time_text.to_string()));
+        self.previous = Some((time_ns, time_text.clone()));
         Ok(Some(Request {
             line,
-            time_text: time_text.to_string(),
+            time_text,
             time_ns,
-            key: key.to_string(),
+            key,
+            status,
+            whole_second,
+            utc_offset_s,
         }))
+    }
+}
+
+/// Places requests whose log time has whole seconds only: the `k` requests logged in one
+/// second are spread evenly over it, in log order, at `S + i/k` s (`i = 0..k`). A second's
+/// requests are released when a later second starts, or by [`SecondSpreader::finish`].
+/// Requests with finer times go through unchanged.
+///
+/// ```
+/// use ratelimit_core::replay::{InputFormat, LineReader, LogInput, SecondSpreader};
+/// use ratelimit_core::log_format::COMMON;
+///
+/// let input = LogInput::new("common", COMMON, "$remote_addr").unwrap();
+/// let mut reader = LineReader::new(InputFormat::Log(input));
+/// let mut spreader = SecondSpreader::default();
+/// let mut placed = Vec::new();
+/// for (i, second) in ["20", "20", "20", "21"].iter().enumerate() {
+///     let line = format!("10.0.0.1 - - [14/Nov/2023:22:13:{second} +0000] \"GET / HTTP/1.1\" 200 5");
+///     let request = reader.read(i + 1, &line).unwrap().unwrap();
+///     placed.extend(spreader.push(request));
+/// }
+/// placed.extend(spreader.finish());
+/// let times: Vec<&str> = placed.iter().map(|r| r.time_text.as_str()).collect();
+/// assert_eq!(times, ["1700000000.000", "1700000000.333", "1700000000.667", "1700000001.000"]);
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct SecondSpreader {
+    pending: Vec<Request>,
+}
+
+impl SecondSpreader {
+    /// Take one request; returns the requests now placed, in order.
+    pub fn push(&mut self, request: Request) -> Vec<Request> {
+        if !request.whole_second {
+            let mut placed = self.finish();
+            placed.push(request);
+            return placed;
+        }
+        let placed = match self.pending.first() {
+            Some(first) if first.time_ns != request.time_ns => self.finish(),
+            _ => Vec::new(),
+        };
+        self.pending.push(request);
+        placed
+    }
+
+    /// Place the requests still held.
+    pub fn finish(&mut self) -> Vec<Request> {
+        let count = self.pending.len() as u64;
+        let mut placed = std::mem::take(&mut self.pending);
+        for (index, request) in placed.iter_mut().enumerate() {
+            // Below one second: no overflow for any count.
+            let offset_ns = index as u64 * NANOS_PER_SEC / count.max(1);
+            request.time_ns = request.time_ns.saturating_add(offset_ns);
+            let millis = (request.time_ns + 500_000) / 1_000_000;
+            request.time_text = format!("{}.{:03}", millis / 1000, millis % 1000);
+        }
+        placed
     }
 }
 
@@ -204,8 +354,16 @@ pub struct KeySummary {
     pub passed: u64,
     /// Requests delayed (leaky bucket).
     pub delayed: u64,
-    /// Requests rejected.
+    /// Requests rejected by the limit.
     pub rejected: u64,
+    /// Requests refused while the key was blocked (`block=`).
+    pub blocked: u64,
+    /// Blocks the key got.
+    pub blocks: u64,
+    /// Requests passed without being counted (`on_status=`, status not matched).
+    pub uncharged: u64,
+    /// The longest block it got.
+    pub longest_block_ns: u64,
     /// What would have let all of them through.
     pub needed: Needed,
 }
@@ -294,15 +452,49 @@ struct Key {
     name: String,
     state: KeyState,
     unlimited: Unlimited,
+    block: BlockWord,
     passed: u64,
     delayed: u64,
     rejected: u64,
+    blocked: u64,
+    blocks: u64,
+    uncharged: u64,
+    longest_block_ns: u64,
+}
+
+/// What the replay decided for one request: the module's decision, and what the penalty box
+/// (`block=`, `on_status=`) made of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// The decision as the module reports it (for a blocked request: a rejection whose
+    /// `retry_after_ns` is the time left of the block).
+    pub decision: Decision,
+    /// Refused because the key was blocked (`BLOCKED`), without asking its limit.
+    pub blocked: bool,
+    /// Counted in the key's limit. `false` for rejected and blocked requests, and with
+    /// `on_status=` for requests whose status does not match.
+    pub charged: bool,
+    /// The block this request started (a rejection in a zone with `block=`).
+    pub block: Option<Block>,
+}
+
+impl Verdict {
+    /// `PASSED`, `DELAYED`, `REJECTED` or `BLOCKED`, as `$rate_limit_status` names it.
+    pub fn as_str(&self) -> &'static str {
+        if self.blocked {
+            "BLOCKED"
+        } else {
+            self.decision.outcome.as_str()
+        }
+    }
 }
 
 /// Runs requests through one zone's policy, key by key, in input order.
 #[derive(Clone, Debug)]
 pub struct Replay {
     policy: Policy,
+    block: Option<BlockPolicy>,
+    on_status: Option<StatusMatcher>,
     keys: Vec<Key>,
     index: HashMap<String, usize>,
 }
@@ -312,15 +504,72 @@ impl Replay {
     pub fn new(policy: Policy) -> Replay {
         Replay {
             policy,
+            block: None,
+            on_status: None,
             keys: Vec::new(),
             index: HashMap::new(),
         }
     }
 
+    /// The same replay with the zone's `block=` and the limit's `on_status=`.
+    pub fn with_penalty(
+        mut self,
+        block: Option<BlockPolicy>,
+        on_status: Option<StatusMatcher>,
+    ) -> Replay {
+        self.block = block;
+        self.on_status = on_status;
+        self
+    }
+
+    /// The zone's `block=`, if any.
+    pub fn block_policy(&self) -> Option<&BlockPolicy> {
+        self.block.as_ref()
+    }
+
+    /// The limit's `on_status=`, if any.
+    pub fn on_status(&self) -> Option<&StatusMatcher> {
+        self.on_status.as_ref()
+    }
+
     /// Decide one request as the module would (delayed requests are charged at arrival, like
-    /// limit_req) and count it.
+    /// limit_req) and count it. Without `block=` and `on_status=`: [`Replay::decide_request`]
+    /// with no status.
     pub fn decide(&mut self, key: &str, now_ns: u64) -> Decision {
-        let policy = &self.policy;
+        self.decide_request(key, now_ns, None).decision
+    }
+
+    /// Decide one request that ended with `status` (needed with `on_status=`; a request
+    /// without one is charged as if it matched).
+    ///
+    /// * A blocked key's request is `BLOCKED`, charged nothing, `retry_after_ns` the time left.
+    /// * Without `on_status=`: the limit decides and charges at once.
+    /// * With `on_status=`: the request is checked at the door (rejected when a request of
+    ///   its cost would be, never delayed: the charge comes later), then charged only if its
+    ///   status matches. The log time is the request's end, so door and charge are at the
+    ///   same instant here.
+    /// * A rejection in a zone with `block=` blocks the key ([`BlockWord::after_rejection`]);
+    ///   its `retry_after_ns` is then the block's length.
+    ///
+    /// ```
+    /// use ratelimit_core::replay::{policy_from_specs, Replay};
+    /// use ratelimit_core::{LimitSpec, ZoneSpec};
+    ///
+    /// let zone = ZoneSpec::parse_words_with_penalty(&["rate=1r/m", "block=10s"]).unwrap();
+    /// let limit = LimitSpec::parse_words_with_penalty(&["nodelay", "on_status=401"]).unwrap();
+    /// let policy = policy_from_specs(&zone, Some(&limit)).unwrap();
+    /// let mut replay = Replay::new(policy).with_penalty(zone.block, limit.on_status);
+    /// let s = 1_000_000_000;
+    /// // A success passes uncounted; a failure is counted; the next request finds the key
+    /// // over its limit, is rejected and blocks it; after the block and a minute, it passes.
+    /// let words: Vec<&str> = [(0, 200), (1, 401), (2, 200), (3, 401), (4, 200), (61, 200)]
+    ///     .iter()
+    ///     .map(|&(t, status)| replay.decide_request("a", t * s, Some(status)).as_str())
+    ///     .collect();
+    /// assert_eq!(words, ["PASSED", "PASSED", "REJECTED", "BLOCKED", "BLOCKED", "PASSED"]);
+    /// ```
+    pub fn decide_request(&mut self, key: &str, now_ns: u64, status: Option<u16>) -> Verdict {
+        let policy = self.policy;
         let position = match self.index.get(key) {
             Some(&position) => position,
             None => {
@@ -335,34 +584,100 @@ impl Replay {
                     name: key.to_string(),
                     state,
                     unlimited: Unlimited::default(),
+                    block: BlockWord::default(),
                     passed: 0,
                     delayed: 0,
                     rejected: 0,
+                    blocked: 0,
+                    blocks: 0,
+                    uncharged: 0,
+                    longest_block_ns: 0,
                 });
                 self.index.insert(key.to_string(), self.keys.len() - 1);
                 self.keys.len() - 1
             }
         };
         let Some(entry) = self.keys.get_mut(position) else {
-            return Decision::rejected(0, 0, 0);
+            return Verdict {
+                decision: Decision::rejected(0, 0, 0),
+                blocked: false,
+                charged: false,
+                block: None,
+            };
         };
-        let decision = match &mut entry.state {
-            KeyState::Word(word) => {
-                let (decision, new_state) = decide_word(*word, now_ns, policy);
-                if let Some(new_state) = new_state {
-                    *word = new_state;
+        let counted = match (&self.on_status, status) {
+            (Some(matcher), Some(status)) => matcher.matches(status),
+            _ => true,
+        };
+        if counted {
+            entry.unlimited.charge(now_ns, &policy);
+        }
+        if let Some(left_ns) = entry.block.blocked_for_ns(now_ns) {
+            entry.blocked += 1;
+            return Verdict {
+                decision: Decision::rejected(left_ns, left_ns, 0),
+                blocked: true,
+                charged: false,
+                block: None,
+            };
+        }
+        // With on_status, a charge that finds the key full (concurrent requests in the
+        // module; a sliding log's exact count here) refuses nothing, the request was served,
+        // but it blocks the key like a rejection.
+        let mut charge_refused = false;
+        let mut decision = if self.on_status.is_some() {
+            let door = entry.state.inspect(now_ns, &policy);
+            if door.outcome != Outcome::Rejected && counted {
+                let charged = entry.state.charge(now_ns, &policy);
+                if charged.outcome == Outcome::Rejected {
+                    charge_refused = true;
+                    Decision {
+                        outcome: Outcome::Passed,
+                        retry_after_ns: 0,
+                        ..charged
+                    }
+                } else {
+                    charged
                 }
-                decision
+            } else {
+                door
             }
-            KeyState::Log(log) => sliding_log::decide(log, now_ns, policy),
+        } else {
+            entry.state.charge(now_ns, &policy)
         };
+        if self.on_status.is_some() && decision.outcome == Outcome::Delayed {
+            decision.outcome = Outcome::Passed;
+            decision.delay_ns = 0;
+        }
+        let charged = decision.outcome != Outcome::Rejected && counted && !charge_refused;
         match decision.outcome {
             Outcome::Passed => entry.passed += 1,
             Outcome::Delayed => entry.delayed += 1,
             Outcome::Rejected => entry.rejected += 1,
         }
-        entry.unlimited.charge(now_ns, policy);
-        decision
+        if !charged && decision.outcome != Outcome::Rejected {
+            entry.uncharged += 1;
+        }
+        let over = decision.outcome == Outcome::Rejected || charge_refused;
+        let mut block = None;
+        if let (Some(block_policy), true) = (&self.block, over) {
+            let (word, started) = entry.block.after_rejection(now_ns, block_policy);
+            entry.block = word;
+            entry.blocks += 1;
+            entry.longest_block_ns = entry.longest_block_ns.max(started.duration_ns());
+            // The key cannot pass before the block ends: that is its Retry-After.
+            if decision.outcome == Outcome::Rejected {
+                let left_ns = started.until_ns.saturating_sub(now_ns);
+                decision.retry_after_ns = decision.retry_after_ns.max(left_ns);
+            }
+            block = Some(started);
+        }
+        Verdict {
+            decision,
+            blocked: false,
+            charged,
+            block,
+        }
     }
 
     /// Totals per key, in the order keys first appeared.
@@ -374,6 +689,10 @@ impl Replay {
                 passed: key.passed,
                 delayed: key.delayed,
                 rejected: key.rejected,
+                blocked: key.blocked,
+                blocks: key.blocks,
+                uncharged: key.uncharged,
+                longest_block_ns: key.longest_block_ns,
                 needed: key.unlimited.needed(self.policy.algorithm),
             })
             .collect()
@@ -382,6 +701,30 @@ impl Replay {
     /// The policy being replayed.
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+}
+
+impl KeyState {
+    /// The decision a request would get now, charging nothing.
+    fn inspect(&self, now_ns: u64, policy: &Policy) -> Decision {
+        match self {
+            KeyState::Word(word) => decide_word(*word, now_ns, policy).0,
+            KeyState::Log(log) => sliding_log::decide(&mut log.clone(), now_ns, policy),
+        }
+    }
+
+    /// Decide and charge.
+    fn charge(&mut self, now_ns: u64, policy: &Policy) -> Decision {
+        match self {
+            KeyState::Word(word) => {
+                let (decision, new_state) = decide_word(*word, now_ns, policy);
+                if let Some(new_state) = new_state {
+                    *word = new_state;
+                }
+                decision
+            }
+            KeyState::Log(log) => sliding_log::decide(log, now_ns, policy),
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use crate::penalty::{parse_duration_ns, BlockPolicy, StatusMatcher};
 use crate::rate::{Rate, RateUnit};
 
 /// A configuration error; the text follows nginx's wording and quotes the bad token.
@@ -20,6 +21,18 @@ pub enum SpecError {
     /// `invalid cost value "cost=0"`
     #[error("invalid cost value \"{0}\"")]
     InvalidCost(String),
+    /// `invalid block value "block=x": ...` (what is valid follows)
+    #[error(
+        "invalid {0} value \"{1}\": give a duration such as 30s, 15m, 24h or 1h30m, \
+             from 1ms to 365d"
+    )]
+    InvalidDuration(&'static str, String),
+    /// `invalid on_status value "on_status=4x": ...` (what is valid follows)
+    #[error(
+        "invalid on_status value \"{0}\": give status codes (401) or classes (4xx) from \
+             100 to 599, separated by commas, as in on_status=401,403 or on_status=4xx"
+    )]
+    InvalidOnStatus(String),
     /// `invalid zone size "zone=one:abc"`
     #[error("invalid zone size \"{0}\"")]
     InvalidZoneSize(String),
@@ -286,6 +299,8 @@ pub struct ZoneSpec {
     pub algorithm: Algorithm,
     /// `sync`: the zone's limits hold across the fleet (`rate_limit_sync`).
     pub sync: bool,
+    /// `block=DURATION [block_max=DURATION]`: block a key after a rejection.
+    pub block: Option<BlockPolicy>,
 }
 
 impl ZoneSpec {
@@ -306,8 +321,35 @@ impl ZoneSpec {
     /// assert_eq!(spec.algorithm, Algorithm::LeakyBucket);
     /// assert_eq!(spec.limits().burst, 5);
     /// ```
+    ///
+    /// The nginx module does not enforce blocks yet: `block=` and `block_max=` are refused
+    /// here, and read by [`ZoneSpec::parse_words_with_penalty`] (the replay tool).
     pub fn parse_words(words: &[&str]) -> Result<ZoneSpec, SpecError> {
+        let spec = ZoneSpec::parse_words_with_penalty(words)?;
+        if spec.block.is_some() {
+            return Err(SpecError::Conflict(
+                "\"block\" is not supported by the module yet (ratelimit-replay reads it)".into(),
+            ));
+        }
+        Ok(spec)
+    }
+
+    /// [`ZoneSpec::parse_words`] that also reads `block=DURATION` and `block_max=DURATION`
+    /// (nginx time syntax: `30s`, `15m`, `24h`).
+    ///
+    /// ```
+    /// use ratelimit_core::ZoneSpec;
+    ///
+    /// let spec = ZoneSpec::parse_words_with_penalty(&["rate=5r/m", "block=15m", "block_max=24h"])
+    ///     .unwrap();
+    /// let block = spec.block.unwrap();
+    /// assert_eq!(block.block_ns, 900 * 1_000_000_000);
+    /// assert_eq!(block.block_max_ns, 86_400 * 1_000_000_000);
+    /// ```
+    pub fn parse_words_with_penalty(words: &[&str]) -> Result<ZoneSpec, SpecError> {
         let mut zone = None;
+        let mut block = None;
+        let mut block_max = None;
         let mut rate = None;
         let mut burst = None;
         let mut algorithm = Algorithm::LeakyBucket;
@@ -334,18 +376,47 @@ impl ZoneSpec {
                 burst = Some(parse_burst(word, value)?);
             } else if let Some(value) = word.strip_prefix("algorithm=") {
                 algorithm = Algorithm::parse(value)?;
+            } else if let Some(value) = word.strip_prefix("block=") {
+                block = Some(parse_block_duration("block", word, value)?);
+            } else if let Some(value) = word.strip_prefix("block_max=") {
+                block_max = Some((word, parse_block_duration("block_max", word, value)?));
             } else {
                 return Err(SpecError::InvalidParameter(word.into()));
             }
         }
 
         let rate = rate.ok_or(SpecError::MissingParameter("rate"))?;
+        let block = match (block, block_max) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(SpecError::Conflict(
+                    "\"block_max\" needs \"block\": block=DURATION is the first block's length"
+                        .into(),
+                ))
+            }
+            (Some(block_ns), None) => Some(BlockPolicy {
+                block_ns,
+                block_max_ns: block_ns,
+            }),
+            (Some(block_ns), Some((word, block_max_ns))) => {
+                if block_max_ns < block_ns {
+                    return Err(SpecError::Conflict(format!(
+                        "\"{word}\" is shorter than \"block\": block_max is the longest block"
+                    )));
+                }
+                Some(BlockPolicy {
+                    block_ns,
+                    block_max_ns,
+                })
+            }
+        };
         let spec = ZoneSpec {
             zone,
             rate,
             burst,
             algorithm,
             sync,
+            block,
         };
         spec.check_sliding()?;
         spec.limits().check_bucket(algorithm)?;
@@ -411,6 +482,8 @@ pub struct LimitSpec {
     pub global: Option<String>,
     /// `cost=N`: how many requests each request counts as (default 1).
     pub cost: u64,
+    /// `on_status=CODES`: charge only requests whose final status matches, after the response.
+    pub on_status: Option<StatusMatcher>,
 }
 
 impl LimitSpec {
@@ -423,13 +496,36 @@ impl LimitSpec {
     /// assert_eq!(spec.delay, DelayMode::Threshold(4));
     /// assert_eq!(spec.cost, 1);
     /// ```
+    ///
+    /// The nginx module does not charge after the response yet: `on_status=` is refused here
+    /// and read by [`LimitSpec::parse_words_with_penalty`] (the replay tool).
     pub fn parse_words(words: &[&str]) -> Result<LimitSpec, SpecError> {
+        let spec = LimitSpec::parse_words_with_penalty(words)?;
+        if spec.on_status.is_some() {
+            return Err(SpecError::Conflict(
+                "\"on_status\" is not supported by the module yet (ratelimit-replay reads it)"
+                    .into(),
+            ));
+        }
+        Ok(spec)
+    }
+
+    /// [`LimitSpec::parse_words`] that also reads `on_status=CODES` (`401,403`, `4xx`).
+    ///
+    /// ```
+    /// use ratelimit_core::LimitSpec;
+    ///
+    /// let spec = LimitSpec::parse_words_with_penalty(&["nodelay", "on_status=401,403"]).unwrap();
+    /// assert!(spec.on_status.unwrap().matches(403));
+    /// ```
+    pub fn parse_words_with_penalty(words: &[&str]) -> Result<LimitSpec, SpecError> {
         let mut spec = LimitSpec {
             zone: None,
             burst: None,
             delay: DelayMode::Delay,
             global: None,
             cost: 1,
+            on_status: None,
         };
         let mut nodelay = false;
         let mut delay = None;
@@ -456,6 +552,8 @@ impl LimitSpec {
                 spec.cost = parse_integer(value)
                     .filter(|&cost| cost >= 1)
                     .ok_or_else(|| SpecError::InvalidCost(word.into()))?;
+            } else if let Some(value) = word.strip_prefix("on_status=") {
+                spec.on_status = Some(StatusMatcher::parse(word, value)?);
             } else {
                 return Err(SpecError::InvalidParameter(word.into()));
             }
@@ -473,6 +571,13 @@ impl LimitSpec {
         };
         Ok(spec)
     }
+}
+
+/// `block=` / `block_max=`: an nginx time from 1 ms to [`BlockPolicy::MAX_NS`].
+fn parse_block_duration(name: &'static str, word: &str, value: &str) -> Result<u64, SpecError> {
+    parse_duration_ns(value)
+        .filter(|&ns| (1_000_000..=BlockPolicy::MAX_NS).contains(&ns))
+        .ok_or_else(|| SpecError::InvalidDuration(name, word.into()))
 }
 
 /// `burst=N`: a non-negative integer no larger than [`Limits::MAX_BURST`].
@@ -606,6 +711,7 @@ mod tests {
                 delay: DelayMode::NoDelay,
                 global: Some("all".into()),
                 cost: 3,
+                on_status: None,
             }
         );
         let spec = limit("").unwrap();
@@ -627,6 +733,62 @@ mod tests {
         for (words, message) in rows {
             assert_eq!(limit(words), Err(message.to_string()), "{words}");
         }
+    }
+
+    #[test]
+    fn penalty_words() {
+        let penalty = |words: &str| {
+            let words: Vec<&str> = words.split_whitespace().collect();
+            ZoneSpec::parse_words_with_penalty(&words).map_err(|e| e.to_string())
+        };
+        const S: u64 = 1_000_000_000;
+        let block = penalty("rate=5r/m burst=5 block=15m block_max=24h")
+            .unwrap()
+            .block
+            .unwrap();
+        assert_eq!((block.block_ns, block.block_max_ns), (900 * S, 86_400 * S));
+        let block = penalty("rate=1r/s block=2s").unwrap().block.unwrap();
+        assert_eq!((block.block_ns, block.block_max_ns), (2 * S, 2 * S));
+        assert_eq!(penalty("rate=1r/s").unwrap().block, None);
+        let valid = "give a duration such as 30s, 15m, 24h or 1h30m, from 1ms to 365d";
+        #[rustfmt::skip]
+        let rows = [
+            ("rate=1r/s block=15x", format!("invalid block value \"block=15x\": {valid}")),
+            ("rate=1r/s block=0", format!("invalid block value \"block=0\": {valid}")),
+            ("rate=1r/s block=366d", format!("invalid block value \"block=366d\": {valid}")),
+            ("rate=1r/s block=1m block_max=x",
+             format!("invalid block_max value \"block_max=x\": {valid}")),
+            ("rate=1r/s block_max=1h",
+             "\"block_max\" needs \"block\": block=DURATION is the first block's length".into()),
+            ("rate=1r/s block=1h block_max=30m",
+             "\"block_max=30m\" is shorter than \"block\": block_max is the longest block".into()),
+        ];
+        for (words, message) in rows {
+            assert_eq!(penalty(words), Err(message), "{words}");
+        }
+        // The module's parser refuses what it does not enforce yet.
+        assert!(zone("rate=1r/s block=1m")
+            .unwrap_err()
+            .contains("not supported by the module yet"));
+
+        let on_status = |words: &str| {
+            let words: Vec<&str> = words.split_whitespace().collect();
+            LimitSpec::parse_words_with_penalty(&words).map_err(|e| e.to_string())
+        };
+        let spec = on_status("zone=login nodelay on_status=401,403").unwrap();
+        assert_eq!(spec.on_status.unwrap().to_string(), "401,403");
+        assert_eq!(
+            on_status("on_status=4x"),
+            Err(
+                "invalid on_status value \"on_status=4x\": give status codes (401) or classes \
+                 (4xx) from 100 to 599, separated by commas, as in on_status=401,403 or \
+                 on_status=4xx"
+                    .into()
+            )
+        );
+        assert!(limit("on_status=401")
+            .unwrap_err()
+            .contains("not supported by the module yet"));
     }
 
     #[test]

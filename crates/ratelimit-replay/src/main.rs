@@ -11,9 +11,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
 use ratelimit_core::replay::{
-    policy_from_specs, InputFormat, KeySummary, LineReader, Needed, Replay, Request,
+    parse_seconds, policy_from_specs, InputFormat, KeySummary, LineReader, LogInput, Needed,
+    Replay, Request, SecondSpreader, Verdict,
 };
-use ratelimit_core::{Algorithm, Decision, DelayMode, LimitSpec, Policy, ZoneSpec};
+use ratelimit_core::{log_format, penalty, Algorithm, DelayMode, LimitSpec, Policy, ZoneSpec};
 use serde_json::json;
 
 /// Exit status for bad arguments, a bad spec or bad input.
@@ -23,32 +24,46 @@ const EXIT_OUTPUT: u8 = 1;
 
 /// Replay requests through a rate limit, deciding each as the nginx module would.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version, about, after_help = AFTER_HELP)]
 struct Args {
     /// The zone's words after KEY, as in `rate_limit_zone` (zone= may be left out):
-    /// 'rate=2r/s burst=5 algorithm=token_bucket'
+    /// 'rate=2r/s burst=5 algorithm=token_bucket', 'rate=5r/m burst=5 block=15m block_max=24h'
     #[arg(long)]
     zone: String,
 
-    /// The words of `rate_limit` (zone= may be left out): 'burst=3 nodelay', 'cost=2'
+    /// The words of `rate_limit` (zone= may be left out): 'burst=3 nodelay', 'cost=2',
+    /// 'nodelay on_status=401,403' (on_status needs a log with $status)
     #[arg(long)]
     limit: Option<String>,
 
-    /// What the input lines are
-    #[arg(long, value_enum, default_value_t = Format::Timeline)]
+    /// What the input lines are; `auto` tells from the first line: a timeline, an access log
+    /// starting with $msec, or nginx's `combined` or the `common` log format
+    #[arg(long, value_enum, default_value_t = Format::Auto)]
     format: Format,
 
-    /// access-log: the whitespace-separated field (1-based) holding the key
-    #[arg(long, value_name = "N", default_value_t = 2)]
-    key_field: usize,
+    /// The `log_format` string of the access log, as in nginx.conf:
+    /// '$remote_addr [$time_local] "$request" $status'. Times come from $msec,
+    /// $time_iso8601 or $time_local
+    #[arg(long, value_name = "STRING", conflicts_with = "format")]
+    log_format: Option<String>,
+
+    /// The zone's key, for logs read with a log format (combined, common, --log-format):
+    /// variables of that format, as in `rate_limit_zone KEY` ($binary_remote_addr reads
+    /// $remote_addr)
+    /// [default: $remote_addr]
+    #[arg(long, value_name = "KEY")]
+    key: Option<String>,
+
+    /// access-log: the whitespace-separated field (1-based) holding the key [default: 2]
+    #[arg(long, value_name = "N")]
+    key_field: Option<usize>,
 
     /// One JSON object per request, then one with "summary"
     #[arg(long)]
     json: bool,
 
     /// Also draw the replay as SVG into FILE: per key (the ones with the most requests when
-    /// there are many), requests over time by decision and the bucket's level against its
-    /// burst
+    /// there are many), requests over time by decision and the key's level against its limit
     #[arg(long, value_name = "FILE")]
     plot: Option<PathBuf>,
 
@@ -56,12 +71,24 @@ struct Args {
     input: Option<PathBuf>,
 }
 
+const AFTER_HELP: &str = "\
+Logs with whole-second times ($time_local, $time_iso8601, as in combined and common): the k
+requests logged in one second are spread evenly over it in log order, at S, S+1/k, ... S+(k-1)/k.
+A line up to one second older than the one before it (two workers finishing at a second's
+edge) counts in the newer second. Log times are when requests ended, not when they came.";
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Format {
+    /// Tell from the first line
+    Auto,
     /// `SECONDS [KEY]` a line, `#` comments
     Timeline,
     /// nginx access log with a format starting `$msec $remote_addr`
     AccessLog,
+    /// nginx's default access log format (`access_log FILE;`)
+    Combined,
+    /// the Common Log Format (combined without referer and user agent)
+    Common,
 }
 
 /// Why the replay stopped.
@@ -98,15 +125,16 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<(), Failure> {
-    let policy = parse_policy(args).map_err(Failure::Input)?;
-    let format = match args.format {
-        Format::Timeline => InputFormat::Timeline,
-        Format::AccessLog => InputFormat::AccessLog {
-            key_field: args.key_field,
-        },
-    };
-    if args.key_field == 0 {
+    let (policy, zone, limit) = parse_policy(args).map_err(Failure::Input)?;
+    if args.key_field == Some(0) {
         return Err(Failure::Input("--key-field counts from 1".to_string()));
+    }
+    let mut reader = chosen_format(args)
+        .map_err(Failure::Input)?
+        .map(LineReader::new);
+    if let Some(reader) = &reader {
+        check_status(reader.format(), limit.as_ref()).map_err(Failure::Input)?;
+        check_key_options(reader.format(), args).map_err(Failure::Input)?;
     }
     let input: Box<dyn BufRead> = match &args.input {
         Some(path) if path.as_os_str() != "-" => {
@@ -119,65 +147,238 @@ fn run(args: &Args) -> Result<(), Failure> {
     };
 
     let mut out = BufWriter::new(io::stdout().lock());
-    let output = if args.json {
-        Output::Json
-    } else {
-        Output::Table
+    let columns = Columns {
+        json: args.json,
+        status: limit.as_ref().is_some_and(|l| l.on_status.is_some()),
+        block: zone.block.is_some(),
     };
-    let mut reader = LineReader::new(format);
-    let mut replay = Replay::new(policy);
-    let mut requests = 0_u64;
-    let mut plot = args.plot.as_ref().map(|_| plot::Plot::default());
+    let mut sink = Sink {
+        columns,
+        replay: Replay::new(policy).with_penalty(zone.block, limit.and_then(|l| l.on_status)),
+        requests: 0,
+        plot: args.plot.as_ref().map(|_| plot::Plot::default()),
+    };
+    let mut spreader = SecondSpreader::default();
     for (index, line) in input.split(b'\n').enumerate() {
         let number = index + 1;
         let line = line.map_err(|error| Failure::Input(format!("line {number}: {error}")))?;
         // Access logs may hold bytes that are not UTF-8 in fields we never read.
         let text = String::from_utf8_lossy(&line);
         let text = text.strip_suffix('\r').unwrap_or(&text);
+        let reader = match &mut reader {
+            Some(reader) => reader,
+            None => {
+                let trimmed = text.trim();
+                if trimmed.is_empty() || trimmed.starts_with('#') {
+                    continue;
+                }
+                let format = detect(number, text, args)?;
+                check_status(&format, parse_policy(args).ok().and_then(|p| p.2).as_ref())
+                    .map_err(Failure::Input)?;
+                check_key_options(&format, args).map_err(Failure::Input)?;
+                reader.insert(LineReader::new(format))
+            }
+        };
         let request = match reader.read(number, text) {
             Ok(Some(request)) => request,
             Ok(None) => continue,
             Err(error) => {
                 out.flush()?;
-                let hint = match args.format {
-                    Format::Timeline if looks_like_access_log(text) => {
-                        " (an nginx access log? add --format access-log)"
-                    }
-                    _ => "",
-                };
-                return Err(Failure::Input(format!("{error}{hint}")));
+                return Err(Failure::Input(format!(
+                    "{error}{}",
+                    hint(reader.format(), text, args)
+                )));
             }
         };
-        // The header waits for the first request: an input without any gets an error instead.
-        if requests == 0 {
-            output.header(&mut out)?;
+        for request in spreader.push(request) {
+            sink.request(&mut out, &request)?;
         }
-        requests += 1;
-        let decision = replay.decide(&request.key, request.time_ns);
-        if let Some(plot) = &mut plot {
-            plot.add(&request.key, request.time_ns, &decision);
-        }
-        output.request(&mut out, &request, &decision)?;
     }
-    if requests == 0 {
+    for request in spreader.finish() {
+        sink.request(&mut out, &request)?;
+    }
+    if sink.requests == 0 {
         let name = match &args.input {
             Some(path) if path.as_os_str() != "-" => format!("\"{}\"", path.display()),
             _ => "the standard input".to_string(),
         };
         return Err(Failure::Input(format!(
             "no requests in {name}: nothing to replay (a timeline has one \"SECONDS [KEY]\" \
-             per line; an access log needs --format access-log)"
+             per line; an access log one request per line)"
         )));
     }
-    output.summary(&mut out, replay.policy(), &replay.summary())?;
+    sink.columns
+        .summary(&mut out, &sink.replay, &sink.replay.summary())?;
     out.flush()?;
-    if let (Some(path), Some(plot)) = (&args.plot, plot) {
-        let svg = plot.render(&describe(replay.policy()), replay.policy().limits.burst);
+    if let (Some(path), Some(plot)) = (&args.plot, &sink.plot) {
+        let policy = sink.replay.policy();
+        let svg = plot.render(&describe(&sink.replay), policy);
         std::fs::write(path, svg).map_err(|error| {
             Failure::Input(format!("cannot write \"{}\": {error}", path.display()))
         })?;
+        let (keys, drawn) = plot.counts();
+        eprintln!(
+            "ratelimit-replay: plot written to {} ({drawn} of {keys} keys drawn)",
+            path.display()
+        );
     }
     Ok(())
+}
+
+/// Where decided requests go: the table or JSON, the plot, the count.
+struct Sink {
+    columns: Columns,
+    replay: Replay,
+    requests: u64,
+    plot: Option<plot::Plot>,
+}
+
+impl Sink {
+    fn request(&mut self, out: &mut impl Write, request: &Request) -> Result<(), Failure> {
+        // The header waits for the first request: an input without any gets an error instead.
+        if self.requests == 0 {
+            self.columns.header(out)?;
+        }
+        self.requests += 1;
+        let verdict = self
+            .replay
+            .decide_request(&request.key, request.time_ns, request.status);
+        if let Some(plot) = &mut self.plot {
+            plot.add(
+                &request.key,
+                request.time_ns,
+                request.utc_offset_s,
+                &verdict,
+            );
+        }
+        self.columns.request(out, request, &verdict)?;
+        Ok(())
+    }
+}
+
+/// The zone's key for log formats: `--key`, `$remote_addr` by default.
+fn key_of(args: &Args) -> &str {
+    args.key.as_deref().unwrap_or("$remote_addr")
+}
+
+/// `--key` is for log formats, `--key-field` for `$msec` access logs and timelines have
+/// keys of their own: an option the format does not read is an error, not ignored.
+fn check_key_options(format: &InputFormat, args: &Args) -> Result<(), String> {
+    match format {
+        InputFormat::Log(_) if args.key_field.is_some() => Err(
+            "--key-field is for access logs starting with $msec; this log is read with a log \
+             format: name the key's variables with --key '$variable'"
+                .to_string(),
+        ),
+        InputFormat::AccessLog { .. } if args.key.is_some() => Err(
+            "--key is for logs read with a log format (combined, common, --log-format); this \
+             access log starts with $msec: name the key's field with --key-field N"
+                .to_string(),
+        ),
+        InputFormat::Timeline if args.key.is_some() || args.key_field.is_some() => Err(
+            "--key and --key-field are for access logs; a timeline line is \"SECONDS [KEY]\""
+                .to_string(),
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// The format the options name, or `None` for `--format auto` (told from the first line).
+fn chosen_format(args: &Args) -> Result<Option<InputFormat>, String> {
+    let log = |name: &str, format: &str| {
+        LogInput::new(name, format, key_of(args))
+            .map(|input| Some(InputFormat::Log(input)))
+            .map_err(|error| format!("--log-format: {error}"))
+    };
+    if let Some(format) = &args.log_format {
+        return log("--log-format", format);
+    }
+    match args.format {
+        Format::Auto => Ok(None),
+        Format::Timeline => Ok(Some(InputFormat::Timeline)),
+        Format::AccessLog => Ok(Some(InputFormat::AccessLog {
+            key_field: args.key_field.unwrap_or(2),
+        })),
+        Format::Combined => log("combined", log_format::COMBINED),
+        Format::Common => log("common", log_format::COMMON),
+    }
+}
+
+/// `--format auto`: the format of the first line that is not blank or a comment.
+fn detect(number: usize, text: &str, args: &Args) -> Result<InputFormat, Failure> {
+    // A line starting with a number is a timeline's (its errors then say what is wrong)
+    // unless it reads like an access log starting with `$msec $remote_addr`.
+    let starts_with_time = text
+        .split_whitespace()
+        .next()
+        .is_some_and(|first| parse_seconds(first).is_some());
+    if looks_like_access_log(text) {
+        return Ok(InputFormat::AccessLog {
+            key_field: args.key_field.unwrap_or(2),
+        });
+    }
+    if starts_with_time {
+        return Ok(InputFormat::Timeline);
+    }
+    let mut refusals = Vec::new();
+    for (name, format) in [
+        ("combined", log_format::COMBINED),
+        ("common", log_format::COMMON),
+    ] {
+        let input = LogInput::new(name, format, key_of(args))
+            .map_err(|error| Failure::Input(format!("--key: {error}")))?;
+        match input.format.match_line(text) {
+            Ok(_) => return Ok(InputFormat::Log(input)),
+            Err(mismatch) => refusals.push(format!("{name}: {mismatch}")),
+        }
+    }
+    Err(Failure::Input(format!(
+        "line {number}: not a format read without --log-format: not a timeline \
+         (\"SECONDS [KEY]\"), not an access log starting with $msec $remote_addr, and not \
+         nginx's {}; give the log_format of the access_log that wrote it with \
+         --log-format '...' (from nginx.conf)",
+        refusals.join("; nor ")
+    )))
+}
+
+/// `on_status=` needs each request's status: refuse a format without one.
+fn check_status(format: &InputFormat, limit: Option<&LimitSpec>) -> Result<(), String> {
+    if limit.is_none_or(|l| l.on_status.is_none()) {
+        return Ok(());
+    }
+    match format {
+        InputFormat::Log(input) if input.format.has("status") => Ok(()),
+        InputFormat::Log(input) => Err(format!(
+            "--limit: on_status needs each request's status, and the {} log format has no \
+             $status",
+            input.name
+        )),
+        _ => Err(
+            "--limit: on_status needs each request's status: replay an access log with \
+                  $status (combined, common, or --log-format with $status)"
+                .to_string(),
+        ),
+    }
+}
+
+/// What to add to a bad line's message: the format in use and how to read another one.
+fn hint(format: &InputFormat, text: &str, args: &Args) -> String {
+    match format {
+        InputFormat::Timeline if looks_like_access_log(text) => {
+            " (an nginx access log? add --format access-log)".to_string()
+        }
+        InputFormat::Log(input) if args.log_format.is_some() => format!(
+            " (format in use: --log-format '{}'; is it the log_format of the access_log that \
+             wrote this file, as in nginx.conf?)",
+            input.format
+        ),
+        InputFormat::Log(input) => format!(
+            " (format in use: nginx's {} '{}'; for another log_format give it with \
+             --log-format '...')",
+            input.name, input.format
+        ),
+        _ => String::new(),
+    }
 }
 
 /// Whether a line the timeline reader refused reads like a line of an access log in the
@@ -193,137 +394,206 @@ fn looks_like_access_log(line: &str) -> bool {
     time && address && fields.next().is_some()
 }
 
-/// `--zone` and `--limit` as the module would read them; the message is the spec error.
-fn parse_policy(args: &Args) -> Result<Policy, String> {
+/// `--zone` and `--limit` as the module would read them (and `block=`, `on_status=`, which
+/// only the replay enforces yet); the message is the spec error.
+fn parse_policy(args: &Args) -> Result<(Policy, ZoneSpec, Option<LimitSpec>), String> {
     let zone_words: Vec<&str> = args.zone.split_whitespace().collect();
-    let zone = ZoneSpec::parse_words(&zone_words).map_err(|error| format!("--zone: {error}"))?;
+    let zone = ZoneSpec::parse_words_with_penalty(&zone_words)
+        .map_err(|error| format!("--zone: {error}"))?;
     let limit = match &args.limit {
         Some(words) => {
             let words: Vec<&str> = words.split_whitespace().collect();
-            Some(LimitSpec::parse_words(&words).map_err(|error| format!("--limit: {error}"))?)
+            Some(
+                LimitSpec::parse_words_with_penalty(&words)
+                    .map_err(|error| format!("--limit: {error}"))?,
+            )
         }
         None => None,
     };
-    policy_from_specs(&zone, limit.as_ref()).map_err(|error| format!("--limit: {error}"))
+    let policy =
+        policy_from_specs(&zone, limit.as_ref()).map_err(|error| format!("--limit: {error}"))?;
+    Ok((policy, zone, limit))
 }
 
+/// What each output line shows: the table or JSON, with the status and block columns when
+/// `on_status=` and `block=` are replayed.
 #[derive(Clone, Copy)]
-enum Output {
-    Table,
-    Json,
+struct Columns {
+    json: bool,
+    status: bool,
+    block: bool,
 }
 
-impl Output {
+impl Columns {
     fn header(self, out: &mut impl Write) -> io::Result<()> {
-        match self {
-            Output::Table => writeln!(
-                out,
-                "{:<16} {:<16} {:<9} {:>10} {:>14} {:>9}",
-                "t", "key", "decision", "delay_ms", "retry_after_ms", "remaining"
-            ),
-            Output::Json => Ok(()),
+        if self.json {
+            return Ok(());
         }
+        write!(
+            out,
+            "{:<16} {:<16} {:<9} {:>10} {:>14} {:>9}",
+            "t", "key", "decision", "delay_ms", "retry_after_ms", "remaining"
+        )?;
+        if self.status {
+            write!(out, " {:>6} {:>7}", "status", "charged")?;
+        }
+        if self.block {
+            write!(out, " {:<14}", "block")?;
+        }
+        writeln!(out)
     }
 
-    fn request(
-        self,
-        out: &mut impl Write,
-        request: &Request,
-        decision: &Decision,
-    ) -> io::Result<()> {
-        match self {
-            Output::Table => writeln!(
-                out,
-                "{:<16} {:<16} {:<9} {:>10} {:>14} {:>9}",
-                request.time_text,
-                request.key,
-                decision.outcome.as_str(),
-                millis_text(decision.delay_ns),
-                retry_text(decision),
-                decision.remaining
-            ),
-            Output::Json => {
-                let object = json!({
-                    "line": request.line,
-                    "t": seconds(request.time_ns),
-                    "key": request.key,
-                    "decision": decision.outcome.as_str(),
-                    "delay_ms": millis(decision.delay_ns),
-                    "retry_after_ms": (!decision.never_passes())
-                        .then(|| millis(decision.retry_after_ns)),
-                    "remaining": decision.remaining,
-                    "reset_ms": millis(decision.reset_ns),
-                    "excess": decision.excess_milli as f64 / 1000.0,
-                });
-                writeln!(out, "{object}")
+    fn request(self, out: &mut impl Write, request: &Request, verdict: &Verdict) -> io::Result<()> {
+        let decision = &verdict.decision;
+        if self.json {
+            let mut object = json!({
+                "line": request.line,
+                "t": seconds(request.time_ns),
+                "key": request.key,
+                "decision": verdict.as_str(),
+                "delay_ms": millis(decision.delay_ns),
+                "retry_after_ms": (!decision.never_passes())
+                    .then(|| millis(decision.retry_after_ns)),
+                "remaining": decision.remaining,
+                "reset_ms": millis(decision.reset_ns),
+                "excess": decision.excess_milli as f64 / 1000.0,
+            });
+            if self.status {
+                object["status"] = json!(request.status);
+                object["charged"] = json!(verdict.charged);
             }
-        }
-    }
-
-    fn summary(self, out: &mut impl Write, policy: &Policy, keys: &[KeySummary]) -> io::Result<()> {
-        match self {
-            Output::Table => {
-                let needed_column = match keys.first().map(|key| key.needed) {
-                    Some(Needed::RequestsPerWindow(_)) => "min_requests_per_window",
-                    _ => "min_burst",
+            if self.block {
+                object["block"] = match &verdict.block {
+                    Some(block) => json!({
+                        "level": block.level,
+                        "duration_ms": millis(block.duration_ns()),
+                        "until": seconds(block.until_ns),
+                    }),
+                    None => serde_json::Value::Null,
                 };
-                writeln!(out)?;
-                writeln!(out, "summary: {}", describe(policy))?;
-                let width = needed_column.len();
-                writeln!(
-                    out,
-                    "{:<16} {:>9} {:>9} {:>9} {needed_column:>width$}",
-                    "key", "passed", "delayed", "rejected"
-                )?;
-                for key in keys {
-                    let needed = match key.needed {
-                        Needed::Burst(n) | Needed::RequestsPerWindow(n) => n,
-                    };
-                    writeln!(
-                        out,
-                        "{:<16} {:>9} {:>9} {:>9} {needed:>width$}",
-                        key.key, key.passed, key.delayed, key.rejected
-                    )?;
-                }
-                Ok(())
             }
-            Output::Json => {
-                let keys: Vec<_> = keys
-                    .iter()
-                    .map(|key| {
-                        let mut object = json!({
-                            "key": key.key,
-                            "passed": key.passed,
-                            "delayed": key.delayed,
-                            "rejected": key.rejected,
-                        });
-                        let (name, value) = match key.needed {
-                            Needed::Burst(n) => ("min_burst", n),
-                            Needed::RequestsPerWindow(n) => ("min_requests_per_window", n),
-                        };
-                        object[name] = json!(value);
-                        object
-                    })
-                    .collect();
-                let summary = json!({
-                    "summary": {
-                        "policy": describe(policy),
-                        "algorithm": policy.algorithm.as_str(),
-                        "rate": policy.limits.rate.to_string(),
-                        "burst": policy.limits.burst,
-                        "cost": policy.cost,
-                        "keys": keys,
-                    }
-                });
-                writeln!(out, "{summary}")
-            }
+            return writeln!(out, "{object}");
         }
+        write!(
+            out,
+            "{:<16} {:<16} {:<9} {:>10} {:>14} {:>9}",
+            request.time_text,
+            request.key,
+            verdict.as_str(),
+            millis_text(decision.delay_ns),
+            retry_text(decision),
+            decision.remaining
+        )?;
+        if self.status {
+            let status = request.status.map_or("-".to_string(), |s| s.to_string());
+            let charged = if verdict.charged { "yes" } else { "no" };
+            write!(out, " {status:>6} {charged:>7}")?;
+        }
+        if self.block {
+            let block = match &verdict.block {
+                Some(block) => format!(
+                    "{},level={}",
+                    penalty::duration_text(block.duration_ns()),
+                    block.level
+                ),
+                None => "-".to_string(),
+            };
+            write!(out, " {block:<14}")?;
+        }
+        writeln!(out)
+    }
+
+    fn summary(self, out: &mut impl Write, replay: &Replay, keys: &[KeySummary]) -> io::Result<()> {
+        let policy = replay.policy();
+        let needed_of = |key: &KeySummary| match key.needed {
+            Needed::Burst(n) => ("min_burst", n),
+            Needed::RequestsPerWindow(n) => ("min_requests_per_window", n),
+        };
+        if self.json {
+            let keys: Vec<_> = keys
+                .iter()
+                .map(|key| {
+                    let mut object = json!({
+                        "key": key.key,
+                        "passed": key.passed,
+                        "delayed": key.delayed,
+                        "rejected": key.rejected,
+                    });
+                    if self.block {
+                        object["blocked"] = json!(key.blocked);
+                        object["blocks"] = json!(key.blocks);
+                        object["longest_block_ms"] = json!(millis(key.longest_block_ns));
+                    }
+                    if self.status {
+                        object["uncharged"] = json!(key.uncharged);
+                    }
+                    let (name, value) = needed_of(key);
+                    object[name] = json!(value);
+                    object
+                })
+                .collect();
+            let summary = json!({
+                "summary": {
+                    "policy": describe(replay),
+                    "algorithm": policy.algorithm.as_str(),
+                    "rate": policy.limits.rate.to_string(),
+                    "burst": policy.limits.burst,
+                    "cost": policy.cost,
+                    "keys": keys,
+                }
+            });
+            return writeln!(out, "{summary}");
+        }
+        let needed_column = match keys.first().map(|key| key.needed) {
+            Some(Needed::RequestsPerWindow(_)) => "min_requests_per_window",
+            _ => "min_burst",
+        };
+        writeln!(out)?;
+        writeln!(out, "summary: {}", describe(replay))?;
+        let width = needed_column.len();
+        write!(
+            out,
+            "{:<16} {:>9} {:>9} {:>9}",
+            "key", "passed", "delayed", "rejected"
+        )?;
+        if self.block {
+            write!(
+                out,
+                " {:>9} {:>6} {:>13}",
+                "blocked", "blocks", "longest_block"
+            )?;
+        }
+        if self.status {
+            write!(out, " {:>9}", "uncharged")?;
+        }
+        writeln!(out, " {needed_column:>width$}")?;
+        for key in keys {
+            write!(
+                out,
+                "{:<16} {:>9} {:>9} {:>9}",
+                key.key, key.passed, key.delayed, key.rejected
+            )?;
+            if self.block {
+                let longest = if key.blocks == 0 {
+                    "-".to_string()
+                } else {
+                    penalty::duration_text(key.longest_block_ns)
+                };
+                write!(out, " {:>9} {:>6} {longest:>13}", key.blocked, key.blocks)?;
+            }
+            if self.status {
+                write!(out, " {:>9}", key.uncharged)?;
+            }
+            writeln!(out, " {:>width$}", needed_of(key).1)?;
+        }
+        Ok(())
     }
 }
 
 /// `rate=2r/s burst=5 nodelay algorithm=leaky_bucket cost=1`: the words that matter for the
-/// zone's algorithm.
-fn describe(policy: &Policy) -> String {
+/// zone's algorithm, then `block=`, `block_max=` and `on_status=` when replayed.
+fn describe(replay: &Replay) -> String {
+    let policy = replay.policy();
     let mut words = vec![format!("rate={}", policy.limits.rate)];
     match policy.algorithm {
         Algorithm::LeakyBucket => {
@@ -339,6 +609,18 @@ fn describe(policy: &Policy) -> String {
     }
     words.push(format!("algorithm={}", policy.algorithm));
     words.push(format!("cost={}", policy.cost));
+    if let Some(block) = replay.block_policy() {
+        words.push(format!("block={}", penalty::duration_text(block.block_ns)));
+        if block.block_max_ns != block.block_ns {
+            words.push(format!(
+                "block_max={}",
+                penalty::duration_text(block.block_max_ns)
+            ));
+        }
+    }
+    if let Some(on_status) = replay.on_status() {
+        words.push(format!("on_status={on_status}"));
+    }
     words.join(" ")
 }
 
@@ -349,7 +631,7 @@ fn millis_text(ns: u64) -> String {
 
 /// `retry_after_ms` in the table: `never` for a request no wait lets through (it costs more
 /// than the limit admits at once).
-fn retry_text(decision: &Decision) -> String {
+fn retry_text(decision: &ratelimit_core::Decision) -> String {
     if decision.never_passes() {
         "never".to_string()
     } else {
