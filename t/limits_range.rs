@@ -83,6 +83,28 @@ fn the_slowest_rate_with_the_largest_burst_passes_exactly_the_bucket() {
     }
 }
 
+/// The issue's count where `burst=300` is accepted (`1r/d`: a day per request): 301 of 400
+/// pass a leaky bucket, 300 a token bucket, and `t=` stays the bucket's span.
+#[test]
+fn a_burst_of_300_passes_301_and_300_of_400() {
+    let nginx = start(
+        "rate_limit_zone $arg_k zone=leaky:1m rate=1r/d burst=300;\n\
+         rate_limit_zone $arg_k zone=token:1m rate=1r/d burst=300 algorithm=token_bucket;",
+        "location /leaky { rate_limit zone=leaky nodelay; empty_gif; }\n\
+         location /token { rate_limit zone=token; empty_gif; }",
+    );
+    for (zone, bucket) in [("leaky", 301), ("token", 300)] {
+        let (passed, responses) = four_hundred(&nginx, &format!("/{zone}?k=one"));
+        assert_eq!(passed, bucket, "{zone}");
+        let full = bucket as u64 * 86_400;
+        assert!(
+            responses.iter().all(|r| reset_seconds(r) <= full),
+            "{zone}: t= beyond {full} s"
+        );
+        assert_eq!(reset_seconds(&responses[399]), full, "{zone}");
+    }
+}
+
 /// `PATCH` refuses a bucket that would take more than 100 years, naming the largest burst,
 /// and changes nothing; the largest it allows is then enforced exactly.
 #[test]
