@@ -31,10 +31,12 @@
 //! * [`counters`]: the decision counters and evictions;
 //! * [`sizing`]: how large a zone must be;
 //! * [`top`]: the top-keys region;
+//! * [`history`]: the zone's requests per second over the last minutes;
 //! * [`sync_record`] and [`inbox`]: the instance's sync record, shared by the sync loop and
 //!   the workers.
 
 pub mod counters;
+pub mod history;
 pub mod inbox;
 pub mod overrides;
 pub mod sizing;
@@ -59,7 +61,7 @@ pub use overrides::{OverrideError, OVERRIDE_CAPACITY};
 pub use slots::SlotIndex;
 
 /// Identifies the layout below; a zone inherited over a reload with another magic is reformatted.
-const MAGIC: u64 = 0x726c_7a6f_6e65_0004;
+const MAGIC: u64 = 0x726c_7a6f_6e65_0005;
 
 /// The longest key a zone accepts, in bytes (limit_req's limit).
 pub const MAX_KEY_BYTES: usize = 65535;
@@ -92,6 +94,8 @@ pub struct ZoneShared {
     /// Offset from the slab pool of the top-keys region ([`top`]); 0 when the zone is too
     /// small to keep one.
     top_offset: AtomicU64,
+    /// Requests per second over the last minutes ([`history`]).
+    history: history::HistoryRing,
 }
 
 /// Offset of the slot table from the header, rounded to a cache line.
