@@ -50,6 +50,10 @@ enum Status {
     BurstNotUsed = -7,
     /// The zone's shared memory is not set up, or a panic was caught.
     Internal = -8,
+    /// `burst` larger than the zone's rate allows (a bucket must drain or refill within 100
+    /// years, as `rate_limit` lines are checked); `incoming` and `state` put the largest in
+    /// their decision's `remaining`.
+    BurstTooLarge = -9,
 }
 
 /// How a `rate_limit` line's delay words read: `delay_mode` of [`LuaOptions`].
@@ -103,7 +107,7 @@ impl From<Decision> for LuaDecision {
 
 impl LuaOptions {
     /// The `rate_limit` line these options stand for.
-    fn limit_conf(&self, zone_conf: &ZoneConf) -> Result<LimitConf, Status> {
+    fn limit_conf(&self, zone_conf: &ZoneConf, zone: &Zone) -> Result<LimitConf, Status> {
         let delay = match self.delay_mode {
             DELAY_ALL => DelayMode::Delay,
             NO_DELAY => DelayMode::NoDelay,
@@ -121,6 +125,14 @@ impl LuaOptions {
         };
         if burst.is_some() && !zone_conf.algorithm.takes_burst() {
             return Err(Status::BurstNotUsed);
+        }
+        if let (Some(burst), Some(live)) = (burst, zone.limits()) {
+            if (Limits { burst, ..live })
+                .check_bucket(zone_conf.algorithm)
+                .is_err()
+            {
+                return Err(Status::BurstTooLarge);
+            }
         }
         if self.cost == 0 {
             return Err(Status::BadArgument);
@@ -212,6 +224,9 @@ struct Target<'r> {
     now_ns: u64,
 }
 
+/// `out`, when the call has one, receives the largest burst the zone's rate allows with
+/// [`Status::BurstTooLarge`].
+///
 /// # Safety
 /// Pointers as for the exported functions: each null or valid for its length.
 unsafe fn target<'r>(
@@ -219,6 +234,7 @@ unsafe fn target<'r>(
     zone: (*const u8, usize),
     key: (*const u8, usize),
     opts: *const LuaOptions,
+    out: Option<&mut LuaDecision>,
 ) -> Result<Target<'r>, Status> {
     let r = request(r)?;
     // SAFETY: the caller's contract.
@@ -234,7 +250,11 @@ unsafe fn target<'r>(
     if key.len() > MAX_KEY_BYTES {
         return Err(Status::KeyTooLong);
     }
-    let limit = opts.limit_conf(zone_conf)?;
+    let limit = opts.limit_conf(zone_conf, zone).inspect_err(|&status| {
+        if let (Status::BurstTooLarge, Some(out), Some(live)) = (status, out, zone.limits()) {
+            out.remaining = Limits::max_burst(zone_conf.algorithm, &live.rate);
+        }
+    })?;
     let now_ns = now_ns();
     let (found, evicted) = decide::find(zone_conf, zone, key, now_ns);
     if evicted {
@@ -322,10 +342,10 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_incoming(
     out: *mut LuaDecision,
 ) -> c_int {
     guarded(|| {
-        // SAFETY: the caller's contract.
-        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts) }?;
         // SAFETY: a non-null `out` is writable (the caller's contract).
         let out = unsafe { out.as_mut() }.ok_or(Status::BadArgument)?;
+        // SAFETY: the caller's contract.
+        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts, Some(out)) }?;
         let charge = if commit != 0 {
             Charge::Now
         } else {
@@ -357,7 +377,7 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_uncommit(
 ) -> c_int {
     guarded(|| {
         // SAFETY: the caller's contract.
-        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts) }?;
+        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts, None) }?;
         target.applied.uncommit(target.now_ns);
         Ok(())
     })
@@ -379,10 +399,10 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_state(
     out: *mut LuaDecision,
 ) -> c_int {
     guarded(|| {
-        // SAFETY: the caller's contract.
-        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts) }?;
         // SAFETY: a non-null `out` is writable (the caller's contract).
         let out = unsafe { out.as_mut() }.ok_or(Status::BadArgument)?;
+        // SAFETY: the caller's contract.
+        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts, Some(out)) }?;
         let Target {
             mut applied,
             now_ns,
@@ -452,6 +472,12 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_set_limits(
                     Limits::MAX_BURST
                 ))
             })?);
+        }
+        // `set_rate("")` reached here as "no rate": a call that changes nothing is a mistake.
+        if patch.rate.is_none() && patch.burst.is_none() {
+            return Err(refused(
+                "nothing to change: give a rate (such as \"10r/s\") or a burst".to_string(),
+            ));
         }
         crate::control::zones::patch_zone(mcf, &zone_conf.name, &patch, connection_log(r))
             .map_err(|error| refused(error.to_string()))

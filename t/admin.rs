@@ -555,6 +555,43 @@ fn overrides_change_real_decisions() {
     );
 }
 
+/// Long keys fill the zone's memory before its table: the 507 then says it is the memory
+/// (it said "no room for another override (512 at most)" with a fraction of 512 set).
+#[test]
+fn overrides_out_of_zone_memory_answer_507_naming_the_memory() {
+    let nginx = start();
+    let mut connection = Connection::open(nginx.port());
+    let mut created = 0;
+    let refused = loop {
+        // 7000 bytes: within nginx's default 8k request line.
+        let key = format!("{created:05}{}", "k".repeat(6995));
+        let response = connection.send(&admin_request(
+            "PUT",
+            &format!("zones/one/overrides/{key}"),
+            Some(r#"{"rate": "2r/s"}"#),
+        ));
+        if response.status != 201 || created == 512 {
+            break response;
+        }
+        created += 1;
+    };
+    assert!(created > 0 && created < 512, "{created} overrides");
+    assert_eq!(refused.status, 507, "{}", refused.text());
+    assert_eq!(
+        error_text(&json_body(&refused)),
+        "zone \"one\" has no memory left for the key of another override (7000 bytes): its \
+         1048576 bytes are in use; a larger zone size holds more"
+    );
+    // Removing one makes room again; the zone still limits.
+    let first = format!("zones/one/overrides/00000{}", "k".repeat(6995));
+    let removed = connection.send(&admin_request("DELETE", &first, None));
+    assert_eq!(removed.status, 204, "{}", removed.text());
+    let again = connection.send(&admin_request("PUT", &first, Some(r#"{"rate": "2r/s"}"#)));
+    assert_eq!(again.status, 201, "{}", again.text());
+    assert_eq!(hit(&nginx, "/", "someone"), 200);
+    assert_eq!(hit(&nginx, "/", "someone"), 429);
+}
+
 #[test]
 fn a_full_override_table_answers_507() {
     let nginx = start();

@@ -166,6 +166,39 @@ fn nginx_t_refuses_bad_configuration() {
             ),
             "\"burst\" is not used by sliding_log",
         ),
+        (
+            "a leaky bucket that would take more than 100 years to drain",
+            "rate_limit_zone $arg_k zone=a:1m rate=0.001r/d burst=300;".to_string(),
+            "burst 300 is too large for rate \"0.001r/d\" (at most 35: a leaky_bucket must \
+             drain within 100 years)",
+        ),
+        (
+            "a token bucket that would take more than 100 years to refill",
+            "rate_limit_zone $arg_k zone=a:1m rate=0.001r/d burst=4194303 \
+             algorithm=token_bucket;"
+                .to_string(),
+            "burst 4194303 is too large for rate \"0.001r/d\" (at most 36: a token_bucket must \
+             refill within 100 years)",
+        ),
+        (
+            "a rate_limit line's burst too large for its zone's rate",
+            format!(
+                "rate_limit_zone $arg_k zone=slow:1m rate=0.001r/d;\n{}",
+                server("location / { rate_limit zone=slow burst=300 nodelay; }")
+            ),
+            "burst 300 is too large for rate \"0.001r/d\" (at most 35: a leaky_bucket must \
+             drain within 100 years) in ",
+        ),
+        (
+            "a rate_limit line's burst too large for its global zone's rate",
+            format!(
+                "rate_limit_zone $arg_k zone=user:1m rate=1r/s {token};\n\
+                 rate_limit_zone global zone=pool:1m rate=0.001r/d {token};\n{}",
+                server("location / { rate_limit zone=user global=pool burst=100; }")
+            ),
+            "burst 100 is too large for rate \"0.001r/d\" (at most 36: a token_bucket must \
+             refill within 100 years) in ",
+        ),
     ];
 
     let mut failures = Vec::new();

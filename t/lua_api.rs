@@ -449,7 +449,45 @@ fn set_rate_and_set_burst_reach_both_workers() {
     );
     assert_eq!(
         body(&nginx, "/set?burst=-1"),
-        "nil burst must be a non-negative integer\n"
+        "nil invalid burst -1: must be an integer from 0 to 4194303\n"
+    );
+    // Checked as numbers before they reach the module: 1e300 would wrap to i64::MIN, and an
+    // empty rate would read as "no change" and answer true.
+    assert_eq!(
+        body(&nginx, "/set?burst=1e300"),
+        "nil invalid burst 1e+300: must be an integer from 0 to 4194303\n"
+    );
+    assert_eq!(
+        body(&nginx, "/set?burst=4194304"),
+        "nil invalid burst 4194304: must be an integer from 0 to 4194303\n"
+    );
+    assert_eq!(
+        body(&nginx, "/set?burst=2.5"),
+        "nil invalid burst 2.5: must be an integer from 0 to 4194303\n"
+    );
+    let syntax = "must be a positive number of requests (at most 3 decimals) per s, m, h or d, \
+                  such as \"10r/s\"";
+    assert_eq!(
+        body(&nginx, "/set?rate="),
+        format!("nil invalid rate \"\": {syntax}\n")
+    );
+    assert_eq!(
+        body(&nginx, "/set?rate=-2"),
+        format!("nil invalid rate -2: {syntax}\n")
+    );
+    // The largest burst the rate allows, as the admin API says it.
+    assert_eq!(body(&nginx, "/set?rate=0.001r/d"), "true nil\n");
+    assert_eq!(
+        body(&nginx, "/set?burst=300"),
+        "nil burst 300 is too large for rate \"0.001r/d\" (at most 36: a token_bucket must \
+         refill within 100 years)\n"
+    );
+    assert_eq!(body(&nginx, "/set?burst=36"), "true nil\n");
+    let zone: serde_json::Value =
+        serde_json::from_str(&body(&nginx, "/admin/zones/tunable")).unwrap();
+    assert_eq!(
+        (&zone["rate"], &zone["burst"]),
+        (&"0.001r/d".into(), &36.into())
     );
 }
 
@@ -460,6 +498,7 @@ fn bad_use_gets_an_error_and_no_worker_crashes() {
         rate_limit_zone $arg_k zone=z:1m rate=1r/h burst=1;
         rate_limit_zone $arg_k zone=window:1m rate=5r/h algorithm=sliding_window;
         rate_limit_zone $arg_k zone=log:1m rate=5r/h algorithm=sliding_log;
+        rate_limit_zone $arg_k zone=slow:1m rate=0.001r/d;
         init_by_lua_block {
             local rl = require "resty.rate_limit"
             local lim = assert(rl.new("z"))
@@ -497,6 +536,26 @@ fn bad_use_gets_an_error_and_no_worker_crashes() {
                 show(rl.new(""))
                 show(rl.new("window", {burst = 2}):incoming("k", true))
                 show(rl.new("log"):set_rate("10r/h"))
+                -- A cost above the bucket (burst=1: two requests) never passes: no wait.
+                local big = rl.new("z", {cost = 3})
+                ngx.say(table.concat({tostring(select(1, big:incoming("big", true))),
+                                      tostring(select(2, big:incoming("big", true))),
+                                      tostring(select(3, big:incoming("big", true)))}, " | "))
+                local remaining, reset, wait = big:state("big")
+                ngx.say(table.concat({tostring(remaining), tostring(reset), tostring(wait)}, " | "))
+                -- A burst larger than the zone's rate allows, as a rate_limit line's would be.
+                local slow = rl.new("slow", {burst = 300})
+                show(slow:incoming("k", true))
+                show(slow:state("k"))
+                show(slow:uncommit("k"))
+                show(rl.new("slow", {burst = 35, nodelay = true}):incoming("k", true))
+                -- The C call itself refuses to change nothing (set_rate("") stops before it).
+                local ffi = require "ffi"
+                local buf, len = ffi.new("unsigned char[256]"), ffi.new("size_t[1]", 256)
+                local request = require("resty.core.base").get_request()
+                local st = ffi.C.ngx_http_rate_limit_lua_set_limits(request, "z", 1, "", 0, -1,
+                                                                    buf, len)
+                ngx.say(st, " | ", ffi.string(buf, len[0]))
                 rl.ABI_VERSION = 2
                 show(rl.new("z"))
                 rl.ABI_VERSION = 1
@@ -528,6 +587,16 @@ fn bad_use_gets_an_error_and_no_worker_crashes() {
         "nil | rate \"10r/h\" is more than zone \"log\" can count: each key's sliding_log has \
          room for 5 requests per window, as configured; raise the rate in the configuration \
          and reload instead",
+        "nil | rejected | nil",
+        "2 | 0 | nil",
+        "nil | burst 300 is too large for the rate of zone \"slow\" (at most 35): a bucket \
+         must drain or refill within 100 years",
+        "nil | burst 300 is too large for the rate of zone \"slow\" (at most 35): a bucket \
+         must drain or refill within 100 years",
+        "nil | burst 300 is too large for the rate of zone \"slow\": a bucket must drain or \
+         refill within 100 years",
+        "0 | 0",
+        "-6 | nothing to change: give a rate (such as \"10r/s\") or a burst",
         "nil | ABI version mismatch: ngx_http_rate_limit_module has 1, resty.rate_limit needs 2",
         "0 | 0",
     ];

@@ -61,6 +61,14 @@ local mt = { __index = _M }
 
 local NS_PER_SEC = 1e9
 local MAX_KEY_BYTES = 65535
+-- The largest burst a zone holds (Limits::MAX_BURST); the rate may allow less, which the
+-- module says.
+local MAX_BURST = 4194303
+local RATE_SYNTAX = 'must be a positive number of requests (at most 3 decimals) per s, m, h '
+                    .. 'or d, such as "10r/s"'
+-- retry_after_ns of a request no wait lets through (it costs more than the zone admits at
+-- once): reported as a nil retry_after.
+local NEVER_NS = ffi_new("uint64_t", 0) - 1
 local PASSED, DELAYED, REJECTED = 1, 2, 3
 
 -- One of each per worker: Lua runs one handler at a time and none of the calls yields.
@@ -86,7 +94,9 @@ local function buffer_error()
 end
 
 -- A negative status as a message, for limiter `self` (nil for errors without one).
-local function status_error(self, status)
+-- `decided`: the call filled `decision` (incoming, state), which then holds the largest
+-- burst for -9.
+local function status_error(self, status, decided)
     if status == -1 then
         return "no request: resty.rate_limit works only while handling a request"
     elseif status == -2 then
@@ -101,6 +111,12 @@ local function status_error(self, status)
         return '"burst" is not used by the algorithm of zone "' .. self.zone .. '"'
     elseif status == -8 then
         return 'internal error in zone "' .. self.zone .. '"'
+    elseif status == -9 then
+        local most = decided and (" (at most " .. tostring(tonumber(decision.remaining)) .. ")")
+                     or ""
+        return "burst " .. tostring(tonumber(self.opts.burst)) .. ' is too large for the rate of '
+               .. 'zone "' .. self.zone .. '"' .. most .. ": a bucket must drain or refill "
+               .. "within 100 years"
     end
     return "bad argument (status " .. tostring(status) .. ")"
 end
@@ -171,10 +187,19 @@ local function request_for(self, key)
     return r
 end
 
+-- Seconds until a rejected request would pass, or nil when none ever would.
+local function retry_after()
+    if decision.retry_after_ns == NEVER_NS then
+        return nil
+    end
+    return tonumber(decision.retry_after_ns) / NS_PER_SEC
+end
+
 --- Decide a request for `key`. With `commit` true it is charged (and counted in the zone's
 --- metrics); otherwise nothing changes. Returns `0, excess, remaining` (pass), `seconds,
 --- excess, remaining` (delay: the caller sleeps, as with resty.limit.req), `nil, "rejected",
---- retry_after` or `nil, message`.
+--- retry_after` (no retry_after when the request's cost is more than the zone ever admits at
+--- once) or `nil, message`.
 function _M.incoming(self, key, commit)
     local r, err = request_for(self, key)
     if not r then
@@ -184,12 +209,12 @@ function _M.incoming(self, key, commit)
     local status = C.ngx_http_rate_limit_lua_incoming(r, zone, #zone, key, #key, self.opts,
                                                       commit and 1 or 0, decision)
     if status ~= 0 then
-        return nil, status_error(self, status)
+        return nil, status_error(self, status, true)
     end
     local outcome = decision.outcome
     local remaining = tonumber(decision.remaining)
     if outcome == REJECTED then
-        return nil, "rejected", tonumber(decision.retry_after_ns) / NS_PER_SEC
+        return nil, "rejected", retry_after()
     end
     local excess = tonumber(decision.excess_milli) / 1000
     if outcome == DELAYED then
@@ -214,8 +239,9 @@ function _M.uncommit(self, key)
 end
 
 --- Where `key` stands, charging nothing: `remaining` requests, `reset` seconds until the key
---- is fresh again, `retry_after` seconds until a request would pass (0: it would now). For
---- the RateLimit and Retry-After headers. Returns nil and a message on error.
+--- is fresh again, `retry_after` seconds until a request would pass (0: it would now; nil:
+--- never, its cost is more than the zone admits at once). For the RateLimit and Retry-After
+--- headers. Returns nil and a message on error.
 function _M.state(self, key)
     local r, err = request_for(self, key)
     if not r then
@@ -225,13 +251,13 @@ function _M.state(self, key)
     local status = C.ngx_http_rate_limit_lua_state(r, zone, #zone, key, #key, self.opts,
                                                    decision)
     if status ~= 0 then
-        return nil, status_error(self, status)
+        return nil, status_error(self, status, true)
     end
-    local retry_after = 0
+    local wait = 0
     if decision.outcome == REJECTED then
-        retry_after = tonumber(decision.retry_after_ns) / NS_PER_SEC
+        wait = retry_after()
     end
-    return tonumber(decision.remaining), tonumber(decision.reset_ns) / NS_PER_SEC, retry_after
+    return tonumber(decision.remaining), tonumber(decision.reset_ns) / NS_PER_SEC, wait
 end
 
 local function set_limits(self, rate, burst)
@@ -253,17 +279,30 @@ end
 --- its checks). `rate`: a number of requests per second, or a rate string ("30r/m").
 function _M.set_rate(self, rate)
     if type(rate) == "number" then
+        -- NaN, infinities and non-positive numbers are no rate (and "inf" would read as one).
+        if rate ~= rate or rate <= 0 or rate == math.huge then
+            return nil, "invalid rate " .. tostring(rate) .. ": " .. RATE_SYNTAX
+        end
         rate = tostring(rate) .. "r/s"
     elseif type(rate) ~= "string" then
         return nil, "rate must be a number or a string, got " .. type(rate)
+    end
+    -- The module reads an empty rate as "no change": it is no rate here.
+    if rate == "" then
+        return nil, 'invalid rate "": ' .. RATE_SYNTAX
     end
     return set_limits(self, rate, -1)
 end
 
 --- Change the zone's burst for every worker at once, as the admin API's PATCH does.
 function _M.set_burst(self, burst)
-    if type(burst) ~= "number" or burst < 0 or burst % 1 ~= 0 then
-        return nil, "burst must be a non-negative integer"
+    if type(burst) ~= "number" then
+        return nil, "burst must be a number, got " .. type(burst)
+    end
+    -- Checked as a number before the int64_t conversion, which would wrap 1e300 or NaN.
+    if burst ~= burst or burst < 0 or burst > MAX_BURST or burst % 1 ~= 0 then
+        return nil, "invalid burst " .. tostring(burst) .. ": must be an integer from 0 to "
+                    .. MAX_BURST
     end
     return set_limits(self, "", burst)
 end

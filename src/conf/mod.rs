@@ -338,6 +338,18 @@ pub fn postconfiguration(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
                 zone: zone.name.clone(),
             }));
         }
+        // The line's burst at the zone's rate: the largest bucket the rate allows, as the
+        // zone's own burst is checked.
+        if let Some(burst) = reference.burst {
+            let limits = Limits {
+                burst,
+                ..zone.limits
+            };
+            if let Err(error) = limits.check_bucket(zone.algorithm) {
+                let directive = "rate_limit";
+                return Err(reference.error(ConfError::Spec { directive, error }));
+            }
+        }
     }
     if mcf.sync.is_none() {
         if let Some(zone) = zones(mcf).find(|zone| zone.sync) {

@@ -6,14 +6,16 @@ use ngx::ffi::ngx_log_t;
 use ratelimit_admin::body::LimitsBody;
 use ratelimit_admin::history::History;
 use ratelimit_admin::top::TopList;
-use ratelimit_admin::{AdminZone, ApiError, Counters, KeyState, OverridesFull, SyncInfo, ZoneInfo};
+use ratelimit_admin::{
+    AdminZone, ApiError, Counters, KeyState, OverrideRefused, SyncInfo, ZoneInfo,
+};
 use ratelimit_core::top::{TopKind, TopWindow};
 use ratelimit_core::{DelayMode, Limits, Policy};
 
 use crate::conf::{self, MainConf, ZoneConf};
 use crate::glue::{now_ms, now_ns};
 use crate::store::sync_record::{self, Mode};
-use crate::store::{Counter, Zone, OVERRIDE_CAPACITY};
+use crate::store::{Counter, OverrideError, Zone, OVERRIDE_CAPACITY};
 
 /// One `rate_limit_zone` with its shared memory, and the time the request is answered at.
 pub struct SharedZone<'a> {
@@ -53,7 +55,7 @@ pub fn replace_override(
     key: &[u8],
     expected: u64,
     to: Option<Limits>,
-) -> Result<bool, OverridesFull> {
+) -> Result<bool, OverrideRefused> {
     let Some(zone) = SharedZone::new(zone_conf, now_ns()) else {
         return Ok(false);
     };
@@ -132,6 +134,7 @@ impl AdminZone for SharedZone<'_> {
             evictions: self.zone.evictions(),
             overrides: self.zone.override_count(),
             override_capacity: OVERRIDE_CAPACITY as u64,
+            line_burst: self.conf.bursts.largest_given,
             sync: self.zone.is_sync().then(sync_info).flatten(),
         }
     }
@@ -181,7 +184,7 @@ impl AdminZone for SharedZone<'_> {
         self.zone.overrides()
     }
 
-    fn set_override(&self, key: &[u8], limits: Limits) -> Result<bool, OverridesFull> {
+    fn set_override(&self, key: &[u8], limits: Limits) -> Result<bool, OverrideRefused> {
         let hash = self.zone.hash_key(key);
         let before = self
             .zone
@@ -190,7 +193,10 @@ impl AdminZone for SharedZone<'_> {
         let created = self
             .zone
             .set_override(key, limits)
-            .map_err(|_| OverridesFull)?;
+            .map_err(|error| match error {
+                OverrideError::TableFull => OverrideRefused::TableFull,
+                OverrideError::NoMemory => OverrideRefused::NoMemory,
+            })?;
         // The key's backlog drains at its new rate from now on.
         self.zone.rescale_key(hash, &before, &limits, self.now_ns);
         Ok(created)

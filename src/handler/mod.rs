@@ -14,7 +14,7 @@ use ngx::ffi::{ngx_http_request_t, ngx_int_t, ngx_shm_zone_t};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
 use ratelimit_core::top::TopKind;
-use ratelimit_core::{Outcome, NANOS_PER_SEC};
+use ratelimit_core::{Outcome, Policy, NANOS_PER_SEC};
 use smallvec::SmallVec;
 
 use crate::conf::RateLimitModule;
@@ -190,12 +190,17 @@ fn finish(
             }
         }
         let zone_name = &applied[index].own.zone_conf.name;
-        ngx_log_error!(
-            lcf.log_level(),
-            connection_log(r),
-            "limiting requests{dry}, excess: {} by zone \"{zone_name}\"",
-            format_excess(decision.excess_milli)
-        );
+        if decision.never_passes() {
+            let policy = &applied[index].own.policy;
+            log_never_passes(r, lcf, policy, decision.excess_milli, zone_name, dry);
+        } else {
+            ngx_log_error!(
+                lcf.log_level(),
+                connection_log(r),
+                "limiting requests{dry}, excess: {} by zone \"{zone_name}\"",
+                format_excess(decision.excess_milli)
+            );
+        }
         decide::account(applied, verdict, dry_run, |zone, kind| {
             record_top(r, zone, kind, now)
         });
@@ -210,12 +215,16 @@ fn finish(
         if dry_run {
             return Status::NGX_DECLINED.into();
         }
-        let retry_after = decision.retry_after_ns.div_ceil(NANOS_PER_SEC).max(1);
-        add_header(
-            r,
-            "Retry-After",
-            itoa::Buffer::new().format(retry_after).as_bytes(),
-        );
+        // No wait lets a request through that costs more than the zone ever admits at once:
+        // it gets the status alone.
+        if !decision.never_passes() {
+            let retry_after = decision.retry_after_ns.div_ceil(NANOS_PER_SEC).max(1);
+            add_header(
+                r,
+                "Retry-After",
+                itoa::Buffer::new().format(retry_after).as_bytes(),
+            );
+        }
         return lcf.status() as ngx_int_t;
     }
 
@@ -242,6 +251,28 @@ fn finish(
     }
     state.set(LimitStatus::Delayed);
     delay::start_delay(r, decision.delay_ns)
+}
+
+/// The rejection line of a request no wait lets through: limit_req's line, then why.
+#[cold]
+#[inline(never)]
+fn log_never_passes(
+    r: &mut ngx_http_request_t,
+    lcf: &LocConf,
+    policy: &Policy,
+    excess_milli: u64,
+    zone_name: &str,
+    dry: &str,
+) {
+    ngx_log_error!(
+        lcf.log_level(),
+        connection_log(r),
+        "limiting requests{dry}, excess: {} by zone \"{zone_name}\"; cost {} can never pass \
+         (at most {} at once)",
+        format_excess(excess_milli),
+        policy.cost,
+        policy.max_cost()
+    );
 }
 
 /// Count a delayed or rejected request in the zone's top keys. The key is evaluated again

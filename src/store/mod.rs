@@ -57,7 +57,7 @@ use crate::glue::pool::PoolLock;
 pub use counters::Counter;
 use counters::{CounterStripe, COUNTER_STRIPES};
 use overrides::OverrideSlot;
-pub use overrides::OVERRIDE_CAPACITY;
+pub use overrides::{OverrideError, OVERRIDE_CAPACITY};
 pub use slots::SlotIndex;
 
 /// Identifies the layout below; a zone inherited over a reload with another magic is reformatted.

@@ -19,6 +19,7 @@
 mod cluster;
 mod link;
 mod overrides;
+mod repeats;
 mod shared;
 mod task;
 mod tls;
@@ -27,6 +28,7 @@ use core::ptr;
 use core::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use ngx::ffi::{ngx_cycle_t, ngx_event_t, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN};
 use ngx::http::HttpModuleMainConf;
@@ -39,13 +41,24 @@ use crate::control;
 use crate::glue::{now_ms, process_alive};
 use crate::store::inbox;
 use crate::store::sync_record::{self, name_seed};
+use ratelimit_admin::OverrideRefused;
+use repeats::Condition;
 use shared::{Bad, Mode, SyncError, SyncShared};
 
 /// The loop thread of this process, when it owns the election.
 struct Running {
     stop: Arc<AtomicBool>,
     handle: JoinHandle<()>,
+    /// `timeout=`: how long one round may wait on Redis, its last one too.
+    round_timeout: Duration,
 }
+
+/// The longest an exiting worker waits for its loop's last round (a flush of what it has
+/// not sent yet): with nothing left to serve, nginx would exit now.
+const EXIT_WAIT: Duration = Duration::from_secs(1);
+
+/// How often an exiting worker that still serves connections looks whether its loop ended.
+const EXITING_POLL_MS: ngx::ffi::ngx_msec_t = 20;
 
 /// Process-local (never in shared memory): only this worker's event loop touches it.
 static RUNNING: Mutex<Option<Running>> = Mutex::new(None);
@@ -78,10 +91,28 @@ pub fn init_process(cycle: &mut ngx_cycle_t) {
     watch_now(cycle);
 }
 
-/// In each worker at exit: stop this process's loop after one last flush, and give up
-/// ownership so another instance's worker takes over at once.
+/// In each worker at exit: stop this process's loop, wait for its last flush at most
+/// [`EXIT_WAIT`] (or `timeout=` when shorter), and give up ownership so that another worker
+/// takes over at once. A loop still waiting on Redis then is left to end with the process:
+/// what it had not sent yet is lost to the fleet (at most one round of this instance's
+/// traffic), and the worker exits when nginx would.
 pub fn exit_process() {
-    stop_loop();
+    let wait = RUNNING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .as_ref()
+        .map_or(Duration::ZERO, |running| {
+            running.round_timeout.min(EXIT_WAIT)
+        });
+    if !stop_loop(wait) {
+        // Detached: the handle is dropped, the thread dies with the process.
+        let running = RUNNING
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        drop(running);
+        release_ownership();
+    }
 }
 
 unsafe extern "C" fn watch(event: *mut ngx_event_t) {
@@ -100,12 +131,19 @@ fn watch_now(cycle: &mut ngx_cycle_t) {
     // SAFETY: process flags set by nginx's signal handling in this (single) thread.
     let exiting = unsafe { nginx_sys::ngx_exiting != 0 || nginx_sys::ngx_terminate != 0 };
     if exiting {
-        stop_loop();
+        // The worker still serves its connections: the loop is told to stop and looked at
+        // again later, never waited for here (its round may wait `timeout=` on Redis).
+        if !stop_loop(Duration::ZERO) {
+            // SAFETY: the event was set up in init_process; re-armed only from this thread.
+            // It is cancelable: it keeps no exiting worker alive.
+            unsafe { nginx_sys::ngx_add_timer(ptr::addr_of_mut!(WATCH_EVENT), EXITING_POLL_MS) };
+        }
         return;
     }
     elect(cycle, sync);
     log_transitions(cycle, sync);
     apply_fleet_overrides(cycle, sync);
+    log_repeats(cycle);
     // An eighth of the interval (10 to 100 ms): the fleet's override changes wait in the
     // inbox at most that long, so they land within two intervals end to end.
     let interval_ms = (sync.interval_ns() / 1_000_000).max(10);
@@ -147,11 +185,13 @@ fn elect(cycle: &mut ngx_cycle_t, sync: &'static SyncShared) {
     match start_loop(cycle, sync, me) {
         Some(started) => *running = Some(started),
         None => {
-            ngx_log_error!(
-                NGX_LOG_ERR,
-                cycle.log,
-                "rate_limit_sync: could not start the sync thread"
-            );
+            if repeats::occurred(Condition::ThreadStart, "", 1, Instant::now()) {
+                ngx_log_error!(
+                    NGX_LOG_ERR,
+                    cycle.log,
+                    "rate_limit_sync: could not start the sync thread"
+                );
+            }
             let _ = sync
                 .owner_pid
                 .compare_exchange(me, 0, Ordering::AcqRel, Ordering::Acquire);
@@ -178,6 +218,7 @@ fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Op
         })
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
+    let round_timeout = Duration::from_millis(spec.timeout_ms);
     let job = task::Task {
         zones,
         spec,
@@ -191,20 +232,42 @@ fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Op
         .name("rate_limit_sync".into())
         .spawn(move || job.run())
         .ok()?;
-    Some(Running { stop, handle })
+    Some(Running {
+        stop,
+        handle,
+        round_timeout,
+    })
 }
 
-fn stop_loop() {
-    let running = RUNNING
+/// Tell this process's loop to stop, and wait at most `wait` for it to end (it notices within
+/// 20 ms; its last round flushes what it has not sent, bounded by `timeout=`). Returns
+/// whether there is no loop left: it ended (joined at once, ownership given up) or there was
+/// none.
+fn stop_loop(wait: Duration) -> bool {
+    let mut running = RUNNING
         .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .take();
-    let Some(running) = running else {
-        return;
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let Some(current) = running.as_ref() else {
+        return true;
     };
-    running.stop.store(true, Ordering::Release);
-    // Bounded: the loop notices within 20 ms and its last round is bounded by `timeout=`.
-    let _ = running.handle.join();
+    current.stop.store(true, Ordering::Release);
+    let deadline = Instant::now() + wait;
+    while !current.handle.is_finished() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if let Some(ended) = running.take() {
+        // Finished: joining takes no time.
+        let _ = ended.handle.join();
+    }
+    release_ownership();
+    true
+}
+
+/// This process no longer owns the loop: another worker may start one at its next watch.
+fn release_ownership() {
     if let Some(sync) = sync_record::shared() {
         let me = u64::from(std::process::id());
         let _ = sync
@@ -220,6 +283,7 @@ fn apply_fleet_overrides(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
         return;
     };
     let log = cycle.log;
+    let now = Instant::now();
     let applied = sync.inbox.apply(|incoming| {
         let zone = conf::zones(mcf)
             .find(|zone: &&ZoneConf| zone.sync && name_seed(&zone.name) == incoming.zone_id);
@@ -230,25 +294,79 @@ fn apply_fleet_overrides(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
         match control::zones::replace_override(zone, &incoming.key, incoming.from, to) {
             Ok(true) => inbox::Applied::Done,
             Ok(false) => inbox::Applied::Skipped,
-            Err(_) => {
-                ngx_log_error!(
-                    NGX_LOG_WARN,
-                    log,
-                    "rate_limit_sync: zone \"{}\" has no room for the fleet's override of key \"{}\"",
-                    zone.name,
-                    String::from_utf8_lossy(&incoming.key)
-                );
+            Err(refused) => {
+                // Once, then counted: a fleet of thousands of overrides that do not fit
+                // would otherwise log a line per key and round.
+                let (condition, why) = match refused {
+                    OverrideRefused::TableFull => {
+                        (Condition::NoRoomInTable, "its table of overrides is full")
+                    }
+                    OverrideRefused::NoMemory => (
+                        Condition::NoMemoryForKey,
+                        "its memory is short for the key (a larger zone size holds more)",
+                    ),
+                };
+                if repeats::occurred(condition, &zone.name, 1, now) {
+                    ngx_log_error!(
+                        NGX_LOG_WARN,
+                        log,
+                        "rate_limit_sync: zone \"{}\" has no room for the fleet's override of key \
+                         \"{}\": {why}; more are counted, not logged one by one",
+                        zone.name,
+                        String::from_utf8_lossy(&incoming.key)
+                    );
+                }
                 inbox::Applied::Failed
             }
         }
     });
     if applied > 0 {
-        ngx_log_error!(
-            NGX_LOG_INFO,
-            log,
-            "rate_limit_sync: {applied} override change(s) from the fleet applied"
-        );
+        if repeats::occurred(Condition::Applied, "", applied as u64, now) {
+            ngx_log_error!(
+                NGX_LOG_INFO,
+                log,
+                "rate_limit_sync: {applied} override change(s) from the fleet applied"
+            );
+        }
         control::persist::save(mcf, log);
+    }
+}
+
+/// The counts of repeated conditions whose period has passed, one line each.
+fn log_repeats(cycle: &mut ngx_cycle_t) {
+    let period = repeats::SUMMARY_PERIOD.as_secs();
+    for (condition, zone, count) in repeats::due(Instant::now()) {
+        match condition {
+            Condition::NoRoomInTable | Condition::NoMemoryForKey => {
+                let why = if condition == Condition::NoRoomInTable {
+                    "its table of overrides is full"
+                } else {
+                    "its memory is short for their keys"
+                };
+                ngx_log_error!(
+                    NGX_LOG_WARN,
+                    cycle.log,
+                    "rate_limit_sync: zone \"{zone}\" had no room for {count} more of the \
+                     fleet's overrides in the last {period} s: {why}"
+                );
+            }
+            Condition::Applied => {
+                ngx_log_error!(
+                    NGX_LOG_INFO,
+                    cycle.log,
+                    "rate_limit_sync: {count} more override change(s) from the fleet applied in \
+                     the last {period} s"
+                );
+            }
+            Condition::ThreadStart => {
+                ngx_log_error!(
+                    NGX_LOG_ERR,
+                    cycle.log,
+                    "rate_limit_sync: could not start the sync thread, {count} more times in the \
+                     last {period} s"
+                );
+            }
+        }
     }
 }
 

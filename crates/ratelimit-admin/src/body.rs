@@ -186,7 +186,8 @@ impl<'de> Deserialize<'de> for BurstField {
     }
 }
 
-/// Check that a zone running `algorithm` can take `limits` (for the zone or for one key).
+/// Check that a zone running `algorithm` can take `limits` (for the zone or for one key): the
+/// same rules as `rate_limit_zone`'s.
 ///
 /// `burst_given`: whether the request named a burst (the sliding algorithms have none).
 /// `log_capacity`: for `sliding_log`, the requests per window each key's log has room for,
@@ -208,8 +209,11 @@ pub fn check_limits(
     burst_given: bool,
     log_capacity: u64,
 ) -> Result<(), ApiError> {
-    if matches!(algorithm, Algorithm::LeakyBucket | Algorithm::TokenBucket) {
-        return Ok(());
+    if algorithm.takes_burst() {
+        // The largest bucket the rate allows, as `rate_limit_zone` checks it.
+        return limits
+            .check_bucket(algorithm)
+            .map_err(|error| ApiError::BadValue(error.to_string()));
     }
     // The zone directive's own rules for sliding algorithms: a whole number of requests per
     // window, within the algorithm's maximum, and no burst.
@@ -322,9 +326,17 @@ mod tests {
         };
         type Row = (Algorithm, Limits, bool, u64, Result<(), &'static str>);
         #[rustfmt::skip]
-        let rows: [Row; 11] = [
+        let rows: [Row; 15] = [
             (Algorithm::LeakyBucket, limits("0.5r/s", 100), true, 0, Ok(())),
             (Algorithm::TokenBucket, limits("1000000r/s", 0), true, 0, Ok(())),
+            (Algorithm::LeakyBucket, limits("0.001r/d", 35), true, 0, Ok(())),
+            (Algorithm::LeakyBucket, limits("0.001r/d", 4194303), true, 0,
+             Err("burst 4194303 is too large for rate \"0.001r/d\" (at most 35: a leaky_bucket \
+                  must drain within 100 years)")),
+            (Algorithm::TokenBucket, limits("0.001r/d", 36), false, 0, Ok(())),
+            (Algorithm::TokenBucket, limits("0.001r/d", 300), false, 0,
+             Err("burst 300 is too large for rate \"0.001r/d\" (at most 36: a token_bucket \
+                  must refill within 100 years)")),
             (Algorithm::SlidingWindow, limits("100r/s", 0), false, 0, Ok(())),
             (Algorithm::SlidingWindow, limits("100r/s", 0), true, 0,
              Err("\"burst\" is not used by sliding_window")),

@@ -42,9 +42,19 @@ pub enum ApiError {
     /// 400: an empty key in `PUT zones/NAME/overrides/KEY`.
     #[error("empty key")]
     EmptyKey,
-    /// 507: the zone's override table (or its memory for keys) is full.
+    /// 507: the zone's override table is full.
     #[error("zone \"{zone}\" has no room for another override ({capacity} at most)")]
     OverridesFull { zone: String, capacity: usize },
+    /// 507: the zone's shared memory has no room left for the override's key.
+    #[error(
+        "zone \"{zone}\" has no memory left for the key of another override ({key_bytes} \
+         bytes): its {size} bytes are in use; a larger zone size holds more"
+    )]
+    OverrideKeyNoMemory {
+        zone: String,
+        key_bytes: usize,
+        size: u64,
+    },
     /// 400: a bad parameter of `GET zones/NAME/top`.
     #[error("{0}")]
     BadQuery(String),
@@ -85,7 +95,9 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::ReadOnly => 403,
             ApiError::BodyTooLarge { .. } => 413,
-            ApiError::OverridesFull { .. } | ApiError::BlocksFull(_) => 507,
+            ApiError::OverridesFull { .. }
+            | ApiError::OverrideKeyNoMemory { .. }
+            | ApiError::BlocksFull(_) => 507,
         }
     }
 

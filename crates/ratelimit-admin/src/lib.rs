@@ -55,11 +55,12 @@ pub mod top;
 pub use error::ApiError;
 pub use route::Route;
 pub use store::{
-    AdminZone, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverridesFull, SyncInfo,
+    AdminZone, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverrideRefused, SyncInfo,
     ZoneInfo,
 };
 
 use ratelimit_core::top::{TopKind, TopWindow};
+use ratelimit_core::Limits;
 
 use json::{
     BlockJson, BlockedJson, Entries, ErrorJson, KeyJson, LimitsJson, OverrideJson, ZoneJson,
@@ -231,6 +232,18 @@ pub fn patch_zone<'a, Z: AdminZone>(
         let burst_given = patch.burst.is_some();
         let capacity = info.log_capacity();
         body::check_limits(name, info.algorithm, &new, burst_given, capacity)?;
+        // A `rate_limit` line's own burst meets the new rate too.
+        if let Some(line_burst) = info.line_burst {
+            let line = Limits {
+                burst: line_burst,
+                ..new
+            };
+            line.check_bucket(info.algorithm).map_err(|error| {
+                ApiError::BadValue(format!(
+                    "{error}: the burst= of a rate_limit line using zone \"{name}\""
+                ))
+            })?;
+        }
         match zone.replace_limits(current, new) {
             Ok(()) => return Ok(zone),
             Err(found) => current = found,
@@ -375,12 +388,19 @@ fn try_execute<Z: AdminZone>(
             let burst_given = request.burst.is_some();
             let capacity = info.log_capacity();
             body::check_limits(name, info.algorithm, &limits, burst_given, capacity)?;
-            let created = zone.set_override(key, limits).map_err(|OverridesFull| {
-                ApiError::OverridesFull {
-                    zone: name.clone(),
-                    capacity: info.override_capacity as usize,
-                }
-            })?;
+            let created = zone
+                .set_override(key, limits)
+                .map_err(|refused| match refused {
+                    OverrideRefused::TableFull => ApiError::OverridesFull {
+                        zone: name.clone(),
+                        capacity: info.override_capacity as usize,
+                    },
+                    OverrideRefused::NoMemory => ApiError::OverrideKeyNoMemory {
+                        zone: name.clone(),
+                        key_bytes: key.len(),
+                        size: info.size,
+                    },
+                })?;
             let status = if created { 201 } else { 200 };
             Response::json(status, &OverrideJson::new(name, key, &limits)).changed()
         }
@@ -554,6 +574,8 @@ mod tests {
             ("log", r#"{"rate": "101r/m"}"#, 400),
             ("log", r#"{"rate": "1.5r/m"}"#, 400),
             ("two", r#"{"rate": "1r/s"}"#, 404),
+            ("one", r#"{"rate": "0.001r/d", "burst": 4194303}"#, 400),
+            ("one", r#"{"rate": "0.001r/d", "burst": 36}"#, 400),
         ];
         for (zone, body, status) in rows {
             let (got, error) = call(&zones, "PATCH", &format!("zones/{zone}"), body);
@@ -562,6 +584,52 @@ mod tests {
         }
         assert_eq!(zones[0].limits(), limits("10r/s", 5));
         assert_eq!(zones[1].limits(), limits("100r/m", 0));
+        // A bucket that would take longer than 100 years names the largest burst.
+        let (_, error) = call(
+            &zones,
+            "PATCH",
+            "zones/one",
+            r#"{"rate": "0.001r/d", "burst": 300}"#,
+        );
+        assert_eq!(
+            error["error"],
+            "burst 300 is too large for rate \"0.001r/d\" \
+             (at most 35: a leaky_bucket must drain within 100 years)"
+        );
+        assert_eq!(
+            call(
+                &zones,
+                "PATCH",
+                "zones/one",
+                r#"{"rate": "0.001r/d", "burst": 35}"#
+            )
+            .0,
+            200
+        );
+        assert_eq!(
+            call(
+                &zones,
+                "PATCH",
+                "zones/one",
+                r#"{"rate": "10r/s", "burst": 5}"#
+            )
+            .0,
+            200
+        );
+        // A line's own burst must fit the new rate too: 300 at 0.001r/d does not.
+        zones[0].set_line_burst(300);
+        let (status, error) = call(&zones, "PATCH", "zones/one", r#"{"rate": "0.001r/d"}"#);
+        assert_eq!(status, 400);
+        assert_eq!(
+            error["error"],
+            "burst 300 is too large for rate \"0.001r/d\" (at most 35: a leaky_bucket must \
+             drain within 100 years): the burst= of a rate_limit line using zone \"one\""
+        );
+        assert_eq!(zones[0].limits(), limits("10r/s", 5));
+        assert_eq!(
+            call(&zones, "PATCH", "zones/one", r#"{"rate": "1r/d"}"#).0,
+            200
+        );
         // Lowering a sliding log's N is fine; raising it back up to the configured N too.
         assert_eq!(
             call(&zones, "PATCH", "zones/log", r#"{"rate": "50r/m"}"#).0,
@@ -652,6 +720,21 @@ mod tests {
         assert_eq!(put_log(r#"{"rate": "100r/m"}"#).0, 201);
         assert_eq!(put_log(r#"{"rate": "10r/m", "burst": 1}"#).0, 400);
         assert_eq!(put_log(r#"{"rate": "1000r/m"}"#).0, 400);
+    }
+
+    /// The zone's memory, not its table, is what is short: the 507 says so.
+    #[test]
+    fn overrides_out_of_memory_are_507_naming_the_memory() {
+        let zones = zones();
+        let key = |c: char| format!("zones/one/overrides/{}", c.to_string().repeat(700_000));
+        assert_eq!(call(&zones, "PUT", &key('a'), r#"{"rate": "1r/s"}"#).0, 201);
+        let (status, error) = call(&zones, "PUT", &key('b'), r#"{"rate": "1r/s"}"#);
+        assert_eq!(status, 507);
+        assert_eq!(
+            error["error"],
+            "zone \"one\" has no memory left for the key of another override (700000 bytes): \
+             its 1048576 bytes are in use; a larger zone size holds more"
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::history::History;
 use crate::top::TopList;
 
 use crate::store::{
-    AdminZone, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverridesFull, ZoneInfo,
+    AdminZone, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverrideRefused, ZoneInfo,
 };
 
 /// A zone kept in a `Mutex`.
@@ -93,6 +93,7 @@ impl MemoryZone {
             evictions: 0,
             overrides: 0,
             override_capacity: 4,
+            line_burst: None,
             sync: None,
         };
         MemoryZone {
@@ -193,6 +194,11 @@ impl MemoryZone {
     pub fn set_counters(&self, counters: Counters) {
         self.with(|state| state.info.counters = counters);
     }
+
+    /// A `rate_limit` line using the zone gives `burst=` (the largest of them).
+    pub fn set_line_burst(&self, burst: u64) {
+        self.with(|state| state.info.line_burst = Some(burst));
+    }
 }
 
 impl AdminZone for MemoryZone {
@@ -252,11 +258,18 @@ impl AdminZone for MemoryZone {
         })
     }
 
-    fn set_override(&self, key: &[u8], limits: Limits) -> Result<bool, OverridesFull> {
+    fn set_override(&self, key: &[u8], limits: Limits) -> Result<bool, OverrideRefused> {
         self.with(|state| {
             let capacity = state.info.override_capacity as usize;
             if !state.overrides.contains_key(key) && state.overrides.len() >= capacity {
-                return Err(OverridesFull);
+                return Err(OverrideRefused::TableFull);
+            }
+            // A stand-in for the zone's memory: keys of all overrides within its size.
+            let key_bytes: usize = state.overrides.keys().map(Vec::len).sum();
+            if !state.overrides.contains_key(key)
+                && (key_bytes + key.len()) as u64 > state.info.size
+            {
+                return Err(OverrideRefused::NoMemory);
             }
             Ok(state.overrides.insert(key.to_vec(), limits).is_none())
         })

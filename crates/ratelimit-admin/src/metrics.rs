@@ -239,6 +239,7 @@ mod tests {
             evictions: 5,
             overrides: 1,
             override_capacity: 512,
+            line_burst: None,
             sync: Some(SyncInfo {
                 connected: true,
                 mode: "synced",

@@ -51,6 +51,9 @@ pub struct ZoneInfo {
     pub evictions: u64,
     pub overrides: u64,
     pub override_capacity: u64,
+    /// The largest `burst=` a `rate_limit` line using the zone gives (in place of the zone's
+    /// for that line's requests): a new rate must allow it too.
+    pub line_burst: Option<u64>,
     /// For a `sync` zone (`rate_limit_sync`): the instance's sync state.
     pub sync: Option<SyncInfo>,
 }
@@ -143,9 +146,14 @@ pub enum BlockRefused {
     Full,
 }
 
-/// The override table, or the zone's memory for the keys, is full.
+/// Why a zone has no room for another override.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OverridesFull;
+pub enum OverrideRefused {
+    /// Its table of overrides is full ([`ZoneInfo::override_capacity`]).
+    TableFull,
+    /// Its shared memory has no room left for the key's bytes.
+    NoMemory,
+}
 
 /// One zone, as the admin API sees it. Every method is safe to call from several processes
 /// at once: implementations work on shared state with atomics or the zone's own lock.
@@ -176,7 +184,7 @@ pub trait AdminZone {
     fn overrides(&self) -> Vec<(Vec<u8>, Limits)>;
 
     /// Set a key's override: `Ok(true)` when it is new, `Ok(false)` when it replaced one.
-    fn set_override(&self, key: &[u8], limits: Limits) -> Result<bool, OverridesFull>;
+    fn set_override(&self, key: &[u8], limits: Limits) -> Result<bool, OverrideRefused>;
 
     /// Remove a key's override; false when there was none.
     fn remove_override(&self, key: &[u8]) -> bool;

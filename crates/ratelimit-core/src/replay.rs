@@ -54,6 +54,7 @@ pub fn policy_from_specs(zone: &ZoneSpec, limit: Option<&LimitSpec>) -> Result<P
             )));
         }
         policy.limits.burst = burst;
+        policy.limits.check_bucket(zone.algorithm)?;
     }
     policy.delay = limit.delay;
     policy.cost = limit.cost.max(1);

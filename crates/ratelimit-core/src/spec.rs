@@ -57,6 +57,24 @@ pub enum SpecError {
     /// `"burst" is not used by sliding_log` and the like.
     #[error("{0}")]
     Conflict(String),
+    /// A bucket whose full span would exceed [`Limits::MAX_BUCKET_SPAN_NS`]:
+    /// `burst 300 is too large for rate "0.001r/d" (at most 35: a leaky_bucket must drain
+    /// within 100 years)`.
+    #[error(
+        "burst {burst} is too large for rate \"{rate}\" (at most {max}: a {algorithm} must \
+         {verb} within 100 years)",
+        verb = if *algorithm == Algorithm::TokenBucket { "refill" } else { "drain" }
+    )]
+    BurstTooLarge {
+        /// The burst asked for.
+        burst: u64,
+        /// The rate it was asked with.
+        rate: Rate,
+        /// The largest burst the algorithm takes at that rate.
+        max: u64,
+        /// `leaky_bucket` or `token_bucket`.
+        algorithm: Algorithm,
+    },
 }
 
 pub use crate::rate::RATE_SYNTAX;
@@ -135,6 +153,67 @@ impl Limits {
     /// Largest burst the packed form holds.
     pub const MAX_BURST: u64 = (1 << 22) - 1;
 
+    /// The longest a full bucket may take to drain (leaky) or refill (token): 100 years of
+    /// 365 days, `K * T` at most. Every theoretical arrival time then fits a `u64` until the
+    /// monotonic clock passes `u64::MAX - MAX_BUCKET_SPAN_NS` (about 484 years of uptime);
+    /// larger buckets would need more than 64 bits of nanoseconds (see `gcra`).
+    pub const MAX_BUCKET_SPAN_NS: u64 = 36_500 * 86_400 * crate::NANOS_PER_SEC;
+
+    /// The largest burst `algorithm` takes at `rate`: [`Limits::MAX_BURST`], or less when a
+    /// full bucket would span more than [`Limits::MAX_BUCKET_SPAN_NS`] (at rates under about
+    /// 115 requests per day, 4.79r/h); 0 for the sliding algorithms, which have no burst.
+    ///
+    /// ```
+    /// use ratelimit_core::{Algorithm, Limits, Rate};
+    ///
+    /// let slowest = Rate::parse("0.001r/d").unwrap(); // one request every 1000 days
+    /// assert_eq!(Limits::max_burst(Algorithm::LeakyBucket, &slowest), 35); // 36 requests
+    /// assert_eq!(Limits::max_burst(Algorithm::TokenBucket, &slowest), 36); // 36 tokens
+    /// let daily = Rate::parse("2r/d").unwrap();
+    /// assert_eq!(Limits::max_burst(Algorithm::LeakyBucket, &daily), 73_000 - 1);
+    /// let common = Rate::parse("1r/m").unwrap();
+    /// assert_eq!(Limits::max_burst(Algorithm::LeakyBucket, &common), Limits::MAX_BURST);
+    /// ```
+    pub fn max_burst(algorithm: Algorithm, rate: &Rate) -> u64 {
+        let requests = Limits::MAX_BUCKET_SPAN_NS / rate.interval_ns().max(1);
+        let max = match algorithm {
+            Algorithm::LeakyBucket => requests.saturating_sub(1),
+            Algorithm::TokenBucket => requests,
+            Algorithm::SlidingLog | Algorithm::SlidingWindow => return 0,
+        };
+        max.min(Limits::MAX_BURST)
+    }
+
+    /// For the buckets: that the burst is at most [`Limits::max_burst`] for the rate, so that
+    /// every accepted limit is enforced exactly. The sliding algorithms' rules (a whole rate
+    /// within their maximum, no burst) are [`ZoneSpec::parse_words`]'s.
+    ///
+    /// ```
+    /// use ratelimit_core::{Algorithm, Limits, Rate};
+    ///
+    /// let limits = Limits { rate: Rate::parse("0.001r/d").unwrap(), burst: 300 };
+    /// assert_eq!(
+    ///     limits.check_bucket(Algorithm::LeakyBucket).unwrap_err().to_string(),
+    ///     "burst 300 is too large for rate \"0.001r/d\" \
+    ///      (at most 35: a leaky_bucket must drain within 100 years)"
+    /// );
+    /// ```
+    pub fn check_bucket(&self, algorithm: Algorithm) -> Result<(), SpecError> {
+        if !algorithm.takes_burst() {
+            return Ok(());
+        }
+        let max = Limits::max_burst(algorithm, &self.rate);
+        if self.burst <= max {
+            return Ok(());
+        }
+        Err(SpecError::BurstTooLarge {
+            burst: self.burst,
+            rate: self.rate,
+            max,
+            algorithm,
+        })
+    }
+
     /// One `u64` (40 bits of `milli_requests`, 2 of unit, 22 of burst) so that shared memory
     /// can swap a zone's whole limit atomically. `0` never results from a valid `Limits`.
     ///
@@ -197,6 +276,30 @@ pub struct Policy {
     pub delay: DelayMode,
     /// How many requests this request counts as (`cost=N`, default 1, at least 1).
     pub cost: u64,
+}
+
+impl Policy {
+    /// The largest cost a request can have and still pass (on a fresh key): the bucket's
+    /// `K` (`burst + 1` leaky, `burst` but at least 1 token), the sliding algorithms' `N`. A
+    /// request costing more is rejected with [`crate::Decision::NEVER_NS`].
+    ///
+    /// ```
+    /// use ratelimit_core::{Algorithm, DelayMode, Limits, Policy, Rate};
+    ///
+    /// let limits = Limits { rate: Rate::parse("5r/s").unwrap(), burst: 2 };
+    /// let policy = |algorithm| Policy { algorithm, limits, delay: DelayMode::NoDelay, cost: 1 };
+    /// assert_eq!(policy(Algorithm::LeakyBucket).max_cost(), 3);
+    /// assert_eq!(policy(Algorithm::TokenBucket).max_cost(), 2);
+    /// assert_eq!(policy(Algorithm::SlidingWindow).max_cost(), 5);
+    /// ```
+    pub fn max_cost(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::LeakyBucket => self.limits.burst.saturating_add(1),
+            Algorithm::TokenBucket => crate::token_bucket::capacity(&self.limits),
+            Algorithm::SlidingLog => crate::sliding_log::window_limit(&self.limits.rate),
+            Algorithm::SlidingWindow => crate::sliding_window::window_limit(&self.limits.rate),
+        }
+    }
 }
 
 /// The words of `rate_limit_zone` after KEY:
@@ -335,6 +438,7 @@ impl ZoneSpec {
             block,
         };
         spec.check_sliding()?;
+        spec.limits().check_bucket(algorithm)?;
         if sync && !algorithm.can_sync() {
             return Err(SpecError::Conflict(
                 "\"sync\" is not supported by sliding_log: its log of request times cannot be \
@@ -565,6 +669,13 @@ mod tests {
         assert_eq!(spec.limits().burst, 0);
         assert!(zone("rate=4096r/s algorithm=sliding_log").is_ok());
         assert!(zone("rate=1048575r/s algorithm=sliding_window").is_ok());
+        // The largest bucket at the slowest rate, and limit_req's extremes, are accepted.
+        assert!(zone("rate=0.001r/d burst=35").is_ok());
+        assert!(zone("rate=0.001r/d burst=36 algorithm=token_bucket").is_ok());
+        assert!(zone("rate=1r/d burst=36499").is_ok());
+        assert!(zone("rate=0.001r/s burst=3153599").is_ok());
+        assert!(zone("rate=5r/h burst=4194303").is_ok());
+        assert!(zone("rate=0.001r/m burst=52559").is_ok());
     }
 
     #[test]
@@ -602,6 +713,15 @@ mod tests {
               the largest sliding_window keeps"),
             ("rate=10r/s burst=5 algorithm=sliding_window",
              "\"burst\" is not used by sliding_window"),
+            ("rate=0.001r/d burst=300",
+             "burst 300 is too large for rate \"0.001r/d\" \
+              (at most 35: a leaky_bucket must drain within 100 years)"),
+            ("rate=0.001r/d burst=37 algorithm=token_bucket",
+             "burst 37 is too large for rate \"0.001r/d\" \
+              (at most 36: a token_bucket must refill within 100 years)"),
+            ("rate=1r/d burst=36500",
+             "burst 36500 is too large for rate \"1r/d\" \
+              (at most 36499: a leaky_bucket must drain within 100 years)"),
         ];
         for (words, message) in rows {
             assert_eq!(zone(words), Err(message.to_string()), "{words}");

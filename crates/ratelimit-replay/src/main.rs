@@ -452,7 +452,8 @@ impl Columns {
                 "key": request.key,
                 "decision": verdict.as_str(),
                 "delay_ms": millis(decision.delay_ns),
-                "retry_after_ms": millis(decision.retry_after_ns),
+                "retry_after_ms": (!decision.never_passes())
+                    .then(|| millis(decision.retry_after_ns)),
                 "remaining": decision.remaining,
                 "reset_ms": millis(decision.reset_ns),
                 "excess": decision.excess_milli as f64 / 1000.0,
@@ -480,7 +481,7 @@ impl Columns {
             request.key,
             verdict.as_str(),
             millis_text(decision.delay_ns),
-            millis_text(decision.retry_after_ns),
+            retry_text(decision),
             decision.remaining
         )?;
         if self.status {
@@ -626,6 +627,16 @@ fn describe(replay: &Replay) -> String {
 /// Milliseconds with three decimals (microseconds, rounded down): `1500.000`.
 fn millis_text(ns: u64) -> String {
     format!("{}.{:03}", ns / 1_000_000, ns / 1_000 % 1_000)
+}
+
+/// `retry_after_ms` in the table: `never` for a request no wait lets through (it costs more
+/// than the limit admits at once).
+fn retry_text(decision: &ratelimit_core::Decision) -> String {
+    if decision.never_passes() {
+        "never".to_string()
+    } else {
+        millis_text(decision.retry_after_ns)
+    }
 }
 
 /// The same as a JSON number.
