@@ -6,6 +6,7 @@
 //! * [`zones`]: the zones as the admin API sees them, and every change to them;
 //! * [`persist`]: the state file (`rate_limit_state_file`).
 
+pub mod blocks;
 pub mod decide;
 mod fleet;
 pub mod persist;

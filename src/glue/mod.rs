@@ -31,6 +31,16 @@ pub fn now_ms() -> u64 {
     now_ns() / 1_000_000
 }
 
+/// Unix milliseconds of `monotonic_ns`, a time on the clock of [`now_ns`] (for what the admin
+/// API shows and what instances exchange; the shared memory keeps monotonic times).
+pub fn unix_ms_of(monotonic_ns: u64) -> u64 {
+    let wall_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64);
+    let offset_ms = wall_ms.saturating_sub(now_ms());
+    offset_ms.saturating_add(monotonic_ns / 1_000_000)
+}
+
 /// The log of the request's connection.
 pub fn connection_log(r: &ngx_http_request_t) -> *mut ngx_log_t {
     // SAFETY: a live request always has a connection with a log.
