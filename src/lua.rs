@@ -319,9 +319,10 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_parse_opts(
 
 /// Decide a request of `opts.cost` for `key` in zone `zone` now, as a `rate_limit` line with
 /// these options would. With `commit`, a passing or delayed request is charged and counted in
-/// the zone's metrics, a rejection is counted and blocks the key in a zone with `block=`,
-/// and a refusal of a blocked key is counted as blocked; without it nothing changes. A
-/// blocked key is rejected (`retry_after_ns`: the time left of its block) in both cases.
+/// the zone's metrics, and a refusal of a blocked key is counted as blocked; without it a
+/// request that would pass changes nothing. A rejection is counted and blocks the key in a
+/// zone with `block=` in both cases, and a blocked key is rejected (`retry_after_ns`: the
+/// time left of its block) in both.
 ///
 /// # Safety
 /// `r` is null or the current request; `zone`/`key` point to their lengths in bytes; `opts`
@@ -351,7 +352,11 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_incoming(
         let limits = &mut [AppliedLimit::new(target.applied, None)];
         let verdict = decide::decide(limits, now_ns, charge);
         let mut decision = verdict.decision;
-        if charge == Charge::Now {
+        // A rejection is accounted for even when only looked at (`incoming(key, false)`, the
+        // door of on_status semantics): the key went over its limit, and a zone with
+        // `block=` blocks it.
+        let rejected = verdict.outcome == Outcome::Rejected && !verdict.blocked;
+        if charge == Charge::Now || rejected {
             let started = decide::account(limits, &verdict, false, now_ns, |_| Some(key.to_vec()));
             if let Some(started) = started {
                 decision.retry_after_ns = decision

@@ -113,6 +113,10 @@ end
 
 -- The options table as rate_limit's words: the module parses them as the directive does.
 local function option_words(opts)
+    if opts.on_status ~= nil then
+        return nil, 'invalid parameter "on_status": in Lua, call incoming(key, false) at '
+                    .. "access and charge(key) at log when the status matches"
+    end
     local words = {}
     for _, name in ipairs({ "burst", "delay", "cost" }) do
         local value = opts[name]
@@ -178,7 +182,9 @@ local function request_for(self, key)
 end
 
 --- Decide a request for `key`. With `commit` true it is charged (and counted in the zone's
---- metrics); otherwise nothing changes. Returns `0, excess, remaining` (pass), `seconds,
+--- metrics); otherwise a request that would pass changes nothing. A rejection is counted
+--- either way and, in a zone with block=, blocks the key; a blocked key is rejected with
+--- the time left of its block. Returns `0, excess, remaining` (pass), `seconds,
 --- excess, remaining` (delay: the caller sleeps, as with resty.limit.req), `nil, "rejected",
 --- retry_after` or `nil, message`.
 function _M.incoming(self, key, commit)
@@ -205,10 +211,9 @@ function _M.incoming(self, key, commit)
 end
 
 --- Charge a request to `key` now, for on_status semantics: call `incoming(key, false)` at
---- access (a key over its limit or blocked is refused there, nothing charged) and
---- `charge(key)` at log when the response's status is one to count (`ngx.status == 401`).
---- A charge over the limit is a rejection: in a zone with block= it blocks the key. Returns
---- what `incoming(key, true)` returns.
+--- access (a key over its limit is rejected there, and blocked in a zone with block=; a
+--- blocked key is refused) and `charge(key)` at log when the response's status is one to
+--- count (`if ngx.status == 401`). Returns what `incoming(key, true)` returns.
 function _M.charge(self, key)
     return _M.incoming(self, key, true)
 end
