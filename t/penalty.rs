@@ -562,3 +562,130 @@ fn many_keys_fill_the_table_without_failing() {
     assert_eq!(response.status, 429);
     assert!(!nginx.error_log().contains("[alert]"));
 }
+
+/// When `path` first answers `status` on `nginx`, polled every 20 ms for at most `within`.
+fn first_answer(nginx: &Nginx, path: &str, status: u16, within: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if send(nginx.port(), &Request::get(path)).status == status {
+            return Some(start.elapsed());
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// When a request of `key` first answers `status`, polled every 20 ms for at most `within`.
+fn first_key_answer(nginx: &Nginx, key: &str, status: u16, within: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if send(nginx.port(), &Request::get("/").header("X-Key", key)).status == status {
+            return Some(start.elapsed());
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// Target: three instances with `sync`: a key blocked on one (by a rejection, or by hand) is
+/// rejected on the others within two intervals; a release likewise; a restarted instance
+/// gets the blocks in force.
+#[test]
+fn fleet_blocks_reach_every_instance_within_two_intervals() {
+    use common::fleet::instance_config_with;
+    use common::redis::Redis;
+
+    const INTERVAL: Duration = Duration::from_secs(1);
+    let redis = Redis::start();
+    let config = instance_config_with(redis.port, "interval=1s", "rate=1r/m block=1h", "nodelay");
+    let mut fleet: Vec<Nginx> = (0..3).map(|_| Nginx::start(&config)).collect();
+    redis.wait_instances(3);
+    let key_status = |nginx: &Nginx, key: &str| {
+        send(nginx.port(), &Request::get("/").header("X-Key", key)).status
+    };
+    let mut delays = Vec::new();
+
+    // A rejection on the first instance blocks "k" there, then everywhere. (A new key of a
+    // sync zone waits for the fleet's grant, up to a round: refused meanwhile, not blocked.)
+    assert!(
+        first_key_answer(&fleet[0], "k", 200, 4 * INTERVAL).is_some(),
+        "k never passed"
+    );
+    assert_eq!(key_status(&fleet[0], "k"), 429);
+    let (_, blocked) = get_json(&fleet[0], "/ratelimit/zones/api/blocked/k");
+    assert_eq!(blocked["level"], 0, "{blocked}");
+    for other in &fleet[1..] {
+        let delay = first_answer(other, "/ratelimit/zones/api/blocked/k", 200, 4 * INTERVAL)
+            .expect("the block never reached another instance");
+        delays.push(delay);
+        let refused = send(other.port(), &Request::get("/").header("X-Key", "k"));
+        assert_eq!(refused.status, 429);
+        let left: u64 = refused.header("Retry-After").unwrap().parse().unwrap();
+        assert!((3590..=3600).contains(&left), "Retry-After {left}");
+    }
+
+    // By hand on the second instance: enforced by the first and the third.
+    let put = send(
+        fleet[1].port(),
+        &Request::new("PUT", "/ratelimit/zones/api/blocked/mallory").json(r#"{"duration": "10m"}"#),
+    );
+    assert_eq!(put.status, 201, "{}", put.text());
+    for index in [0, 2] {
+        let delay = first_answer(
+            &fleet[index],
+            "/ratelimit/zones/api/blocked/mallory",
+            200,
+            4 * INTERVAL,
+        )
+        .expect("the hand block never reached another instance");
+        delays.push(delay);
+        assert_eq!(key_status(&fleet[index], "mallory"), 429);
+    }
+
+    // Released on the third instance: the others let it through again.
+    let delete = send(
+        fleet[2].port(),
+        &Request::new("DELETE", "/ratelimit/zones/api/blocked/mallory"),
+    );
+    assert_eq!(delete.status, 204);
+    for index in [0, 1] {
+        let delay = first_answer(
+            &fleet[index],
+            "/ratelimit/zones/api/blocked/mallory",
+            404,
+            4 * INTERVAL,
+        )
+        .expect("the release never reached another instance");
+        delays.push(delay);
+    }
+
+    // An instance restarted gets the blocks in force.
+    drop(fleet.pop());
+    let restarted = Nginx::start(&config);
+    let delay = first_answer(
+        &restarted,
+        "/ratelimit/zones/api/blocked/k",
+        200,
+        4 * INTERVAL,
+    )
+    .expect("a restarted instance never got the fleet's blocks");
+    delays.push(delay);
+    assert_eq!(key_status(&restarted, "k"), 429);
+    // The release is in force there too (whether the key then passes is the fleet's grant's
+    // business: a new key waits for its share).
+    let (status, _) = get_json(&restarted, "/ratelimit/zones/api/blocked/mallory");
+    assert_eq!(
+        status, 404,
+        "mallory is blocked again on the restarted instance"
+    );
+
+    eprintln!("fleet block delays: {delays:?}");
+    for delay in &delays {
+        assert!(
+            *delay <= 2 * INTERVAL,
+            "a change took {delay:?}: {delays:?}"
+        );
+    }
+    let record = redis.cli(&["HGET", "rl:api:blocks", "k"]);
+    assert!(record.starts_with("1 "), "{record}");
+}

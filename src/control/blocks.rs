@@ -3,7 +3,7 @@
 //! ([`super::decide::account`]).
 
 use ratelimit_core::block_table::BlockChange;
-use ratelimit_core::penalty::Block;
+use ratelimit_core::penalty::{Block, BlockWord};
 
 use crate::conf::ZoneConf;
 
@@ -60,4 +60,20 @@ pub fn blocked_for_ns(zone_conf: &ZoneConf, key: &[u8], now_ns: u64) -> Option<u
     zone_conf.block?;
     let zone = zone_conf.zone.as_ref()?;
     zone.blocked_for_ns(zone.hash_key(key), now_ns)
+}
+
+/// Take another instance's record of `key` (a sync zone's fleet): its block word, changed at
+/// `changed_ms` (this instance's clock); applied only when newer than the local record.
+pub fn apply_fleet(zone_conf: &ZoneConf, key: &[u8], word: BlockWord, changed_ms: u64) {
+    let (Some(policy), Some(zone)) = (&zone_conf.block, &zone_conf.zone) else {
+        return;
+    };
+    let change = BlockChange::Fleet { word, changed_ms };
+    let _ = zone.change_block(
+        zone.hash_key(key),
+        key,
+        crate::glue::now_ns(),
+        change,
+        policy,
+    );
 }

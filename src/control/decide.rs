@@ -545,7 +545,16 @@ pub fn account(
                 continue;
             };
             applied.zone.record_top(TopKind::Rejected, now_ns, &key);
-            if let Some(policy) = &applied.zone_conf.block {
+            // A sync zone also refuses a key for want of the fleet's grant (a new key's first
+            // request, before a round gave it one): that blocks only when the key is over its
+            // limit by what this instance knows of the fleet.
+            let over_limit = !applied.zone.is_sync()
+                || applied
+                    .zone
+                    .decide(applied.slot, now_ns, &applied.policy, false)
+                    .outcome
+                    == Outcome::Rejected;
+            if let Some(policy) = applied.zone_conf.block.as_ref().filter(|_| over_limit) {
                 let before = applied.zone.block_word(applied.hash);
                 let block = applied.zone.change_block(
                     applied.hash,
@@ -556,6 +565,10 @@ pub fn account(
                 );
                 if let Some(block) = block.filter(|_| before.blocked_for_ns(now_ns).is_none()) {
                     started = Some(BlockStarted { by, block });
+                    if applied.zone.is_sync() {
+                        // The fleet gets the block now, not at the next round.
+                        super::wake_sync_loop();
+                    }
                 }
             }
         }

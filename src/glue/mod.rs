@@ -34,11 +34,21 @@ pub fn now_ms() -> u64 {
 /// Unix milliseconds of `monotonic_ns`, a time on the clock of [`now_ns`] (for what the admin
 /// API shows and what instances exchange; the shared memory keeps monotonic times).
 pub fn unix_ms_of(monotonic_ns: u64) -> u64 {
-    let wall_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| since.as_millis() as u64);
-    let offset_ms = wall_ms.saturating_sub(now_ms());
-    offset_ms.saturating_add(monotonic_ns / 1_000_000)
+    let local_ms = (monotonic_ns / 1_000_000) as i64;
+    local_ms.saturating_add(unix_minus_local_ms()).max(0) as u64
+}
+
+/// The wall clock minus the clock of [`now_ns`], in milliseconds, as this process first read
+/// it: kept, so that a time converted back and forth comes back the same (a wall-clock step
+/// after the process started is not followed).
+pub fn unix_minus_local_ms() -> i64 {
+    static OFFSET_MS: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *OFFSET_MS.get_or_init(|| {
+        let wall_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis() as i64);
+        wall_ms - now_ms() as i64
+    })
 }
 
 /// The log of the request's connection.

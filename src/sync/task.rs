@@ -124,6 +124,8 @@ pub struct SyncZone {
     /// The bursts the zone's `rate_limit` lines decide with: a key's fleet bucket is the
     /// largest of them (each request is decided locally with its own line's).
     pub bursts: LocationBursts,
+    /// `block=`: the zone's blocks are shared too (`super::blocks`).
+    pub block: Option<ratelimit_core::penalty::BlockPolicy>,
 }
 
 /// Everything the thread needs; built by a worker, moved into the thread.
@@ -384,6 +386,7 @@ impl Task {
             }
         }
         self.apply(&synced, instances, round, memory);
+        self.sync_blocks(link).await;
         match first_error {
             None => {
                 let lag_us = started.elapsed().as_micros() as u64;
@@ -410,9 +413,23 @@ impl Task {
         self.sync.round.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Between rounds, after an admin write: the heartbeat, the zones' limits and overrides
-    /// only (no key is synced, no grant changes), so that the change reaches Redis now. A
-    /// failure is left to the next round.
+    /// The zones' blocks: this instance's changes out, the fleet's in (`super::blocks`).
+    async fn sync_blocks(&self, link: &mut Link) {
+        let (sent, commands) = super::blocks::commands(&self.zones, &self.spec.prefix);
+        if commands.is_empty() {
+            return;
+        }
+        let timeout = Duration::from_millis(self.spec.timeout_ms);
+        let replies = match tokio::time::timeout(timeout, self.exchange(link, &commands)).await {
+            Ok(replies) => replies,
+            Err(_) => commands.iter().map(|_| Err(SyncError::Timeout)).collect(),
+        };
+        super::blocks::received(&self.zones, &sent, replies);
+    }
+
+    /// Between rounds, after an admin write or a new block: the heartbeat, the zones' limits,
+    /// overrides and blocks only (no key is synced, no grant changes), so that the change
+    /// reaches Redis now. A failure is left to the next round.
     async fn admin_round(&self, link: &mut Link) {
         let busy = self.settle_inbox();
         let timeout = Duration::from_millis(self.spec.timeout_ms);
@@ -427,6 +444,7 @@ impl Task {
         }
         let mut results = results.into_iter().skip(1);
         self.agree_control(&mut results, &with_overrides);
+        self.sync_blocks(link).await;
     }
 
     /// Take the pending delta of every touched key (swapped to 0: whatever is charged from now
