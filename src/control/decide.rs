@@ -548,13 +548,15 @@ pub fn account(
             // A sync zone also refuses a key for want of the fleet's grant (a new key's first
             // request, before a round gave it one): that blocks only when the key is over its
             // limit by what this instance knows of the fleet.
-            let over_limit = !applied.zone.is_sync()
-                || applied
-                    .zone
-                    .decide(applied.slot, now_ns, &applied.policy, false)
-                    .outcome
-                    == Outcome::Rejected;
-            if let Some(policy) = applied.zone_conf.block.as_ref().filter(|_| over_limit) {
+            let over_limit = || {
+                !applied.zone.is_sync()
+                    || applied
+                        .zone
+                        .decide(applied.slot, now_ns, &applied.policy, false)
+                        .outcome
+                        == Outcome::Rejected
+            };
+            if let Some(policy) = applied.zone_conf.block.as_ref().filter(|_| over_limit()) {
                 let before = applied.zone.block_word(applied.hash);
                 let block = applied.zone.change_block(
                     applied.hash,
