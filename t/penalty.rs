@@ -567,7 +567,11 @@ fn many_keys_fill_the_table_without_failing() {
 fn first_answer(nginx: &Nginx, path: &str, status: u16, within: Duration) -> Option<Duration> {
     let start = Instant::now();
     while start.elapsed() < within {
-        if send(nginx.port(), &Request::get(path)).status == status {
+        let response = send(nginx.port(), &Request::get(path));
+        if response.status == status {
+            if std::env::var_os("PENALTY_DEBUG").is_some() {
+                eprintln!("{path}: {} after {:?}", response.text(), start.elapsed());
+            }
             return Some(start.elapsed());
         }
         thread::sleep(Duration::from_millis(20));

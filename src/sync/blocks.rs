@@ -52,6 +52,9 @@ end
 return kept
 "#;
 
+/// How far before the last round's cut changes are sent again.
+const RESEND_MS: u64 = 1000;
+
 /// A fleet record for a worker to apply.
 pub struct Incoming {
     /// `name_seed` of the zone's name.
@@ -98,9 +101,10 @@ pub fn commands(zones: &[SyncZone], prefix: &str) -> (Vec<usize>, Vec<Routed>) {
             .arg(&key)
             .arg((now_local as i64 + offset).max(0))
             .arg(policy.block_max_ns / 1_000_000);
-        // Changes in the same millisecond as the last cut are sent again: the script keeps
-        // the newer record either way.
-        for (bytes, word, changed_ms) in table.changed_since(after.saturating_sub(1)) {
+        // A change is stamped with the time its request started, a moment before it is
+        // written: the last second before the last cut is sent again, so that a change
+        // written just after that cut is not missed (the script keeps the newer record).
+        for (bytes, word, changed_ms) in table.changed_since(after.saturating_sub(RESEND_MS)) {
             let block = FleetBlock::from_local(word, changed_ms, offset);
             command
                 .arg(bytes)
