@@ -704,3 +704,25 @@ fn fleet_blocks_reach_every_instance_within_two_intervals() {
         assert!(!log.contains("[alert]") && !log.contains("panic"), "{log}");
     }
 }
+
+/// A reload that adds `block=` to a zone lays its memory out again with a block table (and
+/// says so); one that keeps it keeps the blocks.
+#[test]
+fn a_reload_adding_block_gives_the_zone_its_table() {
+    let mut nginx = login("rate=1r/m", "nodelay", 200).start();
+    assert_eq!(attempt(&nginx, "k").status, 200);
+    assert_eq!(attempt(&nginx, "k").status, 429);
+    assert_eq!(attempt(&nginx, "k").header("X-RL"), Some("REJECTED"));
+    let with_block = login("rate=1r/m block=1h", "nodelay", 200).build();
+    nginx.reload_with(&with_block);
+    assert!(nginx.error_log().contains(
+        "rate_limit zone \"login\" changed its key, algorithm or block=: its state starts afresh"
+    ));
+    // Afresh: the key passes once, then its rejection blocks it.
+    assert_eq!(attempt(&nginx, "k").status, 200);
+    assert_eq!(attempt(&nginx, "k").header("X-RL"), Some("REJECTED"));
+    assert_eq!(attempt(&nginx, "k").header("X-RL"), Some("BLOCKED"));
+    // The same configuration again: the block stays.
+    nginx.reload_with(&with_block);
+    assert_eq!(attempt(&nginx, "k").header("X-RL"), Some("BLOCKED"));
+}
