@@ -210,6 +210,70 @@ fn nginx_t_refuses_bad_configuration() {
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
 
+/// Errors that quote a word nobody recognises also say what is valid: the rate syntax, the
+/// algorithms, the parameter meant by a typo (or every parameter), the log levels, the Redis
+/// URL form.
+#[test]
+fn nginx_t_errors_say_what_is_valid() {
+    let zone = "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s;";
+    let limited = |limit: &str| format!("{zone}\n{}", server(&format!("location / {{ {limit} }}")));
+    // (http block body, the message nginx -t must print)
+    let cases: Vec<(String, &str)> = vec![
+        (
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=10/s;".to_string(),
+            "invalid rate \"rate=10/s\": it must be NUMBERr/s|m|h|d with NUMBER above 0, \
+             e.g. 10r/s or 0.5r/m in ",
+        ),
+        (
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s algorithm=token-bucket;"
+                .to_string(),
+            "unknown algorithm \"token-bucket\": it must be leaky_bucket, token_bucket, \
+             sliding_log or sliding_window in ",
+        ),
+        (
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s brust=5;".to_string(),
+            "invalid parameter \"brust=5\", did you mean \"burst=\"? in ",
+        ),
+        (
+            limited("rate_limit zone=a nodleay;"),
+            "invalid parameter \"nodleay\", did you mean \"nodelay\"? in ",
+        ),
+        (
+            limited("rate_limit zone=a rate=1r/s;"),
+            "invalid parameter \"rate=1r/s\": it must be zone=, burst=, nodelay, delay=, \
+             global= or cost= in ",
+        ),
+        (
+            limited("rate_limit_admin wirte=on;"),
+            "invalid parameter \"wirte=on\", did you mean \"write=on\"? in ",
+        ),
+        (
+            format!("{zone}\nrate_limit_log_level debug;"),
+            "invalid value \"debug\" in \"rate_limit_log_level\" directive, it must be \
+             \"info\", \"notice\", \"warn\" or \"error\" in ",
+        ),
+        (
+            format!("rate_limit_sync 127.0.0.1:6379;\n{zone}"),
+            "invalid Redis URL \"127.0.0.1:6379\": it must be \
+             redis://[user:password@]host:port[/db] (rediss:// for TLS) in ",
+        ),
+        (
+            format!("rate_limit_sync redis://127.0.0.1:6379 intervall=1s;\n{zone}"),
+            "invalid parameter \"intervall=1s\", did you mean \"interval=\"? in ",
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (http, expected) in &cases {
+        let (ok, output) = check_config(&config(http));
+        if ok || !output.contains("[emerg]") || !output.contains(expected) {
+            failures.push(format!(
+                "expected an [emerg] with {expected:?}, got:\n{output}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
 /// `zone "a" is too small` gives the smallest size that works, and it is exact: nginx starts
 /// and limits with that size, and refuses one KiB less with the same message.
 #[test]

@@ -6,7 +6,8 @@
 //! The Lua modules are Debian's (`libnginx-mod-http-lua`, `lua-resty-core`), built for
 //! Debian's nginx: these tests run against it (`TEST_NGINX_BINARY=/usr/sbin/nginx` and
 //! `RATE_LIMIT_MODULE` built for it by `scripts/build-for-nginx.sh`), where they must run. An
-//! nginx that cannot load those modules makes them print why and return.
+//! nginx that cannot load those modules makes them print why (in `cargo test`'s output, see
+//! `common::skip`) and return.
 //!
 //! Rates are per hour (or minute) so that nothing refills while a test runs: every expected
 //! outcome is far from a threshold.
@@ -72,20 +73,22 @@ fn lua_unavailable() -> Option<String> {
              nginx): {output}"
         );
     }
-    Some(output.trim().to_string())
+    // nginx's one line that says why (the module's ABI or version), not the whole output.
+    let reason = output.lines().find(|line| line.contains("[emerg]"));
+    Some(reason.unwrap_or(output.trim()).to_string())
 }
 
 /// Returns from the test, printing why, when the nginx under test cannot load the Lua modules.
 macro_rules! require_lua {
     () => {
         if let Some(reason) = lua_unavailable() {
-            eprintln!(
-                "skipped: {} cannot load the Lua modules of {} (these tests run against \
-                 Debian's nginx: TEST_NGINX_BINARY={DEBIAN_NGINX} with RATE_LIMIT_MODULE \
-                 built by scripts/build-for-nginx.sh): {reason}",
+            common::skip::skipped(&format!(
+                "needs Debian's nginx with Lua: {} cannot load the Lua modules of {} (these \
+                 tests run against Debian's nginx: TEST_NGINX_BINARY={DEBIAN_NGINX} with \
+                 RATE_LIMIT_MODULE built by scripts/build-for-nginx.sh): {reason}",
                 nginx_binary().display(),
                 lua_modules_dir().display()
-            );
+            ));
             return;
         }
     };
@@ -539,25 +542,15 @@ fn bad_use_gets_an_error_and_no_worker_crashes() {
     );
 }
 
-/// The README's "From Lua (OpenResty)" examples: each ```nginx block with a `location`, its
-/// lines before the first `location` going into `http` and the rest into the server.
-fn readme_examples() -> Vec<(String, String)> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let section = readme
-        .split("\n## From Lua (OpenResty)\n")
-        .nth(1)
-        .expect("README has a \"From Lua (OpenResty)\" section");
-    let section = section.split("\n## ").next().unwrap();
-    section
-        .split("```nginx\n")
-        .skip(1)
-        .filter_map(|block| {
-            let block = block.split("```").next().unwrap();
-            let start = block.find("\nlocation ")?;
-            Some((block[..start].to_string(), block[start..].to_string()))
-        })
-        .collect()
+/// `nginx-conf/lua.conf`, whose locations are the README's Lua examples (t/readme.rs checks
+/// that they are), with this machine's directory of the Lua modules.
+fn lua_example_config() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/nginx-conf/lua.conf");
+    let config = std::fs::read_to_string(path).expect("nginx-conf/lua.conf");
+    config.replace(
+        "/usr/lib/nginx/modules/",
+        &format!("{}/", lua_modules_dir().display()),
+    )
 }
 
 /// The statuses of GETs of `paths`, one after the other, each on a new connection.
@@ -565,109 +558,100 @@ fn path_statuses(nginx: &Nginx, paths: &[&str]) -> Vec<u16> {
     paths.iter().map(|path| get(nginx, path).status).collect()
 }
 
+/// The examples of `nginx-conf/lua.conf` (the README's), started as the whole file with its
+/// two workers: each limits as the README says, and a request without the key its example
+/// reads is answered as `rate_limit_zone` answers an empty key, never with a 500.
 #[test]
-fn readme_migration_examples_run() {
+fn lua_conf_examples_run() {
     require_lua!();
-    let examples = readme_examples();
-    assert_eq!(
-        examples.len(),
-        5,
-        "the README's Lua examples: {examples:#?}"
+    let nginx = Nginx::start(&lua_example_config());
+
+    // resty.limit.req: four at once at 1r/s with burst=2: one at once, two delayed 1 s and
+    // 2 s (ngx.sleep), the fourth refused.
+    let pending: Vec<_> = (0..4)
+        .map(|_| start_request(nginx.port(), &Request::get("/req/")))
+        .collect();
+    let responses: Vec<Response> = pending.into_iter().map(|p| p.finish()).collect();
+    let mut got: Vec<u16> = responses.iter().map(|response| response.status).collect();
+    got.sort_unstable();
+    assert_eq!(got, [200, 200, 200, 503]);
+    // Read one after the other, the last answer is read after the longest sleep.
+    let longest = responses
+        .iter()
+        .map(|response| response.elapsed)
+        .max()
+        .unwrap();
+    assert!(
+        longest.as_millis() >= 1500,
+        "the second delayed request waited {longest:?}"
     );
-    let mut tested = Vec::new();
-    for (http, locations) in &examples {
-        let nginx = Nginx::start(&config(1, http, locations));
-        let path = locations
-            .split_whitespace()
-            .nth(1)
-            .expect("location PATH")
-            .to_string();
-        match path.as_str() {
-            "/req/" => {
-                // Four at once at 1r/s with burst=2: one at once, two delayed 1 s and 2 s
-                // (ngx.sleep), the fourth refused.
-                let pending: Vec<_> = (0..4)
-                    .map(|_| start_request(nginx.port(), &Request::get("/req/")))
-                    .collect();
-                let responses: Vec<Response> = pending.into_iter().map(|p| p.finish()).collect();
-                let mut got: Vec<u16> = responses.iter().map(|response| response.status).collect();
-                got.sort_unstable();
-                assert_eq!(got, [200, 200, 200, 503]);
-                // Read one after the other, the last answer is read after the longest sleep.
-                let longest = responses
-                    .iter()
-                    .map(|response| response.elapsed)
-                    .max()
-                    .unwrap();
-                assert!(
-                    longest.as_millis() >= 1500,
-                    "the second delayed request waited {longest:?}"
-                );
-            }
-            "/login" => {
-                let remaining: Vec<String> = (0..3)
-                    .map(|_| {
-                        let response = get(&nginx, "/login?user=ann");
-                        assert_eq!(response.status, 200);
-                        response
-                            .header("X-RateLimit-Remaining")
-                            .unwrap()
-                            .to_string()
-                    })
-                    .collect();
-                assert_eq!(remaining, ["2", "1", "0"]);
-                let refused = get(&nginx, "/login?user=ann");
-                assert_eq!(refused.status, 429);
-                let retry: u64 = refused.header("Retry-After").unwrap().parse().unwrap();
-                assert!(retry > 1 && retry <= 120, "Retry-After {retry}");
-                assert_eq!(get(&nginx, "/login?user=bob").status, 200);
-            }
-            "/combined" => {
-                // ann's third request is refused by her limit and takes nothing from the
-                // server's 3 tokens, so bob gets the third; carl finds none left.
-                let got = path_statuses(
-                    &nginx,
-                    &[
-                        "/combined?user=ann",
-                        "/combined?user=ann",
-                        "/combined?user=ann",
-                        "/combined?user=bob",
-                        "/combined?user=carl",
-                    ],
-                );
-                assert_eq!(got, [200, 200, 429, 200, 429]);
-            }
-            "/upload" => {
-                let paths = ["/upload?token=t"; 6];
-                assert_eq!(
-                    path_statuses(&nginx, &paths),
-                    [200, 200, 200, 200, 200, 429]
-                );
-            }
-            "/pooled" => {
-                // ann: her 2 tokens and the pool's 3 (each request takes one of each while
-                // there are), then none; bob: his own 2 only.
-                let got = path_statuses(
-                    &nginx,
-                    &[
-                        "/pooled?user=ann",
-                        "/pooled?user=ann",
-                        "/pooled?user=ann",
-                        "/pooled?user=ann",
-                        "/pooled?user=bob",
-                        "/pooled?user=bob",
-                        "/pooled?user=bob",
-                    ],
-                );
-                assert_eq!(got, [200, 200, 200, 429, 200, 200, 429]);
-            }
-            other => panic!("no expectations for the README example at {other}"),
-        }
-        tested.push(path);
-    }
+
+    // resty.limit.count: three logins a minute per user; none without a user.
+    let remaining: Vec<String> = (0..3)
+        .map(|_| {
+            let response = get(&nginx, "/login?user=ann");
+            assert_eq!(response.status, 200);
+            response
+                .header("X-RateLimit-Remaining")
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(remaining, ["2", "1", "0"]);
+    let refused = get(&nginx, "/login?user=ann");
+    assert_eq!(refused.status, 429);
+    let retry: u64 = refused.header("Retry-After").unwrap().parse().unwrap();
+    assert!(retry > 1 && retry <= 120, "Retry-After {retry}");
+    assert_eq!(get(&nginx, "/login?user=bob").status, 200);
+    assert_eq!(path_statuses(&nginx, &["/login"; 5]), [200; 5]);
+    assert_eq!(path_statuses(&nginx, &["/login?user="; 5]), [200; 5]);
+
+    // combine: ann's third request is refused by her limit and takes nothing from the
+    // server's 3 tokens, so bob gets the third; then the server-wide limit alone decides
+    // requests without a user: none left.
+    let got = path_statuses(
+        &nginx,
+        &[
+            "/combined?user=ann",
+            "/combined?user=ann",
+            "/combined?user=ann",
+            "/combined?user=bob",
+            "/combined",
+            "/combined?user=",
+        ],
+    );
+    assert_eq!(got, [200, 200, 429, 200, 429, 429]);
+
+    // resty.limit.rate: 10 tokens, 2 a request; not limited without a token.
+    let paths = ["/upload?token=t"; 6];
     assert_eq!(
-        tested,
-        ["/req/", "/login", "/combined", "/upload", "/pooled"]
+        path_statuses(&nginx, &paths),
+        [200, 200, 200, 200, 200, 429]
+    );
+    assert_eq!(path_statuses(&nginx, &["/upload"; 7]), [200; 7]);
+
+    // The pool (3 tokens) plus the user's own 2: a request without a user takes from the
+    // pool alone; ann: her 2 tokens and the pool's next 2 (one of each while there are),
+    // then none; bob: his own 2 only; no user: the pool is dry.
+    let got = path_statuses(
+        &nginx,
+        &[
+            "/pooled",
+            "/pooled?user=ann",
+            "/pooled?user=ann",
+            "/pooled?user=ann",
+            "/pooled?user=bob",
+            "/pooled?user=bob",
+            "/pooled?user=bob",
+            "/pooled",
+        ],
+    );
+    assert_eq!(got, [200, 200, 200, 429, 200, 200, 429, 429]);
+
+    let log = nginx.error_log();
+    assert!(
+        !log.contains("[error]") && !log.contains("[alert]"),
+        "an example logged an error:\n{log}"
     );
 }
 

@@ -244,7 +244,7 @@ fn log_level(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
         b"warn" => NGX_LOG_WARN,
         b"error" => NGX_LOG_ERR,
         other => {
-            return Err(ConfError::InvalidValue(
+            return Err(ConfError::InvalidLogLevel(
                 String::from_utf8_lossy(other).into_owned(),
             ))
         }
@@ -269,15 +269,36 @@ fn admin(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
     if lcf.admin.is_some() {
         return Err(ConfError::Duplicate("rate_limit_admin"));
     }
+    {
+        let clcf = NgxHttpCoreModule::location_conf_mut(cf).ok_or(ConfError::Logged)?;
+        let name = String::from_utf8_lossy(clcf.name.as_bytes()).into_owned();
+        if !clcf.regex.is_null() {
+            return Err(ConfError::AdminLocation {
+                kind: "regex",
+                name,
+            });
+        }
+        if clcf.named() != 0 {
+            return Err(ConfError::AdminLocation {
+                kind: "named",
+                name,
+            });
+        }
+        // As proxy_pass does: a request for the prefix without its slash (`/ratelimit`) is
+        // redirected to it (301) by nginx's location search, instead of missing the location.
+        if name.ends_with('/') {
+            clcf.set_auto_redirect(1);
+        }
+    }
     let mut admin_conf = AdminConf::default();
     for word in &cf.args()[1..] {
         match word.as_bytes() {
             b"write=on" => admin_conf.write = true,
             b"write=off" => admin_conf.write = false,
             other => {
-                return Err(ConfError::InvalidParameter(
-                    String::from_utf8_lossy(other).into_owned(),
-                ))
+                let word = String::from_utf8_lossy(other).into_owned();
+                let hint = ratelimit_core::hint::parameter_hint(&word, &["write=on", "write=off"]);
+                return Err(ConfError::UnknownParameter { word, hint });
             }
         }
     }

@@ -42,6 +42,9 @@ pub fn find<'a>(
     key: &[u8],
     now_ns: u64,
 ) -> (Found<'a>, bool) {
+    // The zone's history records its totals as they stand before the first decision of
+    // each second (nothing but a load and compare in the other requests).
+    zone.record_second(now_ns);
     let hash = zone.hash_key(key);
     let (slot, evicted) = zone.find_or_claim(hash, now_ns);
     let found = Found {

@@ -4,6 +4,7 @@
 
 use ngx::ffi::ngx_log_t;
 use ratelimit_admin::body::LimitsBody;
+use ratelimit_admin::history::History;
 use ratelimit_admin::top::TopList;
 use ratelimit_admin::{
     AdminZone, ApiError, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverridesFull,
@@ -211,6 +212,20 @@ impl AdminZone for SharedZone<'_> {
     fn top(&self, kind: TopKind, window: TopWindow, limit: usize) -> Option<TopList> {
         let (keys, total) = self.zone.top(kind, window, self.now_ns, limit)?;
         Some(TopList { keys, total })
+    }
+
+    fn history(&self) -> Option<History> {
+        let [passed, delayed, rejected] = self.zone.history(self.now_ns);
+        // The ring counts monotonic seconds; the page labels them with the clock's time.
+        let end_unix_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs());
+        Some(History {
+            end_unix_s,
+            passed,
+            delayed,
+            rejected,
+        })
     }
 
     fn block_counts(&self) -> Option<BlockCounts> {

@@ -33,11 +33,13 @@
 //! * [`sizing`]: how large a zone must be;
 //! * [`top`]: the top-keys region;
 //! * [`blocks`]: the table of blocked keys (`block=`);
+//! * [`history`]: the zone's requests per second over the last minutes;
 //! * [`sync_record`] and [`inbox`]: the instance's sync record, shared by the sync loop and
 //!   the workers.
 
 pub mod blocks;
 pub mod counters;
+pub mod history;
 pub mod inbox;
 pub mod overrides;
 pub mod sizing;
@@ -62,7 +64,7 @@ pub use overrides::OVERRIDE_CAPACITY;
 pub use slots::SlotIndex;
 
 /// Identifies the layout below; a zone inherited over a reload with another magic is reformatted.
-const MAGIC: u64 = 0x726c_7a6f_6e65_0005;
+const MAGIC: u64 = 0x726c_7a6f_6e65_0006;
 
 /// The longest key a zone accepts, in bytes (limit_req's limit).
 pub const MAX_KEY_BYTES: usize = 65535;
@@ -99,6 +101,8 @@ pub struct ZoneShared {
     /// slot table's start; 0 for a zone without `block=`.
     block_records: AtomicU64,
     block_offset: AtomicU64,
+    /// Requests per second over the last minutes ([`history`]).
+    history: history::HistoryRing,
 }
 
 /// Offset of the slot table from the header, rounded to a cache line.

@@ -187,6 +187,7 @@ fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Op
         sync,
         pid: me,
         stop: stop.clone(),
+        connect_timeouts: Default::default(),
     };
     let handle = std::thread::Builder::new()
         .name("rate_limit_sync".into())

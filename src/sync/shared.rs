@@ -22,10 +22,18 @@ pub enum SyncError {
     TlsCertificate = 8,
     /// The server did not answer the TLS handshake in TLS (or in time): a plain Redis port.
     TlsNoAnswer = 9,
+    /// Nothing listens at the address (TCP connection refused).
+    ConnectRefused = 10,
+    /// The URL's host name does not resolve.
+    ConnectDns = 11,
+    /// A connection still being opened (TCP, AUTH) when the round's `timeout=` ran out.
+    ConnectTimeout = 12,
+    /// No route to the network or host.
+    ConnectUnreachable = 13,
 }
 
 impl SyncError {
-    const ALL: [SyncError; 10] = [
+    const ALL: [SyncError; 14] = [
         SyncError::None,
         SyncError::Connect,
         SyncError::Timeout,
@@ -36,6 +44,10 @@ impl SyncError {
         SyncError::Tls,
         SyncError::TlsCertificate,
         SyncError::TlsNoAnswer,
+        SyncError::ConnectRefused,
+        SyncError::ConnectDns,
+        SyncError::ConnectTimeout,
+        SyncError::ConnectUnreachable,
     ];
 
     /// The error stored as `code` (`None` for anything else).
@@ -62,6 +74,15 @@ impl SyncError {
             SyncError::TlsNoAnswer => {
                 "TLS handshake failed: no TLS answer (does the server speak TLS on this port?)"
             }
+            SyncError::ConnectRefused => {
+                "cannot connect: connection refused (does Redis listen on that address and port?)"
+            }
+            SyncError::ConnectDns => "cannot connect: the host name does not resolve (DNS)",
+            SyncError::ConnectTimeout => {
+                "cannot connect: no answer within timeout= (packets dropped by a firewall, or \
+                 a wrong address?)"
+            }
+            SyncError::ConnectUnreachable => "cannot connect: network or host unreachable",
         }
     }
 }

@@ -137,6 +137,8 @@ pub struct Task {
     pub sync: &'static SyncShared,
     pub pid: u64,
     pub stop: Arc<AtomicBool>,
+    /// Rounds in a row that ran out of time while connecting (see `round`).
+    pub connect_timeouts: core::cell::Cell<u32>,
 }
 
 // SAFETY: `Zone` holds pointers into shared memory mapped for the whole life of the process;
@@ -352,10 +354,10 @@ impl Task {
             Err(_) => {
                 // Stuck in a TLS handshake: typically a server that does not speak TLS and
                 // waits for a command line that a ClientHello never ends.
-                let error = if link.connecting() && self.spec.is_tls() {
-                    SyncError::TlsNoAnswer
-                } else {
-                    SyncError::Timeout
+                let error = match (link.connecting(), self.spec.is_tls()) {
+                    (true, true) => SyncError::TlsNoAnswer,
+                    (true, false) => SyncError::ConnectTimeout,
+                    (false, _) => SyncError::Timeout,
                 };
                 link.reset();
                 commands.iter().map(|_| Err(error)).collect()
@@ -399,12 +401,24 @@ impl Task {
                     .fetch_add(entries.len() as u64, Ordering::Relaxed);
                 self.sync.missed.store(0, Ordering::Relaxed);
                 self.sync.last_error.store(0, Ordering::Relaxed);
+                self.connect_timeouts.set(0);
                 self.sync.mode.store(Mode::Synced as u64, Ordering::Release);
             }
             Some(error) => {
                 link.reset();
                 self.sync.errors.fetch_add(1, Ordering::Relaxed);
-                self.sync.last_error.store(error as u64, Ordering::Relaxed);
+                // A connection still opening when the round's time ran out is told only when
+                // the next attempt ends so too: a first connection may outlast a round (a cold
+                // resolver, a slow AUTH), and what the next attempt finds (an authentication
+                // failure, a refusal) is the news, not a time-out before it.
+                let connect_timeouts = match error {
+                    SyncError::ConnectTimeout => self.connect_timeouts.get() + 1,
+                    _ => 0,
+                };
+                self.connect_timeouts.set(connect_timeouts);
+                if connect_timeouts != 1 {
+                    self.sync.last_error.store(error as u64, Ordering::Relaxed);
+                }
                 self.missed(&failed, round, send, memory);
             }
         }
@@ -783,6 +797,25 @@ impl Task {
     }
 }
 
+/// Why a connection could not be made, from the client's I/O error: refused, a name that
+/// does not resolve (the resolver's error has no kind of its own, only its text), no route.
+fn connect_cause(error: &redis::RedisError) -> SyncError {
+    use std::io::ErrorKind;
+    if error.is_connection_refusal() {
+        return SyncError::ConnectRefused;
+    }
+    let io =
+        std::error::Error::source(error).and_then(|source| source.downcast_ref::<std::io::Error>());
+    match io.map(std::io::Error::kind) {
+        Some(ErrorKind::ConnectionRefused) => SyncError::ConnectRefused,
+        Some(ErrorKind::NetworkUnreachable | ErrorKind::HostUnreachable) => {
+            SyncError::ConnectUnreachable
+        }
+        _ if error.to_string().contains("failed to lookup address") => SyncError::ConnectDns,
+        _ => SyncError::Connect,
+    }
+}
+
 /// What a client error means for the log.
 pub(super) fn classify(error: redis::RedisError) -> SyncError {
     use redis::ErrorKind;
@@ -791,14 +824,10 @@ pub(super) fn classify(error: redis::RedisError) -> SyncError {
     }
     match error.kind() {
         ErrorKind::AuthenticationFailed => SyncError::Auth,
-        ErrorKind::IoError => {
-            if error.is_timeout() {
-                SyncError::Timeout
-            } else {
-                SyncError::Connect
-            }
-        }
-        _ if error.is_connection_refusal() || error.is_connection_dropped() => SyncError::Connect,
+        ErrorKind::IoError if error.is_timeout() => SyncError::Timeout,
+        ErrorKind::IoError => connect_cause(&error),
+        _ if error.is_connection_refusal() => SyncError::ConnectRefused,
+        _ if error.is_connection_dropped() => SyncError::Connect,
         _ => {
             if error.to_string().contains("NOAUTH") || error.to_string().contains("WRONGPASS") {
                 SyncError::Auth

@@ -9,6 +9,7 @@
 //! - [`timeline`]: requests sent at fixed offsets from one start instant.
 //! - [`redis`]: real `redis-server`s (single, Cluster, TLS with a throwaway PKI);
 //!   [`fleet`]: nginx instances sharing a limit through them, and paced traffic.
+//! - [`skip`]: a test that cannot run here says so in `cargo test`'s output.
 //!
 //! Every test binary compiles this module but uses only part of it, hence the `allow`s.
 #![allow(dead_code)]
@@ -19,6 +20,7 @@ pub mod fleet;
 pub mod http;
 pub mod nginx;
 pub mod redis;
+pub mod skip;
 pub mod timeline;
 
 #[allow(unused_imports)]

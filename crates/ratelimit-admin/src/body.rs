@@ -44,7 +44,7 @@ struct RawBody {
 /// let body = parse_patch(br#"{"burst": 10}"#).unwrap();
 /// assert_eq!((body.rate, body.burst), (None, Some(10)));
 /// assert_eq!(parse_patch(br#"{"burst": -1}"#).unwrap_err().to_string(),
-///            "invalid burst -1: must be an integer from 0 to 4194303 at line 1 column 12");
+///            "invalid burst -1: must be an integer from 0 to 4194303");
 /// ```
 pub fn parse_patch(body: &[u8]) -> Result<LimitsBody, ApiError> {
     // serde reads a struct from an array too: only an object is a body.
@@ -110,13 +110,20 @@ pub fn parse_block(body: &[u8]) -> Result<u64, ApiError> {
         })
 }
 
+/// Malformed JSON keeps serde's position (where the text stops being JSON); a value that is
+/// wrong says what is wrong with it, without the position, which the message already quotes.
 fn body_error(error: serde_json::Error) -> ApiError {
     use serde_json::error::Category;
     match error.classify() {
         Category::Syntax | Category::Eof | Category::Io => {
             ApiError::BadBody(format!("malformed JSON: {error}"))
         }
-        Category::Data => ApiError::BadBody(error.to_string()),
+        Category::Data => {
+            let message = error.to_string();
+            let position = format!(" at line {} column {}", error.line(), error.column());
+            let message = message.strip_suffix(&position).unwrap_or(&message);
+            ApiError::BadBody(message.to_string())
+        }
     }
 }
 
@@ -285,6 +292,12 @@ mod tests {
             let message = patch(body).unwrap_err();
             assert!(message.starts_with(start), "{body}: {message}");
         }
+        // A wrong value is named without serde's position in the body.
+        assert_eq!(
+            patch(r#"{"rate": ""}"#).unwrap_err(),
+            "invalid rate \"\": must be a positive number of requests (at most 3 decimals) per \
+             s, m, h or d, such as \"10r/s\""
+        );
         let message = parse_patch(b"{\"rate\": \"\xff\"}")
             .unwrap_err()
             .to_string();

@@ -7,7 +7,8 @@ pub enum ApiError {
     /// 404: not one of the API's paths.
     #[error(
         "unknown path \"{0}\": the API serves zones, zones/NAME, zones/NAME/keys/KEY, \
-         zones/NAME/overrides, zones/NAME/overrides/KEY, zones/NAME/top, metrics and dashboard"
+         zones/NAME/overrides, zones/NAME/overrides/KEY, zones/NAME/top, zones/NAME/history, \
+         zones/NAME/blocked, zones/NAME/blocked/KEY, metrics and dashboard"
     )]
     UnknownPath(String),
     /// 400: a `%` not followed by two hex digits.
@@ -59,6 +60,9 @@ pub enum ApiError {
     /// 404: a zone too small to keep top keys.
     #[error("zone \"{0}\" keeps no top keys: it needs 256k of shared memory at least")]
     NoTopKeys(String),
+    /// 404: a zone that keeps no history (a zone of a module built before it kept one).
+    #[error("zone \"{0}\" keeps no history")]
+    NoHistory(String),
 }
 
 impl ApiError {
@@ -70,6 +74,7 @@ impl ApiError {
             | ApiError::KeyNotTracked { .. }
             | ApiError::NoOverride { .. }
             | ApiError::NoTopKeys(_)
+            | ApiError::NoHistory(_)
             | ApiError::NoBlocks(_)
             | ApiError::NotBlocked { .. } => 404,
             ApiError::BadPercentEncoding(_)

@@ -18,6 +18,7 @@
 //! | `DELETE zones/NAME/overrides/KEY` | back to the zone's limits (204) |
 //! | `GET metrics` | Prometheus text |
 //! | `GET zones/NAME/top?by=rejected\|delayed&window=1m\|10m&limit=N` | the keys limited most |
+//! | `GET zones/NAME/history` | requests per second (passed, delayed, rejected), last 5 minutes |
 //! | `GET zones/NAME/blocked` | the keys blocked now (`block=`): key, since, until, level |
 //! | `GET zones/NAME/blocked/KEY` | one key's block; 404 when not blocked |
 //! | `PUT zones/NAME/blocked/KEY` | `{"duration": "15m"}`: block by hand; 201 new, 200 replaced |
@@ -41,6 +42,7 @@
 
 pub mod body;
 pub mod error;
+pub mod history;
 pub mod json;
 pub mod memory;
 pub mod metrics;
@@ -397,6 +399,12 @@ fn try_execute<Z: AdminZone>(
                 .ok_or_else(|| ApiError::NoTopKeys(name.clone()))?;
             Response::json(200, &top::TopJson::new(name, query, &list))
         }
+        Route::History { zone: name } => {
+            let history = find(zones, name)?
+                .history()
+                .ok_or_else(|| ApiError::NoHistory(name.clone()))?;
+            Response::json(200, &history::HistoryJson::new(name, &history))
+        }
         Route::Root { write } => Response::json(
             200,
             &RootJson {
@@ -741,6 +749,41 @@ mod tests {
         assert_eq!(
             error,
             json!({"error": "method POST is not allowed here, use GET, HEAD, PATCH"})
+        );
+    }
+
+    #[test]
+    fn history_is_the_zones_own() {
+        let zones = zones();
+        let response = handle(b"GET", b"zones/one/history", b"", false, &zones);
+        assert_eq!(response.status, 404);
+        assert_eq!(
+            response.body_text(),
+            "{\n  \"error\": \"zone \\\"one\\\" keeps no history\"\n}\n"
+        );
+        let mut passed = vec![0; ratelimit_core::history::SECONDS];
+        passed[299] = 4;
+        zones[0].set_history(history::History {
+            end_unix_s: 1_764_612_345,
+            passed: passed.clone(),
+            delayed: vec![0; 300],
+            rejected: vec![1; 300],
+        });
+        let response = handle(b"GET", b"zones/one/history/", b"", false, &zones);
+        assert_eq!(response.status, 200);
+        let body: Value = serde_json::from_slice(&response.body).unwrap();
+        assert_eq!(body["zone"], "one");
+        assert_eq!(
+            (body["seconds"].as_u64(), body["end"].as_u64()),
+            (Some(300), Some(1_764_612_345))
+        );
+        assert_eq!(body["passed"], json!(passed));
+        assert_eq!(body["rejected"][0], 1);
+        let response = handle(b"PUT", b"zones/one/history", b"", true, &zones);
+        assert_eq!((response.status, response.allow), (405, Some("GET, HEAD")));
+        assert_eq!(
+            handle(b"GET", b"zones/nope/history", b"", false, &zones).status,
+            404
         );
     }
 

@@ -10,6 +10,7 @@ use ratelimit_core::penalty::BlockPolicy;
 use ratelimit_core::top::{TopKeys, TopKind, TopWindow};
 use ratelimit_core::{Algorithm, Decision, Limits, Outcome};
 
+use crate::history::History;
 use crate::top::TopList;
 
 use crate::store::{
@@ -74,6 +75,7 @@ struct MemoryState {
     /// Top keys, and the time of the last request recorded in them (queries are at that time).
     top: Box<TopKeys>,
     top_now_ns: u64,
+    history: Option<History>,
 }
 
 impl MemoryZone {
@@ -101,6 +103,7 @@ impl MemoryZone {
                 overrides: BTreeMap::new(),
                 top: Box::new(TopKeys::EMPTY),
                 top_now_ns: 0,
+                history: None,
             }),
             blocks: None,
         }
@@ -181,6 +184,11 @@ impl MemoryZone {
         });
     }
 
+    /// Make `GET zones/NAME/history` answer `history`.
+    pub fn set_history(&self, history: History) {
+        self.with(|state| state.history = Some(history));
+    }
+
     /// Replace the counters and other numbers `info` reports.
     pub fn set_counters(&self, counters: Counters) {
         self.with(|state| state.info.counters = counters);
@@ -256,6 +264,10 @@ impl AdminZone for MemoryZone {
 
     fn remove_override(&self, key: &[u8]) -> bool {
         self.with(|state| state.overrides.remove(key).is_some())
+    }
+
+    fn history(&self) -> Option<History> {
+        self.with(|state| state.history.clone())
     }
 
     fn top(&self, kind: TopKind, window: TopWindow, limit: usize) -> Option<TopList> {

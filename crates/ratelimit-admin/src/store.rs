@@ -4,6 +4,7 @@
 use ratelimit_core::top::{TopKind, TopWindow};
 use ratelimit_core::{Algorithm, Decision, Limits};
 
+use crate::history::History;
 use crate::top::TopList;
 
 /// A zone's decision counters, as `rate_limit_requests_total` and `GET zones/NAME` show them.
@@ -179,6 +180,11 @@ pub trait AdminZone {
     /// The `limit` keys with the most requests of `kind` over `window`; `None` when the
     /// zone keeps no top keys.
     fn top(&self, _kind: TopKind, _window: TopWindow, _limit: usize) -> Option<TopList> {
+        None
+    }
+
+    /// Requests per second over the last minutes; `None` when the zone keeps no history.
+    fn history(&self) -> Option<History> {
         None
     }
 

@@ -26,6 +26,8 @@ pub mod decision;
 pub mod fleet;
 pub mod fleet_blocks;
 pub mod fleet_overrides;
+pub mod hint;
+pub mod history;
 pub mod key;
 pub mod leaky_bucket;
 pub mod log_format;

@@ -4,9 +4,14 @@ use std::fmt;
 
 use crate::NANOS_PER_SEC;
 
-/// A rate that does not read as one: `invalid rate "abc"` (the whole text quoted).
+/// What a rate looks like, for the errors that quote a bad one.
+pub const RATE_SYNTAX: &str =
+    "it must be NUMBERr/s|m|h|d with NUMBER above 0, e.g. 10r/s or 0.5r/m";
+
+/// A rate that does not read as one: `invalid rate "abc": it must be NUMBERr/s|m|h|d ...`
+/// (the whole text quoted, then what a rate looks like).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("invalid rate \"{0}\"")]
+#[error("invalid rate \"{0}\": {RATE_SYNTAX}")]
 pub struct InvalidRate(pub String);
 
 /// The unit after `r/`.
@@ -60,7 +65,8 @@ impl Rate {
     pub const MAX_MILLI_REQUESTS: u64 = (1 << 40) - 1;
 
     /// Parse `10r/s`, `0.5r/m`, `100r/h`, `2r/d` (at most three decimals, greater than zero).
-    /// Errors quote the whole text: `invalid rate "abc"`.
+    /// Errors quote the whole text and say what a rate looks like: `invalid rate "abc": it must
+    /// be NUMBERr/s|m|h|d ...`.
     ///
     /// ```
     /// use ratelimit_core::{Rate, RateUnit};
@@ -69,7 +75,10 @@ impl Rate {
     /// assert_eq!(rate, Rate { milli_requests: 500, unit: RateUnit::Minute });
     /// assert_eq!(rate.to_string(), "0.5r/m");
     /// assert_eq!(Rate::parse("10r/s").unwrap().interval_ns(), 100_000_000);
-    /// assert_eq!(Rate::parse("abc").unwrap_err().to_string(), "invalid rate \"abc\"");
+    /// assert!(Rate::parse("abc")
+    ///     .unwrap_err()
+    ///     .to_string()
+    ///     .starts_with("invalid rate \"abc\": it must be NUMBERr/s|m|h|d"));
     /// ```
     pub fn parse(text: &str) -> Result<Rate, InvalidRate> {
         let invalid = || InvalidRate(text.to_string());

@@ -9,8 +9,8 @@ use crate::rate::{Rate, RateUnit};
 /// A configuration error; the text follows nginx's wording and quotes the bad token.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
-    /// `invalid rate "abc"`
-    #[error("invalid rate \"{0}\"")]
+    /// `invalid rate "abc": it must be NUMBERr/s|m|h|d ...`
+    #[error("invalid rate \"{0}\": {RATE_SYNTAX}")]
     InvalidRate(String),
     /// `invalid burst value "burst=x"`
     #[error("invalid burst value \"{0}\"")]
@@ -39,12 +39,13 @@ pub enum SpecError {
     /// `invalid zone name "zone=:1m"`
     #[error("invalid zone name \"{0}\"")]
     InvalidZoneName(String),
-    /// `unknown algorithm "fast"`
-    #[error("unknown algorithm \"{0}\"")]
+    /// `unknown algorithm "fast": it must be leaky_bucket, token_bucket, ...`
+    #[error("unknown algorithm \"{0}\": it must be {ALGORITHMS}")]
     UnknownAlgorithm(String),
-    /// `invalid parameter "foo"`
-    #[error("invalid parameter \"{0}\"")]
-    InvalidParameter(String),
+    /// `invalid parameter "brust=5", did you mean "burst="?`, or `invalid parameter "foo": it
+    /// must be zone=, rate=, ...`: the word, then [`crate::hint::parameter_hint`].
+    #[error("invalid parameter \"{0}\"{1}")]
+    InvalidParameter(String, String),
     /// `"rate_limit_zone" must have "rate" parameter` (the argument names what is missing)
     #[error("must have \"{0}\" parameter")]
     MissingParameter(&'static str),
@@ -56,6 +57,24 @@ pub enum SpecError {
     /// `"burst" is not used by sliding_log` and the like.
     #[error("{0}")]
     Conflict(String),
+}
+
+pub use crate::rate::RATE_SYNTAX;
+
+/// Every `algorithm=`, for the error that quotes an unknown one.
+const ALGORITHMS: &str = "leaky_bucket, token_bucket, sliding_log or sliding_window";
+
+/// The parameters of `rate_limit_zone` after its key, for the error that quotes an unknown one.
+pub const ZONE_PARAMETERS: &[&str] = &["zone=", "rate=", "burst=", "algorithm=", "sync"];
+
+/// The parameters of `rate_limit`, for the error that quotes an unknown one.
+pub const LIMIT_PARAMETERS: &[&str] = &["zone=", "burst=", "nodelay", "delay=", "global=", "cost="];
+
+impl SpecError {
+    /// `invalid parameter "WORD"` with the nearest of `valid`, or all of them.
+    fn invalid_parameter(word: &str, valid: &[&str]) -> SpecError {
+        SpecError::InvalidParameter(word.into(), crate::hint::parameter_hint(word, valid))
+    }
 }
 
 /// Which algorithm a zone runs.
@@ -265,7 +284,7 @@ impl ZoneSpec {
             } else if let Some(value) = word.strip_prefix("block_max=") {
                 block_max = Some((word, parse_block_duration("block_max", word, value)?));
             } else {
-                return Err(SpecError::InvalidParameter(word.into()));
+                return Err(SpecError::invalid_parameter(word, ZONE_PARAMETERS));
             }
         }
 
@@ -426,7 +445,7 @@ impl LimitSpec {
             } else if let Some(value) = word.strip_prefix("on_status=") {
                 spec.on_status = Some(StatusMatcher::parse(word, value)?);
             } else {
-                return Err(SpecError::InvalidParameter(word.into()));
+                return Err(SpecError::invalid_parameter(word, LIMIT_PARAMETERS));
             }
         }
 
@@ -528,8 +547,12 @@ mod tests {
         #[rustfmt::skip]
         let rows = [
             ("zone=one:10m", "must have \"rate\" parameter"),
-            ("rate=abc", "invalid rate \"rate=abc\""),
-            ("rate=0r/s", "invalid rate \"rate=0r/s\""),
+            ("rate=abc", "invalid rate \"rate=abc\": it must be NUMBERr/s|m|h|d with NUMBER \
+              above 0, e.g. 10r/s or 0.5r/m"),
+            ("rate=10/s", "invalid rate \"rate=10/s\": it must be NUMBERr/s|m|h|d with NUMBER \
+              above 0, e.g. 10r/s or 0.5r/m"),
+            ("rate=0r/s", "invalid rate \"rate=0r/s\": it must be NUMBERr/s|m|h|d with NUMBER \
+              above 0, e.g. 10r/s or 0.5r/m"),
             ("rate=1r/s zone=one", "invalid zone size \"zone=one\""),
             ("rate=1r/s zone=one:abc", "invalid zone size \"zone=one:abc\""),
             ("rate=1r/s zone=one:0", "invalid zone size \"zone=one:0\""),
@@ -537,8 +560,13 @@ mod tests {
             ("rate=1r/s burst=x", "invalid burst value \"burst=x\""),
             ("rate=1r/s burst=-1", "invalid burst value \"burst=-1\""),
             ("rate=1r/s burst=4194304", "invalid burst value \"burst=4194304\""),
-            ("rate=1r/s algorithm=fast", "unknown algorithm \"fast\""),
-            ("rate=1r/s foo", "invalid parameter \"foo\""),
+            ("rate=1r/s algorithm=token-bucket", "unknown algorithm \"token-bucket\": it must \
+              be leaky_bucket, token_bucket, sliding_log or sliding_window"),
+            ("rate=1r/s foo", "invalid parameter \"foo\": it must be zone=, rate=, burst=, \
+              algorithm= or sync"),
+            ("rate=1r/s brust=5", "invalid parameter \"brust=5\", did you mean \"burst=\"?"),
+            ("rate=1r/s nodelay", "invalid parameter \"nodelay\": it must be zone=, rate=, \
+              burst=, algorithm= or sync"),
             ("rate=0.5r/s algorithm=sliding_log",
              "rate \"0.5r/s\" is not a whole number of requests for sliding_log"),
             ("rate=5000r/s algorithm=sliding_log",
@@ -583,10 +611,38 @@ mod tests {
             ("cost=0", "invalid cost value \"cost=0\""),
             ("burst=1.5", "invalid burst value \"burst=1.5\""),
             ("zone=", "invalid zone name \"zone=\""),
-            ("rate=1r/s", "invalid parameter \"rate=1r/s\""),
+            ("rate=1r/s", "invalid parameter \"rate=1r/s\": it must be zone=, burst=, \
+              nodelay, delay=, global= or cost="),
+            ("nodealy", "invalid parameter \"nodealy\", did you mean \"nodelay\"?"),
+            ("burst", "invalid parameter \"burst\", did you mean \"burst=\"?"),
+            ("zones=a", "invalid parameter \"zones=a\", did you mean \"zone=\"?"),
         ];
         for (words, message) in rows {
             assert_eq!(limit(words), Err(message.to_string()), "{words}");
+        }
+    }
+
+    /// The lists the errors name are the parameters the parsers read: none of them is
+    /// refused as an unknown parameter.
+    #[test]
+    fn parameter_lists_name_what_the_parsers_read() {
+        for name in ZONE_PARAMETERS {
+            let word = format!("{name}x");
+            let word = if name.ends_with('=') { &word } else { *name };
+            let error = ZoneSpec::parse_words(&["rate=1r/s", word]).err();
+            assert!(
+                !matches!(error, Some(SpecError::InvalidParameter(..))),
+                "{word}: {error:?}"
+            );
+        }
+        for name in LIMIT_PARAMETERS {
+            let word = format!("{name}x");
+            let word = if name.ends_with('=') { &word } else { *name };
+            let error = LimitSpec::parse_words(&[word]).err();
+            assert!(
+                !matches!(error, Some(SpecError::InvalidParameter(..))),
+                "{word}: {error:?}"
+            );
         }
     }
 
