@@ -17,10 +17,10 @@ use core::ptr;
 use ngx::core::Status;
 use ngx::ffi::{
     ngx_array_push, ngx_command_t, ngx_conf_set_flag_slot, ngx_conf_set_num_slot, ngx_conf_t,
-    ngx_cycle_t, ngx_http_handler_pt, ngx_http_module_t, ngx_http_phases_NGX_HTTP_PREACCESS_PHASE,
-    ngx_int_t, ngx_module_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_ANY, NGX_CONF_TAKE1,
-    NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET,
-    NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF, NGX_LOG_EMERG,
+    ngx_cycle_t, ngx_http_handler_pt, ngx_http_module_t, ngx_http_phases_NGX_HTTP_LOG_PHASE,
+    ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, ngx_int_t, ngx_module_t, ngx_uint_t, NGX_CONF_1MORE,
+    NGX_CONF_ANY, NGX_CONF_TAKE1, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF,
+    NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF, NGX_LOG_EMERG,
 };
 use ngx::http::{HttpModule, HttpModuleMainConf, NgxHttpCoreModule};
 use ngx::ngx_string;
@@ -88,6 +88,19 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
     }
     // SAFETY: `slot` is a fresh element of the array.
     unsafe { *slot = Some(handler::preaccess_handler) };
+    if conf::main_conf(cf).is_some_and(|mcf| mcf.on_status_used) {
+        let Some(cmcf) = NgxHttpCoreModule::main_conf_mut(cf) else {
+            return Status::NGX_ERROR.into();
+        };
+        let phase = &mut cmcf.phases[ngx_http_phases_NGX_HTTP_LOG_PHASE as usize];
+        // SAFETY: as for the preaccess phase's array.
+        let slot = unsafe { ngx_array_push(&mut phase.handlers) }.cast::<ngx_http_handler_pt>();
+        if slot.is_null() {
+            return Status::NGX_ERROR.into();
+        }
+        // SAFETY: `slot` is a fresh element of the array.
+        unsafe { *slot = Some(handler::log_handler) };
+    }
     Status::NGX_OK.into()
 }
 

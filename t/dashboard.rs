@@ -327,3 +327,55 @@ fn dashboard_in_a_real_browser() {
     assert!(errors.is_empty(), "console errors: {errors:?}");
     assert!(!nginx.error_log().contains("[alert]"));
 }
+
+/// A zone with `block=` on the module: the page lists the keys its rejections blocked, with
+/// the block's level, and releases one from its row after a confirmation.
+#[test]
+fn dashboard_lists_blocked_keys_and_releases_one() {
+    let nginx = common::config()
+        .workers(2)
+        .reuseport()
+        .http("rate_limit_zone $http_x_key zone=login:1m rate=1r/m block=1h block_max=1d;")
+        .locations(
+            "location / { rate_limit zone=login nodelay; }\n\
+             location /ratelimit/ { rate_limit_admin write=on; }",
+        )
+        .start();
+    assert_eq!(
+        key_statuses(nginx.port(), "/", "mallory", 4),
+        [200, 429, 429, 429]
+    );
+    let browser = Browser::start();
+    browser.goto(&format!("http://127.0.0.1:{}/ratelimit/", nginx.port()));
+    let login = "section[data-zone=\"login\"]";
+    let rows = browser.wait_for("the blocked key", |b| {
+        let rows = b.texts(&format!("{login} table.blocked-list tr"));
+        (rows.len() == 2).then_some(rows)
+    });
+    assert!(rows[1].starts_with("mallory "), "{rows:?}");
+    assert!(rows[1].contains("60 min"), "{rows:?}");
+    let summary = zone_text(&browser, "login", "blocked-summary");
+    assert_eq!(
+        summary,
+        "(block=1h block_max=1d, 2 requests refused while blocked)"
+    );
+    browser.screenshot(&screenshot_path("dashboard-blocked"));
+    browser.click(&browser.find(&format!("{login} .release")));
+    assert_eq!(
+        browser.text(&browser.find(&format!("{login} .question"))),
+        "Release key \"mallory\" in zone \"login\"?"
+    );
+    // Nothing changes before the confirmation.
+    assert_eq!(api(&nginx, "zones/login/blocked")["count"], 1);
+    browser.click(&browser.find(&format!("{login} .confirm-yes")));
+    browser.wait_for("the release", |b| {
+        let rows = b.texts(&format!("{login} table.blocked-list tr"));
+        (rows == ["none"]).then_some(())
+    });
+    assert_eq!(api(&nginx, "zones/login/blocked")["count"], 0);
+    assert!(
+        browser.console_errors().is_empty(),
+        "{:?}",
+        browser.console_errors()
+    );
+}

@@ -32,6 +32,8 @@ fn nginx_t_accepts_every_directive() {
          rate_limit_zone global zone=pool:64k rate=10r/m burst=20 algorithm=token_bucket;\n\
          rate_limit_zone $http_x_key zone=log:1m rate=2r/s algorithm=sliding_log;\n\
          rate_limit_zone $http_x_key zone=window:1m rate=2r/s algorithm=sliding_window;\n\
+         rate_limit_zone $binary_remote_addr zone=login:1m rate=5r/m burst=5 block=15m \
+         block_max=24h;\n\
          rate_limit_status 503;\n\
          rate_limit_dry_run off;\n\
          rate_limit_log_level warn;\n\
@@ -42,7 +44,8 @@ fn nginx_t_accepts_every_directive() {
             "rate_limit_status 429;\n\
              location /a { rate_limit zone=a nodelay; rate_limit zone=log; rate_limit_dry_run on; }\n\
              location /b { rate_limit zone=user global=pool cost=2; rate_limit_headers off; }\n\
-             location /c { rate_limit zone=window; rate_limit_log_level info; }"
+             location /c { rate_limit zone=window; rate_limit_log_level info; }\n\
+             location /login { rate_limit zone=login nodelay on_status=401,403,5xx; }"
         )
     );
     let (ok, output) = check_config(&config(&http));
@@ -76,16 +79,41 @@ fn nginx_t_refuses_bad_configuration() {
             "duplicate zone \"a\"",
         ),
         (
-            // Read by ratelimit-replay; refused by nginx until the module enforces it, so
-            // that no configuration believes it is protected.
-            "block= before the module keeps blocks",
-            "rate_limit_zone $binary_remote_addr zone=a:1m rate=5r/m block=15m;".to_string(),
-            "\"block\" is not supported by the module yet",
+            "block= not a duration",
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=5r/m block=15x;".to_string(),
+            "invalid block value \"block=15x\": give a duration such as 30s, 15m, 24h or 1h30m",
         ),
         (
-            "on_status= before the module charges after the response",
-            format!("{zone}\n{}", server("location / { rate_limit zone=a on_status=401; }")),
-            "\"on_status\" is not supported by the module yet",
+            "block_max= shorter than block=",
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=5r/m block=1h block_max=30m;"
+                .to_string(),
+            "\"block_max=30m\" is shorter than \"block\": block_max is the longest block",
+        ),
+        (
+            "block_max= without block=",
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=5r/m block_max=1h;".to_string(),
+            "\"block_max\" needs \"block\"",
+        ),
+        (
+            "on_status= not a status",
+            format!("{zone}\n{}", server("location / { rate_limit zone=a on_status=4x; }")),
+            "invalid on_status value \"on_status=4x\": give status codes (401) or classes (4xx)",
+        ),
+        (
+            "block= on a global zone",
+            format!(
+                "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s algorithm=token_bucket;\n\
+                 rate_limit_zone $server_name zone=all:1m rate=100r/s algorithm=token_bucket \
+                 block=1m;\n{}",
+                server("location / { rate_limit zone=a global=all; }")
+            ),
+            "global zone \"all\" has \"block\"",
+        ),
+        (
+            "zone too small for its block table",
+            "rate_limit_zone $binary_remote_addr zone=a:24k rate=1r/s block=1m;".to_string(),
+            "zone \"a\" is too small with block= (an eighth of the zone, at least 64 keys of 96 \
+             bytes, keeps the blocked keys): the minimum is",
         ),
         (
             "unknown algorithm",
@@ -288,6 +316,8 @@ fn zone_too_small_gives_the_exact_minimum() {
         "rate=5r/s burst=10 algorithm=token_bucket",
         "rate=100r/m algorithm=sliding_log",
         "rate=4096r/s algorithm=sliding_log",
+        "rate=1r/s block=1m",
+        "rate=100r/m algorithm=sliding_log block=1m block_max=1h",
     ] {
         let http = |size: usize| {
             format!(

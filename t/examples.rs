@@ -161,3 +161,33 @@ fn limit_req_twin_conf_sides_answer_alike() {
     }
     assert_eq!(get(nginx.port(), "/").status, 200);
 }
+
+#[test]
+fn login_conf_blocks_a_guesser_and_not_a_user() {
+    let nginx = Nginx::start(&example("login.conf"));
+    let mut connection = Connection::open(nginx.port());
+    // Logging in successfully, again and again: never counted.
+    for _ in 0..20 {
+        let response = connection.get("/login?password=secret");
+        assert_eq!(response.status, 200);
+        assert_eq!(response.header("X-Rate-Limit-Status"), Some("PASSED"));
+    }
+    // Guessing: 6 wrong passwords reach the application, the 7th is rejected and blocks the
+    // address for 15 minutes; from then on even the right password is refused.
+    let guesses: Vec<u16> = (0..7)
+        .map(|_| connection.get("/login?password=guess").status)
+        .collect();
+    assert_eq!(guesses, [401, 401, 401, 401, 401, 401, 429]);
+    let refused = connection.get("/login?password=secret");
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header("X-Rate-Limit-Status"), Some("BLOCKED"));
+    assert_eq!(refused.header("Retry-After"), Some("900"));
+    let blocked = get(nginx.port_n(2), "/ratelimit/zones/login/blocked");
+    let blocked: serde_json::Value = serde_json::from_slice(&blocked.body).expect("JSON");
+    assert_eq!(blocked["count"], 1, "{blocked}");
+    // $binary_remote_addr: 127.0.0.1 as four bytes.
+    assert_eq!(
+        blocked["keys"][0]["key"], "\u{7f}\u{0}\u{0}\u{1}",
+        "{blocked}"
+    );
+}

@@ -556,9 +556,9 @@ fn bad_use_gets_an_error_and_no_worker_crashes() {
                 local st = ffi.C.ngx_http_rate_limit_lua_set_limits(request, "z", 1, "", 0, -1,
                                                                     buf, len)
                 ngx.say(st, " | ", ffi.string(buf, len[0]))
-                rl.ABI_VERSION = 2
+                rl.ABI_VERSION = 3
                 show(rl.new("z"))
-                rl.ABI_VERSION = 1
+                rl.ABI_VERSION = 2
                 show(rl.new("z"):incoming("fine", true))
             }
         }
@@ -597,7 +597,7 @@ fn bad_use_gets_an_error_and_no_worker_crashes() {
          refill within 100 years",
         "0 | 0",
         "-6 | nothing to change: give a rate (such as \"10r/s\") or a burst",
-        "nil | ABI version mismatch: ngx_http_rate_limit_module has 1, resty.rate_limit needs 2",
+        "nil | ABI version mismatch: ngx_http_rate_limit_module has 2, resty.rate_limit needs 3",
         "0 | 0",
     ];
     let text = body(&nginx, "/errors");
@@ -793,5 +793,124 @@ fn lua_on_a_sync_zone_shares_the_fleet_limit() {
     assert!(
         (5..=7).contains(&passed),
         "{passed} of 12 passed after the give-backs"
+    );
+}
+
+/// The penalty box from Lua: `block`/`blocked` on a zone with `block=`, shared with the
+/// directive's location; on_status semantics with `incoming(key, false)` at access and
+/// `charge(key)` at log (failures charged, successes not, the key blocked once over its
+/// limit); errors as messages.
+#[test]
+fn lua_blocks_keys_and_charges_after_the_response() {
+    require_lua!();
+    let http = "rate_limit_zone $arg_k zone=login:1m rate=3r/h burst=1 block=1h;\n\
+                rate_limit_zone $arg_k zone=plain:1m rate=3r/h;";
+    let locations = r#"
+        location = /login {
+            access_by_lua_block {
+                local lim = require("resty.rate_limit").new("login", {nodelay = true})
+                local delay, err, info = lim:incoming(ngx.var.arg_k, false)
+                if not delay then
+                    ngx.header["Retry-After"] = math.ceil(info)
+                    return ngx.exit(429)
+                end
+            }
+            content_by_lua_block {
+                ngx.status = tonumber(ngx.var.arg_status) or 200
+                ngx.say("answered")
+            }
+            log_by_lua_block {
+                if ngx.status == 401 then
+                    require("resty.rate_limit").new("login", {nodelay = true}):charge(ngx.var.arg_k)
+                end
+            }
+        }
+        location = /directive { rate_limit zone=login nodelay; empty_gif; }
+        location = /block {
+            content_by_lua_block {
+                local rl = require "resty.rate_limit"
+                local function show(a, b) ngx.say(tostring(a), " ", tostring(b)) end
+                show(rl.new("login"):block(ngx.var.arg_k, tonumber(ngx.var.arg_s)))
+            }
+        }
+        location = /blocked {
+            content_by_lua_block {
+                local rl = require "resty.rate_limit"
+                local left, err = rl.new(ngx.var.arg_zone or "login"):blocked(ngx.var.arg_k)
+                ngx.say(tostring(left and math.ceil(left)), " ", tostring(err))
+            }
+        }
+        location = /errors {
+            content_by_lua_block {
+                local rl = require "resty.rate_limit"
+                local function show(a, b) ngx.say(tostring(a), " ", tostring(b)) end
+                show(rl.new("plain"):block("k", 10))
+                show(rl.new("login"):block("k", 0))
+                show(rl.new("login"):block("k", "x"))
+                show(rl.new("login"):block(5, 10))
+                show(rl.new("nope"):blocked("k"))
+                show(rl.new("login", {nodelay = true, on_status = "401"}))
+            }
+        }
+        location /ratelimit/ { rate_limit_admin; }
+    "#;
+    let nginx = Nginx::start(&config(1, http, locations));
+    let status = |path: &str| get(&nginx, path).status;
+    // Successes are never charged: ten in a row pass.
+    for _ in 0..10 {
+        assert_eq!(status("/login?k=alice"), 200);
+    }
+    // Failures are: two pass (1 + burst 1), charged at log time; the third is over the limit
+    // at the door, which rejects it and blocks the key; from then on the door refuses it.
+    assert_eq!(status("/login?k=mallory&status=401"), 401);
+    assert_eq!(status("/login?k=mallory&status=401"), 401);
+    let rejected = get(&nginx, "/login?k=mallory&status=401");
+    assert_eq!(rejected.status, 429);
+    assert_eq!(rejected.header("Retry-After"), Some("3600"));
+    let refused = get(&nginx, "/login?k=mallory");
+    assert_eq!(refused.status, 429);
+    let left: u64 = refused.header("Retry-After").unwrap().parse().unwrap();
+    assert!((3590..=3600).contains(&left), "{left}");
+    assert_eq!(body(&nginx, "/blocked?k=mallory"), "3600 nil\n");
+    // The directive's location sees the same block.
+    assert_eq!(status("/directive?k=mallory"), 429);
+    // By hand: blocked for 30 s, seen by Lua, the directive and the admin API.
+    let blocked = get(&nginx, "/block?k=trudy&s=30");
+    assert_eq!(
+        (blocked.status, blocked.text()),
+        (200, "true nil\n".to_string()),
+        "{}",
+        nginx.error_log()
+    );
+    assert_eq!(body(&nginx, "/blocked?k=trudy"), "30 nil\n");
+    assert_eq!(status("/directive?k=trudy"), 429);
+    assert_eq!(status("/login?k=trudy"), 429);
+    let list: serde_json::Value =
+        serde_json::from_str(&body(&nginx, "/ratelimit/zones/login/blocked")).unwrap();
+    let keys: Vec<&str> = list["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|key| key["key"].as_str())
+        .collect();
+    assert_eq!(keys, ["trudy", "mallory"], "{list}");
+    assert_eq!(body(&nginx, "/blocked?k=alice"), "nil nil\n");
+    assert_eq!(body(&nginx, "/blocked?k=alice&zone=plain"), "nil nil\n");
+    let expected = [
+        "nil zone \"plain\" has no penalty box: \"block=DURATION\" on its rate_limit_zone \
+         keeps blocked keys",
+        "nil seconds must be a positive number",
+        "nil seconds must be a positive number",
+        "nil key must be a string, got number",
+        "nil unknown zone \"nope\"",
+        "nil invalid parameter \"on_status\": in Lua, call incoming(key, false) at access and \
+         charge(key) at log when the status matches",
+    ];
+    let text = body(&nginx, "/errors");
+    assert_eq!(text.lines().collect::<Vec<_>>(), expected);
+    assert!(
+        !nginx.error_log().contains("[alert]"),
+        "{}",
+        nginx.error_log()
     );
 }

@@ -49,12 +49,17 @@ int ngx_http_rate_limit_lua_state(void *r, const unsigned char *zone, size_t zon
 int ngx_http_rate_limit_lua_set_limits(void *r, const unsigned char *zone, size_t zone_len,
     const unsigned char *rate, size_t rate_len, int64_t burst,
     unsigned char *err, size_t *err_len);
+int ngx_http_rate_limit_lua_block(void *r, const unsigned char *zone, size_t zone_len,
+    const unsigned char *key, size_t key_len, uint64_t duration_ns,
+    unsigned char *err, size_t *err_len);
+int ngx_http_rate_limit_lua_blocked(void *r, const unsigned char *zone, size_t zone_len,
+    const unsigned char *key, size_t key_len, uint64_t *left_ns);
 ]]
 
 local _M = {
     _VERSION = "0.1.0",
     -- The C ABI this file was written for; the module must export the same.
-    ABI_VERSION = 1,
+    ABI_VERSION = 2,
 }
 
 local mt = { __index = _M }
@@ -76,6 +81,7 @@ local decision = ffi_new("ngx_http_rate_limit_lua_decision_t")
 local err_buf_len = 512
 local err_buf = ffi.new("unsigned char[?]", err_buf_len)
 local err_len = ffi.new("size_t[1]")
+local left_ns = ffi.new("uint64_t[1]")
 
 local function abi_error()
     local ok, version = pcall(function() return C.ngx_http_rate_limit_lua_abi_version() end)
@@ -123,6 +129,10 @@ end
 
 -- The options table as rate_limit's words: the module parses them as the directive does.
 local function option_words(opts)
+    if opts.on_status ~= nil then
+        return nil, 'invalid parameter "on_status": in Lua, call incoming(key, false) at '
+                    .. "access and charge(key) at log when the status matches"
+    end
     local words = {}
     for _, name in ipairs({ "burst", "delay", "cost" }) do
         local value = opts[name]
@@ -196,7 +206,9 @@ local function retry_after()
 end
 
 --- Decide a request for `key`. With `commit` true it is charged (and counted in the zone's
---- metrics); otherwise nothing changes. Returns `0, excess, remaining` (pass), `seconds,
+--- metrics); otherwise a request that would pass changes nothing. A rejection is counted
+--- either way and, in a zone with block=, blocks the key; a blocked key is rejected with
+--- the time left of its block. Returns `0, excess, remaining` (pass), `seconds,
 --- excess, remaining` (delay: the caller sleeps, as with resty.limit.req), `nil, "rejected",
 --- retry_after` (no retry_after when the request's cost is more than the zone ever admits at
 --- once) or `nil, message`.
@@ -221,6 +233,53 @@ function _M.incoming(self, key, commit)
         return tonumber(decision.delay_ns) / NS_PER_SEC, excess, remaining
     end
     return 0, excess, remaining
+end
+
+--- Charge a request to `key` now, for on_status semantics: call `incoming(key, false)` at
+--- access (a key over its limit is rejected there, and blocked in a zone with block=; a
+--- blocked key is refused) and `charge(key)` at log when the response's status is one to
+--- count (`if ngx.status == 401`). Returns what `incoming(key, true)` returns.
+function _M.charge(self, key)
+    return _M.incoming(self, key, true)
+end
+
+--- Block `key` by hand for `seconds` (keeping its escalation level), as the admin API's PUT
+--- zones/NAME/blocked/KEY does. The zone needs block=. Returns true or nil and a message.
+function _M.block(self, key, seconds)
+    local r, err = request_for(self, key)
+    if not r then
+        return nil, err
+    end
+    if type(seconds) ~= "number" or seconds <= 0 or seconds ~= seconds then
+        return nil, "seconds must be a positive number"
+    end
+    local zone = self.zone
+    err_len[0] = err_buf_len
+    local status = C.ngx_http_rate_limit_lua_block(r, zone, #zone, key, #key,
+                                                   seconds * NS_PER_SEC, err_buf, err_len)
+    if status ~= 0 then
+        return nil, status_error(self, status)
+    end
+    return true
+end
+
+--- How long `key` stays blocked, in seconds, or nil when it is not blocked (or the zone has
+--- no block=). On error: nil and a message.
+function _M.blocked(self, key)
+    local r, err = request_for(self, key)
+    if not r then
+        return nil, err
+    end
+    local zone = self.zone
+    local status = C.ngx_http_rate_limit_lua_blocked(r, zone, #zone, key, #key, left_ns)
+    if status ~= 0 then
+        return nil, status_error(self, status)
+    end
+    local left = tonumber(left_ns[0])
+    if left == 0 then
+        return nil
+    end
+    return left / NS_PER_SEC
 end
 
 --- Give back a request charged to `key` (after a later limit refused, or the request was

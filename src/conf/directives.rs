@@ -32,7 +32,8 @@ fn answer(cf: &mut ngx_conf_t, result: Result<(), ConfError>) -> *mut c_char {
     }
 }
 
-/// `rate_limit_zone KEY zone=NAME:SIZE rate=RATE [burst=N] [algorithm=NAME] [sync];`
+/// `rate_limit_zone KEY zone=NAME:SIZE rate=RATE [burst=N] [algorithm=NAME] [sync]
+/// [block=DURATION [block_max=DURATION]];`
 pub extern "C" fn cmd_rate_limit_zone(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
@@ -64,9 +65,10 @@ fn rate_limit_zone(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
         limits: spec.limits(),
         fingerprint: 0,
         sync_seed: spec.sync.then_some(0),
+        block: spec.block.is_some(),
     };
-    let fits =
-        usize::try_from(size).is_ok_and(|size| zone_size_fits(size, layout.slot_words(), pagesize));
+    let fits = usize::try_from(size)
+        .is_ok_and(|size| zone_size_fits(size, layout.slot_words(), layout.block, pagesize));
     if !fits {
         let hint = size_hint(&layout, pagesize);
         return Err(ConfError::ZoneTooSmall { name, hint });
@@ -109,6 +111,7 @@ fn rate_limit_zone(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
         zone: None,
         sync: spec.sync,
         bursts: LocationBursts::default(),
+        block: spec.block,
     })?;
     if !shm_zone.data.is_null() {
         return Err(ConfError::DuplicateZone(name));
@@ -133,7 +136,8 @@ fn single_variable(text: &[u8]) -> Option<&[u8]> {
     valid.then_some(name)
 }
 
-/// `rate_limit zone=NAME [burst=N] [nodelay | delay=N] [global=NAME] [cost=N];`
+/// `rate_limit zone=NAME [burst=N] [nodelay | delay=N] [global=NAME] [cost=N]
+/// [on_status=CODES];`
 pub extern "C" fn cmd_rate_limit(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
@@ -164,6 +168,7 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
     };
     let (file, line) = cf.position();
     let mcf = main_conf(cf).ok_or(ConfError::Logged)?;
+    mcf.on_status_used |= spec.on_status.is_some();
     mcf.references.push(ZoneReference {
         name: name.clone(),
         global: false,
@@ -192,6 +197,7 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
         global,
         cost: spec.cost.max(1),
         charge_cache: Cell::new((0, None)),
+        on_status: spec.on_status,
     });
     Ok(())
 }

@@ -77,6 +77,11 @@ pub enum ConfError {
         algorithm: ratelimit_core::Algorithm,
         zone: String,
     },
+    #[error(
+        "global zone \"{0}\" has \"block\": a global zone keeps one bucket for every key, \
+         so blocking it would block everyone; put block= on the key's own zone"
+    )]
+    GlobalWithBlock(String),
     #[error("zone \"{0}\" has \"sync\" but no \"rate_limit_sync\" is configured")]
     SyncNotConfigured(String),
     /// An error about the `rate_limit` line at FILE:LINE, found after the whole `http` block

@@ -21,6 +21,7 @@ use ngx::ffi::{
     ngx_shm_zone_init_pt, ngx_shm_zone_t, ngx_uint_t, NGX_LOG_ERR, NGX_LOG_INFO,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Merge, MergeConfigError};
+use ratelimit_core::penalty::{BlockPolicy, StatusMatcher};
 use ratelimit_core::{Algorithm, BucketCharge, DelayMode, Limits, Rate};
 
 use crate::store::sync_record::name_seed;
@@ -71,6 +72,8 @@ pub struct MainConf {
     pub state_file: Option<String>,
     /// `rate_limit_sync`: the fleet's shared store.
     pub sync: Option<SyncConf>,
+    /// Some `rate_limit` line has `on_status=`: the log-phase handler is installed.
+    pub on_status_used: bool,
     pub hooks: Hooks,
 }
 
@@ -136,6 +139,8 @@ pub struct ZoneConf {
     pub sync: bool,
     /// The bursts its `rate_limit` lines apply (set once the `http` block is read).
     pub bursts: LocationBursts,
+    /// `block=` and `block_max=`: a key rejected by the zone is blocked for a while.
+    pub block: Option<BlockPolicy>,
 }
 
 impl ZoneConf {
@@ -143,8 +148,9 @@ impl ZoneConf {
         ZoneLayout {
             algorithm: self.algorithm,
             limits: self.limits,
-            fingerprint: fingerprint(&self.key_text, self.algorithm),
+            fingerprint: fingerprint(&self.key_text, self.algorithm, self.block.is_some()),
             sync_seed: self.sync.then(|| name_seed(&self.name)),
+            block: self.block.is_some(),
         }
     }
 }
@@ -193,6 +199,9 @@ pub struct LimitConf {
     /// This worker's [`BucketCharge`] for the zone limits word it was computed from (0 when
     /// none yet): the request path recomputes it only when the zone's limits change.
     pub charge_cache: Cell<(u64, Option<BucketCharge>)>,
+    /// `on_status=CODES`: a request is charged at the door and given back after the response
+    /// unless its final status matches.
+    pub on_status: Option<StatusMatcher>,
 }
 
 /// `rate_limit_admin [write=on]`.
@@ -280,10 +289,16 @@ impl Merge for LocConf {
     }
 }
 
-/// Hash of a zone's key text and algorithm, to notice a reload that changes either.
-fn fingerprint(key_text: &str, algorithm: Algorithm) -> u64 {
+/// Hash of a zone's key text, algorithm and whether it has `block=`, to notice a reload that
+/// changes one of them (the zone's memory is then laid out again).
+fn fingerprint(key_text: &str, algorithm: Algorithm, block: bool) -> u64 {
     use std::hash::BuildHasher;
-    foldhash::quality::FixedState::with_seed(0).hash_one((key_text, algorithm.as_str()))
+    let seed = foldhash::quality::FixedState::with_seed(0);
+    if block {
+        // A zone without block= keeps the fingerprint it had before blocks existed.
+        return seed.hash_one((key_text, algorithm.as_str(), "block"));
+    }
+    seed.hash_one((key_text, algorithm.as_str()))
 }
 
 pub fn main_conf(cf: &ngx_conf_t) -> Option<&'static mut MainConf> {
@@ -318,6 +333,9 @@ pub fn postconfiguration(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
         // the configuration is being read.
         let zone = unsafe { &mut *zone };
         zone.bursts.add(reference.burst);
+        if reference.global && zone.block.is_some() {
+            return Err(reference.error(ConfError::GlobalWithBlock(zone.name.clone())));
+        }
         if let Some(needed) = reference.local_algorithm_needed {
             if zone.algorithm != needed {
                 let role = if reference.global {

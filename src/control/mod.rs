@@ -6,6 +6,7 @@
 //! * [`zones`]: the zones as the admin API sees them, and every change to them;
 //! * [`persist`]: the state file (`rate_limit_state_file`).
 
+pub mod blocks;
 pub mod decide;
 mod fleet;
 pub mod persist;
@@ -73,7 +74,7 @@ pub extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) ->
                 ngx_log_error!(
                     NGX_LOG_NOTICE,
                     log,
-                    "rate_limit zone \"{}\" changed its key or algorithm: its state starts afresh",
+                    "rate_limit zone \"{}\" changed its key, algorithm or block=: its state starts afresh",
                     zone_conf.name
                 );
             }

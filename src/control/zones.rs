@@ -7,13 +7,15 @@ use ratelimit_admin::body::LimitsBody;
 use ratelimit_admin::history::History;
 use ratelimit_admin::top::TopList;
 use ratelimit_admin::{
-    AdminZone, ApiError, Counters, KeyState, OverrideRefused, SyncInfo, ZoneInfo,
+    AdminZone, ApiError, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState,
+    OverrideRefused, SyncInfo, ZoneInfo,
 };
+use ratelimit_core::block_table::BlockedKey;
 use ratelimit_core::top::{TopKind, TopWindow};
 use ratelimit_core::{DelayMode, Limits, Policy};
 
 use crate::conf::{self, MainConf, ZoneConf};
-use crate::glue::{now_ms, now_ns};
+use crate::glue::{now_ms, now_ns, unix_ms_of};
 use crate::store::sync_record::{self, Mode};
 use crate::store::{Counter, OverrideError, Zone, OVERRIDE_CAPACITY};
 
@@ -230,5 +232,64 @@ impl AdminZone for SharedZone<'_> {
             delayed,
             rejected,
         })
+    }
+
+    fn block_counts(&self) -> Option<BlockCounts> {
+        let policy = self.conf.block?;
+        Some(BlockCounts {
+            block_ns: policy.block_ns,
+            block_max_ns: policy.block_max_ns,
+            blocked_requests: self.zone.counter(Counter::Blocked),
+            blocked_dry_run_requests: self.zone.counter(Counter::BlockedDryRun),
+            blocked_keys: self.zone.blocked_count(self.now_ns) as u64,
+            capacity: self.zone.block_capacity() as u64,
+        })
+    }
+
+    fn blocked(&self) -> Vec<BlockInfo> {
+        if self.conf.block.is_none() {
+            return Vec::new();
+        }
+        let keys = self.zone.blocked_keys(self.now_ns);
+        keys.into_iter().map(|key| self.block_info(key)).collect()
+    }
+
+    fn block_of(&self, key: &[u8]) -> Option<BlockInfo> {
+        self.conf.block?;
+        let blocked = self
+            .zone
+            .blocked_key(self.zone.hash_key(key), self.now_ns)?;
+        Some(self.block_info(blocked))
+    }
+
+    fn block_key(&self, key: &[u8], duration_ns: u64) -> Result<BlockInfo, BlockRefused> {
+        let block = super::blocks::block_by_hand(self.conf, key, duration_ns, self.now_ns)
+            .map_err(|error| match error {
+                super::blocks::BlockError::NoBlocks(_) => BlockRefused::NoBlocks,
+                super::blocks::BlockError::Full(_) => BlockRefused::Full,
+            })?;
+        Ok(self.block_info(BlockedKey {
+            key: key.to_vec(),
+            truncated: false,
+            block,
+        }))
+    }
+
+    fn release_key(&self, key: &[u8]) -> bool {
+        super::blocks::release(self.conf, key, self.now_ns)
+    }
+}
+
+impl SharedZone<'_> {
+    /// A blocked key as the API shows it: Unix times.
+    fn block_info(&self, blocked: BlockedKey) -> BlockInfo {
+        BlockInfo {
+            key: blocked.key,
+            truncated: blocked.truncated,
+            since_unix_ms: unix_ms_of(blocked.block.since_ns),
+            until_unix_ms: unix_ms_of(blocked.block.until_ns),
+            level: blocked.block.level,
+            left_ms: blocked.block.until_ns.saturating_sub(self.now_ns) / 1_000_000,
+        }
     }
 }

@@ -19,6 +19,9 @@ pub enum LimitStatus {
     Rejected = 3,
     DelayedDryRun = 4,
     RejectedDryRun = 5,
+    /// Refused because the key is blocked (`block=`).
+    Blocked = 6,
+    BlockedDryRun = 7,
 }
 
 impl LimitStatus {
@@ -29,6 +32,8 @@ impl LimitStatus {
             LimitStatus::Rejected => "REJECTED",
             LimitStatus::DelayedDryRun => "DELAYED_DRY_RUN",
             LimitStatus::RejectedDryRun => "REJECTED_DRY_RUN",
+            LimitStatus::Blocked => "BLOCKED",
+            LimitStatus::BlockedDryRun => "BLOCKED_DRY_RUN",
         }
     }
 }

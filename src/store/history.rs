@@ -49,12 +49,16 @@ impl Zone {
     }
 
     /// Passed, delayed and rejected requests since the zone was made (dry-run decisions
-    /// counted with their kind), in the order of [`SERIES`].
+    /// counted with their kind, requests of a blocked key as rejected), in the order of
+    /// [`SERIES`].
     fn history_totals(&self) -> [u64; 3] {
         [
             self.counter(Counter::Passed),
             self.counter(Counter::Delayed) + self.counter(Counter::DelayedDryRun),
-            self.counter(Counter::Rejected) + self.counter(Counter::RejectedDryRun),
+            self.counter(Counter::Rejected)
+                + self.counter(Counter::RejectedDryRun)
+                + self.counter(Counter::Blocked)
+                + self.counter(Counter::BlockedDryRun),
         ]
     }
 

@@ -16,6 +16,7 @@
 //!   last flush when the worker exits. Workers log the loop's transitions; the thread never
 //!   calls nginx.
 
+mod blocks;
 mod cluster;
 mod link;
 mod overrides;
@@ -144,6 +145,7 @@ fn watch_now(cycle: &mut ngx_cycle_t) {
     log_transitions(cycle, sync);
     apply_fleet_overrides(cycle, sync);
     log_repeats(cycle);
+    apply_fleet_blocks(cycle);
     // An eighth of the interval (10 to 100 ms): the fleet's override changes wait in the
     // inbox at most that long, so they land within two intervals end to end.
     let interval_ms = (sync.interval_ns() / 1_000_000).max(10);
@@ -214,6 +216,7 @@ fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Op
                 id: name_seed(&zone.name),
                 overrides: Default::default(),
                 bursts: zone.bursts,
+                block: zone.block,
             })
         })
         .collect();
@@ -278,6 +281,25 @@ fn release_ownership() {
 
 /// Apply the fleet's override changes the loop left in the inbox through the control layer
 /// (backlog rescaled, state file written), in whichever worker's timer comes first.
+/// The fleet's block records the loop thread of this process queued: applied through the
+/// control layer (each only when newer than the local record).
+fn apply_fleet_blocks(cycle: &mut ngx_cycle_t) {
+    let incoming = blocks::take_incoming();
+    if incoming.is_empty() {
+        return;
+    }
+    let Some(mcf) = RateLimitModule::main_conf(cycle) else {
+        return;
+    };
+    for record in incoming {
+        let zone = conf::zones(mcf)
+            .find(|zone: &&ZoneConf| zone.sync && name_seed(&zone.name) == record.zone_id);
+        if let Some(zone) = zone {
+            control::blocks::apply_fleet(zone, &record.key, record.word, record.changed_ms);
+        }
+    }
+}
+
 fn apply_fleet_overrides(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
     let Some(mcf) = RateLimitModule::main_conf(cycle) else {
         return;

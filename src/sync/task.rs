@@ -176,6 +176,8 @@ pub struct SyncZone {
     /// The bursts the zone's `rate_limit` lines decide with: a key's fleet bucket is the
     /// largest of them (each request is decided locally with its own line's).
     pub bursts: LocationBursts,
+    /// `block=`: the zone's blocks are shared too (`super::blocks`).
+    pub block: Option<ratelimit_core::penalty::BlockPolicy>,
 }
 
 impl SyncZone {
@@ -563,6 +565,7 @@ impl Task {
         }
         self.apply(&synced, instances, round, state);
         let took = started.elapsed();
+        self.sync_blocks(link).await;
         match first_error {
             None => {
                 let lag_us = took.as_micros() as u64;
@@ -629,9 +632,23 @@ impl Task {
         self.sync.round.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Between rounds, after an admin write: the heartbeat, the zones' limits and overrides
-    /// only (no key is synced, no grant changes), so that the change reaches Redis now. A
-    /// failure is left to the next round.
+    /// The zones' blocks: this instance's changes out, the fleet's in (`super::blocks`).
+    async fn sync_blocks(&self, link: &mut Link) {
+        let (sent, commands) = super::blocks::commands(&self.zones, &self.spec.prefix);
+        if commands.is_empty() {
+            return;
+        }
+        let timeout = Duration::from_millis(self.spec.timeout_ms);
+        let replies = match tokio::time::timeout(timeout, self.exchange(link, &commands)).await {
+            Ok(replies) => replies,
+            Err(_) => commands.iter().map(|_| Err(SyncError::Timeout)).collect(),
+        };
+        super::blocks::received(&self.zones, &sent, replies);
+    }
+
+    /// Between rounds, after an admin write or a new block: the heartbeat, the zones' limits,
+    /// overrides and blocks only (no key is synced, no grant changes), so that the change
+    /// reaches Redis now. A failure is left to the next round.
     async fn admin_round(&self, link: &mut Link) {
         let busy = self.settle_inbox();
         let timeout = Duration::from_millis(self.spec.timeout_ms);
@@ -655,6 +672,7 @@ impl Task {
         }
         let mut results = results.into_iter().skip(1);
         self.agree_control(&mut results, &with_overrides);
+        self.sync_blocks(link).await;
     }
 
     /// The keys that need the fleet this round, most urgent first: at most `budget` of them,

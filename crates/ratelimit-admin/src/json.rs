@@ -162,6 +162,8 @@ pub struct BlockedJson<'a> {
     pub capacity: u64,
     /// Requests refused while their key was blocked, since the zone was created.
     pub blocked_requests: u64,
+    /// Requests a dry run let through although their key was blocked.
+    pub blocked_dry_run_requests: u64,
     pub keys: Vec<BlockJson>,
 }
 
@@ -174,6 +176,7 @@ impl<'a> BlockedJson<'a> {
             count: keys.len(),
             capacity: counts.capacity,
             blocked_requests: counts.blocked_requests,
+            blocked_dry_run_requests: counts.blocked_dry_run_requests,
             keys,
         }
     }

@@ -903,7 +903,7 @@ mod tests {
         assert_eq!(top("by=delayed").1["keys"][0]["key"], "slow");
         #[rustfmt::skip]
         let bad = [
-            ("by=passed", "invalid by \"passed\": use rejected or delayed"),
+            ("by=passed", "invalid by \"passed\": use rejected, delayed or blocked"),
             ("window=1h", "invalid window \"1h\": use 1m or 10m"),
             ("limit=0", "invalid limit \"0\": use a number from 1 to 100"),
             ("limit=101", "invalid limit \"101\": use a number from 1 to 100"),
@@ -1001,7 +1001,7 @@ mod tests {
             list,
             json!({
                 "zone": "login", "block": "15m", "block_max": "1d", "count": 1, "capacity": 64,
-                "blocked_requests": 53,
+                "blocked_requests": 53, "blocked_dry_run_requests": 0,
                 "keys": [{"key": "203.0.113.9", "truncated": false, "since": 1_796_150_153.0,
                           "until": 1_796_151_053.0, "level": 0, "left_ms": 900_000}]
             })

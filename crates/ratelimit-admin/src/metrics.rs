@@ -136,6 +136,8 @@ pub fn render_with_blocks(zones: &[(String, ZoneInfo)], blocks: &[Option<BlockCo
                     if let Some(block) = block {
                         let value = block.blocked_requests.to_string();
                         sample(",outcome=\"blocked\"", &value);
+                        let value = block.blocked_dry_run_requests.to_string();
+                        sample(",outcome=\"blocked_dry_run\"", &value);
                     }
                 }
                 "rate_limit_blocked_keys" => {

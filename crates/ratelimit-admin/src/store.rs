@@ -131,6 +131,8 @@ pub struct BlockCounts {
     pub block_max_ns: u64,
     /// Requests refused because their key was blocked, since the zone was created.
     pub blocked_requests: u64,
+    /// Requests a dry run let through although their key was blocked.
+    pub blocked_dry_run_requests: u64,
     /// Keys blocked now.
     pub blocked_keys: u64,
     /// Blocked keys the zone's table holds at most.

@@ -341,31 +341,18 @@ impl ZoneSpec {
     /// assert_eq!(spec.limits().burst, 5);
     /// ```
     ///
-    /// The nginx module does not enforce blocks yet: `block=` and `block_max=` are refused
-    /// here, and read by [`ZoneSpec::parse_words_with_penalty`] (the replay tool).
-    pub fn parse_words(words: &[&str]) -> Result<ZoneSpec, SpecError> {
-        let spec = ZoneSpec::parse_words_with_penalty(words)?;
-        if spec.block.is_some() {
-            return Err(SpecError::Conflict(
-                "\"block\" is not supported by the module yet (ratelimit-replay reads it)".into(),
-            ));
-        }
-        Ok(spec)
-    }
-
-    /// [`ZoneSpec::parse_words`] that also reads `block=DURATION` and `block_max=DURATION`
-    /// (nginx time syntax: `30s`, `15m`, `24h`).
+    /// `block=DURATION` and `block_max=DURATION` (nginx time syntax: `30s`, `15m`, `24h`)
+    /// set the zone's penalty box:
     ///
     /// ```
     /// use ratelimit_core::ZoneSpec;
     ///
-    /// let spec = ZoneSpec::parse_words_with_penalty(&["rate=5r/m", "block=15m", "block_max=24h"])
-    ///     .unwrap();
+    /// let spec = ZoneSpec::parse_words(&["rate=5r/m", "block=15m", "block_max=24h"]).unwrap();
     /// let block = spec.block.unwrap();
     /// assert_eq!(block.block_ns, 900 * 1_000_000_000);
     /// assert_eq!(block.block_max_ns, 86_400 * 1_000_000_000);
     /// ```
-    pub fn parse_words_with_penalty(words: &[&str]) -> Result<ZoneSpec, SpecError> {
+    pub fn parse_words(words: &[&str]) -> Result<ZoneSpec, SpecError> {
         let mut zone = None;
         let mut block = None;
         let mut block_max = None;
@@ -516,28 +503,16 @@ impl LimitSpec {
     /// assert_eq!(spec.cost, 1);
     /// ```
     ///
-    /// The nginx module does not charge after the response yet: `on_status=` is refused here
-    /// and read by [`LimitSpec::parse_words_with_penalty`] (the replay tool).
-    pub fn parse_words(words: &[&str]) -> Result<LimitSpec, SpecError> {
-        let spec = LimitSpec::parse_words_with_penalty(words)?;
-        if spec.on_status.is_some() {
-            return Err(SpecError::Conflict(
-                "\"on_status\" is not supported by the module yet (ratelimit-replay reads it)"
-                    .into(),
-            ));
-        }
-        Ok(spec)
-    }
-
-    /// [`LimitSpec::parse_words`] that also reads `on_status=CODES` (`401,403`, `4xx`).
+    /// `on_status=CODES` (`401,403`, `4xx`) charges only the requests whose final status
+    /// matches:
     ///
     /// ```
     /// use ratelimit_core::LimitSpec;
     ///
-    /// let spec = LimitSpec::parse_words_with_penalty(&["nodelay", "on_status=401,403"]).unwrap();
+    /// let spec = LimitSpec::parse_words(&["nodelay", "on_status=401,403"]).unwrap();
     /// assert!(spec.on_status.unwrap().matches(403));
     /// ```
-    pub fn parse_words_with_penalty(words: &[&str]) -> Result<LimitSpec, SpecError> {
+    pub fn parse_words(words: &[&str]) -> Result<LimitSpec, SpecError> {
         let mut spec = LimitSpec {
             zone: None,
             burst: None,
@@ -795,7 +770,7 @@ mod tests {
     fn penalty_words() {
         let penalty = |words: &str| {
             let words: Vec<&str> = words.split_whitespace().collect();
-            ZoneSpec::parse_words_with_penalty(&words).map_err(|e| e.to_string())
+            ZoneSpec::parse_words(&words).map_err(|e| e.to_string())
         };
         const S: u64 = 1_000_000_000;
         let block = penalty("rate=5r/m burst=5 block=15m block_max=24h")
@@ -822,14 +797,10 @@ mod tests {
         for (words, message) in rows {
             assert_eq!(penalty(words), Err(message), "{words}");
         }
-        // The module's parser refuses what it does not enforce yet.
-        assert!(zone("rate=1r/s block=1m")
-            .unwrap_err()
-            .contains("not supported by the module yet"));
 
         let on_status = |words: &str| {
             let words: Vec<&str> = words.split_whitespace().collect();
-            LimitSpec::parse_words_with_penalty(&words).map_err(|e| e.to_string())
+            LimitSpec::parse_words(&words).map_err(|e| e.to_string())
         };
         let spec = on_status("zone=login nodelay on_status=401,403").unwrap();
         assert_eq!(spec.on_status.unwrap().to_string(), "401,403");
@@ -842,9 +813,6 @@ mod tests {
                     .into()
             )
         );
-        assert!(limit("on_status=401")
-            .unwrap_err()
-            .contains("not supported by the module yet"));
     }
 
     #[test]

@@ -394,19 +394,15 @@ fn looks_like_access_log(line: &str) -> bool {
     time && address && fields.next().is_some()
 }
 
-/// `--zone` and `--limit` as the module would read them (and `block=`, `on_status=`, which
-/// only the replay enforces yet); the message is the spec error.
+/// `--zone` and `--limit` as the module reads them (`block=` and `on_status=` included); the
+/// message is the spec error.
 fn parse_policy(args: &Args) -> Result<(Policy, ZoneSpec, Option<LimitSpec>), String> {
     let zone_words: Vec<&str> = args.zone.split_whitespace().collect();
-    let zone = ZoneSpec::parse_words_with_penalty(&zone_words)
-        .map_err(|error| format!("--zone: {error}"))?;
+    let zone = ZoneSpec::parse_words(&zone_words).map_err(|error| format!("--zone: {error}"))?;
     let limit = match &args.limit {
         Some(words) => {
             let words: Vec<&str> = words.split_whitespace().collect();
-            Some(
-                LimitSpec::parse_words_with_penalty(&words)
-                    .map_err(|error| format!("--limit: {error}"))?,
-            )
+            Some(LimitSpec::parse_words(&words).map_err(|error| format!("--limit: {error}"))?)
         }
         None => None,
     };
