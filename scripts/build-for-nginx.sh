@@ -15,9 +15,10 @@
 #
 # The source is copied to target/nginx-<version>/src and configured (configure only, no make)
 # with the binary's own `nginx -V` arguments plus --with-compat, into target/nginx-<version>/objs.
-# The module is built into target/nginx-<version>/release/ (cargo's target dir for this nginx,
-# apart from the development build in target/debug). Progress goes to stderr; stdout gets only
-# the load_module line.
+# The module is built in target/nginx-<version>/release/ (cargo's target dir for this nginx,
+# apart from the development build in target/debug) and copied to
+# target/nginx-<version>/ngx_http_rate_limit_module.so, the module's name wherever it is
+# loaded. Progress goes to stderr; stdout gets only the load_module line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -201,8 +202,12 @@ rm -f "$out/configure-args.new"
 say "building the module (cargo build --release --no-default-features --features export-modules)"
 NGINX_SOURCE_DIR=$out/src NGINX_BUILD_DIR=$out/objs CARGO_TARGET_DIR=$out \
     cargo build --release --no-default-features --features export-modules -p ngx-rate-limit >&2
-module=$out/release/libngx_http_rate_limit_module.so
-[ -f "$module" ] || die "cargo did not produce $module"
+# cargo names the library libngx_http_rate_limit_module.so; the module's name, the one the
+# Debian package installs and every load_module line uses, has no "lib".
+built=$out/release/libngx_http_rate_limit_module.so
+[ -f "$built" ] || die "cargo did not produce $built"
+module=$out/ngx_http_rate_limit_module.so
+install -m 644 "$built" "$module"
 
 # The check: that very binary loads the module and accepts a zone and a limit.
 check=$out/check

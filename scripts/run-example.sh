@@ -7,53 +7,130 @@
 #   PORT=9000 scripts/run-example.sh     another port (%%PORT%%)
 #   ADMIN_PORT=9001 scripts/run-example.sh nginx-conf/admin.conf
 #                                        another admin port (%%PORT2%%)
+#   INSTANCE=2 PORT=8082 scripts/run-example.sh nginx-conf/cluster.conf
+#                                        a second instance beside the first: its own prefix,
+#                                        target/run-2 (the default instance's is target/run)
+#   REDIS_URL=redis://10.0.0.5:6379 scripts/run-example.sh nginx-conf/cluster.conf
+#                                        the Redis of %%REDIS%% (default redis://127.0.0.1:6379;
+#                                        when nothing answers there, the script starts a
+#                                        redis-server on it, installing it if missing)
+#   NGINX=/usr/sbin/nginx scripts/run-example.sh nginx-conf/lua.conf
+#                                        another nginx (here Debian's, which its Lua module is
+#                                        built for): the module is built for it by
+#                                        scripts/build-for-nginx.sh
+#   MODULE=/path/to/ngx_http_rate_limit_module.so   with NGINX=: a module already built for it
+#   PREFIX=/tmp/example                  another prefix (absolute)
 #
 # Every run starts without the previous run's admin changes: a config's
 # rate_limit_state_file is removed first, and the script says so. KEEP_STATE=1 keeps it
 # (nginx then restores those changes at start, and the script says that instead).
 #
 # Installs the Debian packages the build needs when they are missing (with sudo unless root).
-# nginx runs with the prefix target/run: its logs are in target/run/logs/, the files it serves
-# in target/run/html/, and its error log is copied to the terminal.
+# nginx runs with the prefix target/run (or target/run-$INSTANCE): its logs are in logs/ there,
+# the files it serves in html/, and its error log is copied to the terminal.
+#
+# Placeholders of the configs: %%MODULE%% (the module's absolute path), %%PORT%% (= %%PORT1%%),
+# %%PORT2%%, %%PREFIX%% (the prefix), %%REPO%% (this checkout, for lua_package_path),
+# %%REDIS%% (the Redis URL).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+say() { echo "run-example: $*" >&2; }
+die() {
+    say "$*"
+    exit 1
+}
 
 config=${1:-nginx-conf/basic.conf}
 port=${PORT:-8080}
 admin_port=${ADMIN_PORT:-8081}
-prefix=$PWD/target/run
+prefix=${PREFIX:-$PWD/target/run${INSTANCE:+-$INSTANCE}}
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo=sudo
 
-[ -f "$config" ] || { echo "no such config: $config" >&2; exit 1; }
+[ -f "$config" ] || die "no such config: $config"
 
-packages=(libclang-dev libpcre2-dev libssl-dev zlib1g-dev pkg-config make gcc)
-missing=()
-for package in "${packages[@]}"; do
-    dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
-done
-if ((${#missing[@]})); then
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo=sudo
-    echo "installing ${missing[*]}" >&2
+# Installs the Debian packages given that are missing.
+install_missing() {
+    local missing=() package
+    for package in "$@"; do
+        dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+    done
+    ((${#missing[@]})) || return 0
+    say "installing ${missing[*]}"
     $sudo apt-get update
     $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+}
+
+# A config that loads Debian's Lua module needs the nginx it is built for.
+if grep -q '^[[:space:]]*load_module[[:space:]].*ngx_http_lua_module\.so' "$config" &&
+    [ -z "${NGINX:-}" ]; then
+    die "$config loads Debian's Lua module, which only Debian's nginx can load:
+    apt-get install nginx libnginx-mod-http-lua lua-resty-core dpkg-dev
+    NGINX=/usr/sbin/nginx $0 $config"
 fi
 
-# cargo's JSON messages say where the build put nginx (build.rs exports NGINX_BINARY) and
-# the module.
-messages=$(cargo build --message-format=json-render-diagnostics)
-nginx=$(grep -o '"NGINX_BINARY","[^"]*"' <<<"$messages" | tail -n1 | cut -d'"' -f4)
-module=$(grep -o '"[^"]*/libngx_http_rate_limit_module\.so"' <<<"$messages" | tail -n1 | tr -d '"')
-[ -x "$nginx" ] || { echo "cargo build did not report the nginx binary" >&2; exit 1; }
-[ -f "$module" ] || { echo "cargo build did not report the module" >&2; exit 1; }
+if [ -z "${NGINX:-}" ]; then
+    [ -z "${MODULE:-}" ] || die "MODULE=$MODULE needs the nginx it was built for: set NGINX too"
+    install_missing libclang-dev libpcre2-dev libssl-dev zlib1g-dev pkg-config make gcc
+    # cargo's JSON messages say where the build put nginx (build.rs exports NGINX_BINARY) and
+    # the module.
+    messages=$(cargo build --message-format=json-render-diagnostics)
+    nginx=$(grep -o '"NGINX_BINARY","[^"]*"' <<<"$messages" | tail -n1 | cut -d'"' -f4)
+    module=$(grep -o '"[^"]*/libngx_http_rate_limit_module\.so"' <<<"$messages" | tail -n1 | tr -d '"')
+    [ -x "$nginx" ] || die "cargo build did not report the nginx binary"
+    [ -f "$module" ] || die "cargo build did not report the module"
+else
+    nginx=$(command -v "$NGINX" || true)
+    [ -n "$nginx" ] && [ -x "$nginx" ] || die "NGINX=$NGINX is not an executable"
+    if [ -n "${MODULE:-}" ]; then
+        module=$(readlink -f "$MODULE")
+        [ -f "$module" ] || die "MODULE=$MODULE does not exist"
+    else
+        install_missing libclang-dev libpcre2-dev libssl-dev zlib1g-dev pkg-config make gcc dpkg-dev
+        say "building the module for $nginx (scripts/build-for-nginx.sh)"
+        module=$(scripts/build-for-nginx.sh "$nginx" | sed -n 's/^load_module \(.*\);$/\1/p')
+        [ -f "$module" ] || die "scripts/build-for-nginx.sh did not report the module"
+    fi
+fi
+
+# Whether a Redis answers PING at host $1, port $2 (an AUTH error is an answer too).
+redis_answers() {
+    local reply=""
+    { exec 3<>"/dev/tcp/$1/$2"; } 2>/dev/null || return 1
+    printf 'PING\r\n' >&3
+    read -r -t 2 reply <&3 || true
+    exec 3<&- 3>&-
+    [[ $reply == +PONG* || $reply == -NOAUTH* || $reply == -WRONGPASS* ]]
+}
+
+redis_url=${REDIS_URL:-redis://127.0.0.1:6379}
+if grep -q '%%REDIS%%' "$config" && [ -z "${REDIS_URL:-}" ] && ! redis_answers 127.0.0.1 6379; then
+    install_missing redis-server
+    # Debian's package starts a service where systemd runs; elsewhere (a container) it does not.
+    if ! redis_answers 127.0.0.1 6379; then
+        mkdir -p target/redis
+        redis-server --port 6379 --bind 127.0.0.1 --save '' --appendonly no \
+            --dir "$PWD/target/redis" --logfile "$PWD/target/redis/redis.log" \
+            --pidfile "$PWD/target/redis/redis.pid" --daemonize yes
+        for _ in $(seq 50); do
+            redis_answers 127.0.0.1 6379 && break
+            sleep 0.1
+        done
+        redis_answers 127.0.0.1 6379 || die "redis-server did not start: see target/redis/redis.log"
+        say "started redis-server on 127.0.0.1:6379 (it keeps running; stop it with" \
+            "redis-cli -p 6379 shutdown)"
+    fi
+fi
 
 mkdir -p "$prefix/logs" "$prefix/html"
 [ -f "$prefix/html/index.html" ] || echo "ok" >"$prefix/html/index.html"
 sed -e "s|%%MODULE%%|$module|g" -e "s|%%PORT%%|$port|g" -e "s|%%PORT1%%|$port|g" \
-    -e "s|%%PORT2%%|$admin_port|g" -e "s|%%PREFIX%%|$prefix|g" \
+    -e "s|%%PORT2%%|$admin_port|g" -e "s|%%PREFIX%%|$prefix|g" -e "s|%%REPO%%|$PWD|g" \
+    -e "s|%%REDIS%%|$redis_url|g" \
     "$config" >"$prefix/nginx.conf"
 if unknown=$(grep -o '%%[A-Z0-9_]*%%' "$prefix/nginx.conf" | head -n1) && [ -n "$unknown" ]; then
-    echo "$config: unknown placeholder $unknown" >&2
-    exit 1
+    die "$config: unknown placeholder $unknown"
 fi
 
 # A state file left by the previous run would silently bring back its admin changes.
@@ -64,20 +141,24 @@ if [ -n "$state_file" ]; then
     if [ ! -f "$state_file" ]; then
         :
     elif [ "${KEEP_STATE:-}" = 1 ]; then
-        echo "KEEP_STATE=1: nginx restores the admin changes saved in $state_file" >&2
+        say "KEEP_STATE=1: nginx restores the admin changes saved in $state_file"
     else
         rm -f "$state_file"
-        echo "removed $state_file: this run starts without the previous run's admin changes" \
-            "(KEEP_STATE=1 keeps them)" >&2
+        say "removed $state_file: this run starts without the previous run's admin changes" \
+            "(KEEP_STATE=1 keeps them)"
     fi
 fi
 
-globals="daemon off; error_log stderr notice;"
+# The pid file in the prefix: a packaged nginx's own default (/run/nginx.pid) belongs to the
+# system's nginx.
+globals="daemon off; error_log stderr notice; pid logs/nginx.pid;"
 # Workers run as 'nobody' under root, and may not be able to read a checkout in a home
 # directory: this demo serves target/run/html as root instead.
 [ "$(id -u)" -ne 0 ] || globals="$globals user root;"
 
 admin=""
 grep -q '%%PORT2%%' "$config" && admin=", admin API on http://127.0.0.1:$admin_port/"
-echo "nginx on http://127.0.0.1:$port/$admin with $config (prefix $prefix); Ctrl-C stops it" >&2
+say "nginx on http://127.0.0.1:$port/$admin with $config (prefix $prefix); Ctrl-C stops it"
+# nginx reads an NGINX environment variable of its own (the sockets a binary upgrade hands over).
+unset NGINX
 exec "$nginx" -p "$prefix" -c nginx.conf -g "$globals"

@@ -77,10 +77,12 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
     }
     control::postconfiguration(cf);
     admin::postconfiguration();
-    // The log phase measures the latency of requests holding concurrency slots: only with a
-    // concurrency zone.
+    // The log phase measures the latency of requests holding concurrency slots (only with a
+    // concurrency zone) and gives back what `on_status=` charged for other statuses (only
+    // with an `on_status=` line).
     let concurrency = conf::main_conf(cf)
         .is_some_and(|mcf| conf::zones(mcf).any(|zone| zone.algorithm.counts_in_flight()));
+    let on_status = conf::main_conf(cf).is_some_and(|mcf| mcf.on_status_used);
     let Some(cmcf) = NgxHttpCoreModule::main_conf_mut(cf) else {
         return Status::NGX_ERROR.into();
     };
@@ -89,7 +91,16 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
         handler::preaccess_handler as Handler,
     )];
     if concurrency {
-        phases.push((ngx_http_phases_NGX_HTTP_LOG_PHASE, handler::log_handler));
+        phases.push((
+            ngx_http_phases_NGX_HTTP_LOG_PHASE,
+            handler::concurrency_log_handler,
+        ));
+    }
+    if on_status {
+        phases.push((
+            ngx_http_phases_NGX_HTTP_LOG_PHASE,
+            handler::charge_log_handler,
+        ));
     }
     for (phase, handler) in phases {
         let phase = &mut cmcf.phases[phase as usize];

@@ -20,6 +20,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use ngx::ffi::ngx_http_request_t;
 use ngx::http::HttpModuleMainConf;
+use ratelimit_core::penalty::BlockPolicy;
 use ratelimit_core::{Decision, DelayMode, LimitSpec, Limits, Outcome, Rate};
 
 use crate::conf::RateLimitModule;
@@ -31,7 +32,7 @@ use crate::glue::{connection_log, now_ns};
 use crate::store::{Counter, Zone, MAX_KEY_BYTES};
 
 /// Bumped whenever a struct or a function signature below changes.
-pub const ABI_VERSION: c_int = 2;
+pub const ABI_VERSION: c_int = 3;
 
 /// What a function returns: 0 or a negative error code (`docs/lua.md` lists them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,10 +53,14 @@ enum Status {
     BurstNotUsed = -7,
     /// The zone's shared memory is not set up, or a panic was caught.
     Internal = -8,
+    /// `burst` larger than the zone's rate allows (a bucket must drain or refill within 100
+    /// years, as `rate_limit` lines are checked); `incoming` and `state` put the largest in
+    /// their decision's `remaining`.
+    BurstTooLarge = -9,
     /// A rate call on a concurrency zone, or a concurrency call on a rate zone.
-    WrongKind = -9,
+    WrongKind = -10,
     /// `leaving` or `uncommit` for a key the request holds no slot of.
-    NotHeld = -10,
+    NotHeld = -11,
 }
 
 /// How a `rate_limit` line's delay words read: `delay_mode` of [`LuaOptions`].
@@ -109,7 +114,7 @@ impl From<Decision> for LuaDecision {
 
 impl LuaOptions {
     /// The `rate_limit` line these options stand for.
-    fn limit_conf(&self, zone_conf: &ZoneConf) -> Result<LimitConf, Status> {
+    fn limit_conf(&self, zone_conf: &ZoneConf, zone: &Zone) -> Result<LimitConf, Status> {
         let delay = match self.delay_mode {
             DELAY_ALL => DelayMode::Delay,
             NO_DELAY => DelayMode::NoDelay,
@@ -128,6 +133,14 @@ impl LuaOptions {
         if burst.is_some() && !zone_conf.algorithm.takes_burst() {
             return Err(Status::BurstNotUsed);
         }
+        if let (Some(burst), Some(live)) = (burst, zone.limits()) {
+            if (Limits { burst, ..live })
+                .check_bucket(zone_conf.algorithm)
+                .is_err()
+            {
+                return Err(Status::BurstTooLarge);
+            }
+        }
         if self.cost == 0 {
             return Err(Status::BadArgument);
         }
@@ -139,6 +152,7 @@ impl LuaOptions {
             global: None,
             cost: self.cost,
             charge_cache: Default::default(),
+            on_status: None,
         })
     }
 }
@@ -215,9 +229,13 @@ fn request<'r>(r: *mut ngx_http_request_t) -> Result<&'r ngx_http_request_t, Sta
 /// A key, its zone and the options, resolved as the directive resolves a request's.
 struct Target<'r> {
     applied: Applied<'r>,
+    key: &'r [u8],
     now_ns: u64,
 }
 
+/// `out`, when the call has one, receives the largest burst the zone's rate allows with
+/// [`Status::BurstTooLarge`].
+///
 /// # Safety
 /// Pointers as for the exported functions: each null or valid for its length.
 unsafe fn target<'r>(
@@ -225,6 +243,7 @@ unsafe fn target<'r>(
     zone: (*const u8, usize),
     key: (*const u8, usize),
     opts: *const LuaOptions,
+    out: Option<&mut LuaDecision>,
 ) -> Result<Target<'r>, Status> {
     let r = request(r)?;
     // SAFETY: the caller's contract.
@@ -243,14 +262,22 @@ unsafe fn target<'r>(
     if zone_conf.algorithm.counts_in_flight() {
         return Err(Status::WrongKind);
     }
-    let limit = opts.limit_conf(zone_conf)?;
+    let limit = opts.limit_conf(zone_conf, zone).inspect_err(|&status| {
+        if let (Status::BurstTooLarge, Some(out), Some(live)) = (status, out, zone.limits()) {
+            out.remaining = Limits::max_burst(zone_conf.algorithm, &live.rate);
+        }
+    })?;
     let now_ns = now_ns();
     let (found, evicted) = decide::find(zone_conf, zone, key, now_ns);
     if evicted {
         found.log_zone_full(now_ns, connection_log(r));
     }
     let applied = Applied::new(found, &limit).ok_or(Status::Internal)?;
-    Ok(Target { applied, now_ns })
+    Ok(Target {
+        applied,
+        key,
+        now_ns,
+    })
 }
 
 /// The ABI version this module exports; `resty.rate_limit` refuses to run on another.
@@ -293,6 +320,13 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_parse_opts(
             unsafe { write_error(err, err_len, &error.to_string()) };
             Status::Refused
         })?;
+        if spec.on_status.is_some() {
+            let message = "invalid parameter \"on_status\": in Lua, call incoming(key, false) \
+                           at access and charge(key) at log when the status matches";
+            // SAFETY: the caller's contract.
+            unsafe { write_error(err, err_len, message) };
+            return Err(Status::Refused);
+        }
         let (delay_mode, delay) = match spec.delay {
             DelayMode::Delay => (DELAY_ALL, 0),
             DelayMode::NoDelay => (NO_DELAY, 0),
@@ -314,7 +348,10 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_parse_opts(
 
 /// Decide a request of `opts.cost` for `key` in zone `zone` now, as a `rate_limit` line with
 /// these options would. With `commit`, a passing or delayed request is charged and counted in
-/// the zone's metrics (a rejection is counted too); without it nothing changes.
+/// the zone's metrics, and a refusal of a blocked key is counted as blocked; without it a
+/// request that would pass changes nothing. A rejection is counted and blocks the key in a
+/// zone with `block=` in both cases, and a blocked key is rejected (`retry_after_ns`: the
+/// time left of its block) in both.
 ///
 /// # Safety
 /// `r` is null or the current request; `zone`/`key` point to their lengths in bytes; `opts`
@@ -331,22 +368,32 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_incoming(
     out: *mut LuaDecision,
 ) -> c_int {
     guarded(|| {
-        // SAFETY: the caller's contract.
-        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts) }?;
         // SAFETY: a non-null `out` is writable (the caller's contract).
         let out = unsafe { out.as_mut() }.ok_or(Status::BadArgument)?;
+        // SAFETY: the caller's contract.
+        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts, Some(out)) }?;
         let charge = if commit != 0 {
             Charge::Now
         } else {
             Charge::Peek
         };
+        let (key, now_ns) = (target.key, target.now_ns);
         let limits = &mut [AppliedLimit::new(target.applied, None)];
-        let verdict = decide::decide(limits, target.now_ns, charge);
-        if charge == Charge::Now {
-            // Lua keeps no top keys: nothing more to record than the counters.
-            decide::account(limits, &verdict, false, |_, _| {});
+        let verdict = decide::decide(limits, now_ns, charge);
+        let mut decision = verdict.decision;
+        // A rejection is accounted for even when only looked at (`incoming(key, false)`, the
+        // door of on_status semantics): the key went over its limit, and a zone with
+        // `block=` blocks it.
+        let rejected = verdict.outcome == Outcome::Rejected && !verdict.blocked;
+        if charge == Charge::Now || rejected {
+            let started = decide::account(limits, &verdict, false, now_ns, |_| Some(key.to_vec()));
+            if let Some(started) = started {
+                decision.retry_after_ns = decision
+                    .retry_after_ns
+                    .max(started.block.until_ns.saturating_sub(now_ns));
+            }
         }
-        *out = verdict.decision.into();
+        *out = decision.into();
         Ok(())
     })
 }
@@ -366,7 +413,7 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_uncommit(
 ) -> c_int {
     guarded(|| {
         // SAFETY: the caller's contract.
-        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts) }?;
+        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts, None) }?;
         target.applied.uncommit(target.now_ns);
         Ok(())
     })
@@ -388,13 +435,14 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_state(
     out: *mut LuaDecision,
 ) -> c_int {
     guarded(|| {
-        // SAFETY: the caller's contract.
-        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts) }?;
         // SAFETY: a non-null `out` is writable (the caller's contract).
         let out = unsafe { out.as_mut() }.ok_or(Status::BadArgument)?;
+        // SAFETY: the caller's contract.
+        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts, Some(out)) }?;
         let Target {
             mut applied,
             now_ns,
+            ..
         } = target;
         let next = applied.decide(now_ns, false);
         applied.stand(now_ns);
@@ -461,6 +509,12 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_set_limits(
                     Limits::MAX_BURST
                 ))
             })?);
+        }
+        // `set_rate("")` reached here as "no rate": a call that changes nothing is a mistake.
+        if patch.rate.is_none() && patch.burst.is_none() {
+            return Err(refused(
+                "nothing to change: give a rate (such as \"10r/s\") or a burst".to_string(),
+            ));
         }
         crate::control::zones::patch_zone(mcf, &zone_conf.name, &patch, connection_log(r))
             .map_err(|error| refused(error.to_string()))
@@ -746,4 +800,91 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_conn_set(
         crate::control::zones::patch_concurrency(mcf, &zone_conf.name, &patch, connection_log(r))
             .map_err(|error| refused(error.to_string()))
     })
+}
+
+/// Block `key` in zone `zone` by hand for `duration_ns` (as the admin API's `PUT
+/// zones/NAME/blocked/KEY` does: the key keeps its escalation level). On error (no `block=` on
+/// the zone, a table without room) the message is written to `err`.
+///
+/// # Safety
+/// `r` is null or the current request; `zone`/`key` point to their lengths in bytes;
+/// `err`/`err_len` as for [`ngx_http_rate_limit_lua_parse_opts`].
+#[no_mangle]
+pub unsafe extern "C" fn ngx_http_rate_limit_lua_block(
+    r: *mut ngx_http_request_t,
+    zone: *const u8,
+    zone_len: usize,
+    key: *const u8,
+    key_len: usize,
+    duration_ns: u64,
+    err: *mut u8,
+    err_len: *mut usize,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: the caller's contract.
+        let (zone_conf, key) = unsafe { block_target(r, (zone, zone_len), (key, key_len)) }?;
+        let refused = |message: String| {
+            // SAFETY: the caller's contract.
+            unsafe { write_error(err, err_len, &message) };
+            Status::Refused
+        };
+        if duration_ns == 0 || duration_ns > BlockPolicy::MAX_NS {
+            return Err(refused(format!(
+                "invalid block duration: must be more than 0 and at most {} seconds",
+                BlockPolicy::MAX_NS / 1_000_000_000
+            )));
+        }
+        crate::control::blocks::block_by_hand(zone_conf, key, duration_ns, now_ns())
+            .map(|_| ())
+            .map_err(|error| refused(error.to_string()))
+    })
+}
+
+/// How long `key` stays blocked in zone `zone`: `*left_ns` 0 when it is not blocked (or the
+/// zone has no `block=`).
+///
+/// # Safety
+/// `r` is null or the current request; `zone`/`key` point to their lengths in bytes; `left_ns`
+/// is writable.
+#[no_mangle]
+pub unsafe extern "C" fn ngx_http_rate_limit_lua_blocked(
+    r: *mut ngx_http_request_t,
+    zone: *const u8,
+    zone_len: usize,
+    key: *const u8,
+    key_len: usize,
+    left_ns: *mut u64,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: the caller's contract.
+        let (zone_conf, key) = unsafe { block_target(r, (zone, zone_len), (key, key_len)) }?;
+        // SAFETY: a non-null `left_ns` is writable (the caller's contract).
+        let left_ns = unsafe { left_ns.as_mut() }.ok_or(Status::BadArgument)?;
+        *left_ns = crate::control::blocks::blocked_for_ns(zone_conf, key, now_ns()).unwrap_or(0);
+        Ok(())
+    })
+}
+
+/// The zone and key of a block call.
+///
+/// # Safety
+/// `r` is null or the current request; each pointer null or valid for its length.
+unsafe fn block_target<'r>(
+    r: *mut ngx_http_request_t,
+    zone: (*const u8, usize),
+    key: (*const u8, usize),
+) -> Result<(&'r ZoneConf, &'r [u8]), Status> {
+    let r = request(r)?;
+    // SAFETY: the caller's contract (each pointer null or valid for its length).
+    let name = unsafe { bytes(zone.0, zone.1) }.ok_or(Status::BadArgument)?;
+    // SAFETY: as above.
+    let key = unsafe { bytes(key.0, key.1) }.ok_or(Status::BadArgument)?;
+    let (zone_conf, _) = zone_by_name(r, name)?;
+    if key.is_empty() {
+        return Err(Status::EmptyKey);
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(Status::KeyTooLong);
+    }
+    Ok((zone_conf, key))
 }

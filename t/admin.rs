@@ -555,6 +555,43 @@ fn overrides_change_real_decisions() {
     );
 }
 
+/// Long keys fill the zone's memory before its table: the 507 then says it is the memory
+/// (it said "no room for another override (512 at most)" with a fraction of 512 set).
+#[test]
+fn overrides_out_of_zone_memory_answer_507_naming_the_memory() {
+    let nginx = start();
+    let mut connection = Connection::open(nginx.port());
+    let mut created = 0;
+    let refused = loop {
+        // 7000 bytes: within nginx's default 8k request line.
+        let key = format!("{created:05}{}", "k".repeat(6995));
+        let response = connection.send(&admin_request(
+            "PUT",
+            &format!("zones/one/overrides/{key}"),
+            Some(r#"{"rate": "2r/s"}"#),
+        ));
+        if response.status != 201 || created == 512 {
+            break response;
+        }
+        created += 1;
+    };
+    assert!(created > 0 && created < 512, "{created} overrides");
+    assert_eq!(refused.status, 507, "{}", refused.text());
+    assert_eq!(
+        error_text(&json_body(&refused)),
+        "zone \"one\" has no memory left for the key of another override (7000 bytes): its \
+         1048576 bytes are in use; a larger zone size holds more"
+    );
+    // Removing one makes room again; the zone still limits.
+    let first = format!("zones/one/overrides/00000{}", "k".repeat(6995));
+    let removed = connection.send(&admin_request("DELETE", &first, None));
+    assert_eq!(removed.status, 204, "{}", removed.text());
+    let again = connection.send(&admin_request("PUT", &first, Some(r#"{"rate": "2r/s"}"#)));
+    assert_eq!(again.status, 201, "{}", again.text());
+    assert_eq!(hit(&nginx, "/", "someone"), 200);
+    assert_eq!(hit(&nginx, "/", "someone"), 429);
+}
+
 #[test]
 fn a_full_override_table_answers_507() {
     let nginx = start();
@@ -1203,4 +1240,83 @@ http {
         );
         assert!(response.text().contains("<html>"), "{}", response.text());
     }
+}
+
+/// `nginx -t` refuses `rate_limit_admin` where the API cannot find its paths (a regex or a
+/// named location) and says why; the prefix without its slash (`/ratelimit`) is redirected to
+/// it (301), as nginx does for `proxy_pass` locations, and the redirect leads to the JSON.
+#[test]
+fn the_admin_location_is_a_prefix_and_its_name_without_slash_redirects() {
+    for (location, kind, name) in [
+        ("location ~ ^/rl/ { rate_limit_admin; }", "regex", "^/rl/"),
+        ("location @admin { rate_limit_admin; }", "named", "@admin"),
+    ] {
+        let (ok, output) = common::check_config(
+            &common::config::config()
+                .http("rate_limit_zone $http_x_key zone=z:1m rate=1r/s;")
+                .locations(location)
+                .build(),
+        );
+        assert!(!ok, "{location}: accepted");
+        let expected = format!(
+            "[emerg] \"rate_limit_admin\" cannot be used in the {kind} location \"{name}\": \
+             the API's paths follow the location's prefix, so it needs a prefix location, such \
+             as \"location /ratelimit/ {{ rate_limit_admin; }}\" in "
+        );
+        assert!(output.contains(&expected), "{location}: {output}");
+    }
+
+    let nginx = start();
+    let response = get(nginx.port(), "/ratelimit?x=1");
+    assert_eq!(response.status, 301, "{response:?}");
+    let location = response.header("Location").unwrap_or_default().to_string();
+    assert!(
+        location.ends_with(&format!(":{}/ratelimit/?x=1", nginx.port())),
+        "{location}"
+    );
+    let root = send(
+        nginx.port(),
+        &Request::get("/ratelimit/").header("Accept", "application/json"),
+    );
+    assert_eq!(root.status, 200);
+    assert_eq!(json_body(&root)["write"], true);
+    // A location without the trailing slash is not redirected: it is the API's root itself.
+    let (ok, output) = common::check_config(
+        &common::config::config()
+            .http("rate_limit_zone $http_x_key zone=z:1m rate=1r/s;")
+            .locations("location /api { rate_limit_admin; }")
+            .build(),
+    );
+    assert!(ok, "{output}");
+}
+
+/// `GET zones/NAME/history`: each request counted in its second, the last second being now
+/// (Unix time), and the counts kept over a reload (they are in the zone's memory).
+#[test]
+fn history_counts_requests_per_second_and_survives_a_reload() {
+    let mut nginx = start();
+    let statuses: Vec<u16> = (0..3).map(|_| hit(&nginx, "/", "history")).collect();
+    assert_eq!(statuses, [200, 429, 429]);
+    let sums = |nginx: &Nginx| {
+        let (status, history) = admin(nginx, "GET", "zones/one/history", None);
+        assert_eq!(status, 200, "{history}");
+        assert_eq!(history["zone"], "one");
+        assert_eq!(history["seconds"], 300);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let end = history["end"].as_u64().expect("end");
+        assert!(end.abs_diff(now) <= 2, "end {end}, now {now}");
+        ["passed", "delayed", "rejected"].map(|series| {
+            let counts = history[series].as_array().expect(series);
+            assert_eq!(counts.len(), 300, "{series}");
+            counts.iter().filter_map(Value::as_u64).sum::<u64>()
+        })
+    };
+    assert_eq!(sums(&nginx), [1, 0, 2]);
+    nginx.reload();
+    assert_eq!(sums(&nginx), [1, 0, 2]);
+    let (status, error) = admin(&nginx, "GET", "zones/none/history", None);
+    assert_eq!((status, error_text(&error)), (404, "unknown zone \"none\""));
 }

@@ -108,8 +108,10 @@ fn one_instance_with_all_traffic_reaches_the_limit() {
 }
 
 /// Redis traffic does not grow with the request rate: per interval and instance, one
-/// pipeline of a heartbeat, two calls per sync zone (its limits, its overrides) and one per
-/// touched key (read from INFO commandstats).
+/// pipeline of a heartbeat, two calls per sync zone (its limits, its overrides) and at most
+/// one key script call, whatever the keys it carries (read from INFO commandstats). A key well
+/// inside its share (here 20 r/s over two instances of a 100r/s limit) is not sent every
+/// round; one refused for want of a grant (1000 r/s) is, once per round.
 #[test]
 fn redis_calls_do_not_grow_with_traffic() {
     let redis = Redis::start();
@@ -124,13 +126,13 @@ fn redis_calls_do_not_grow_with_traffic() {
     let (fast_calls, fast_span) = calls(1000.0);
     for (calls, span) in [(slow_calls, slow_span), (fast_calls, fast_span)] {
         // Rounds per instance (+1 for a partial round), two instances, at most four calls
-        // in each round's one pipeline: the heartbeat, the zone's limits and overrides, the
-        // one key.
+        // in each round's one pipeline.
         let rounds = (span.as_secs_f64() / 0.1).ceil() as u64 + 1;
         assert!(calls <= 2 * 4 * rounds, "{calls} calls in {span:?}");
     }
+    let rounds = (fast_span.as_secs_f64() / 0.1).ceil() as u64 + 1;
     assert!(
-        fast_calls <= slow_calls + slow_calls / 4 + 8,
+        fast_calls <= slow_calls + 2 * rounds + 8,
         "{slow_calls} -> {fast_calls}"
     );
 }
@@ -691,7 +693,9 @@ fn delay_follows_the_fleet_backlog() {
 #[test]
 fn a_slot_migrated_under_load_costs_no_sync() {
     let nodes = redis_cluster();
-    let fleet = fleet(&nodes[0], 2, "cluster interval=100ms");
+    // The whole interval for a round (the default is half): a migration under load on a
+    // shared machine can hold a node for tens of milliseconds, a timeout, not a routing failure.
+    let fleet = fleet(&nodes[0], 2, "cluster interval=100ms timeout=100ms");
     let ports = ports(&fleet);
     let span = Duration::from_secs(4);
     let load = thread::spawn(move || offer(&ports, LIMIT_PER_SEC, span, "moving"));
@@ -801,11 +805,13 @@ fn fleet_lead_ms(redis: &Redis) -> f64 {
     }
 }
 
-/// Redis stalled (SIGSTOP) for 0.6 s right after a burst of 30: each round of the stall
-/// times out with the key's delta, the stopped server queues what reached it, and runs it
-/// when it resumes. Each request is still charged once (every send lists the earlier sends it
-/// carries again): from the resume on (Redis's clock), the key's fleet state stands 30 x 100
-/// ms ahead, not a multiple of it (measured before this: twice, 5.7 s ahead).
+/// Redis stalled (SIGSTOP) for 0.6 s right after a burst of 60 (more than half of what the
+/// instance may take alone, so the key is sent in the next round): that round times out with
+/// the key's delta, the stopped server queues what reached it, and runs it when it resumes;
+/// the rounds after it send no key until Redis answers, then the next one sends the delta
+/// again, listing the send it carries. Each request is still charged once: from the resume
+/// on (Redis's clock), the key's fleet state stands about 60 x 100 ms ahead (less the interval
+/// it is charged from), not a multiple of it (measured before the once-only charge: twice).
 #[test]
 fn a_stalled_redis_charges_each_request_once() {
     let redis = Redis::start();
@@ -817,7 +823,7 @@ fn a_stalled_redis_charges_each_request_once() {
     redis.wait_instances(1);
     wait_mode(&nginx, "synced", Duration::from_secs(3));
     redis.signal(SIGSTOP);
-    assert_eq!(burst(&[nginx.port()], 30, "once"), 30);
+    assert_eq!(burst(&[nginx.port()], 60, "once"), 60);
     thread::sleep(Duration::from_millis(600));
     redis.signal(SIGCONT);
     let resumed = Instant::now();
@@ -825,9 +831,9 @@ fn a_stalled_redis_charges_each_request_once() {
     // Let the rounds after the resume run (a resent delta would land in one of them).
     thread::sleep(Duration::from_millis(300));
     let ahead_ms = fleet_lead_ms(&redis);
-    let once_ms = 3000.0 - resumed.elapsed().as_secs_f64() * 1000.0;
+    let once_ms = 6000.0 - 100.0 - resumed.elapsed().as_secs_f64() * 1000.0;
     eprintln!(
-        "30 requests: the fleet state is {ahead_ms:.0} ms ahead, {once_ms:.0} ms if charged once"
+        "60 requests: the fleet state is {ahead_ms:.0} ms ahead, {once_ms:.0} ms if charged once"
     );
     assert!(
         (ahead_ms - once_ms).abs() < 1000.0,
@@ -1462,4 +1468,355 @@ fn overrides_flow_across_reload_and_worker_kill() {
     let expected = serde_json::json!({"y": one, "z": one});
     assert_eq!(overrides_of(&a), expected);
     assert_eq!(overrides_of(&b), expected);
+}
+
+// --- issue 18: sync at scale ------------------------------------------------------------------
+
+/// Sends requests for distinct keys (`PREFIX-N`) back to back from `connections` keep-alive
+/// connections to `port` until `until` says stop. Returns how many were sent and every
+/// status that was neither 200 nor 429.
+fn distinct_keys_load(
+    port: u16,
+    connections: usize,
+    prefix: &str,
+    until: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> thread::JoinHandle<(u64, Vec<u16>)> {
+    let prefix = prefix.to_string();
+    thread::spawn(move || {
+        let threads: Vec<_> = (0..connections)
+            .map(|c| {
+                let (prefix, until) = (prefix.clone(), until.clone());
+                thread::spawn(move || {
+                    let mut connection = Connection::open(port);
+                    let (mut sent, mut odd) = (0u64, Vec::new());
+                    while !until.load(std::sync::atomic::Ordering::Acquire) {
+                        let key = format!("{prefix}-{c}-{sent}");
+                        let request = Request::get("/index.html").header("X-Key", &key);
+                        match connection.try_send(&request) {
+                            Ok(response) if matches!(response.status, 200 | 429) => {}
+                            Ok(response) => odd.push(response.status),
+                            Err(_) => connection = Connection::open(port),
+                        }
+                        sent += 1;
+                    }
+                    (sent, odd)
+                })
+            })
+            .collect();
+        let mut total = (0, Vec::new());
+        for thread in threads {
+            let (sent, odd) = thread.join().expect("load thread");
+            total.0 += sent;
+            total.1.extend(odd);
+        }
+        total
+    })
+}
+
+/// Polls until the instance's mode is `synced`; returns how long it took (bounded).
+fn time_to_synced(nginx: &Nginx, within: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        if sync_state(nginx)["mode"] == "synced" {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "not synced {within:?} after Redis answered again: {}",
+            sync_state(nginx)
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Issue 18, 1: many distinct keys and a stalled Redis. Before, every round resent every
+/// failed delta, timed out again and grew: after a 0.5 s stall under 10k keys/s the loop
+/// stayed in `local_share` for good, even with no traffic (47-49k EVALSHA/s to an idle Redis).
+/// Here: distinct keys as fast as the instance takes them, Redis stopped for a second in the
+/// middle. The instance is synced again within two intervals of Redis answering (margin for
+/// a loaded machine: a second), under load, and again with no traffic, when an idle second
+/// costs Redis a handful of calls a round, not thousands.
+#[test]
+fn many_distinct_keys_survive_a_stalled_redis() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let redis = Redis::start();
+    let fleet = fleet(&redis, 1, "interval=100ms");
+    let nginx = &fleet[0];
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = distinct_keys_load(nginx.port(), 4, "d", stop.clone());
+    thread::sleep(Duration::from_millis(1500));
+    redis.signal(SIGSTOP);
+    thread::sleep(Duration::from_millis(1000));
+    redis.signal(SIGCONT);
+    let under_load = time_to_synced(nginx, Duration::from_secs(10));
+    // Stays synced under load.
+    thread::sleep(Duration::from_millis(1500));
+    let state = sync_state(nginx);
+    stop.store(true, Ordering::Release);
+    let (sent, odd) = load.join().expect("load");
+    eprintln!("{sent} distinct keys; synced {under_load:?} after Redis answered; then {state}");
+    assert!(odd.is_empty(), "answers other than 200/429: {odd:?}");
+    assert_eq!(state["mode"], "synced", "{state}");
+    assert!(
+        under_load <= Duration::from_millis(1000),
+        "synced only {under_load:?} after Redis answered"
+    );
+    // Idle: Redis hears a few calls a round.
+    thread::sleep(Duration::from_millis(500));
+    let before = redis.calls("evalsha");
+    thread::sleep(Duration::from_secs(1));
+    let idle = redis.calls("evalsha") - before;
+    assert_eq!(sync_state(nginx)["mode"], "synced");
+    assert!(idle <= 100, "{idle} EVALSHA in an idle second");
+}
+
+/// The admitted requests of `answers` in `[from, to)`, without printing.
+fn admitted(answers: &[Answer], from: Duration, to: Duration) -> f64 {
+    common::fleet::passed_between_quiet(answers, from, to) as f64
+}
+
+/// Issue 18, 2: small bursts are exact. Three instances, L = 100r/s, `nodelay`. "Admits L"
+/// is what ONE nginx without `sync` admits of the same traffic: limit_req's `burst=0` admits
+/// less than L even alone when arrivals do not fall on its schedule (each admission waits for
+/// the first arrival after the bucket empties). Spread: 30x L from two paced keep-alive
+/// connections per instance, all six evenly interleaved (a request every 0.33 ms), against
+/// the same six connections to one nginx. One instance: 10x L from two connections (a
+/// request every millisecond) to one instance of the three, against the same two connections
+/// to one nginx. Each for 5 s, counted from the first second on: what the fleet admits once
+/// the key is known (its one-time room granted ahead, a bucket and an interval's drain, is
+/// bounded by `three_instances_share_one_limit`). Before: `burst=0` admitted 0.75 of one
+/// nginx spread over three instances and 43/s on one instance; `burst=1` 0.86 / 55/s. Now
+/// 0.95-1.05 spread, and at least 0.9 of one nginx on one instance.
+#[test]
+fn small_bursts_share_one_limit_exactly() {
+    for burst in [0, 1] {
+        let zone = format!("rate=100r/s burst={burst}");
+        let redis = Redis::start();
+        let fleet: Vec<Nginx> = (0..3)
+            .map(|_| Nginx::start(&instance_config(redis.port, "interval=100ms", &zone)))
+            .collect();
+        // One nginx without `sync` (and without `rate_limit_sync`: not one of the fleet).
+        let alone_config: String = instance_config(redis.port, "interval=100ms", &zone)
+            .replace(" sync;", ";")
+            .lines()
+            .filter(|line| !line.contains("rate_limit_sync "))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        let single = Nginx::start(&alone_config);
+        redis.wait_instances(3);
+        // The fleet and one nginx offered the same traffic at the same time, so that both
+        // see the same machine (a loaded one delays arrivals, which costs limit_req more).
+        let (span, from) = (Duration::from_secs(5), Duration::from_secs(1));
+        let side_by_side = |fleet_ports: Vec<u16>, single_ports: Vec<u16>, per_sec: f64, key| {
+            let other = thread::spawn(move || offer(&single_ports, per_sec, span, key));
+            let mine = offer(&fleet_ports, per_sec, span, key);
+            let theirs = other.join().expect("load thread");
+            (admitted(&mine, from, span), admitted(&theirs, from, span))
+        };
+        let port = single.port();
+        let (spread, one) = side_by_side(
+            ports(&fleet),
+            vec![port; 3],
+            30.0 * LIMIT_PER_SEC / 3.0,
+            "k",
+        );
+        let (alone, one_alone) = side_by_side(
+            vec![fleet[0].port()],
+            vec![port],
+            10.0 * LIMIT_PER_SEC,
+            "solo",
+        );
+        let (ratio, alone_ratio) = (spread / one, alone / one_alone);
+        eprintln!(
+            "burst={burst}: spread {spread} vs one nginx {one} ({ratio:.3}); one instance \
+             {alone} vs one nginx {one_alone} ({alone_ratio:.3})"
+        );
+        assert!(
+            (0.95..=1.05).contains(&ratio),
+            "burst={burst}: three instances admitted {spread}, one nginx alone {one}"
+        );
+        assert!(
+            alone_ratio >= 0.9,
+            "burst={burst}: one instance with all the traffic admitted {alone}, one nginx {one_alone}"
+        );
+    }
+}
+
+/// Issue 18, 3: a hot key far under its limit is never rejected because of sync. One
+/// instance, limit 100,000r/s burst=2000 (20 ms of slack: a worker descheduled for a few
+/// milliseconds on a loaded machine does not exhaust it, as the same key on the same limit
+/// without `sync`, from as many connections, shows), `interval=1s`, one key as fast as three
+/// connections send it: thousands a second, a few percent of the limit, more than burst + 1
+/// in an interval. Before, some of them got 429 (1-3% in the issue's runs): the loop charged
+/// the interval's requests to the fleet at once and raised the key's local state by all of
+/// them, past its burst.
+#[test]
+fn a_hot_key_far_under_its_limit_is_never_rejected() {
+    let redis = Redis::start();
+    let nginx = Nginx::start(&instance_config(
+        redis.port,
+        "interval=1s",
+        "rate=100000r/s burst=2000",
+    ));
+    redis.wait_instances(1);
+    let started = Instant::now();
+    let threads: Vec<_> = ["/index.html", "/plain/index.html"]
+        .iter()
+        .flat_map(|&path| std::iter::repeat_n(path, 3))
+        .map(|path| {
+            let port = nginx.port();
+            thread::spawn(move || {
+                let mut connection = Connection::open(port);
+                let request = Request::get(path).header("X-Key", "hot");
+                let mut statuses = Vec::new();
+                while started.elapsed() < Duration::from_secs(3) {
+                    statuses.push(connection.send(&request).status);
+                }
+                (path, statuses)
+            })
+        })
+        .collect();
+    let (mut synced, mut plain) = (Vec::new(), Vec::new());
+    for thread in threads {
+        let (path, statuses) = thread.join().expect("load thread");
+        if path == "/index.html" {
+            synced.extend(statuses);
+        } else {
+            plain.extend(statuses);
+        }
+    }
+    let rejected = |statuses: &[u16]| statuses.iter().filter(|&&status| status == 429).count();
+    eprintln!(
+        "sync: {} requests, {} rejected; without sync: {} requests, {} rejected",
+        synced.len(),
+        rejected(&synced),
+        plain.len(),
+        rejected(&plain)
+    );
+    // More than burst + 1 per interval.
+    assert!(
+        synced.len() >= 3 * 2002,
+        "too few requests to tell: {}",
+        synced.len()
+    );
+    assert!(synced
+        .iter()
+        .chain(&plain)
+        .all(|&status| matches!(status, 200 | 429)));
+    assert_eq!(rejected(&plain), 0, "the limit alone rejects at this rate");
+    assert_eq!(
+        rejected(&synced),
+        0,
+        "a key far under its limit was rejected"
+    );
+}
+
+/// Issue 18, 4: a live PATCH of rate and burst never leaves a key rejected anywhere longer
+/// than the new limit would. Two instances, zone `rate=1r/m burst=1000`, one key at 20r/s on
+/// each; `PATCH {"rate": "100r/s", "burst": 5}` on the first. Before, the second rejected
+/// every request of the key from a second after the PATCH on (`Retry-After: 117`): a reply
+/// computed at the old rate was applied after the new one. The key's 40r/s is under the new
+/// 100r/s: its backlog from before (tens of requests) drains within half a second, so from a
+/// second after the PATCH on, both instances admit it.
+#[test]
+fn a_patch_never_locks_a_key_out_elsewhere() {
+    let redis = Redis::start();
+    let zone = "rate=1r/m burst=1000";
+    let fleet: Vec<Nginx> = (0..2)
+        .map(|_| Nginx::start(&instance_config(redis.port, "interval=100ms", zone)))
+        .collect();
+    redis.wait_instances(2);
+    let ports = ports(&fleet);
+    let load = thread::spawn(move || offer(&ports, 20.0, Duration::from_secs(4), "p"));
+    thread::sleep(Duration::from_millis(1050));
+    let patch =
+        Request::new("PATCH", "/ratelimit/zones/api").json(r#"{"rate": "100r/s", "burst": 5}"#);
+    assert_eq!(common::send(fleet[0].port(), &patch).status, 200);
+    let answers = load.join().expect("load thread");
+    // offer() sends to its ports in order, two connections each: which instance answered is
+    // not recorded, so judge both together and each through the other's share.
+    let after = |a: &Answer| a.sent >= Duration::from_millis(2050);
+    let late: Vec<&Answer> = answers.iter().filter(|a| after(a)).collect();
+    let passed = late.iter().filter(|a| a.status == 200).count();
+    eprintln!(
+        "from 1 s after the PATCH: {passed} of {} passed",
+        late.len()
+    );
+    assert!(
+        passed as f64 >= 0.95 * late.len() as f64,
+        "{passed} of {} passed from 1 s after the PATCH",
+        late.len()
+    );
+    // Each instance on its own too.
+    for nginx in &fleet {
+        let statuses = statuses_for(nginx, "p", 3);
+        assert_eq!(statuses, vec![200; 3], "{}", nginx.port());
+    }
+}
+
+/// Issue 18, 5: an evicted slot's pending delta is still sent. A sync zone far too small for
+/// its keys (a few hundred slots) and 1500 keys taking three requests each within one
+/// interval (1 s): most keys are evicted before the round that would send them. Before, their
+/// deltas were lost with the slot (3.3% of the admitted requests' deltas in a zone of 344
+/// slots and 22k keys); now eviction hands them to the loop, and every key reaches Redis.
+#[test]
+fn an_evicted_keys_delta_is_still_sent() {
+    let redis = Redis::start();
+    let config = instance_config(redis.port, "interval=1s", "rate=1r/s burst=2")
+        .replace("zone=api:1m", "zone=api:32k");
+    let nginx = Nginx::start(&config);
+    redis.wait_instances(1);
+    let keys = 1500;
+    let threads: Vec<_> = (0..3)
+        .map(|t| {
+            let port = nginx.port();
+            thread::spawn(move || {
+                let mut connection = Connection::open(port);
+                let mut passed = 0;
+                for n in (t..keys).step_by(3) {
+                    let request = Request::get("/index.html").header("X-Key", &format!("e{n}"));
+                    for _ in 0..3 {
+                        passed += usize::from(connection.send(&request).status == 200);
+                    }
+                }
+                passed
+            })
+        })
+        .collect();
+    let passed: usize = threads.into_iter().map(|t| t.join().expect("load")).sum();
+    assert_eq!(
+        passed,
+        3 * keys,
+        "every key's three requests pass (burst=2)"
+    );
+    let evictions = || -> u64 {
+        let zone: serde_json::Value =
+            serde_json::from_str(&common::get(nginx.port(), "/ratelimit/zones/api").text())
+                .expect("zone JSON");
+        zone["evictions"].as_u64().unwrap_or(0)
+    };
+    assert!(
+        evictions() >= 500,
+        "the zone did not evict: {}",
+        evictions()
+    );
+    // Two rounds later, every key is in Redis.
+    let started = Instant::now();
+    loop {
+        let listed = redis.cli(&["KEYS", "rl:api:*"]);
+        let count = listed
+            .lines()
+            .filter(|key| !key.ends_with(":limits") && !key.ends_with(":overrides"))
+            .count();
+        if count == keys {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{count} of {keys} keys reached Redis ({} evictions)",
+            evictions()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -34,6 +34,8 @@ fn nginx_t_accepts_every_directive() {
          rate_limit_zone $http_x_key zone=window:1m rate=2r/s algorithm=sliding_window;\n\
          rate_limit_zone $server_name zone=app:1m algorithm=concurrency limit=100 queue=200 queue_timeout=5s;\n\
          rate_limit_zone $server_name zone=app_auto:1m algorithm=concurrency limit=adaptive min=4 max=500;\n\
+         rate_limit_zone $binary_remote_addr zone=login:1m rate=5r/m burst=5 block=15m \
+         block_max=24h;\n\
          rate_limit_status 503;\n\
          rate_limit_dry_run off;\n\
          rate_limit_log_level warn;\n\
@@ -46,7 +48,8 @@ fn nginx_t_accepts_every_directive() {
              location /b { rate_limit zone=user global=pool cost=2; rate_limit_headers off; }\n\
              location /c { rate_limit zone=window; rate_limit_log_level info; }\n\
              location /d { rate_limit zone=app burst=3 cost=2; rate_limit zone=a; }\n\
-             location /e { rate_limit zone=app_auto; }"
+             location /e { rate_limit zone=app_auto; }\n\
+             location /login { rate_limit zone=login nodelay on_status=401,403,5xx; }"
         )
     );
     let (ok, output) = check_config(&config(&http));
@@ -80,16 +83,41 @@ fn nginx_t_refuses_bad_configuration() {
             "duplicate zone \"a\"",
         ),
         (
-            // Read by ratelimit-replay; refused by nginx until the module enforces it, so
-            // that no configuration believes it is protected.
-            "block= before the module keeps blocks",
-            "rate_limit_zone $binary_remote_addr zone=a:1m rate=5r/m block=15m;".to_string(),
-            "\"block\" is not supported by the module yet",
+            "block= not a duration",
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=5r/m block=15x;".to_string(),
+            "invalid block value \"block=15x\": give a duration such as 30s, 15m, 24h or 1h30m",
         ),
         (
-            "on_status= before the module charges after the response",
-            format!("{zone}\n{}", server("location / { rate_limit zone=a on_status=401; }")),
-            "\"on_status\" is not supported by the module yet",
+            "block_max= shorter than block=",
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=5r/m block=1h block_max=30m;"
+                .to_string(),
+            "\"block_max=30m\" is shorter than \"block\": block_max is the longest block",
+        ),
+        (
+            "block_max= without block=",
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=5r/m block_max=1h;".to_string(),
+            "\"block_max\" needs \"block\"",
+        ),
+        (
+            "on_status= not a status",
+            format!("{zone}\n{}", server("location / { rate_limit zone=a on_status=4x; }")),
+            "invalid on_status value \"on_status=4x\": give status codes (401) or classes (4xx)",
+        ),
+        (
+            "block= on a global zone",
+            format!(
+                "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s algorithm=token_bucket;\n\
+                 rate_limit_zone $server_name zone=all:1m rate=100r/s algorithm=token_bucket \
+                 block=1m;\n{}",
+                server("location / { rate_limit zone=a global=all; }")
+            ),
+            "global zone \"all\" has \"block\"",
+        ),
+        (
+            "zone too small for its block table",
+            "rate_limit_zone $binary_remote_addr zone=a:24k rate=1r/s block=1m;".to_string(),
+            "zone \"a\" is too small with block= (an eighth of the zone, at least 64 keys of 96 \
+             bytes, keeps the blocked keys): the minimum is",
         ),
         (
             "unknown algorithm",
@@ -240,6 +268,39 @@ fn nginx_t_refuses_bad_configuration() {
             ),
             "zone \"c\" used with \"global=\" must use algorithm=token_bucket, not concurrency",
         ),
+        (
+            "a leaky bucket that would take more than 100 years to drain",
+            "rate_limit_zone $arg_k zone=a:1m rate=0.001r/d burst=300;".to_string(),
+            "burst 300 is too large for rate \"0.001r/d\" (at most 35: a leaky_bucket must \
+             drain within 100 years)",
+        ),
+        (
+            "a token bucket that would take more than 100 years to refill",
+            "rate_limit_zone $arg_k zone=a:1m rate=0.001r/d burst=4194303 \
+             algorithm=token_bucket;"
+                .to_string(),
+            "burst 4194303 is too large for rate \"0.001r/d\" (at most 36: a token_bucket must \
+             refill within 100 years)",
+        ),
+        (
+            "a rate_limit line's burst too large for its zone's rate",
+            format!(
+                "rate_limit_zone $arg_k zone=slow:1m rate=0.001r/d;\n{}",
+                server("location / { rate_limit zone=slow burst=300 nodelay; }")
+            ),
+            "burst 300 is too large for rate \"0.001r/d\" (at most 35: a leaky_bucket must \
+             drain within 100 years) in ",
+        ),
+        (
+            "a rate_limit line's burst too large for its global zone's rate",
+            format!(
+                "rate_limit_zone $arg_k zone=user:1m rate=1r/s {token};\n\
+                 rate_limit_zone global zone=pool:1m rate=0.001r/d {token};\n{}",
+                server("location / { rate_limit zone=user global=pool burst=100; }")
+            ),
+            "burst 100 is too large for rate \"0.001r/d\" (at most 36: a token_bucket must \
+             refill within 100 years) in ",
+        ),
     ];
 
     let mut failures = Vec::new();
@@ -250,6 +311,70 @@ fn nginx_t_refuses_bad_configuration() {
         } else if !output.contains("[emerg]") || !output.contains(expected) {
             failures.push(format!(
                 "{what}: expected an [emerg] with {expected:?}, got:\n{output}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+/// Errors that quote a word nobody recognises also say what is valid: the rate syntax, the
+/// algorithms, the parameter meant by a typo (or every parameter), the log levels, the Redis
+/// URL form.
+#[test]
+fn nginx_t_errors_say_what_is_valid() {
+    let zone = "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s;";
+    let limited = |limit: &str| format!("{zone}\n{}", server(&format!("location / {{ {limit} }}")));
+    // (http block body, the message nginx -t must print)
+    let cases: Vec<(String, &str)> = vec![
+        (
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=10/s;".to_string(),
+            "invalid rate \"rate=10/s\": it must be NUMBERr/s|m|h|d with NUMBER above 0, \
+             e.g. 10r/s or 0.5r/m in ",
+        ),
+        (
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s algorithm=token-bucket;"
+                .to_string(),
+            "unknown algorithm \"token-bucket\": it must be leaky_bucket, token_bucket, \
+             sliding_log, sliding_window or concurrency in ",
+        ),
+        (
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s brust=5;".to_string(),
+            "invalid parameter \"brust=5\", did you mean \"burst=\"? in ",
+        ),
+        (
+            limited("rate_limit zone=a nodleay;"),
+            "invalid parameter \"nodleay\", did you mean \"nodelay\"? in ",
+        ),
+        (
+            limited("rate_limit zone=a rate=1r/s;"),
+            "invalid parameter \"rate=1r/s\": it must be zone=, burst=, nodelay, delay=, \
+             global=, cost= or on_status= in ",
+        ),
+        (
+            limited("rate_limit_admin wirte=on;"),
+            "invalid parameter \"wirte=on\", did you mean \"write=on\"? in ",
+        ),
+        (
+            format!("{zone}\nrate_limit_log_level debug;"),
+            "invalid value \"debug\" in \"rate_limit_log_level\" directive, it must be \
+             \"info\", \"notice\", \"warn\" or \"error\" in ",
+        ),
+        (
+            format!("rate_limit_sync 127.0.0.1:6379;\n{zone}"),
+            "invalid Redis URL \"127.0.0.1:6379\": it must be \
+             redis://[user:password@]host:port[/db] (rediss:// for TLS) in ",
+        ),
+        (
+            format!("rate_limit_sync redis://127.0.0.1:6379 intervall=1s;\n{zone}"),
+            "invalid parameter \"intervall=1s\", did you mean \"interval=\"? in ",
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (http, expected) in &cases {
+        let (ok, output) = check_config(&config(http));
+        if ok || !output.contains("[emerg]") || !output.contains(expected) {
+            failures.push(format!(
+                "expected an [emerg] with {expected:?}, got:\n{output}"
             ));
         }
     }
@@ -267,6 +392,8 @@ fn zone_too_small_gives_the_exact_minimum() {
         "rate=4096r/s algorithm=sliding_log",
         "algorithm=concurrency limit=10",
         "algorithm=concurrency limit=adaptive",
+        "rate=1r/s block=1m",
+        "rate=100r/m algorithm=sliding_log block=1m block_max=1h",
     ] {
         let http = |size: usize| {
             format!(

@@ -8,7 +8,9 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{get, statuses, Connection, Nginx, Response};
+use common::nginx::free_port;
+use common::skip::skipped;
+use common::{get, nginx_binary, statuses, Connection, Nginx, Response};
 
 fn examples_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("nginx-conf")
@@ -17,6 +19,27 @@ fn examples_dir() -> PathBuf {
 fn example(name: &str) -> String {
     let path = examples_dir().join(name);
     fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+/// An example as this test starts it: `%%REDIS%%` (nginx-conf/cluster.conf) is a port where
+/// no Redis answers (nginx starts anyway, and says "cannot connect"; t/readme.rs runs it
+/// with a Redis).
+fn example_without_redis(name: &str) -> String {
+    example(name).replace("%%REDIS%%", &format!("redis://127.0.0.1:{}", free_port()))
+}
+
+/// Whether an example loads Debian's Lua module (nginx-conf/lua.conf), which only Debian's
+/// nginx loads.
+fn loads_lua(config: &str) -> bool {
+    config
+        .lines()
+        .any(|line| line.trim_start().starts_with("load_module") && line.contains("ngx_http_lua"))
+}
+
+/// Whether the nginx under test is Debian's, for which Debian's Lua module is built.
+fn is_debian_nginx() -> bool {
+    let binary = nginx_binary();
+    binary.canonicalize().unwrap_or(binary) == std::path::Path::new("/usr/sbin/nginx")
 }
 
 /// Sends `count` GETs on one keep-alive connection, as fast as it can.
@@ -80,7 +103,15 @@ fn every_example_config_starts_and_serves() {
             "nginx-conf/{name} listens on {literal:?}: use %%PORT%%, %%PORT2%%... \
              (scripts/run-example.sh fills them in)"
         );
-        let nginx = Nginx::try_start(&example(&name))
+        let config = example_without_redis(&name);
+        if loads_lua(&config) && !is_debian_nginx() {
+            skipped(&format!(
+                "nginx-conf/{name} needs Debian's nginx with Lua (TEST_NGINX_BINARY=/usr/sbin/nginx \
+                 and RATE_LIMIT_MODULE built by scripts/build-for-nginx.sh)"
+            ));
+            continue;
+        }
+        let nginx = Nginx::try_start(&config)
             .unwrap_or_else(|report| panic!("nginx-conf/{name} does not start:\n{report}"));
         let response = get(nginx.port(), "/");
         assert_eq!(response.status, 200, "nginx-conf/{name}: {response:?}");
@@ -129,4 +160,34 @@ fn limit_req_twin_conf_sides_answer_alike() {
         assert_eq!(statuses(&responses), expected, "{path}");
     }
     assert_eq!(get(nginx.port(), "/").status, 200);
+}
+
+#[test]
+fn login_conf_blocks_a_guesser_and_not_a_user() {
+    let nginx = Nginx::start(&example("login.conf"));
+    let mut connection = Connection::open(nginx.port());
+    // Logging in successfully, again and again: never counted.
+    for _ in 0..20 {
+        let response = connection.get("/login?password=secret");
+        assert_eq!(response.status, 200);
+        assert_eq!(response.header("X-Rate-Limit-Status"), Some("PASSED"));
+    }
+    // Guessing: 6 wrong passwords reach the application, the 7th is rejected and blocks the
+    // address for 15 minutes; from then on even the right password is refused.
+    let guesses: Vec<u16> = (0..7)
+        .map(|_| connection.get("/login?password=guess").status)
+        .collect();
+    assert_eq!(guesses, [401, 401, 401, 401, 401, 401, 429]);
+    let refused = connection.get("/login?password=secret");
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header("X-Rate-Limit-Status"), Some("BLOCKED"));
+    assert_eq!(refused.header("Retry-After"), Some("900"));
+    let blocked = get(nginx.port_n(2), "/ratelimit/zones/login/blocked");
+    let blocked: serde_json::Value = serde_json::from_slice(&blocked.body).expect("JSON");
+    assert_eq!(blocked["count"], 1, "{blocked}");
+    // $binary_remote_addr: 127.0.0.1 as four bytes.
+    assert_eq!(
+        blocked["keys"][0]["key"], "\u{7f}\u{0}\u{0}\u{1}",
+        "{blocked}"
+    );
 }

@@ -5,13 +5,14 @@
 //!
 //! Debian's Lua module is built for Debian's nginx only, so these tests run when the suite runs
 //! against it (`TEST_NGINX_BINARY=/usr/sbin/nginx`, see `.ci/run`); against the vendored nginx
-//! they print why they do not run and return.
+//! they print why they do not run (in `cargo test`'s output) and return.
 
 mod common;
 
 use std::path::Path;
 
 use common::config::MODULE;
+use common::skip::skipped;
 use common::{get, nginx_binary, start_request, Nginx, Request};
 
 const DEBIAN_NGINX: &str = "/usr/sbin/nginx";
@@ -30,11 +31,12 @@ const ORDERS: [[&str; 3]; 2] = [
 fn lua_available() -> bool {
     let binary = nginx_binary();
     if binary.canonicalize().unwrap_or(binary.clone()) != Path::new(DEBIAN_NGINX) {
-        eprintln!(
-            "skipped: {} is not Debian's {DEBIAN_NGINX}, which Debian's Lua module is built \
-             for (run with TEST_NGINX_BINARY={DEBIAN_NGINX}, as .ci/run does)",
+        skipped(&format!(
+            "needs Debian's nginx with Lua: {} is not Debian's {DEBIAN_NGINX}, which Debian's \
+             Lua module is built for (run with TEST_NGINX_BINARY={DEBIAN_NGINX} and \
+             RATE_LIMIT_MODULE built by scripts/build-for-nginx.sh, as .ci/run does)",
             binary.display()
-        );
+        ));
         return false;
     }
     for module in [NDK_MODULE, LUA_MODULE] {

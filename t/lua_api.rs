@@ -6,7 +6,8 @@
 //! The Lua modules are Debian's (`libnginx-mod-http-lua`, `lua-resty-core`), built for
 //! Debian's nginx: these tests run against it (`TEST_NGINX_BINARY=/usr/sbin/nginx` and
 //! `RATE_LIMIT_MODULE` built for it by `scripts/build-for-nginx.sh`), where they must run. An
-//! nginx that cannot load those modules makes them print why and return.
+//! nginx that cannot load those modules makes them print why (in `cargo test`'s output, see
+//! `common::skip`) and return.
 //!
 //! Rates are per hour (or minute) so that nothing refills while a test runs: every expected
 //! outcome is far from a threshold.
@@ -72,20 +73,22 @@ fn lua_unavailable() -> Option<String> {
              nginx): {output}"
         );
     }
-    Some(output.trim().to_string())
+    // nginx's one line that says why (the module's ABI or version), not the whole output.
+    let reason = output.lines().find(|line| line.contains("[emerg]"));
+    Some(reason.unwrap_or(output.trim()).to_string())
 }
 
 /// Returns from the test, printing why, when the nginx under test cannot load the Lua modules.
 macro_rules! require_lua {
     () => {
         if let Some(reason) = lua_unavailable() {
-            eprintln!(
-                "skipped: {} cannot load the Lua modules of {} (these tests run against \
-                 Debian's nginx: TEST_NGINX_BINARY={DEBIAN_NGINX} with RATE_LIMIT_MODULE \
-                 built by scripts/build-for-nginx.sh): {reason}",
+            common::skip::skipped(&format!(
+                "needs Debian's nginx with Lua: {} cannot load the Lua modules of {} (these \
+                 tests run against Debian's nginx: TEST_NGINX_BINARY={DEBIAN_NGINX} with \
+                 RATE_LIMIT_MODULE built by scripts/build-for-nginx.sh): {reason}",
                 nginx_binary().display(),
                 lua_modules_dir().display()
-            );
+            ));
             return;
         }
     };
@@ -446,7 +449,45 @@ fn set_rate_and_set_burst_reach_both_workers() {
     );
     assert_eq!(
         body(&nginx, "/set?burst=-1"),
-        "nil burst must be a non-negative integer\n"
+        "nil invalid burst -1: must be an integer from 0 to 4194303\n"
+    );
+    // Checked as numbers before they reach the module: 1e300 would wrap to i64::MIN, and an
+    // empty rate would read as "no change" and answer true.
+    assert_eq!(
+        body(&nginx, "/set?burst=1e300"),
+        "nil invalid burst 1e+300: must be an integer from 0 to 4194303\n"
+    );
+    assert_eq!(
+        body(&nginx, "/set?burst=4194304"),
+        "nil invalid burst 4194304: must be an integer from 0 to 4194303\n"
+    );
+    assert_eq!(
+        body(&nginx, "/set?burst=2.5"),
+        "nil invalid burst 2.5: must be an integer from 0 to 4194303\n"
+    );
+    let syntax = "must be a positive number of requests (at most 3 decimals) per s, m, h or d, \
+                  such as \"10r/s\"";
+    assert_eq!(
+        body(&nginx, "/set?rate="),
+        format!("nil invalid rate \"\": {syntax}\n")
+    );
+    assert_eq!(
+        body(&nginx, "/set?rate=-2"),
+        format!("nil invalid rate -2: {syntax}\n")
+    );
+    // The largest burst the rate allows, as the admin API says it.
+    assert_eq!(body(&nginx, "/set?rate=0.001r/d"), "true nil\n");
+    assert_eq!(
+        body(&nginx, "/set?burst=300"),
+        "nil burst 300 is too large for rate \"0.001r/d\" (at most 36: a token_bucket must \
+         refill within 100 years)\n"
+    );
+    assert_eq!(body(&nginx, "/set?burst=36"), "true nil\n");
+    let zone: serde_json::Value =
+        serde_json::from_str(&body(&nginx, "/admin/zones/tunable")).unwrap();
+    assert_eq!(
+        (&zone["rate"], &zone["burst"]),
+        (&"0.001r/d".into(), &36.into())
     );
 }
 
@@ -457,6 +498,7 @@ fn bad_use_gets_an_error_and_no_worker_crashes() {
         rate_limit_zone $arg_k zone=z:1m rate=1r/h burst=1;
         rate_limit_zone $arg_k zone=window:1m rate=5r/h algorithm=sliding_window;
         rate_limit_zone $arg_k zone=log:1m rate=5r/h algorithm=sliding_log;
+        rate_limit_zone $arg_k zone=slow:1m rate=0.001r/d;
         init_by_lua_block {
             local rl = require "resty.rate_limit"
             local lim = assert(rl.new("z"))
@@ -494,9 +536,29 @@ fn bad_use_gets_an_error_and_no_worker_crashes() {
                 show(rl.new(""))
                 show(rl.new("window", {burst = 2}):incoming("k", true))
                 show(rl.new("log"):set_rate("10r/h"))
-                rl.ABI_VERSION = 3
+                -- A cost above the bucket (burst=1: two requests) never passes: no wait.
+                local big = rl.new("z", {cost = 3})
+                ngx.say(table.concat({tostring(select(1, big:incoming("big", true))),
+                                      tostring(select(2, big:incoming("big", true))),
+                                      tostring(select(3, big:incoming("big", true)))}, " | "))
+                local remaining, reset, wait = big:state("big")
+                ngx.say(table.concat({tostring(remaining), tostring(reset), tostring(wait)}, " | "))
+                -- A burst larger than the zone's rate allows, as a rate_limit line's would be.
+                local slow = rl.new("slow", {burst = 300})
+                show(slow:incoming("k", true))
+                show(slow:state("k"))
+                show(slow:uncommit("k"))
+                show(rl.new("slow", {burst = 35, nodelay = true}):incoming("k", true))
+                -- The C call itself refuses to change nothing (set_rate("") stops before it).
+                local ffi = require "ffi"
+                local buf, len = ffi.new("unsigned char[256]"), ffi.new("size_t[1]", 256)
+                local request = require("resty.core.base").get_request()
+                local st = ffi.C.ngx_http_rate_limit_lua_set_limits(request, "z", 1, "", 0, -1,
+                                                                    buf, len)
+                ngx.say(st, " | ", ffi.string(buf, len[0]))
+                rl.ABI_VERSION = 4
                 show(rl.new("z"))
-                rl.ABI_VERSION = 2
+                rl.ABI_VERSION = 3
                 show(rl.new("z"):incoming("fine", true))
             }
         }
@@ -525,7 +587,17 @@ fn bad_use_gets_an_error_and_no_worker_crashes() {
         "nil | rate \"10r/h\" is more than zone \"log\" can count: each key's sliding_log has \
          room for 5 requests per window, as configured; raise the rate in the configuration \
          and reload instead",
-        "nil | ABI version mismatch: ngx_http_rate_limit_module has 2, resty.rate_limit needs 3",
+        "nil | rejected | nil",
+        "2 | 0 | nil",
+        "nil | burst 300 is too large for the rate of zone \"slow\" (at most 35): a bucket \
+         must drain or refill within 100 years",
+        "nil | burst 300 is too large for the rate of zone \"slow\" (at most 35): a bucket \
+         must drain or refill within 100 years",
+        "nil | burst 300 is too large for the rate of zone \"slow\": a bucket must drain or \
+         refill within 100 years",
+        "0 | 0",
+        "-6 | nothing to change: give a rate (such as \"10r/s\") or a burst",
+        "nil | ABI version mismatch: ngx_http_rate_limit_module has 3, resty.rate_limit needs 4",
         "0 | 0",
     ];
     let text = body(&nginx, "/errors");
@@ -539,25 +611,15 @@ fn bad_use_gets_an_error_and_no_worker_crashes() {
     );
 }
 
-/// The README's "From Lua (OpenResty)" examples: each ```nginx block with a `location`, its
-/// lines before the first `location` going into `http` and the rest into the server.
-fn readme_examples() -> Vec<(String, String)> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let section = readme
-        .split("\n## From Lua (OpenResty)\n")
-        .nth(1)
-        .expect("README has a \"From Lua (OpenResty)\" section");
-    let section = section.split("\n## ").next().unwrap();
-    section
-        .split("```nginx\n")
-        .skip(1)
-        .filter_map(|block| {
-            let block = block.split("```").next().unwrap();
-            let start = block.find("\nlocation ")?;
-            Some((block[..start].to_string(), block[start..].to_string()))
-        })
-        .collect()
+/// `nginx-conf/lua.conf`, whose locations are the README's Lua examples (t/readme.rs checks
+/// that they are), with this machine's directory of the Lua modules.
+fn lua_example_config() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/nginx-conf/lua.conf");
+    let config = std::fs::read_to_string(path).expect("nginx-conf/lua.conf");
+    config.replace(
+        "/usr/lib/nginx/modules/",
+        &format!("{}/", lua_modules_dir().display()),
+    )
 }
 
 /// The statuses of GETs of `paths`, one after the other, each on a new connection.
@@ -565,154 +627,137 @@ fn path_statuses(nginx: &Nginx, paths: &[&str]) -> Vec<u16> {
     paths.iter().map(|path| get(nginx, path).status).collect()
 }
 
+/// The examples of `nginx-conf/lua.conf` (the README's), started as the whole file with its
+/// two workers: each limits as the README says, and a request without the key its example
+/// reads is answered as `rate_limit_zone` answers an empty key, never with a 500.
 #[test]
-fn readme_migration_examples_run() {
+fn lua_conf_examples_run() {
     require_lua!();
-    let examples = readme_examples();
-    assert_eq!(
-        examples.len(),
-        6,
-        "the README's Lua examples: {examples:#?}"
+    let nginx = Nginx::start(&lua_example_config());
+
+    // resty.limit.req: four at once at 1r/s with burst=2: one at once, two delayed 1 s and
+    // 2 s (ngx.sleep), the fourth refused.
+    let pending: Vec<_> = (0..4)
+        .map(|_| start_request(nginx.port(), &Request::get("/req/")))
+        .collect();
+    let responses: Vec<Response> = pending.into_iter().map(|p| p.finish()).collect();
+    let mut got: Vec<u16> = responses.iter().map(|response| response.status).collect();
+    got.sort_unstable();
+    assert_eq!(got, [200, 200, 200, 503]);
+    // Read one after the other, the last answer is read after the longest sleep.
+    let longest = responses
+        .iter()
+        .map(|response| response.elapsed)
+        .max()
+        .unwrap();
+    assert!(
+        longest.as_millis() >= 1500,
+        "the second delayed request waited {longest:?}"
     );
-    let mut tested = Vec::new();
-    for (http, locations) in &examples {
-        let nginx = Nginx::start(&config(1, http, locations));
-        let path = locations
-            .split_whitespace()
-            .nth(1)
-            .expect("location PATH")
-            .to_string();
-        match path.as_str() {
-            "/req/" => {
-                // Four at once at 1r/s with burst=2: one at once, two delayed 1 s and 2 s
-                // (ngx.sleep), the fourth refused.
-                let pending: Vec<_> = (0..4)
-                    .map(|_| start_request(nginx.port(), &Request::get("/req/")))
-                    .collect();
-                let responses: Vec<Response> = pending.into_iter().map(|p| p.finish()).collect();
-                let mut got: Vec<u16> = responses.iter().map(|response| response.status).collect();
-                got.sort_unstable();
-                assert_eq!(got, [200, 200, 200, 503]);
-                // Read one after the other, the last answer is read after the longest sleep.
-                let longest = responses
-                    .iter()
-                    .map(|response| response.elapsed)
-                    .max()
-                    .unwrap();
-                assert!(
-                    longest.as_millis() >= 1500,
-                    "the second delayed request waited {longest:?}"
-                );
-            }
-            "/login" => {
-                let remaining: Vec<String> = (0..3)
-                    .map(|_| {
-                        let response = get(&nginx, "/login?user=ann");
-                        assert_eq!(response.status, 200);
-                        response
-                            .header("X-RateLimit-Remaining")
-                            .unwrap()
-                            .to_string()
-                    })
-                    .collect();
-                assert_eq!(remaining, ["2", "1", "0"]);
-                let refused = get(&nginx, "/login?user=ann");
-                assert_eq!(refused.status, 429);
-                let retry: u64 = refused.header("Retry-After").unwrap().parse().unwrap();
-                assert!(retry > 1 && retry <= 120, "Retry-After {retry}");
-                assert_eq!(get(&nginx, "/login?user=bob").status, 200);
-            }
-            "/combined" => {
-                // ann's third request is refused by her limit and takes nothing from the
-                // server's 3 tokens, so bob gets the third; carl finds none left.
-                let got = path_statuses(
-                    &nginx,
-                    &[
-                        "/combined?user=ann",
-                        "/combined?user=ann",
-                        "/combined?user=ann",
-                        "/combined?user=bob",
-                        "/combined?user=carl",
-                    ],
-                );
-                assert_eq!(got, [200, 200, 429, 200, 429]);
-            }
-            "/upload" => {
-                let paths = ["/upload?token=t"; 6];
-                assert_eq!(
-                    path_statuses(&nginx, &paths),
-                    [200, 200, 200, 200, 200, 429]
-                );
-            }
-            "/pooled" => {
-                // ann: her 2 tokens and the pool's 3 (each request takes one of each while
-                // there are), then none; bob: his own 2 only.
-                let got = path_statuses(
-                    &nginx,
-                    &[
-                        "/pooled?user=ann",
-                        "/pooled?user=ann",
-                        "/pooled?user=ann",
-                        "/pooled?user=ann",
-                        "/pooled?user=bob",
-                        "/pooled?user=bob",
-                        "/pooled?user=bob",
-                    ],
-                );
-                assert_eq!(got, [200, 200, 200, 429, 200, 200, 429]);
-            }
-            "/conn/" => {
-                // Two slots and one queue place: two served at once (0.5 s of work each),
-                // one after waiting its turn, a fourth refused at once.
-                let pending: Vec<_> = (0..3)
-                    .map(|_| start_request(nginx.port(), &Request::get("/conn/")))
-                    .collect();
-                let deadline = Instant::now() + Duration::from_secs(5);
-                let refused = loop {
-                    let response = get(&nginx, "/conn/");
-                    if response.status == 503 {
-                        break response;
-                    }
-                    // The three were not all in yet: this one took a place; keep it.
-                    assert!(Instant::now() < deadline, "the fourth was never refused");
-                    assert_eq!(response.status, 200);
-                };
-                assert!(
-                    refused.elapsed < Duration::from_millis(400),
-                    "{:?}",
-                    refused.elapsed
-                );
-                let started = Instant::now();
-                let responses: Vec<Response> = pending.into_iter().map(|p| p.finish()).collect();
-                let got: Vec<u16> = responses.iter().map(|response| response.status).collect();
-                assert_eq!(got, [200, 200, 200]);
-                // The queued one got its turn when a slot was given back, about 0.5 s later.
-                assert!(
-                    started.elapsed() >= Duration::from_millis(300),
-                    "all three done {:?} after the refusal",
-                    started.elapsed()
-                );
-                // Every slot and place came back: three at once again all get through.
-                let again: Vec<_> = (0..3)
-                    .map(|_| start_request(nginx.port(), &Request::get("/conn/")))
-                    .collect();
-                let got: Vec<u16> = again.into_iter().map(|p| p.finish().status).collect();
-                assert_eq!(got, [200, 200, 200]);
-            }
-            other => panic!("no expectations for the README example at {other}"),
-        }
-        tested.push(path);
-    }
-    assert_eq!(
-        tested,
-        [
-            "/req/",
-            "/login",
+
+    // resty.limit.count: three logins a minute per user; none without a user.
+    let remaining: Vec<String> = (0..3)
+        .map(|_| {
+            let response = get(&nginx, "/login?user=ann");
+            assert_eq!(response.status, 200);
+            response
+                .header("X-RateLimit-Remaining")
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(remaining, ["2", "1", "0"]);
+    let refused = get(&nginx, "/login?user=ann");
+    assert_eq!(refused.status, 429);
+    let retry: u64 = refused.header("Retry-After").unwrap().parse().unwrap();
+    assert!(retry > 1 && retry <= 120, "Retry-After {retry}");
+    assert_eq!(get(&nginx, "/login?user=bob").status, 200);
+    assert_eq!(path_statuses(&nginx, &["/login"; 5]), [200; 5]);
+    assert_eq!(path_statuses(&nginx, &["/login?user="; 5]), [200; 5]);
+
+    // combine: ann's third request is refused by her limit and takes nothing from the
+    // server's 3 tokens, so bob gets the third; then the server-wide limit alone decides
+    // requests without a user: none left.
+    let got = path_statuses(
+        &nginx,
+        &[
+            "/combined?user=ann",
+            "/combined?user=ann",
+            "/combined?user=ann",
+            "/combined?user=bob",
             "/combined",
-            "/upload",
+            "/combined?user=",
+        ],
+    );
+    assert_eq!(got, [200, 200, 429, 200, 429, 429]);
+
+    // resty.limit.rate: 10 tokens, 2 a request; not limited without a token.
+    let paths = ["/upload?token=t"; 6];
+    assert_eq!(
+        path_statuses(&nginx, &paths),
+        [200, 200, 200, 200, 200, 429]
+    );
+    assert_eq!(path_statuses(&nginx, &["/upload"; 7]), [200; 7]);
+
+    // The pool (3 tokens) plus the user's own 2: a request without a user takes from the
+    // pool alone; ann: her 2 tokens and the pool's next 2 (one of each while there are),
+    // then none; bob: his own 2 only; no user: the pool is dry.
+    let got = path_statuses(
+        &nginx,
+        &[
             "/pooled",
-            "/conn/"
-        ]
+            "/pooled?user=ann",
+            "/pooled?user=ann",
+            "/pooled?user=ann",
+            "/pooled?user=bob",
+            "/pooled?user=bob",
+            "/pooled?user=bob",
+            "/pooled",
+        ],
+    );
+    assert_eq!(got, [200, 200, 200, 429, 200, 200, 429, 429]);
+
+    // resty.limit.conn: two slots and one queue place: two served at once (0.5 s of work
+    // each), one after waiting its turn, a fourth refused at once.
+    let pending: Vec<_> = (0..3)
+        .map(|_| start_request(nginx.port(), &Request::get("/conn/")))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let refused = loop {
+        let response = get(&nginx, "/conn/");
+        if response.status == 503 {
+            break response;
+        }
+        // The three were not all in yet: this one took a place; keep it.
+        assert!(Instant::now() < deadline, "the fourth was never refused");
+        assert_eq!(response.status, 200);
+    };
+    assert!(
+        refused.elapsed < Duration::from_millis(400),
+        "{:?}",
+        refused.elapsed
+    );
+    let started = Instant::now();
+    let responses: Vec<Response> = pending.into_iter().map(|p| p.finish()).collect();
+    let got: Vec<u16> = responses.iter().map(|response| response.status).collect();
+    assert_eq!(got, [200, 200, 200]);
+    // The queued one got its turn when a slot was given back, about 0.5 s later.
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "all three done {:?} after the refusal",
+        started.elapsed()
+    );
+    // Every slot and place came back: three at once again all get through.
+    let again: Vec<_> = (0..3)
+        .map(|_| start_request(nginx.port(), &Request::get("/conn/")))
+        .collect();
+    let got: Vec<u16> = again.into_iter().map(|p| p.finish().status).collect();
+    assert_eq!(got, [200, 200, 200]);
+
+    let log = nginx.error_log();
+    assert!(
+        !log.contains("[error]") && !log.contains("[alert]"),
+        "an example logged an error:\n{log}"
     );
 }
 
@@ -903,4 +948,123 @@ fn wait_in_flight(nginx: &Nginx, key: &str, expected: u64) {
         );
         thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The penalty box from Lua: `block`/`blocked` on a zone with `block=`, shared with the
+/// directive's location; on_status semantics with `incoming(key, false)` at access and
+/// `charge(key)` at log (failures charged, successes not, the key blocked once over its
+/// limit); errors as messages.
+#[test]
+fn lua_blocks_keys_and_charges_after_the_response() {
+    require_lua!();
+    let http = "rate_limit_zone $arg_k zone=login:1m rate=3r/h burst=1 block=1h;\n\
+                rate_limit_zone $arg_k zone=plain:1m rate=3r/h;";
+    let locations = r#"
+        location = /login {
+            access_by_lua_block {
+                local lim = require("resty.rate_limit").new("login", {nodelay = true})
+                local delay, err, info = lim:incoming(ngx.var.arg_k, false)
+                if not delay then
+                    ngx.header["Retry-After"] = math.ceil(info)
+                    return ngx.exit(429)
+                end
+            }
+            content_by_lua_block {
+                ngx.status = tonumber(ngx.var.arg_status) or 200
+                ngx.say("answered")
+            }
+            log_by_lua_block {
+                if ngx.status == 401 then
+                    require("resty.rate_limit").new("login", {nodelay = true}):charge(ngx.var.arg_k)
+                end
+            }
+        }
+        location = /directive { rate_limit zone=login nodelay; empty_gif; }
+        location = /block {
+            content_by_lua_block {
+                local rl = require "resty.rate_limit"
+                local function show(a, b) ngx.say(tostring(a), " ", tostring(b)) end
+                show(rl.new("login"):block(ngx.var.arg_k, tonumber(ngx.var.arg_s)))
+            }
+        }
+        location = /blocked {
+            content_by_lua_block {
+                local rl = require "resty.rate_limit"
+                local left, err = rl.new(ngx.var.arg_zone or "login"):blocked(ngx.var.arg_k)
+                ngx.say(tostring(left and math.ceil(left)), " ", tostring(err))
+            }
+        }
+        location = /errors {
+            content_by_lua_block {
+                local rl = require "resty.rate_limit"
+                local function show(a, b) ngx.say(tostring(a), " ", tostring(b)) end
+                show(rl.new("plain"):block("k", 10))
+                show(rl.new("login"):block("k", 0))
+                show(rl.new("login"):block("k", "x"))
+                show(rl.new("login"):block(5, 10))
+                show(rl.new("nope"):blocked("k"))
+                show(rl.new("login", {nodelay = true, on_status = "401"}))
+            }
+        }
+        location /ratelimit/ { rate_limit_admin; }
+    "#;
+    let nginx = Nginx::start(&config(1, http, locations));
+    let status = |path: &str| get(&nginx, path).status;
+    // Successes are never charged: ten in a row pass.
+    for _ in 0..10 {
+        assert_eq!(status("/login?k=alice"), 200);
+    }
+    // Failures are: two pass (1 + burst 1), charged at log time; the third is over the limit
+    // at the door, which rejects it and blocks the key; from then on the door refuses it.
+    assert_eq!(status("/login?k=mallory&status=401"), 401);
+    assert_eq!(status("/login?k=mallory&status=401"), 401);
+    let rejected = get(&nginx, "/login?k=mallory&status=401");
+    assert_eq!(rejected.status, 429);
+    assert_eq!(rejected.header("Retry-After"), Some("3600"));
+    let refused = get(&nginx, "/login?k=mallory");
+    assert_eq!(refused.status, 429);
+    let left: u64 = refused.header("Retry-After").unwrap().parse().unwrap();
+    assert!((3590..=3600).contains(&left), "{left}");
+    assert_eq!(body(&nginx, "/blocked?k=mallory"), "3600 nil\n");
+    // The directive's location sees the same block.
+    assert_eq!(status("/directive?k=mallory"), 429);
+    // By hand: blocked for 30 s, seen by Lua, the directive and the admin API.
+    let blocked = get(&nginx, "/block?k=trudy&s=30");
+    assert_eq!(
+        (blocked.status, blocked.text()),
+        (200, "true nil\n".to_string()),
+        "{}",
+        nginx.error_log()
+    );
+    assert_eq!(body(&nginx, "/blocked?k=trudy"), "30 nil\n");
+    assert_eq!(status("/directive?k=trudy"), 429);
+    assert_eq!(status("/login?k=trudy"), 429);
+    let list: serde_json::Value =
+        serde_json::from_str(&body(&nginx, "/ratelimit/zones/login/blocked")).unwrap();
+    let keys: Vec<&str> = list["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|key| key["key"].as_str())
+        .collect();
+    assert_eq!(keys, ["trudy", "mallory"], "{list}");
+    assert_eq!(body(&nginx, "/blocked?k=alice"), "nil nil\n");
+    assert_eq!(body(&nginx, "/blocked?k=alice&zone=plain"), "nil nil\n");
+    let expected = [
+        "nil zone \"plain\" has no penalty box: \"block=DURATION\" on its rate_limit_zone \
+         keeps blocked keys",
+        "nil seconds must be a positive number",
+        "nil seconds must be a positive number",
+        "nil key must be a string, got number",
+        "nil unknown zone \"nope\"",
+        "nil invalid parameter \"on_status\": in Lua, call incoming(key, false) at access and \
+         charge(key) at log when the status matches",
+    ];
+    let text = body(&nginx, "/errors");
+    assert_eq!(text.lines().collect::<Vec<_>>(), expected);
+    assert!(
+        !nginx.error_log().contains("[alert]"),
+        "{}",
+        nginx.error_log()
+    );
 }

@@ -1,17 +1,28 @@
-//! What README.md shows is what a newcomer gets: the admin walkthrough's commands, run as
-//! written against `nginx-conf/admin.conf`, print the outputs the README shows. And the
-//! source's own description of the zone store names the hash the code uses.
+//! What README.md shows is what a newcomer gets: the walkthroughs' commands (admin API,
+//! Cluster, Lua), run as written against the example configs in `nginx-conf/` (the Cluster and
+//! Lua ones started by the README's own `scripts/run-example.sh` lines), print the outputs the
+//! README shows. And the source's own description of the zone store names the hash the code
+//! uses.
 //!
-//! Needs `curl` (the walkthrough's commands are curl command lines) and the module built by
-//! `cargo build`.
+//! Needs `curl` (the walkthrough's commands are curl command lines), `redis-server` and the
+//! module built by `cargo build`; the Lua walkthrough runs when the suite runs against
+//! Debian's nginx (`TEST_NGINX_BINARY=/usr/sbin/nginx`), and says so otherwise.
 
 mod common;
 
 use std::fs;
-use std::path::PathBuf;
-use std::process::Command;
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
 
-use common::Nginx;
+use common::nginx::{free_port, sys};
+use common::redis::Redis;
+use common::skip::skipped;
+use common::{check_config, module_path, nginx_binary, Nginx};
 use serde_json::Value;
 
 fn repo_file(relative: &str) -> String {
@@ -71,9 +82,21 @@ fn steps(block: &[String]) -> Vec<Step> {
 
 /// Runs a README command line with bash, the example's default ports replaced by the test's.
 fn run(command: &str, port: u16, admin_port: u16) -> String {
-    let command = command
-        .replace("127.0.0.1:8080", &format!("127.0.0.1:{port}"))
-        .replace("127.0.0.1:8081", &format!("127.0.0.1:{admin_port}"));
+    run_with(
+        command,
+        &[
+            ("127.0.0.1:8080", format!("127.0.0.1:{port}")),
+            ("127.0.0.1:8081", format!("127.0.0.1:{admin_port}")),
+        ],
+    )
+}
+
+/// Runs a README command line with bash after the replacements `(from, to)`.
+fn run_with(command: &str, replacements: &[(&str, String)]) -> String {
+    let mut command = command.to_string();
+    for (from, to) in replacements {
+        command = command.replace(from, to);
+    }
     let output = Command::new("bash")
         .args(["-c", &command])
         .output()
@@ -215,4 +238,424 @@ fn the_store_describes_the_hash_it_uses() {
             "src/store/mod.rs's opening comment names {other}"
         );
     }
+}
+
+/// nginx started by a README command line (`scripts/run-example.sh ...`) through bash, from the
+/// checkout as a newcomer runs it, with the nginx and module this test uses (`NGINX=`,
+/// `MODULE=`: the script would otherwise run `cargo build`), a prefix of its own (`PREFIX=`)
+/// and `env`. Stopped (SIGTERM to its process group, then SIGKILL) and its prefix removed on
+/// drop.
+struct ScriptedExample {
+    child: Child,
+    prefix: PathBuf,
+    command: String,
+}
+
+impl ScriptedExample {
+    fn start(command: &str, port: u16, env: &[(&str, String)]) -> ScriptedExample {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let prefix = std::env::temp_dir().join("ngx-rate-limit-t").join(format!(
+            "readme-example-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&prefix);
+        fs::create_dir_all(&prefix).expect("cannot create the example's prefix");
+        let log = fs::File::create(prefix.join("script.log")).expect("cannot create script.log");
+        let mut child = Command::new("bash");
+        child
+            .args(["-c", command])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("NGINX", nginx_binary())
+            .env("MODULE", module_path())
+            .env("PREFIX", &prefix)
+            .env("PORT", port.to_string())
+            .envs(env.iter().map(|(name, value)| (name, value)))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("cannot duplicate a file handle"))
+            .stderr(log)
+            .process_group(0);
+        // SAFETY: the closure only calls prctl, which is async-signal-safe.
+        unsafe {
+            child.pre_exec(|| sys::set_parent_death_signal(sys::SIGTERM));
+        }
+        let child = child
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run bash: {e}"));
+        let mut example = ScriptedExample {
+            child,
+            prefix,
+            command: command.to_string(),
+        };
+        example.wait_listening(port);
+        example
+    }
+
+    fn log(&self) -> String {
+        let read = |name: &str| fs::read_to_string(self.prefix.join(name)).unwrap_or_default();
+        format!(
+            "--- script output ---\n{}--- logs/error.log ---\n{}",
+            read("script.log"),
+            read("logs/error.log")
+        )
+    }
+
+    fn wait_listening(&mut self, port: u16) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("`{}` exited ({status}):\n{}", self.command, self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "`{}` does not listen on {port} after 20 s:\n{}",
+                self.command,
+                self.log()
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ScriptedExample {
+    fn drop(&mut self) {
+        let group = -(self.child.id() as i32);
+        sys::signal(group, sys::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(20));
+        }
+        sys::signal(group, sys::SIGKILL);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if thread::panicking() {
+            eprintln!("`{}`:\n{}", self.command, self.log());
+        }
+        let _ = fs::remove_dir_all(&self.prefix);
+    }
+}
+
+/// The Cluster walkthrough: the README's two commands start two instances of
+/// `nginx-conf/cluster.conf` (the second with its own prefix and port) against one Redis, and
+/// its curl loop over both prints what the README shows: one limit for the two.
+#[test]
+fn readme_cluster_walkthrough_prints_what_it_shows() {
+    let readme = repo_file("README.md");
+    let section = readme_section(&readme, "Cluster");
+    let starts: Vec<String> = code_blocks(&section, "sh")
+        .concat()
+        .into_iter()
+        .map(|line| {
+            line.split('#')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        })
+        .filter(|line| line.contains("scripts/run-example.sh nginx-conf/cluster.conf"))
+        .collect();
+    assert_eq!(
+        starts,
+        [
+            "scripts/run-example.sh nginx-conf/cluster.conf",
+            "INSTANCE=2 PORT=8082 scripts/run-example.sh nginx-conf/cluster.conf"
+        ],
+        "the Cluster section does not start the two instances as this test expects"
+    );
+    let blocks = code_blocks(&section, "console");
+    assert!(
+        !blocks.is_empty(),
+        "the Cluster section has no console block"
+    );
+
+    let redis = Redis::start();
+    let redis_url = ("REDIS_URL", format!("redis://127.0.0.1:{}", redis.port));
+    let ports = [free_port(), free_port()];
+    let _instances: Vec<ScriptedExample> = starts
+        .iter()
+        .zip(ports)
+        .map(|(command, port)| {
+            let command = command.replace("PORT=8082", &format!("PORT={port}"));
+            ScriptedExample::start(&command, port, std::slice::from_ref(&redis_url))
+        })
+        .collect();
+    // Both instances' sync loops heartbeat, as they have by the time a reader pastes.
+    redis.wait_instances(2);
+
+    let replacements = [
+        ("8080", ports[0].to_string()),
+        ("8082", ports[1].to_string()),
+    ];
+    let mut commands = 0;
+    for block in &blocks {
+        for step in steps(block) {
+            let real = run_with(&step.command, &replacements);
+            assert!(
+                same_output(&step.shown, &real),
+                "README.md shows for `{}`:\n{}\nbut it printed:\n{real}",
+                step.command,
+                step.shown,
+            );
+            commands += 1;
+        }
+    }
+    assert!(commands >= 2, "only {commands} commands in the walkthrough");
+    // The loop went through Redis: the key's state is there (beside the zone's limits and
+    // overrides).
+    let keys = redis.cli(&["KEYS", "rl:per_api_key:*"]);
+    let key_states: Vec<&str> = keys
+        .lines()
+        .filter(|key| !key.ends_with(":limits") && !key.ends_with(":overrides"))
+        .collect();
+    assert_eq!(key_states.len(), 1, "keys of the zone in Redis: {keys}");
+}
+
+/// Whether the nginx under test is Debian's with its Lua module installed (the README's Lua
+/// walkthrough runs Debian's nginx), with `RATE_LIMIT_MODULE` then built for it. Says why not
+/// otherwise, in `cargo test`'s output.
+fn debian_nginx_with_lua() -> bool {
+    let binary = nginx_binary();
+    let debian = binary.canonicalize().unwrap_or(binary.clone()) == Path::new("/usr/sbin/nginx");
+    let lua = Path::new("/usr/lib/nginx/modules/ngx_http_lua_module.so").is_file();
+    if !debian || !lua {
+        skipped(&format!(
+            "needs Debian's nginx with Lua: {} is not /usr/sbin/nginx with \
+             libnginx-mod-http-lua (run with TEST_NGINX_BINARY=/usr/sbin/nginx and \
+             RATE_LIMIT_MODULE built by scripts/build-for-nginx.sh, as .ci/run does)",
+            binary.display()
+        ));
+        return false;
+    }
+    true
+}
+
+/// The README's Lua examples are the locations of `nginx-conf/lua.conf`, which the
+/// walkthrough starts and t/lua_api.rs tests: each ```nginx block with a `location` is in
+/// the file line for line (indentation aside), its zone lines too.
+#[test]
+fn readme_lua_examples_are_in_lua_conf() {
+    let readme = repo_file("README.md");
+    let section = readme_section(&readme, "From Lua (OpenResty)");
+    let file: Vec<String> = repo_file("nginx-conf/lua.conf")
+        .lines()
+        .map(|line| line.trim().to_string())
+        .collect();
+    let examples: Vec<Vec<String>> = code_blocks(&section, "nginx")
+        .into_iter()
+        .filter(|block| block.iter().any(|line| line.starts_with("location ")))
+        .collect();
+    assert_eq!(
+        examples.len(),
+        6,
+        "the README's Lua examples: {examples:#?}"
+    );
+    for block in &examples {
+        let (zones, location): (Vec<&String>, Vec<&String>) = block
+            .iter()
+            .filter(|line| !line.trim().is_empty())
+            .partition(|line| line.starts_with("rate_limit_zone "));
+        for zone in zones {
+            assert!(
+                file.contains(&zone.trim().to_string()),
+                "nginx-conf/lua.conf has no {zone:?}"
+            );
+        }
+        // The location's lines, in order, as consecutive lines of the file.
+        let location: Vec<String> = location
+            .iter()
+            .map(|line| line.trim().to_string())
+            .collect();
+        assert!(
+            file.windows(location.len())
+                .any(|window| window == location.as_slice()),
+            "nginx-conf/lua.conf does not hold the README's\n{}",
+            location.join("\n")
+        );
+    }
+}
+
+/// The Lua walkthrough: the README's command starts `nginx-conf/lua.conf` with Debian's nginx,
+/// and its curl commands print what the README shows.
+#[test]
+fn readme_lua_walkthrough_prints_what_it_shows() {
+    let readme = repo_file("README.md");
+    let section = readme_section(&readme, "From Lua (OpenResty)");
+    let start = "NGINX=/usr/sbin/nginx scripts/run-example.sh nginx-conf/lua.conf";
+    assert!(
+        code_blocks(&section, "sh")
+            .iter()
+            .any(|block| block.iter().any(|line| line.trim() == start)),
+        "the From Lua section does not start nginx-conf/lua.conf with {start:?}"
+    );
+    let blocks = code_blocks(&section, "console");
+    assert!(
+        !blocks.is_empty(),
+        "the From Lua section has no console block"
+    );
+    if !debian_nginx_with_lua() {
+        return;
+    }
+
+    let port = free_port();
+    let _example = ScriptedExample::start(start, port, &[]);
+    let replacements = [("127.0.0.1:8080", format!("127.0.0.1:{port}"))];
+    let mut commands = 0;
+    for block in &blocks {
+        for step in steps(block) {
+            let real = run_with(&step.command, &replacements);
+            assert!(
+                same_output(&step.shown, &real),
+                "README.md shows for `{}`:\n{}\nbut it printed:\n{real}",
+                step.command,
+                step.shown,
+            );
+            commands += 1;
+        }
+    }
+    assert!(commands >= 4, "only {commands} commands in the walkthrough");
+}
+
+/// The Prometheus scrape config of "Seeing who is limited" reaches the metrics: its
+/// `metrics_path` on its target (`nginx-conf/admin.conf`'s admin listener) answers the
+/// Prometheus text format, and its rule file exists.
+#[test]
+fn readme_prometheus_scrape_config_reaches_the_metrics() {
+    let readme = repo_file("README.md");
+    let section = readme_section(&readme, "Seeing who is limited");
+    let blocks = code_blocks(&section, "yaml");
+    assert_eq!(blocks.len(), 1, "one yaml block expected: {blocks:?}");
+    let config: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&blocks[0].join("\n")).expect("the scrape config is YAML");
+    let job = &config["scrape_configs"][0];
+    let path = job["metrics_path"].as_str().expect("metrics_path");
+    let target = job["static_configs"][0]["targets"][0]
+        .as_str()
+        .expect("a target");
+    assert_eq!(target, "127.0.0.1:8081", "admin.conf's admin listener");
+    let rules = config["rule_files"][0].as_str().expect("rule_files");
+    let rules = rules
+        .strip_prefix("/path/to/ngx-rate-limit/")
+        .expect("rule_files in the checkout");
+    assert!(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(rules).is_file(),
+        "{rules}"
+    );
+
+    let nginx = Nginx::start(&repo_file("nginx-conf/admin.conf"));
+    let response = common::get(nginx.port_n(2), path);
+    assert_eq!(response.status, 200, "{path}: {}", response.text());
+    assert!(
+        response
+            .header("Content-Type")
+            .is_some_and(|value| value.starts_with("text/plain")),
+        "{response:?}"
+    );
+    assert!(
+        response.text().contains("rate_limit_requests_total{"),
+        "{}",
+        response.text()
+    );
+}
+
+/// The first two messages of the Troubleshooting section are nginx's own: a config without
+/// `load_module`, and a module built for another nginx (the vendored 1.28 and Debian's
+/// 1.22.1, whichever way round this run has them).
+#[test]
+fn readme_troubleshooting_quotes_nginx() {
+    let readme = repo_file("README.md");
+    let section = readme_section(&readme, "Troubleshooting");
+
+    let (ok, output) = check_config(
+        "events {}\nhttp { rate_limit_zone $binary_remote_addr zone=per_client:10m rate=10r/s; }\n",
+    );
+    assert!(!ok, "{output}");
+    let quoted = "[emerg] unknown directive \"rate_limit_zone\" in ";
+    assert!(output.contains(quoted), "{output}");
+    assert!(section.contains(&quoted["[emerg] ".len()..]), "{section}");
+
+    // The module under test into the other nginx: Debian's when the suite runs the vendored
+    // one, the vendored one when it runs Debian's.
+    let debian = Path::new("/usr/sbin/nginx");
+    let under_test = nginx_binary();
+    let other = if under_test.canonicalize().unwrap_or(under_test.clone()) == debian {
+        PathBuf::from(env!("NGINX_BINARY"))
+    } else {
+        debian.to_path_buf()
+    };
+    if !other.is_file() {
+        skipped(&format!(
+            "the version message needs a second nginx: {} is missing",
+            other.display()
+        ));
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ngx-rate-limit-t-version-{}", free_port()));
+    fs::create_dir_all(dir.join("logs")).expect("cannot create a prefix");
+    let conf = dir.join("nginx.conf");
+    fs::write(
+        &conf,
+        format!("load_module {};\nevents {{}}\n", module_path().display()),
+    )
+    .expect("cannot write nginx.conf");
+    let output = Command::new(&other)
+        .arg("-t")
+        .arg("-p")
+        .arg(&dir)
+        .arg("-c")
+        .arg(&conf)
+        .arg("-e")
+        .arg(dir.join("logs/error.log"))
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", other.display()));
+    let _ = fs::remove_dir_all(&dir);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // "version 1028003 instead of 1022001": the module's nginx, then the binary's.
+    let versions = |text: &str| -> Option<(String, String)> {
+        let rest = &text[text.find("\" version ")? + "\" version ".len()..];
+        let (module, rest) = rest.split_once(" instead of ")?;
+        let binary: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        Some((module.to_string(), binary))
+    };
+    let real = versions(&stderr).unwrap_or_else(|| panic!("no version message: {stderr}"));
+    let shown = versions(&section.split_whitespace().collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| panic!("the Troubleshooting section quotes no version message"));
+    let mut real_pair = [real.0.clone(), real.1.clone()];
+    let mut shown_pair = [shown.0, shown.1];
+    real_pair.sort();
+    shown_pair.sort();
+    assert_eq!(real_pair, shown_pair, "nginx said: {stderr}");
+    assert!(
+        stderr.contains("[emerg] module \"") && stderr.contains(" instead of "),
+        "{stderr}"
+    );
+}
+
+/// "Try it": the README's first command starts `nginx-conf/basic.conf` through the script,
+/// and its curl loop prints the statuses in the comment under it.
+#[test]
+fn readme_try_it_prints_what_it_shows() {
+    let readme = repo_file("README.md");
+    let section = readme_section(&readme, "Try it");
+    let blocks = code_blocks(&section, "sh");
+    let start = blocks
+        .iter()
+        .flatten()
+        .map(|line| line.split('#').next().unwrap_or_default().trim())
+        .find(|line| line.starts_with("scripts/run-example.sh"))
+        .expect("Try it does not start scripts/run-example.sh")
+        .to_string();
+    assert_eq!(start, "scripts/run-example.sh");
+    let (command, shown) = blocks
+        .iter()
+        .find_map(|block| {
+            let at = block.iter().position(|line| line.starts_with("curl "))?;
+            let shown = block.get(at + 1)?.strip_prefix("# ")?;
+            Some((block[at].clone(), shown.to_string()))
+        })
+        .expect("Try it has no curl loop with its output under it");
+
+    let port = free_port();
+    let _example = ScriptedExample::start(&start, port, &[]);
+    let real = run_with(&command, &[("127.0.0.1:8080", format!("127.0.0.1:{port}"))]);
+    assert_eq!(real.trim_end(), shown, "`{command}`");
 }

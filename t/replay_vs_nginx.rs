@@ -354,3 +354,96 @@ fn replay_decides_like_nginx() {
     }
     panic!("every attempt sent requests too close to a threshold:\n{stalls:#?}");
 }
+
+/// Issue 22's calibration: a log recorded before a login limit is turned on (the upstream's
+/// 401s and 200s, `$msec` times), replayed with `block=` and `on_status=`, decides every
+/// request as nginx with that limit decides the same traffic: the guesser's six attempts,
+/// its rejection and block, the successful logins never counted, a person's few mistakes.
+/// Over the second and a half the traffic takes, the bucket drains a tenth of a request: no
+/// decision is near a threshold.
+#[test]
+fn replay_reproduces_a_login_limit_from_an_access_log() {
+    const ZONE: &str = "rate=5r/m burst=5 block=15m";
+    const LIMIT: &str = "nodelay on_status=401,403";
+    const FORMAT: &str = "$msec $http_x_key \"$request\" $status";
+    let upstream = "server { listen 127.0.0.1:%%PORT2%%;\n\
+                    location / { if ($http_x_fail) { return 401; } return 200; } }";
+    let recorder = common::config()
+        .http(&format!("log_format replay '{FORMAT}';"))
+        .http(upstream)
+        .locations(
+            "location / { access_log logs/replay.log replay;\n\
+             proxy_pass http://127.0.0.1:%%PORT2%%; }",
+        )
+        .start();
+    let limited = common::config()
+        .http(&format!(
+            "rate_limit_zone $http_x_key zone=login:1m {ZONE};"
+        ))
+        .http(upstream)
+        .locations(&format!(
+            "location / {{ rate_limit zone=login {LIMIT};\n\
+             add_header X-Limit $rate_limit_status always;\n\
+             proxy_pass http://127.0.0.1:%%PORT2%%; }}"
+        ))
+        .start();
+    // A script logging in 20 times, a guesser failing 12 times, a person failing 3 times.
+    let mut plan = Vec::new();
+    for i in 0..20 {
+        plan.push(("script", false));
+        if i < 12 {
+            plan.push(("guesser", true));
+        }
+        if i % 6 == 3 {
+            plan.push(("person", true));
+        }
+    }
+    let mut to_recorder = Connection::open(recorder.port());
+    let mut to_limited = Connection::open(limited.port());
+    let mut nginx_decisions = Vec::new();
+    for (key, fail) in &plan {
+        let mut request = common::Request::get("/login").header("X-Key", key);
+        if *fail {
+            request = request.header("X-Fail", "1");
+        }
+        let recorded = to_recorder.send(&request);
+        assert_eq!(recorded.status, if *fail { 401 } else { 200 });
+        let response = to_limited.send(&request);
+        nginx_decisions.push(response.header("X-Limit").unwrap_or("-").to_string());
+        thread::sleep(Duration::from_millis(15));
+    }
+    let log = recorder.prefix().join("logs/replay.log");
+    let output = Command::new(replay_binary())
+        .args(["--json", "--zone", ZONE, "--limit", LIMIT])
+        .args(["--log-format", FORMAT, "--key", "$http_x_key"])
+        .arg(&log)
+        .output()
+        .expect("cannot run ratelimit-replay");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "ratelimit-replay failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let replay_decisions: Vec<String> = stdout
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).expect("a JSON line"))
+        .filter_map(|object| object["decision"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(replay_decisions, nginx_decisions, "{stdout}");
+    let of = |key: &str, decision: &str| {
+        plan.iter()
+            .zip(&nginx_decisions)
+            .filter(|((k, _), d)| *k == key && *d == decision)
+            .count()
+    };
+    assert_eq!(
+        (
+            of("guesser", "PASSED"),
+            of("guesser", "REJECTED"),
+            of("guesser", "BLOCKED")
+        ),
+        (6, 1, 5)
+    );
+    assert_eq!((of("script", "PASSED"), of("person", "PASSED")), (20, 3));
+}

@@ -137,7 +137,7 @@ fn reload_with_another_key_starts_afresh() {
     );
     let log = nginx.error_log();
     assert!(
-        log.contains("rate_limit zone \"z\" changed its key or algorithm"),
+        log.contains("rate_limit zone \"z\" changed its key, algorithm or block="),
         "{log}"
     );
 }

@@ -131,7 +131,8 @@ fn sleep_until(at: Instant) {
 }
 
 /// `cost=2` takes two tokens of five: twice, then the one left is not enough for it but is
-/// for a cost-1 request. A cost above the capacity never passes.
+/// for a cost-1 request. A cost above the capacity never passes: no `Retry-After`, and the log
+/// says why.
 #[test]
 fn cost_takes_n_tokens() {
     let nginx = start(
@@ -167,7 +168,19 @@ fn cost_takes_n_tokens() {
     assert_eq!(left, ["3", "1", "1", "0", "0"], "{remaining:?}");
 
     let mut fresh = Client::new(&nginx, "X-Key", "fresh");
-    assert_eq!(fresh.statuses("/six/index.html", 1), [429]);
+    let six = fresh.get("/six/index.html");
+    assert_eq!(
+        (six.status, six.header("Retry-After")),
+        (429, None),
+        "no wait lets it through: {six:?}"
+    );
+    assert!(
+        nginx
+            .error_log()
+            .contains("by zone \"tokens\"; cost 6 can never pass (at most 5 at once)"),
+        "{}",
+        nginx.error_log()
+    );
     assert_eq!(fresh.statuses("/one/index.html", 5), [200; 5]);
 }
 

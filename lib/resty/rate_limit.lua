@@ -50,6 +50,11 @@ int ngx_http_rate_limit_lua_state(void *r, const unsigned char *zone, size_t zon
 int ngx_http_rate_limit_lua_set_limits(void *r, const unsigned char *zone, size_t zone_len,
     const unsigned char *rate, size_t rate_len, int64_t burst,
     unsigned char *err, size_t *err_len);
+int ngx_http_rate_limit_lua_block(void *r, const unsigned char *zone, size_t zone_len,
+    const unsigned char *key, size_t key_len, uint64_t duration_ns,
+    unsigned char *err, size_t *err_len);
+int ngx_http_rate_limit_lua_blocked(void *r, const unsigned char *zone, size_t zone_len,
+    const unsigned char *key, size_t key_len, uint64_t *left_ns);
 
 typedef struct {
     int32_t   outcome;
@@ -75,13 +80,21 @@ int ngx_http_rate_limit_lua_conn_set(void *r, const unsigned char *zone, size_t 
 local _M = {
     _VERSION = "0.1.0",
     -- The C ABI this file was written for; the module must export the same.
-    ABI_VERSION = 2,
+    ABI_VERSION = 3,
 }
 
 local mt = { __index = _M }
 
 local NS_PER_SEC = 1e9
 local MAX_KEY_BYTES = 65535
+-- The largest burst a zone holds (Limits::MAX_BURST); the rate may allow less, which the
+-- module says.
+local MAX_BURST = 4194303
+local RATE_SYNTAX = 'must be a positive number of requests (at most 3 decimals) per s, m, h '
+                    .. 'or d, such as "10r/s"'
+-- retry_after_ns of a request no wait lets through (it costs more than the zone admits at
+-- once): reported as a nil retry_after.
+local NEVER_NS = ffi_new("uint64_t", 0) - 1
 local PASSED, DELAYED, REJECTED = 1, 2, 3
 
 -- One of each per worker: Lua runs one handler at a time and none of the calls yields.
@@ -89,6 +102,7 @@ local decision = ffi_new("ngx_http_rate_limit_lua_decision_t")
 local err_buf_len = 512
 local err_buf = ffi.new("unsigned char[?]", err_buf_len)
 local err_len = ffi.new("size_t[1]")
+local left_ns = ffi.new("uint64_t[1]")
 
 local function abi_error()
     local ok, version = pcall(function() return C.ngx_http_rate_limit_lua_abi_version() end)
@@ -107,7 +121,9 @@ local function buffer_error()
 end
 
 -- A negative status as a message, for limiter `self` (nil for errors without one).
-local function status_error(self, status)
+-- `decided`: the call filled `decision` (incoming, state), which then holds the largest
+-- burst for -9.
+local function status_error(self, status, decided)
     if status == -1 then
         return "no request: resty.rate_limit works only while handling a request"
     elseif status == -2 then
@@ -123,11 +139,17 @@ local function status_error(self, status)
     elseif status == -8 then
         return 'internal error in zone "' .. self.zone .. '"'
     elseif status == -9 then
+        local most = decided and (" (at most " .. tostring(tonumber(decision.remaining)) .. ")")
+                     or ""
+        return "burst " .. tostring(tonumber(self.opts.burst)) .. ' is too large for the rate of '
+               .. 'zone "' .. self.zone .. '"' .. most .. ": a bucket must drain or refill "
+               .. "within 100 years"
+    elseif status == -10 then
         if self.is_conn then
             return 'zone "' .. self.zone .. '" is not a concurrency zone: use rate_limit.new'
         end
         return 'zone "' .. self.zone .. '" is a concurrency zone: use rate_limit.conn'
-    elseif status == -10 then
+    elseif status == -11 then
         return 'this request holds no slot of the key in zone "' .. self.zone .. '"'
     end
     return "bad argument (status " .. tostring(status) .. ")"
@@ -135,6 +157,10 @@ end
 
 -- The options table as rate_limit's words: the module parses them as the directive does.
 local function option_words(opts)
+    if opts.on_status ~= nil then
+        return nil, 'invalid parameter "on_status": in Lua, call incoming(key, false) at '
+                    .. "access and charge(key) at log when the status matches"
+    end
     local words = {}
     for _, name in ipairs({ "burst", "delay", "cost" }) do
         local value = opts[name]
@@ -199,10 +225,21 @@ local function request_for(self, key)
     return r
 end
 
+-- Seconds until a rejected request would pass, or nil when none ever would.
+local function retry_after()
+    if decision.retry_after_ns == NEVER_NS then
+        return nil
+    end
+    return tonumber(decision.retry_after_ns) / NS_PER_SEC
+end
+
 --- Decide a request for `key`. With `commit` true it is charged (and counted in the zone's
---- metrics); otherwise nothing changes. Returns `0, excess, remaining` (pass), `seconds,
+--- metrics); otherwise a request that would pass changes nothing. A rejection is counted
+--- either way and, in a zone with block=, blocks the key; a blocked key is rejected with
+--- the time left of its block. Returns `0, excess, remaining` (pass), `seconds,
 --- excess, remaining` (delay: the caller sleeps, as with resty.limit.req), `nil, "rejected",
---- retry_after` or `nil, message`.
+--- retry_after` (no retry_after when the request's cost is more than the zone ever admits at
+--- once) or `nil, message`.
 function _M.incoming(self, key, commit)
     local r, err = request_for(self, key)
     if not r then
@@ -212,18 +249,65 @@ function _M.incoming(self, key, commit)
     local status = C.ngx_http_rate_limit_lua_incoming(r, zone, #zone, key, #key, self.opts,
                                                       commit and 1 or 0, decision)
     if status ~= 0 then
-        return nil, status_error(self, status)
+        return nil, status_error(self, status, true)
     end
     local outcome = decision.outcome
     local remaining = tonumber(decision.remaining)
     if outcome == REJECTED then
-        return nil, "rejected", tonumber(decision.retry_after_ns) / NS_PER_SEC
+        return nil, "rejected", retry_after()
     end
     local excess = tonumber(decision.excess_milli) / 1000
     if outcome == DELAYED then
         return tonumber(decision.delay_ns) / NS_PER_SEC, excess, remaining
     end
     return 0, excess, remaining
+end
+
+--- Charge a request to `key` now, for on_status semantics: call `incoming(key, false)` at
+--- access (a key over its limit is rejected there, and blocked in a zone with block=; a
+--- blocked key is refused) and `charge(key)` at log when the response's status is one to
+--- count (`if ngx.status == 401`). Returns what `incoming(key, true)` returns.
+function _M.charge(self, key)
+    return _M.incoming(self, key, true)
+end
+
+--- Block `key` by hand for `seconds` (keeping its escalation level), as the admin API's PUT
+--- zones/NAME/blocked/KEY does. The zone needs block=. Returns true or nil and a message.
+function _M.block(self, key, seconds)
+    local r, err = request_for(self, key)
+    if not r then
+        return nil, err
+    end
+    if type(seconds) ~= "number" or seconds <= 0 or seconds ~= seconds then
+        return nil, "seconds must be a positive number"
+    end
+    local zone = self.zone
+    err_len[0] = err_buf_len
+    local status = C.ngx_http_rate_limit_lua_block(r, zone, #zone, key, #key,
+                                                   seconds * NS_PER_SEC, err_buf, err_len)
+    if status ~= 0 then
+        return nil, status_error(self, status)
+    end
+    return true
+end
+
+--- How long `key` stays blocked, in seconds, or nil when it is not blocked (or the zone has
+--- no block=). On error: nil and a message.
+function _M.blocked(self, key)
+    local r, err = request_for(self, key)
+    if not r then
+        return nil, err
+    end
+    local zone = self.zone
+    local status = C.ngx_http_rate_limit_lua_blocked(r, zone, #zone, key, #key, left_ns)
+    if status ~= 0 then
+        return nil, status_error(self, status)
+    end
+    local left = tonumber(left_ns[0])
+    if left == 0 then
+        return nil
+    end
+    return left / NS_PER_SEC
 end
 
 --- Give back a request charged to `key` (after a later limit refused, or the request was
@@ -242,8 +326,9 @@ function _M.uncommit(self, key)
 end
 
 --- Where `key` stands, charging nothing: `remaining` requests, `reset` seconds until the key
---- is fresh again, `retry_after` seconds until a request would pass (0: it would now). For
---- the RateLimit and Retry-After headers. Returns nil and a message on error.
+--- is fresh again, `retry_after` seconds until a request would pass (0: it would now; nil:
+--- never, its cost is more than the zone admits at once). For the RateLimit and Retry-After
+--- headers. Returns nil and a message on error.
 function _M.state(self, key)
     local r, err = request_for(self, key)
     if not r then
@@ -253,13 +338,13 @@ function _M.state(self, key)
     local status = C.ngx_http_rate_limit_lua_state(r, zone, #zone, key, #key, self.opts,
                                                    decision)
     if status ~= 0 then
-        return nil, status_error(self, status)
+        return nil, status_error(self, status, true)
     end
-    local retry_after = 0
+    local wait = 0
     if decision.outcome == REJECTED then
-        retry_after = tonumber(decision.retry_after_ns) / NS_PER_SEC
+        wait = retry_after()
     end
-    return tonumber(decision.remaining), tonumber(decision.reset_ns) / NS_PER_SEC, retry_after
+    return tonumber(decision.remaining), tonumber(decision.reset_ns) / NS_PER_SEC, wait
 end
 
 local function set_limits(self, rate, burst)
@@ -281,17 +366,30 @@ end
 --- its checks). `rate`: a number of requests per second, or a rate string ("30r/m").
 function _M.set_rate(self, rate)
     if type(rate) == "number" then
+        -- NaN, infinities and non-positive numbers are no rate (and "inf" would read as one).
+        if rate ~= rate or rate <= 0 or rate == math.huge then
+            return nil, "invalid rate " .. tostring(rate) .. ": " .. RATE_SYNTAX
+        end
         rate = tostring(rate) .. "r/s"
     elseif type(rate) ~= "string" then
         return nil, "rate must be a number or a string, got " .. type(rate)
+    end
+    -- The module reads an empty rate as "no change": it is no rate here.
+    if rate == "" then
+        return nil, 'invalid rate "": ' .. RATE_SYNTAX
     end
     return set_limits(self, rate, -1)
 end
 
 --- Change the zone's burst for every worker at once, as the admin API's PATCH does.
 function _M.set_burst(self, burst)
-    if type(burst) ~= "number" or burst < 0 or burst % 1 ~= 0 then
-        return nil, "burst must be a non-negative integer"
+    if type(burst) ~= "number" then
+        return nil, "burst must be a number, got " .. type(burst)
+    end
+    -- Checked as a number before the int64_t conversion, which would wrap 1e300 or NaN.
+    if burst ~= burst or burst < 0 or burst > MAX_BURST or burst % 1 ~= 0 then
+        return nil, "invalid burst " .. tostring(burst) .. ": must be an integer from 0 to "
+                    .. MAX_BURST
     end
     return set_limits(self, "", burst)
 end

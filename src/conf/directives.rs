@@ -33,7 +33,8 @@ fn answer(cf: &mut ngx_conf_t, result: Result<(), ConfError>) -> *mut c_char {
     }
 }
 
-/// `rate_limit_zone KEY zone=NAME:SIZE rate=RATE [burst=N] [algorithm=NAME] [sync];`
+/// `rate_limit_zone KEY zone=NAME:SIZE rate=RATE [burst=N] [algorithm=NAME] [sync]
+/// [block=DURATION [block_max=DURATION]];`
 pub extern "C" fn cmd_rate_limit_zone(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
@@ -86,9 +87,10 @@ fn rate_limit_zone(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
         fingerprint: 0,
         sync_seed: spec.sync.then_some(0),
         concurrency: concurrency.as_ref().map(ConcurrencySpec::limits),
+        block: spec.block.is_some(),
     };
-    let fits =
-        usize::try_from(size).is_ok_and(|size| zone_size_fits(size, layout.slot_words(), pagesize));
+    let fits = usize::try_from(size)
+        .is_ok_and(|size| zone_size_fits(size, layout.slot_words(), layout.block, pagesize));
     if !fits {
         let hint = size_hint(&layout, pagesize);
         return Err(ConfError::ZoneTooSmall { name, hint });
@@ -132,6 +134,7 @@ fn rate_limit_zone(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
         sync: spec.sync,
         bursts: LocationBursts::default(),
         concurrency,
+        block: spec.block,
     })?;
     if !shm_zone.data.is_null() {
         return Err(ConfError::DuplicateZone(name));
@@ -156,7 +159,8 @@ fn single_variable(text: &[u8]) -> Option<&[u8]> {
     valid.then_some(name)
 }
 
-/// `rate_limit zone=NAME [burst=N] [nodelay | delay=N] [global=NAME] [cost=N];`
+/// `rate_limit zone=NAME [burst=N] [nodelay | delay=N] [global=NAME] [cost=N]
+/// [on_status=CODES];`
 pub extern "C" fn cmd_rate_limit(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
@@ -187,6 +191,7 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
     };
     let (file, line) = cf.position();
     let mcf = main_conf(cf).ok_or(ConfError::Logged)?;
+    mcf.on_status_used |= spec.on_status.is_some();
     mcf.references.push(ZoneReference {
         name: name.clone(),
         global: false,
@@ -221,6 +226,7 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
         global,
         cost: spec.cost.max(1),
         charge_cache: Cell::new((0, None)),
+        on_status: spec.on_status,
     });
     Ok(())
 }
@@ -267,7 +273,7 @@ fn log_level(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
         b"warn" => NGX_LOG_WARN,
         b"error" => NGX_LOG_ERR,
         other => {
-            return Err(ConfError::InvalidValue(
+            return Err(ConfError::InvalidLogLevel(
                 String::from_utf8_lossy(other).into_owned(),
             ))
         }
@@ -292,15 +298,36 @@ fn admin(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
     if lcf.admin.is_some() {
         return Err(ConfError::Duplicate("rate_limit_admin"));
     }
+    {
+        let clcf = NgxHttpCoreModule::location_conf_mut(cf).ok_or(ConfError::Logged)?;
+        let name = String::from_utf8_lossy(clcf.name.as_bytes()).into_owned();
+        if !clcf.regex.is_null() {
+            return Err(ConfError::AdminLocation {
+                kind: "regex",
+                name,
+            });
+        }
+        if clcf.named() != 0 {
+            return Err(ConfError::AdminLocation {
+                kind: "named",
+                name,
+            });
+        }
+        // As proxy_pass does: a request for the prefix without its slash (`/ratelimit`) is
+        // redirected to it (301) by nginx's location search, instead of missing the location.
+        if name.ends_with('/') {
+            clcf.set_auto_redirect(1);
+        }
+    }
     let mut admin_conf = AdminConf::default();
     for word in &cf.args()[1..] {
         match word.as_bytes() {
             b"write=on" => admin_conf.write = true,
             b"write=off" => admin_conf.write = false,
             other => {
-                return Err(ConfError::InvalidParameter(
-                    String::from_utf8_lossy(other).into_owned(),
-                ))
+                let word = String::from_utf8_lossy(other).into_owned();
+                let hint = ratelimit_core::hint::parameter_hint(&word, &["write=on", "write=off"]);
+                return Err(ConfError::UnknownParameter { word, hint });
             }
         }
     }

@@ -14,6 +14,10 @@ pub enum ConfError {
     /// `invalid parameter "zone=a:1m\xff"`: a word that is not UTF-8.
     #[error("invalid parameter \"{0}\"")]
     InvalidParameter(String),
+    /// `invalid parameter "wirte=on", did you mean "write=on"?`: a word of a directive, then
+    /// `ratelimit_core::hint::parameter_hint`.
+    #[error("invalid parameter \"{word}\"{hint}")]
+    UnknownParameter { word: String, hint: String },
     /// A parameter of `rate_limit_zone` or `rate_limit` (the directive names a missing one).
     #[error("{}", spec_message(.directive, .error))]
     Spec {
@@ -34,9 +38,21 @@ pub enum ConfError {
     DuplicateLimit(String),
     #[error("\"{0}\" directive is duplicate")]
     Duplicate(&'static str),
-    /// `rate_limit_log_level`: the valid levels are the directive's own words.
-    #[error("invalid value \"{0}\"")]
-    InvalidValue(String),
+    /// `rate_limit_admin` in a regex or named location, whose requests' paths do not start
+    /// with the location's name: the API could not find its routes there.
+    #[error(
+        "\"rate_limit_admin\" cannot be used in the {kind} location \"{name}\": the API's \
+         paths follow the location's prefix, so it needs a prefix location, such as \
+         \"location /ratelimit/ {{ rate_limit_admin; }}\""
+    )]
+    AdminLocation { kind: &'static str, name: String },
+    /// `rate_limit_log_level`: the value, then the valid levels, in the words of nginx's own
+    /// `on`/`off` error.
+    #[error(
+        "invalid value \"{0}\" in \"rate_limit_log_level\" directive, it must be \"info\", \
+         \"notice\", \"warn\" or \"error\""
+    )]
+    InvalidLogLevel(String),
     #[error("invalid status \"{0}\": value must be between 400 and 599")]
     InvalidStatus(isize),
     #[error("invalid state file path \"\"")]
@@ -66,6 +82,11 @@ pub enum ConfError {
          in its queue (\"queue=\", or \"burst=\" here) or are rejected"
     )]
     DelayNotUsed { word: &'static str, zone: String },
+    #[error(
+        "global zone \"{0}\" has \"block\": a global zone keeps one bucket for every key, \
+         so blocking it would block everyone; put block= on the key's own zone"
+    )]
+    GlobalWithBlock(String),
     #[error("zone \"{0}\" has \"sync\" but no \"rate_limit_sync\" is configured")]
     SyncNotConfigured(String),
     /// An error about the `rate_limit` line at FILE:LINE, found after the whole `http` block

@@ -22,6 +22,7 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Merge, MergeConfigError};
 use ratelimit_core::concurrency::ConcurrencySpec;
+use ratelimit_core::penalty::{BlockPolicy, StatusMatcher};
 use ratelimit_core::{Algorithm, BucketCharge, DelayMode, Limits, Rate};
 
 use crate::store::sync_record::name_seed;
@@ -72,6 +73,8 @@ pub struct MainConf {
     pub state_file: Option<String>,
     /// `rate_limit_sync`: the fleet's shared store.
     pub sync: Option<SyncConf>,
+    /// Some `rate_limit` line has `on_status=`: the log-phase handler is installed.
+    pub on_status_used: bool,
     pub hooks: Hooks,
 }
 
@@ -142,6 +145,8 @@ pub struct ZoneConf {
     /// `algorithm=concurrency`: its `limit=`, `queue=` and `queue_timeout=` (its `limits`
     /// are then unused).
     pub concurrency: Option<ConcurrencySpec>,
+    /// `block=` and `block_max=`: a key rejected by the zone is blocked for a while.
+    pub block: Option<BlockPolicy>,
 }
 
 impl ZoneConf {
@@ -149,9 +154,10 @@ impl ZoneConf {
         ZoneLayout {
             algorithm: self.algorithm,
             limits: self.limits,
-            fingerprint: fingerprint(&self.key_text, self.algorithm),
+            fingerprint: fingerprint(&self.key_text, self.algorithm, self.block.is_some()),
             sync_seed: self.sync.then(|| name_seed(&self.name)),
             concurrency: self.concurrency.as_ref().map(ConcurrencySpec::limits),
+            block: self.block.is_some(),
         }
     }
 }
@@ -200,6 +206,9 @@ pub struct LimitConf {
     /// This worker's [`BucketCharge`] for the zone limits word it was computed from (0 when
     /// none yet): the request path recomputes it only when the zone's limits change.
     pub charge_cache: Cell<(u64, Option<BucketCharge>)>,
+    /// `on_status=CODES`: a request is charged at the door and given back after the response
+    /// unless its final status matches.
+    pub on_status: Option<StatusMatcher>,
 }
 
 /// `rate_limit_admin [write=on]`.
@@ -291,10 +300,16 @@ impl Merge for LocConf {
     }
 }
 
-/// Hash of a zone's key text and algorithm, to notice a reload that changes either.
-fn fingerprint(key_text: &str, algorithm: Algorithm) -> u64 {
+/// Hash of a zone's key text, algorithm and whether it has `block=`, to notice a reload that
+/// changes one of them (the zone's memory is then laid out again).
+fn fingerprint(key_text: &str, algorithm: Algorithm, block: bool) -> u64 {
     use std::hash::BuildHasher;
-    foldhash::quality::FixedState::with_seed(0).hash_one((key_text, algorithm.as_str()))
+    let seed = foldhash::quality::FixedState::with_seed(0);
+    if block {
+        // A zone without block= keeps the fingerprint it had before blocks existed.
+        return seed.hash_one((key_text, algorithm.as_str(), "block"));
+    }
+    seed.hash_one((key_text, algorithm.as_str()))
 }
 
 pub fn main_conf(cf: &ngx_conf_t) -> Option<&'static mut MainConf> {
@@ -329,6 +344,9 @@ pub fn postconfiguration(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
         // the configuration is being read.
         let zone = unsafe { &mut *zone };
         zone.bursts.add(reference.burst);
+        if reference.global && zone.block.is_some() {
+            return Err(reference.error(ConfError::GlobalWithBlock(zone.name.clone())));
+        }
         if let Some(needed) = reference.local_algorithm_needed {
             if zone.algorithm != needed {
                 let role = if reference.global {
@@ -356,6 +374,18 @@ pub fn postconfiguration(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
                 algorithm: zone.algorithm,
                 zone: zone.name.clone(),
             }));
+        }
+        // The line's burst at the zone's rate: the largest bucket the rate allows, as the
+        // zone's own burst is checked.
+        if let Some(burst) = reference.burst {
+            let limits = Limits {
+                burst,
+                ..zone.limits
+            };
+            if let Err(error) = limits.check_bucket(zone.algorithm) {
+                let directive = "rate_limit";
+                return Err(reference.error(ConfError::Spec { directive, error }));
+            }
         }
     }
     if mcf.sync.is_none() {

@@ -8,11 +8,15 @@
 //!    top keys.
 //!
 //! What a new capability adds to every decision goes into these steps once: a check that
-//! may refuse before anything is charged goes first in [`Applied::decide`] (or before
-//! [`decide_one`]'s charge), what follows a decision goes into [`account`].
+//! may refuse before anything is charged goes first in [`decide`] (and before
+//! [`decide_one`]'s charge), what follows a decision goes into [`account`]. The penalty box
+//! (`block=`) is both: a blocked key is refused first ([`blocked`]), and a rejection blocks
+//! the key in [`account`].
 
 use ngx::ffi::{ngx_log_t, NGX_LOG_WARN};
 use ngx::ngx_log_error;
+use ratelimit_core::block_table::BlockChange;
+use ratelimit_core::penalty::{Block, StatusMatcher};
 use ratelimit_core::top::TopKind;
 use ratelimit_core::{BucketCharge, Decision, Limits, Outcome, Policy};
 
@@ -38,6 +42,9 @@ pub fn find<'a>(
     key: &[u8],
     now_ns: u64,
 ) -> (Found<'a>, bool) {
+    // The zone's history records its totals as they stand before the first decision of
+    // each second (nothing but a load and compare in the other requests).
+    zone.record_second(now_ns);
     let hash = zone.hash_key(key);
     let (slot, evicted) = zone.find_or_claim(hash, now_ns);
     let found = Found {
@@ -87,6 +94,7 @@ pub fn effective_policy(zone: &Zone, limit: &LimitConf, hash: u64) -> Option<Pol
 pub struct Applied<'a> {
     pub zone_conf: &'a ZoneConf,
     pub zone: &'a Zone,
+    pub hash: u64,
     pub slot: SlotIndex,
     pub policy: Policy,
     pub decision: Decision,
@@ -103,6 +111,7 @@ impl<'a> Applied<'a> {
         Applied {
             zone_conf: found.zone_conf,
             zone: found.zone,
+            hash: found.hash,
             slot: found.slot,
             policy,
             decision,
@@ -122,13 +131,51 @@ impl<'a> Applied<'a> {
         self.decision = self.zone.standing(self.slot, now_ns, &self.policy);
     }
 
-    /// Give back a request charged to the key (Lua's `uncommit`), the fleet's grant too.
-    pub fn uncommit(&self, now_ns: u64) {
-        if self.zone.is_sync() {
-            fleet::uncommit(self.zone, self.slot, &self.policy);
-        }
-        self.zone.uncommit(self.slot, now_ns, &self.policy);
+    /// How long the key stays blocked from `now_ns` (`block=`); `None` when it is not, or the
+    /// zone has no penalty box.
+    #[inline]
+    pub fn blocked_for_ns(&self, now_ns: u64) -> Option<u64> {
+        self.zone_conf.block?;
+        self.zone.blocked_for_ns(self.hash, now_ns)
     }
+
+    /// Give back a request charged to the key (Lua's `uncommit`, `on_status=`), the fleet's
+    /// grant too.
+    pub fn uncommit(&self, now_ns: u64) {
+        give_back(self.zone, self.slot, &self.policy, now_ns);
+    }
+
+    /// What [`give_back`] needs to give this zone's charge back later (after the response).
+    pub fn charged(&self) -> Charged {
+        Charged {
+            zone: *self.zone,
+            slot: self.slot,
+            policy: self.policy,
+        }
+    }
+}
+
+/// A request charged to a key, to be given back later ([`Charged::give_back`]).
+#[derive(Clone, Copy)]
+pub struct Charged {
+    zone: Zone,
+    slot: SlotIndex,
+    policy: Policy,
+}
+
+impl Charged {
+    /// Give the request back at `now_ns`.
+    pub fn give_back(&self, now_ns: u64) {
+        give_back(&self.zone, self.slot, &self.policy, now_ns);
+    }
+}
+
+/// Give back a request charged to the key in `slot`, the fleet's grant too.
+fn give_back(zone: &Zone, slot: SlotIndex, policy: &Policy, now_ns: u64) {
+    if zone.is_sync() {
+        fleet::uncommit(zone, slot, policy);
+    }
+    zone.uncommit(slot, now_ns, policy);
 }
 
 /// One zone's decision for the key in `slot`: a peek changes nothing, a charge of a sync zone
@@ -154,6 +201,9 @@ pub struct AppliedLimit<'a> {
     pub own: Applied<'a>,
     pub global: Option<Applied<'a>>,
     pub decision: Decision,
+    /// The line's `on_status=`: its charges are given back after the response unless the
+    /// status matches (the request path's business; `None` elsewhere).
+    pub on_status: Option<StatusMatcher>,
 }
 
 impl<'a> AppliedLimit<'a> {
@@ -163,6 +213,7 @@ impl<'a> AppliedLimit<'a> {
             own,
             global,
             decision,
+            on_status: None,
         }
     }
 
@@ -213,6 +264,9 @@ pub struct Verdict {
     pub decision: Decision,
     /// The limits that were charged, in order (with a rejection, those before it and itself).
     pub charged: usize,
+    /// Refused because the key of limit `by` is blocked (`block=`): nothing was charged, and
+    /// `decision.retry_after_ns` is the time left of the block.
+    pub blocked: bool,
 }
 
 /// Whether the pipeline charges the request or only looks.
@@ -226,6 +280,9 @@ pub enum Charge {
 /// is charged to none: with several, every limit is looked at first, then each is charged
 /// in order (a charge can still be refused by a request of another worker meanwhile).
 pub fn decide(limits: &mut [AppliedLimit], now_ns: u64, charge: Charge) -> Verdict {
+    if let Some(verdict) = blocked(limits, now_ns) {
+        return verdict;
+    }
     let looked_first = limits.len() > 1 || charge == Charge::Peek;
     if looked_first {
         let rejected = limits
@@ -250,6 +307,46 @@ pub fn decide(limits: &mut [AppliedLimit], now_ns: u64, charge: Charge) -> Verdi
     passed(limits, charged)
 }
 
+/// The first limit whose key is blocked in its zone (`block=`): the request is refused at
+/// once, charged to none. A `global=` zone has no penalty box (configuration refuses it).
+#[inline]
+pub fn blocked(limits: &mut [AppliedLimit], now_ns: u64) -> Option<Verdict> {
+    for index in 0..limits.len() {
+        if let Some(left_ns) = limits[index].own.blocked_for_ns(now_ns) {
+            return Some(blocked_verdict(limits, index, left_ns, now_ns));
+        }
+    }
+    None
+}
+
+/// Limit `index`'s key is blocked for `left_ns` more: every limit shows where it stands.
+pub fn blocked_verdict(
+    limits: &mut [AppliedLimit],
+    index: usize,
+    left_ns: u64,
+    now_ns: u64,
+) -> Verdict {
+    for limit in limits.iter_mut() {
+        limit.stand(now_ns);
+    }
+    let standing = limits[index].decision;
+    limits[index].decision = Decision {
+        outcome: Outcome::Rejected,
+        delay_ns: 0,
+        retry_after_ns: left_ns,
+        remaining: 0,
+        reset_ns: standing.reset_ns.max(left_ns),
+        excess_milli: standing.excess_milli,
+    };
+    Verdict {
+        outcome: Outcome::Rejected,
+        by: Some(index),
+        decision: limits[index].decision,
+        charged: 0,
+        blocked: true,
+    }
+}
+
 /// The verdict on limits that were all charged, each with its decision: the first that
 /// rejected, else the longest delay.
 pub fn verdict(limits: &[AppliedLimit]) -> Verdict {
@@ -268,6 +365,7 @@ fn rejected_by(limits: &[AppliedLimit], index: usize, charged: usize) -> Verdict
         by: Some(index),
         decision: limits[index].decision,
         charged,
+        blocked: false,
     }
 }
 
@@ -280,6 +378,7 @@ fn passed(limits: &[AppliedLimit], charged: usize) -> Verdict {
             .first()
             .map_or(Decision::rejected(0, 0, 0), |limit| limit.decision),
         charged,
+        blocked: false,
     };
     let mut delay_ns = 0;
     for (index, limit) in limits.iter().enumerate() {
@@ -291,6 +390,7 @@ fn passed(limits: &[AppliedLimit], charged: usize) -> Verdict {
                 by: Some(index),
                 decision,
                 charged,
+                blocked: false,
             };
         }
     }
@@ -304,6 +404,9 @@ pub enum One<'a> {
     /// Charged with its whole decision: to be reported, and accounted for
     /// ([`account_passed`], or [`verdict`] and [`account`]).
     Decided(Applied<'a>),
+    /// The key is blocked (`block=`) for this long more: refused, charged nothing (to be
+    /// reported with [`blocked_verdict`] and accounted for).
+    Blocked(Applied<'a>, u64),
     /// The zone has no limits in force (its memory is not what it should be): not limited.
     Unlimited,
 }
@@ -316,6 +419,14 @@ pub enum One<'a> {
 #[inline(always)]
 pub fn decide_one<'a>(found: Found<'a>, limit: &LimitConf, now_ns: u64, report: bool) -> One<'a> {
     let (zone, hash, slot) = (found.zone, found.hash, found.slot);
+    if found.zone_conf.block.is_some() {
+        if let Some(left_ns) = zone.blocked_for_ns(hash, now_ns) {
+            return match Applied::new(found, limit) {
+                Some(applied) => One::Blocked(applied, left_ns),
+                None => One::Unlimited,
+            };
+        }
+    }
     // A sync zone decides through `Applied::decide`, which takes the fleet's grant first.
     let quick = !report && !zone.is_sync();
     let charge = if quick {
@@ -387,30 +498,86 @@ fn bucket_charge(limit: &LimitConf, zone: &Zone, hash: u64) -> Option<BucketChar
     charge
 }
 
-/// After a decision that charged: each zone's counters, and the top keys (`top`, given the
-/// zone applied and what happened there) of the zones that delayed or rejected the request.
-/// A rejection counts in the zones of the limit that rejected; otherwise every limit counts
-/// its own outcome.
+/// A block that a rejection started: what the error log says once.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockStarted {
+    /// The limit whose zone blocked the key.
+    pub by: usize,
+    pub block: Block,
+}
+
+/// After a decision: each zone's counters, the top keys of the zones that delayed, rejected
+/// or refused a blocked key, and the penalty box. A rejection counts in the zones of the
+/// limit that rejected and blocks the key there when its zone has `block=` (in a dry run
+/// too, so that the dry run shows the blocks); a refusal of a blocked key counts as
+/// `blocked` in that zone; otherwise every limit counts its own outcome. `key_of` gives a
+/// zone's key for the request, asked only for a delay, a rejection or a block (a passing
+/// request costs nothing more). Returns the block a rejection started, if it did.
 pub fn account(
     limits: &[AppliedLimit],
     verdict: &Verdict,
     dry_run: bool,
-    mut top: impl FnMut(&Applied, TopKind),
-) {
+    now_ns: u64,
+    mut key_of: impl FnMut(&ZoneConf) -> Option<Vec<u8>>,
+) -> Option<BlockStarted> {
     if verdict.outcome == Outcome::Rejected {
+        let by = verdict.by?;
+        let limit = limits.get(by)?;
+        if verdict.blocked {
+            let counter = if dry_run {
+                Counter::BlockedDryRun
+            } else {
+                Counter::Blocked
+            };
+            let applied = &limit.own;
+            applied.zone.count(counter);
+            if let Some(key) = key_of(applied.zone_conf) {
+                applied.zone.record_top(TopKind::Blocked, now_ns, &key);
+            }
+            return None;
+        }
         let counter = if dry_run {
             Counter::RejectedDryRun
         } else {
             Counter::Rejected
         };
-        let Some(limit) = verdict.by.and_then(|index| limits.get(index)) else {
-            return;
-        };
+        let mut started = None;
         for applied in limit.zones() {
             applied.zone.count(counter);
-            top(applied, TopKind::Rejected);
+            let Some(key) = key_of(applied.zone_conf) else {
+                continue;
+            };
+            applied.zone.record_top(TopKind::Rejected, now_ns, &key);
+            // A sync zone also refuses a key for want of the fleet's grant (a new key's first
+            // request, before a round gave it one): that blocks only when the key is over its
+            // limit by what this instance knows of the fleet.
+            let over_limit = || {
+                !applied.zone.is_sync()
+                    || applied
+                        .zone
+                        .decide(applied.slot, now_ns, &applied.policy, false)
+                        .outcome
+                        == Outcome::Rejected
+            };
+            if let Some(policy) = applied.zone_conf.block.as_ref().filter(|_| over_limit()) {
+                let before = applied.zone.block_word(applied.hash);
+                let block = applied.zone.change_block(
+                    applied.hash,
+                    &key,
+                    now_ns,
+                    BlockChange::Rejected,
+                    policy,
+                );
+                if let Some(block) = block.filter(|_| before.blocked_for_ns(now_ns).is_none()) {
+                    started = Some(BlockStarted { by, block });
+                    if applied.zone.is_sync() {
+                        // The fleet gets the block now, not at the next round.
+                        super::wake_sync_loop();
+                    }
+                }
+            }
         }
-        return;
+        return started;
     }
     for limit in limits {
         let delayed = limit.decision.outcome == Outcome::Delayed;
@@ -422,10 +589,13 @@ pub fn account(
         for applied in limit.zones() {
             applied.zone.count(counter);
             if delayed {
-                top(applied, TopKind::Delayed);
+                if let Some(key) = key_of(applied.zone_conf) {
+                    applied.zone.record_top(TopKind::Delayed, now_ns, &key);
+                }
             }
         }
     }
+    None
 }
 
 /// [`account`] for a request one zone let through.

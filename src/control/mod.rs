@@ -8,6 +8,7 @@
 //! * [`concurrency`] and [`queue`]: slots held by requests in flight, and this worker's
 //!   requests waiting in a key's queue.
 
+pub mod blocks;
 pub mod concurrency;
 pub mod decide;
 mod fleet;
@@ -78,7 +79,7 @@ pub extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) ->
                 ngx_log_error!(
                     NGX_LOG_NOTICE,
                     log,
-                    "rate_limit zone \"{}\" changed its key or algorithm: its state starts afresh",
+                    "rate_limit zone \"{}\" changed its key, algorithm or block=: its state starts afresh",
                     zone_conf.name
                 );
             }

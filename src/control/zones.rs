@@ -4,16 +4,21 @@
 
 use ngx::ffi::ngx_log_t;
 use ratelimit_admin::body::LimitsBody;
+use ratelimit_admin::history::History;
 use ratelimit_admin::top::TopList;
-use ratelimit_admin::{AdminZone, ApiError, Counters, KeyState, OverridesFull, SyncInfo, ZoneInfo};
+use ratelimit_admin::{
+    AdminZone, ApiError, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverrideRefused,
+    SyncInfo, ZoneInfo,
+};
+use ratelimit_core::block_table::BlockedKey;
 use ratelimit_core::top::{TopKind, TopWindow};
 use ratelimit_core::{DelayMode, Limits, Policy};
 
 use crate::conf::{self, MainConf, ZoneConf};
-use crate::glue::{now_ms, now_ns};
+use crate::glue::{now_ms, now_ns, unix_ms_of};
 use crate::store::concurrency::KeyWords;
 use crate::store::sync_record::{self, Mode};
-use crate::store::{Counter, Zone, OVERRIDE_CAPACITY};
+use crate::store::{Counter, OverrideError, Zone, OVERRIDE_CAPACITY};
 use ratelimit_admin::concurrency::{AdaptiveKeyState, ConcurrencyInfo, ConcurrencyKeyState};
 use ratelimit_core::concurrency::{ConcurrencyLimit, ConcurrencyLimits};
 
@@ -71,7 +76,7 @@ pub fn replace_override(
     key: &[u8],
     expected: u64,
     to: Option<Limits>,
-) -> Result<bool, OverridesFull> {
+) -> Result<bool, OverrideRefused> {
     let Some(zone) = SharedZone::new(zone_conf, now_ns()) else {
         return Ok(false);
     };
@@ -121,6 +126,8 @@ fn sync_info() -> Option<SyncInfo> {
         errors: sync.errors.load(Ordering::Relaxed),
         lag_us: sync.lag_us.load(Ordering::Relaxed),
         fallback: mode.is_fallback(),
+        keys_sent: sync.keys_pushed.load(Ordering::Relaxed),
+        bad_values: sync.bad_values.load(Ordering::Relaxed),
     })
 }
 
@@ -197,6 +204,7 @@ impl AdminZone for SharedZone<'_> {
             evictions: self.zone.evictions(),
             overrides: self.zone.override_count(),
             override_capacity: OVERRIDE_CAPACITY as u64,
+            line_burst: self.conf.bursts.largest_given,
             sync: self.zone.is_sync().then(sync_info).flatten(),
             concurrency: self.concurrency_info(),
         }
@@ -269,7 +277,7 @@ impl AdminZone for SharedZone<'_> {
         self.zone.overrides()
     }
 
-    fn set_override(&self, key: &[u8], limits: Limits) -> Result<bool, OverridesFull> {
+    fn set_override(&self, key: &[u8], limits: Limits) -> Result<bool, OverrideRefused> {
         let hash = self.zone.hash_key(key);
         let before = self
             .zone
@@ -278,7 +286,10 @@ impl AdminZone for SharedZone<'_> {
         let created = self
             .zone
             .set_override(key, limits)
-            .map_err(|_| OverridesFull)?;
+            .map_err(|error| match error {
+                OverrideError::TableFull => OverrideRefused::TableFull,
+                OverrideError::NoMemory => OverrideRefused::NoMemory,
+            })?;
         // The key's backlog drains at its new rate from now on.
         self.zone.rescale_key(hash, &before, &limits, self.now_ns);
         Ok(created)
@@ -298,5 +309,78 @@ impl AdminZone for SharedZone<'_> {
     fn top(&self, kind: TopKind, window: TopWindow, limit: usize) -> Option<TopList> {
         let (keys, total) = self.zone.top(kind, window, self.now_ns, limit)?;
         Some(TopList { keys, total })
+    }
+
+    fn history(&self) -> Option<History> {
+        let [passed, delayed, rejected] = self.zone.history(self.now_ns);
+        // The ring counts monotonic seconds; the page labels them with the clock's time.
+        let end_unix_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs());
+        Some(History {
+            end_unix_s,
+            passed,
+            delayed,
+            rejected,
+        })
+    }
+
+    fn block_counts(&self) -> Option<BlockCounts> {
+        let policy = self.conf.block?;
+        Some(BlockCounts {
+            block_ns: policy.block_ns,
+            block_max_ns: policy.block_max_ns,
+            blocked_requests: self.zone.counter(Counter::Blocked),
+            blocked_dry_run_requests: self.zone.counter(Counter::BlockedDryRun),
+            blocked_keys: self.zone.blocked_count(self.now_ns) as u64,
+            capacity: self.zone.block_capacity() as u64,
+        })
+    }
+
+    fn blocked(&self) -> Vec<BlockInfo> {
+        if self.conf.block.is_none() {
+            return Vec::new();
+        }
+        let keys = self.zone.blocked_keys(self.now_ns);
+        keys.into_iter().map(|key| self.block_info(key)).collect()
+    }
+
+    fn block_of(&self, key: &[u8]) -> Option<BlockInfo> {
+        self.conf.block?;
+        let blocked = self
+            .zone
+            .blocked_key(self.zone.hash_key(key), self.now_ns)?;
+        Some(self.block_info(blocked))
+    }
+
+    fn block_key(&self, key: &[u8], duration_ns: u64) -> Result<BlockInfo, BlockRefused> {
+        let block = super::blocks::block_by_hand(self.conf, key, duration_ns, self.now_ns)
+            .map_err(|error| match error {
+                super::blocks::BlockError::NoBlocks(_) => BlockRefused::NoBlocks,
+                super::blocks::BlockError::Full(_) => BlockRefused::Full,
+            })?;
+        Ok(self.block_info(BlockedKey {
+            key: key.to_vec(),
+            truncated: false,
+            block,
+        }))
+    }
+
+    fn release_key(&self, key: &[u8]) -> bool {
+        super::blocks::release(self.conf, key, self.now_ns)
+    }
+}
+
+impl SharedZone<'_> {
+    /// A blocked key as the API shows it: Unix times.
+    fn block_info(&self, blocked: BlockedKey) -> BlockInfo {
+        BlockInfo {
+            key: blocked.key,
+            truncated: blocked.truncated,
+            since_unix_ms: unix_ms_of(blocked.block.since_ns),
+            until_unix_ms: unix_ms_of(blocked.block.until_ns),
+            level: blocked.block.level,
+            left_ms: blocked.block.until_ns.saturating_sub(self.now_ns) / 1_000_000,
+        }
     }
 }

@@ -31,6 +31,26 @@ pub fn now_ms() -> u64 {
     now_ns() / 1_000_000
 }
 
+/// Unix milliseconds of `monotonic_ns`, a time on the clock of [`now_ns`] (for what the admin
+/// API shows and what instances exchange; the shared memory keeps monotonic times).
+pub fn unix_ms_of(monotonic_ns: u64) -> u64 {
+    let local_ms = (monotonic_ns / 1_000_000) as i64;
+    local_ms.saturating_add(unix_minus_local_ms()).max(0) as u64
+}
+
+/// The wall clock minus the clock of [`now_ns`], in milliseconds, as this process first read
+/// it: kept, so that a time converted back and forth comes back the same (a wall-clock step
+/// after the process started is not followed).
+pub fn unix_minus_local_ms() -> i64 {
+    static OFFSET_MS: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *OFFSET_MS.get_or_init(|| {
+        let wall_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis() as i64);
+        wall_ms - now_ms() as i64
+    })
+}
+
 /// The log of the request's connection.
 pub fn connection_log(r: &ngx_http_request_t) -> *mut ngx_log_t {
     // SAFETY: a live request always has a connection with a log.

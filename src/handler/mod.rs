@@ -1,6 +1,7 @@
 //! The request path: the preaccess handler, delays, response headers and `$rate_limit_status`.
 //! A front door: it finds the request's keys and decides through `crate::control::decide`.
 
+mod charge;
 mod concurrency;
 mod delay;
 mod headers;
@@ -14,17 +15,19 @@ use ngx::ffi::NGX_LOG_ERR;
 use ngx::ffi::{ngx_http_request_t, ngx_int_t, ngx_shm_zone_t};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
-use ratelimit_core::top::TopKind;
-use ratelimit_core::{Outcome, NANOS_PER_SEC};
+use ratelimit_core::penalty::duration_text;
+use ratelimit_core::{Outcome, Policy, NANOS_PER_SEC};
 use smallvec::SmallVec;
 
 use crate::conf::RateLimitModule;
 use crate::conf::{LimitConf, LocConf, ZoneConf};
-use crate::control::decide::{self, Applied, AppliedLimit, Charge, Found, One, Verdict};
+use crate::control::decide::Verdict;
+use crate::control::decide::{self, Applied, AppliedLimit, BlockStarted, Charge, Found, One};
 use crate::glue::response::add_header;
 use crate::glue::{connection_log, now_ns};
 use crate::store::MAX_KEY_BYTES;
-pub use concurrency::log_handler;
+pub use charge::log_handler as charge_log_handler;
+pub use concurrency::log_handler as concurrency_log_handler;
 use headers::add_rate_limit_headers;
 use key::evaluate_key;
 pub use status::add_variables;
@@ -145,12 +148,17 @@ fn limit_lines<'l>(
         let global = limit
             .global
             .and_then(|global| resolve(r, global, limit, now));
-        applied.push(AppliedLimit::new(own, global));
+        let mut applied_limit = AppliedLimit::new(own, global);
+        applied_limit.on_status = limit.on_status;
+        applied.push(applied_limit);
     }
     if applied.is_empty() {
         return Status::NGX_DECLINED.into();
     }
     let verdict = decide::decide(&mut applied, now, Charge::Now);
+    if verdict.outcome != Outcome::Rejected {
+        charge::give_back_unless_status(r, &applied);
+    }
     finish(r, lcf, state, &mut applied, &verdict, now)
 }
 
@@ -165,7 +173,10 @@ fn limit_one(
     let Some(found) = find_key(r, limit.shm_zone, now) else {
         return Status::NGX_DECLINED.into();
     };
-    match decide::decide_one(found, limit, now, lcf.headers()) {
+    // With `on_status=` the request's charge is kept until the response: the decision is
+    // needed whole.
+    let report = lcf.headers() || limit.on_status.is_some();
+    match decide::decide_one(found, limit, now, report) {
         One::Passed => passed(state),
         One::Unlimited => Status::NGX_DECLINED.into(),
         One::Decided(own) if own.decision.outcome == Outcome::Passed => {
@@ -174,11 +185,22 @@ fn limit_one(
                 headers::add_one(r, &own);
             }
             decide::account_passed(own.zone);
+            if let Some(on_status) = limit.on_status {
+                charge::give_back_one_unless_status(r, on_status, &own);
+            }
             passed(state)
         }
         One::Decided(own) => {
             let applied = &mut [AppliedLimit::new(own, None)];
             let verdict = decide::verdict(applied);
+            if verdict.outcome != Outcome::Rejected {
+                charge::give_back_unless_status(r, applied);
+            }
+            finish(r, lcf, state, applied, &verdict, now)
+        }
+        One::Blocked(own, left_ns) => {
+            let applied = &mut [AppliedLimit::new(own, None)];
+            let verdict = decide::blocked_verdict(applied, 0, left_ns, now);
             finish(r, lcf, state, applied, &verdict, now)
         }
     }
@@ -206,6 +228,22 @@ fn finish(
     let dry = if dry_run { ", dry run" } else { "" };
     let decision = verdict.decision;
 
+    if let (Outcome::Rejected, true) = (verdict.outcome, verdict.blocked) {
+        // A blocked key: no log line (the block's start said it once), nothing charged.
+        decide::account(applied, verdict, dry_run, now, |zone_conf| {
+            key_bytes(r, zone_conf)
+        });
+        if lcf.headers() {
+            add_rate_limit_headers(r, applied);
+        }
+        if dry_run {
+            state.set(LimitStatus::BlockedDryRun);
+            return Status::NGX_DECLINED.into();
+        }
+        state.set(LimitStatus::Blocked);
+        return reject(r, lcf, decision.retry_after_ns);
+    }
+
     if let (Outcome::Rejected, Some(index)) = (verdict.outcome, verdict.by) {
         if lcf.headers() {
             // The other zones show where they stand: those charged before a late rejection
@@ -218,15 +256,25 @@ fn finish(
             }
         }
         let zone_name = &applied[index].own.zone_conf.name;
-        ngx_log_error!(
-            lcf.log_level(),
-            connection_log(r),
-            "limiting requests{dry}, excess: {} by zone \"{zone_name}\"",
-            format_excess(decision.excess_milli)
-        );
-        decide::account(applied, verdict, dry_run, |zone, kind| {
-            record_top(r, zone, kind, now)
+        if decision.never_passes() {
+            let policy = &applied[index].own.policy;
+            log_never_passes(r, lcf, policy, decision.excess_milli, zone_name, dry);
+        } else {
+            ngx_log_error!(
+                lcf.log_level(),
+                connection_log(r),
+                "limiting requests{dry}, excess: {} by zone \"{zone_name}\"",
+                format_excess(decision.excess_milli)
+            );
+        }
+        let started = decide::account(applied, verdict, dry_run, now, |zone_conf| {
+            key_bytes(r, zone_conf)
         });
+        let mut retry_after_ns = decision.retry_after_ns;
+        if let Some(started) = started {
+            log_block(r, lcf, applied, &started, dry);
+            retry_after_ns = retry_after_ns.max(started.block.until_ns.saturating_sub(now));
+        }
         if lcf.headers() {
             add_rate_limit_headers(r, applied);
         }
@@ -238,17 +286,16 @@ fn finish(
         if dry_run {
             return Status::NGX_DECLINED.into();
         }
-        let retry_after = decision.retry_after_ns.div_ceil(NANOS_PER_SEC).max(1);
-        add_header(
-            r,
-            "Retry-After",
-            itoa::Buffer::new().format(retry_after).as_bytes(),
-        );
-        return lcf.status() as ngx_int_t;
+        // No wait lets a request through that costs more than the zone ever admits at once:
+        // it gets the status alone.
+        if decision.never_passes() {
+            return lcf.status() as ngx_int_t;
+        }
+        return reject(r, lcf, retry_after_ns);
     }
 
-    decide::account(applied, verdict, dry_run, |zone, kind| {
-        record_top(r, zone, kind, now)
+    decide::account(applied, verdict, dry_run, now, |zone_conf| {
+        key_bytes(r, zone_conf)
     });
     if lcf.headers() {
         add_rate_limit_headers(r, applied);
@@ -272,15 +319,71 @@ fn finish(
     delay::start_delay(r, decision.delay_ns)
 }
 
-/// Count a delayed or rejected request in the zone's top keys. The key is evaluated again
-/// here so that a passing request carries nothing for it; cold and out of line, so that the
-/// request path around it stays as short as without it.
+/// The rejection line of a request no wait lets through: limit_req's line, then why.
 #[cold]
 #[inline(never)]
-fn record_top(r: &mut ngx_http_request_t, applied: &Applied, kind: TopKind, now: u64) {
-    if let Some(key) = evaluate_key(r, applied.zone_conf).filter(|key| !key.is_empty()) {
-        applied.zone.record_top(kind, now, key);
-    }
+fn log_never_passes(
+    r: &mut ngx_http_request_t,
+    lcf: &LocConf,
+    policy: &Policy,
+    excess_milli: u64,
+    zone_name: &str,
+    dry: &str,
+) {
+    ngx_log_error!(
+        lcf.log_level(),
+        connection_log(r),
+        "limiting requests{dry}, excess: {} by zone \"{zone_name}\"; cost {} can never pass \
+         (at most {} at once)",
+        format_excess(excess_milli),
+        policy.cost,
+        policy.max_cost()
+    );
+}
+
+/// Refuse the request with the location's status and `Retry-After` (whole seconds, at least
+/// one).
+fn reject(r: &mut ngx_http_request_t, lcf: &LocConf, retry_after_ns: u64) -> ngx_int_t {
+    let retry_after = retry_after_ns.div_ceil(NANOS_PER_SEC).max(1);
+    add_header(
+        r,
+        "Retry-After",
+        itoa::Buffer::new().format(retry_after).as_bytes(),
+    );
+    lcf.status() as ngx_int_t
+}
+
+/// The error-log line of a block that a rejection started: once per block, not per request.
+#[cold]
+fn log_block(
+    r: &ngx_http_request_t,
+    lcf: &LocConf,
+    applied: &[AppliedLimit],
+    started: &BlockStarted,
+    dry: &str,
+) {
+    let zone_conf = applied[started.by].own.zone_conf;
+    let block_max = zone_conf.block.map_or(0, |policy| policy.block_max_ns);
+    ngx_log_error!(
+        lcf.log_level(),
+        connection_log(r),
+        "blocking the key{dry} for {}, level {} (block_max {}), by zone \"{}\"",
+        duration_text(started.block.duration_ns()),
+        started.block.level,
+        duration_text(block_max),
+        zone_conf.name
+    );
+}
+
+/// The request's key in a zone, copied (for the top keys and the penalty box: only delayed,
+/// rejected and blocked requests ask). Cold and out of line, so that the request path around
+/// it stays as short as without it.
+#[cold]
+#[inline(never)]
+fn key_bytes(r: &mut ngx_http_request_t, zone_conf: &ZoneConf) -> Option<Vec<u8>> {
+    evaluate_key(r, zone_conf)
+        .filter(|key| !key.is_empty())
+        .map(<[u8]>::to_vec)
 }
 
 /// limit_req's "excess: 1.500": whole requests and thousandths.

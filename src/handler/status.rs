@@ -23,6 +23,9 @@ pub enum LimitStatus {
     RejectedDryRun = 5,
     /// Waited in a concurrency zone's queue, then went through.
     Queued = 6,
+    /// Refused because the key is blocked (`block=`).
+    Blocked = 7,
+    BlockedDryRun = 8,
 }
 
 impl LimitStatus {
@@ -34,6 +37,8 @@ impl LimitStatus {
             LimitStatus::DelayedDryRun => "DELAYED_DRY_RUN",
             LimitStatus::RejectedDryRun => "REJECTED_DRY_RUN",
             LimitStatus::Queued => "QUEUED",
+            LimitStatus::Blocked => "BLOCKED",
+            LimitStatus::BlockedDryRun => "BLOCKED_DRY_RUN",
         }
     }
 }

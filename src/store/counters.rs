@@ -5,7 +5,7 @@ use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use super::Zone;
 
 /// Per-zone decision counters, in the order of [`Counter`].
-pub const COUNTERS: usize = 5;
+pub const COUNTERS: usize = 7;
 /// Counters are kept per worker (modulo this many stripes), each stripe on its own cache
 /// line, so that workers counting requests do not contend for one line.
 pub(super) const COUNTER_STRIPES: usize = 16;
@@ -31,6 +31,9 @@ pub enum Counter {
     Rejected = 2,
     DelayedDryRun = 3,
     RejectedDryRun = 4,
+    /// Refused because the key was blocked (`block=`), charging nothing.
+    Blocked = 5,
+    BlockedDryRun = 6,
 }
 
 impl Zone {

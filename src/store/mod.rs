@@ -5,8 +5,9 @@
 //! Layout of the block a zone allocates from its slab pool (one allocation, page aligned):
 //!
 //! ```text
-//! ZoneShared header | padding to 64 bytes | slot table
+//! ZoneShared header | padding to 64 bytes | slot table | block table (zones with block=)
 //! slot table = buckets of SLOTS_PER_BUCKET slots; slot = [hash: u64, state: u64 × slot_words]
+//! block table = records of ratelimit_core::block_table (96 bytes a blocked key)
 //! ```
 //!
 //! A key is identified by a 64-bit foldhash (`foldhash::quality`) of its bytes under a random
@@ -31,11 +32,15 @@
 //! * [`counters`]: the decision counters and evictions;
 //! * [`sizing`]: how large a zone must be;
 //! * [`top`]: the top-keys region;
+//! * [`blocks`]: the table of blocked keys (`block=`);
+//! * [`history`]: the zone's requests per second over the last minutes;
 //! * [`sync_record`] and [`inbox`]: the instance's sync record, shared by the sync loop and
 //!   the workers.
 
+pub mod blocks;
 pub mod concurrency;
 pub mod counters;
+pub mod history;
 pub mod inbox;
 pub mod overrides;
 pub mod sizing;
@@ -57,11 +62,11 @@ use crate::glue::pool::PoolLock;
 pub use counters::Counter;
 use counters::{CounterStripe, COUNTER_STRIPES};
 use overrides::OverrideSlot;
-pub use overrides::OVERRIDE_CAPACITY;
+pub use overrides::{OverrideError, OVERRIDE_CAPACITY};
 pub use slots::SlotIndex;
 
 /// Identifies the layout below; a zone inherited over a reload with another magic is reformatted.
-const MAGIC: u64 = 0x726c_7a6f_6e65_0005;
+const MAGIC: u64 = 0x726c_7a6f_6e65_0007;
 
 /// The longest key a zone accepts, in bytes (limit_req's limit).
 pub const MAX_KEY_BYTES: usize = 65535;
@@ -98,6 +103,12 @@ pub struct ZoneShared {
     /// zone), and those of the configuration file at the last (re)load.
     concurrency: AtomicU64,
     config_concurrency: AtomicU64,
+    /// Records of the block table ([`blocks`]), which starts `block_offset` bytes after the
+    /// slot table's start; 0 for a zone without `block=`.
+    block_records: AtomicU64,
+    block_offset: AtomicU64,
+    /// Requests per second over the last minutes ([`history`]).
+    history: history::HistoryRing,
 }
 
 /// Offset of the slot table from the header, rounded to a cache line.
@@ -114,6 +125,8 @@ pub struct ZoneLayout {
     pub sync_seed: Option<u64>,
     /// For a concurrency zone, its configured limits (`limits` is then unused).
     pub concurrency: Option<ConcurrencyLimits>,
+    /// `block=`: the zone keeps a table of blocked keys after its slots.
+    pub block: bool,
 }
 
 impl ZoneLayout {
@@ -160,6 +173,9 @@ pub struct Zone {
     algorithm: Algorithm,
     seed: [u64; 2],
     sync: bool,
+    /// The block table's words (null and 0 without `block=`).
+    blocks: *const AtomicU64,
+    block_words: usize,
 }
 
 impl Zone {
@@ -278,11 +294,26 @@ impl Zone {
         let header = unsafe { &*shared };
         let buckets = header.bucket_count.load(Ordering::Relaxed);
         let stride = 1 + header.slot_words.load(Ordering::Relaxed) as usize;
+        // SAFETY: the block is at least TABLE_OFFSET bytes long (checked in `init`).
+        let table = unsafe { shared.cast::<u8>().add(TABLE_OFFSET) }.cast::<AtomicU64>();
+        let block_records = header.block_records.load(Ordering::Relaxed) as usize;
+        let blocks = if block_records == 0 {
+            ptr::null()
+        } else {
+            // SAFETY: `format` placed the block table inside the table's bytes, 8-aligned.
+            unsafe {
+                table
+                    .cast::<u8>()
+                    .add(header.block_offset.load(Ordering::Relaxed) as usize)
+                    .cast::<AtomicU64>()
+            }
+        };
         Zone {
             shpool,
             shared,
-            // SAFETY: the block is at least TABLE_OFFSET bytes long (checked in `init`).
-            table: unsafe { shared.cast::<u8>().add(TABLE_OFFSET) }.cast::<AtomicU64>(),
+            table,
+            blocks,
+            block_words: ratelimit_core::block_table::BlockTable::words_for(block_records),
             stride,
             home_buckets: buckets
                 .saturating_sub(slots::PROBE_BUCKETS as u64 - 1)
@@ -299,9 +330,23 @@ impl Zone {
     fn format(&self, layout: &ZoneLayout) -> bool {
         let header = self.header();
         let slot_words = layout.slot_words();
-        let Some(buckets) = sizing::buckets(header.table_bytes as usize, slot_words) else {
+        let table_bytes = header.table_bytes as usize;
+        let Some((buckets, block_records)) =
+            sizing::table_shape(table_bytes, slot_words, layout.block)
+        else {
             return false;
         };
+        let block_bytes = sizing::block_table_bytes(block_records);
+        let block_offset = table_bytes - block_bytes;
+        // SAFETY: the block table is the last `block_bytes` of the table (8-aligned: both are
+        // multiples of 8), inside the zone's block; nobody reads it during (re)formatting.
+        unsafe { ptr::write_bytes(self.table.cast::<u8>().add(block_offset), 0, block_bytes) };
+        header
+            .block_records
+            .store(block_records as u64, Ordering::Relaxed);
+        header
+            .block_offset
+            .store(block_offset as u64, Ordering::Relaxed);
         // SAFETY: the table lies inside the block allocated for this zone (table_bytes was
         // computed from that allocation) and nobody reads it during (re)formatting: this runs
         // in the master before workers start.

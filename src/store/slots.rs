@@ -176,6 +176,7 @@ impl Zone {
                 continue;
             }
             let slot = self.slot(victim);
+            self.orphan(slot);
             for word in &slot[1..] {
                 word.store(0, Ordering::Relaxed);
             }
@@ -185,6 +186,26 @@ impl Zone {
                 self.header().evictions.fetch_add(1, Ordering::Relaxed);
             }
             return (SlotIndex(victim), evicted);
+        }
+    }
+
+    /// Before a sync zone's slot is given to another key: hand its pending delta (requests
+    /// admitted but not yet sent to the fleet) to the sync loop through the orphan ring of
+    /// the instance's sync record, so that eviction loses no charge the fleet needs. Under
+    /// the zone's lock; the swap takes the delta from a loop that would take it meanwhile.
+    fn orphan(&self, slot: &[AtomicU64]) {
+        if !self.sync || slot.len() != 1 + SYNC_STATE_WORDS {
+            return;
+        }
+        let pending = slot[2].swap(0, Ordering::AcqRel);
+        if pending & !ratelimit_core::fleet::ASKED == 0 {
+            return;
+        }
+        if let Some(sync) = super::sync_record::shared() {
+            let hash = slot[0].load(Ordering::Relaxed);
+            if !sync.orphans.push(self.seed[0], hash, pending) {
+                sync.orphans_dropped.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 

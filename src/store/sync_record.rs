@@ -63,6 +63,14 @@ pub struct SyncShared {
     /// overrides that this instance's overrides last matched, or 0. A loop that takes over
     /// (reload, worker crash) reads it to tell local changes from the fleet's.
     pub override_versions: [[AtomicU64; 2]; OVERRIDE_VERSIONS],
+    /// Values from Redis dropped for being out of bounds, in total, and per kind of value
+    /// the last one (for the workers to log each new one once; see [`Bad`]).
+    pub bad_values: AtomicU64,
+    pub bad_notes: [BadNote; BAD_KINDS],
+    /// Pending deltas of keys evicted from their slots, on their way to the loop.
+    pub orphans: OrphanRing,
+    /// Orphaned deltas dropped: the ring was full, or the key was within its share.
+    pub orphans_dropped: AtomicU64,
 }
 
 /// Sync zones whose override version a loop hands to the next (more fall back to taking the
@@ -72,14 +80,164 @@ pub const OVERRIDE_VERSIONS: usize = 32;
 /// Name and size of the shared memory zone holding the record. The name cannot be written
 /// in `zone=NAME:SIZE` (a colon ends the name there).
 pub const SHM_NAME: &str = "rate_limit_sync:instance";
-pub const SHM_SIZE: u64 = 64 * 1024;
+pub const SHM_SIZE: u64 = 512 * 1024;
 
-// The record is one slab allocation in the 64 KiB zone, whose slab pool keeps a few pages
+// The record is one slab allocation in the 512 KiB zone, whose slab pool keeps a few pages
 // for itself.
-const _: () = assert!(core::mem::size_of::<SyncShared>() <= 48 * 1024);
+const _: () = assert!(core::mem::size_of::<SyncShared>() <= 448 * 1024);
 
 /// Identifies [`SyncShared`]'s layout.
-const SYNC_MAGIC: u64 = 0x726c_7379_6e63_0004;
+const SYNC_MAGIC: u64 = 0x726c_7379_6e63_0005;
+
+/// The kinds of values from Redis that the loop checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Bad {
+    /// A key's fleet state further ahead than the key script allows.
+    KeyAhead = 0,
+    /// A key's request counts no fleet could have sent.
+    KeyCounts = 1,
+    /// A heartbeat count that is no number of instances.
+    Instances = 2,
+    /// A zone's limits its algorithm cannot take.
+    Limits = 3,
+    /// A per-key override the zone's algorithm cannot take.
+    Override = 4,
+    /// An override version out of range.
+    Version = 5,
+    /// A reply larger than the exchange allowed (the connection was dropped).
+    ReplySize = 6,
+}
+
+/// Kinds of [`Bad`] values.
+pub const BAD_KINDS: usize = 7;
+
+impl Bad {
+    pub const ALL: [Bad; BAD_KINDS] = [
+        Bad::KeyAhead,
+        Bad::KeyCounts,
+        Bad::Instances,
+        Bad::Limits,
+        Bad::Override,
+        Bad::Version,
+        Bad::ReplySize,
+    ];
+}
+
+/// The last bad value of one kind: how many were seen (`count`), which of them a worker
+/// logged (`logged`), the zone (its [`name_seed`], 0 for none), the value and the bound it
+/// broke.
+#[repr(C)]
+#[derive(Default)]
+pub struct BadNote {
+    pub count: AtomicU64,
+    pub logged: AtomicU64,
+    pub zone_id: AtomicU64,
+    pub value: AtomicU64,
+    pub bound: AtomicU64,
+    /// The value last logged: a repeat of it is counted, not logged again.
+    pub logged_value: AtomicU64,
+}
+
+/// Orphaned deltas the ring holds (a round drains it).
+pub const ORPHANS: usize = 8192;
+
+const ORPHAN_EMPTY: u64 = 0;
+const ORPHAN_FULL: u64 = 1;
+/// Held by the process in the high bits (writing, or reading).
+const ORPHAN_HELD: u64 = 2;
+
+/// Pending deltas of evicted keys: a worker that evicts a sync key hands its delta over
+/// here (under its zone's lock, so several zones' workers write at once), the loop takes them
+/// in its next round. Each entry is `[state, zone id, hash, delta]`; the state is empty, full
+/// or held by a pid (a holder that died is taken over). A key already waiting gets the new
+/// delta added; a ring with no room nearby drops it (counted).
+#[repr(C)]
+pub struct OrphanRing {
+    entries: [[AtomicU64; 4]; ORPHANS],
+}
+
+impl OrphanRing {
+    fn held() -> u64 {
+        u64::from(std::process::id()) << 2 | ORPHAN_HELD
+    }
+
+    /// Hand over `delta` (an evicted key's pending requests; the refused flag is dropped).
+    /// Returns false when there was no room.
+    pub fn push(&self, zone_id: u64, hash: u64, delta: u64) -> bool {
+        let delta = delta & !ratelimit_core::fleet::ASKED;
+        if delta == 0 {
+            return true;
+        }
+        let start = (hash as usize) % ORPHANS;
+        for probe in 0..16 {
+            let entry = &self.entries[(start + probe) % ORPHANS];
+            let state = entry[0].load(Ordering::Acquire);
+            let mergeable = state == ORPHAN_FULL
+                && entry[1].load(Ordering::Relaxed) == zone_id
+                && entry[2].load(Ordering::Relaxed) == hash;
+            if state != ORPHAN_EMPTY && !mergeable {
+                continue;
+            }
+            if entry[0]
+                .compare_exchange(state, Self::held(), Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            if state == ORPHAN_FULL {
+                entry[3].fetch_add(delta, Ordering::Relaxed);
+            } else {
+                entry[1].store(zone_id, Ordering::Relaxed);
+                entry[2].store(hash, Ordering::Relaxed);
+                entry[3].store(delta, Ordering::Relaxed);
+            }
+            entry[0].store(ORPHAN_FULL, Ordering::Release);
+            return true;
+        }
+        false
+    }
+
+    /// Loop side: take every waiting delta, `take(zone_id, hash, delta)` each. An entry held
+    /// by a process that died is emptied (a half-written entry is lost).
+    pub fn drain(&self, mut take: impl FnMut(u64, u64, u64)) {
+        for entry in &self.entries {
+            let state = entry[0].load(Ordering::Acquire);
+            if state == ORPHAN_EMPTY {
+                continue;
+            }
+            if state != ORPHAN_FULL {
+                if !crate::glue::process_alive(state >> 2) {
+                    let _ = entry[0].compare_exchange(
+                        state,
+                        ORPHAN_EMPTY,
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    );
+                }
+                continue;
+            }
+            if entry[0]
+                .compare_exchange(
+                    ORPHAN_FULL,
+                    Self::held(),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+            {
+                continue;
+            }
+            let (zone_id, hash, delta) = (
+                entry[1].load(Ordering::Relaxed),
+                entry[2].load(Ordering::Relaxed),
+                entry[3].load(Ordering::Relaxed),
+            );
+            entry[0].store(ORPHAN_EMPTY, Ordering::Release);
+            take(zone_id, hash, delta);
+        }
+    }
+}
 
 /// What the request path does with a sync zone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -220,6 +378,16 @@ impl SyncShared {
             entry[1].store(version, Ordering::Release);
             entry[0].store(zone_id, Ordering::Release);
         }
+    }
+
+    /// Count a value from Redis dropped for breaking `bound` (see [`Bad`]).
+    pub fn note_bad(&self, kind: Bad, zone_id: u64, value: u64, bound: u64) {
+        self.bad_values.fetch_add(1, Ordering::Relaxed);
+        let note = &self.bad_notes[kind as usize];
+        note.zone_id.store(zone_id, Ordering::Relaxed);
+        note.value.store(value, Ordering::Relaxed);
+        note.bound.store(bound, Ordering::Relaxed);
+        note.count.fetch_add(1, Ordering::Release);
     }
 
     pub fn mode(&self) -> Mode {

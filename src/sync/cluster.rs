@@ -12,23 +12,29 @@
 use futures_util::future::join_all;
 use redis::{ConnectionAddr, ConnectionInfo, Value};
 
+use super::link::{self, ReadBudget};
 use super::shared::SyncError;
-use super::tls;
 
 /// Slots of a Redis Cluster.
 const SLOTS: u16 = 16384;
 
 struct Node {
-    client: redis::Client,
-    connection: Option<redis::aio::MultiplexedConnection>,
+    info: ConnectionInfo,
+    connection: Option<(redis::aio::MultiplexedConnection, ReadBudget)>,
     scripts_loaded: bool,
     /// Set while its connection is being opened (left set when a timeout cancels it).
     connecting: bool,
+    /// Cut off during the last exchange for reading more than it allowed.
+    overflowed: bool,
 }
 
 /// The loop's view of the cluster.
 pub struct ClusterLink {
     seeds: Vec<ConnectionInfo>,
+    /// The TLS settings of `rediss://` seeds, which their nodes get too.
+    tls: Option<link::Tls>,
+    /// What each connection may read in the current exchange.
+    allowed: usize,
     nodes: Vec<Node>,
     /// `(first slot, last slot, node)`.
     slots: Vec<(u16, u16, usize)>,
@@ -43,14 +49,16 @@ pub struct Routed {
 }
 
 impl ClusterLink {
-    /// `tls`: the trust settings of `rediss://` seeds, which their nodes get too.
-    pub fn new(urls: &[String], tls: Option<&redis::TlsCertificates>) -> ClusterLink {
+    /// `tls`: the TLS settings of `rediss://` seeds, which their nodes get too.
+    pub fn new(urls: &[String], tls: Option<link::Tls>) -> ClusterLink {
         ClusterLink {
             seeds: urls
                 .iter()
-                .filter_map(|url| tls::client(url, tls).ok())
+                .filter_map(|url| redis::Client::open(url.as_str()).ok())
                 .map(|client| client.get_connection_info().clone())
                 .collect(),
+            tls,
+            allowed: 0,
             nodes: Vec::new(),
             slots: Vec::new(),
             refreshing: false,
@@ -60,6 +68,22 @@ impl ClusterLink {
     /// Whether a connection was being opened when the round was cut short.
     pub fn connecting(&self) -> bool {
         self.refreshing || self.nodes.iter().any(|node| node.connecting)
+    }
+
+    /// The next exchange's replies may take `bytes` on each node's connection.
+    pub fn allow(&mut self, bytes: usize) {
+        self.allowed = bytes;
+        for node in &mut self.nodes {
+            node.overflowed = false;
+            if let Some((_, budget)) = &node.connection {
+                budget.allow(bytes);
+            }
+        }
+    }
+
+    /// Whether a node's connection was cut off in the last exchange for reading too much.
+    pub fn overflowed(&self) -> bool {
+        self.nodes.iter().any(|node| node.overflowed)
     }
 
     /// Forget the slot map and connections (after a failure): the next round reads them again.
@@ -72,7 +96,7 @@ impl ClusterLink {
     async fn refresh(&mut self) -> Result<(), SyncError> {
         let mut last = SyncError::Connect;
         for seed in self.seeds.clone() {
-            match read_slots(&seed).await {
+            match read_slots(&seed, self.tls.as_ref()).await {
                 Ok(map) => {
                     self.nodes.clear();
                     self.slots.clear();
@@ -109,22 +133,18 @@ impl ClusterLink {
             },
             _ => ConnectionAddr::Tcp(host.to_string(), port),
         };
-        if let Some(index) = self
-            .nodes
-            .iter()
-            .position(|node| node.client.get_connection_info().addr == wanted)
-        {
+        if let Some(index) = self.nodes.iter().position(|node| node.info.addr == wanted) {
             return Ok(index);
         }
         // The seed's credentials, database and TLS settings, at the node's address.
         let mut info = seed.clone();
         info.addr = wanted;
-        let client = redis::Client::open(info).map_err(|_| SyncError::BadUrl)?;
         self.nodes.push(Node {
-            client,
+            info,
             connection: None,
             scripts_loaded: false,
             connecting: false,
+            overflowed: false,
         });
         Ok(self.nodes.len() - 1)
     }
@@ -211,13 +231,14 @@ impl ClusterLink {
         scripts: &[&str],
         replies: &mut [Result<Value, SyncError>],
     ) -> bool {
+        let (tls, allowed) = (self.tls.as_ref(), self.allowed);
         let pipelines = self.nodes.iter_mut().enumerate().map(|(index, node)| {
             let mine: Vec<(&Routed, bool)> = sends
                 .iter()
                 .filter(|&&(_, to, _)| to == index)
                 .map(|&(at, _, asking)| (&commands[at], asking))
                 .collect();
-            send_to_node(node, mine, scripts)
+            send_to_node(node, mine, scripts, tls, allowed)
         });
         let results = join_all(pipelines).await;
         let mut failed = false;
@@ -264,17 +285,21 @@ async fn send_to_node(
     node: &mut Node,
     commands: Vec<(&Routed, bool)>,
     scripts: &[&str],
+    tls: Option<&link::Tls>,
+    allowed: usize,
 ) -> Result<Vec<Value>, SyncError> {
     if commands.is_empty() {
         return Ok(Vec::new());
     }
     if node.connection.is_none() {
         node.connecting = true;
-        let connection = node.client.get_multiplexed_async_connection().await;
+        let connection = link::connect(&node.info, tls).await;
         node.connecting = false;
-        node.connection = Some(connection.map_err(super::task::classify)?);
+        let (connection, budget) = connection?;
+        budget.allow(allowed);
+        node.connection = Some((connection, budget));
     }
-    let Some(connection) = node.connection.as_mut() else {
+    let Some((connection, budget)) = node.connection.as_mut() else {
         return Err(SyncError::Connect);
     };
     let mut pipe = redis::pipe();
@@ -297,7 +322,14 @@ async fn send_to_node(
     // The connection's own call, not `Pipeline::query_async`: that one turns the first
     // error reply into the whole pipeline's error.
     use redis::aio::ConnectionLike;
-    match connection.req_packed_commands(&pipe, 0, theirs.len()).await {
+    let replies = connection.req_packed_commands(&pipe, 0, theirs.len()).await;
+    if budget.exceeded() {
+        node.overflowed = true;
+        node.connection = None;
+        node.scripts_loaded = false;
+        return Err(SyncError::ReplyTooLarge);
+    }
+    match replies {
         Ok(values) if values.len() == theirs.len() => {
             node.scripts_loaded = true;
             let values: Vec<Value> = values
@@ -324,13 +356,16 @@ async fn send_to_node(
     }
 }
 
+/// What a `CLUSTER SLOTS` reply may take: a few hundred bytes per slot range.
+const SLOTS_REPLY_BYTES: usize = 1 << 20;
+
 /// `CLUSTER SLOTS` of one node: `(first, last, master host, master port)`.
-async fn read_slots(seed: &ConnectionInfo) -> Result<Vec<(u16, u16, String, u16)>, SyncError> {
-    let client = redis::Client::open(seed.clone()).map_err(|_| SyncError::BadUrl)?;
-    let mut connection = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(super::task::classify)?;
+async fn read_slots(
+    seed: &ConnectionInfo,
+    tls: Option<&link::Tls>,
+) -> Result<Vec<(u16, u16, String, u16)>, SyncError> {
+    let (mut connection, budget) = link::connect(seed, tls).await?;
+    budget.allow(SLOTS_REPLY_BYTES);
     let value: Value = redis::cmd("CLUSTER")
         .arg("SLOTS")
         .query_async(&mut connection)

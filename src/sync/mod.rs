@@ -5,8 +5,8 @@
 //! `ratelimit_core::fleet`'s.
 //!
 //! * `shared`: the record as the loop names it, and the codes of its errors;
-//! * `task`: the loop thread and its Redis I/O; `cluster`: its routing for a Redis Cluster;
-//!   `tls`: the clients of `rediss://`;
+//! * `task`: the loop thread and its rounds; `link`: its connections (every byte read
+//!   bounded), `cluster`: its routing for a Redis Cluster, `tls`: TLS failures told apart;
 //! * `overrides`: the fleet's per-key overrides as the loop agrees on them with Redis; their
 //!   changes reach a worker through the store's inbox, and the worker applies them from its
 //!   watch timer through the control layer (the thread may not take a zone's lock);
@@ -16,8 +16,11 @@
 //!   last flush when the worker exits. Workers log the loop's transitions; the thread never
 //!   calls nginx.
 
+mod blocks;
 mod cluster;
+mod link;
 mod overrides;
+mod repeats;
 mod shared;
 mod task;
 mod tls;
@@ -26,6 +29,7 @@ use core::ptr;
 use core::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use ngx::ffi::{ngx_cycle_t, ngx_event_t, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN};
 use ngx::http::HttpModuleMainConf;
@@ -38,13 +42,24 @@ use crate::control;
 use crate::glue::{now_ms, process_alive};
 use crate::store::inbox;
 use crate::store::sync_record::{self, name_seed};
-use shared::{Mode, SyncError, SyncShared};
+use ratelimit_admin::OverrideRefused;
+use repeats::Condition;
+use shared::{Bad, Mode, SyncError, SyncShared};
 
 /// The loop thread of this process, when it owns the election.
 struct Running {
     stop: Arc<AtomicBool>,
     handle: JoinHandle<()>,
+    /// `timeout=`: how long one round may wait on Redis, its last one too.
+    round_timeout: Duration,
 }
+
+/// The longest an exiting worker waits for its loop's last round (a flush of what it has
+/// not sent yet): with nothing left to serve, nginx would exit now.
+const EXIT_WAIT: Duration = Duration::from_secs(1);
+
+/// How often an exiting worker that still serves connections looks whether its loop ended.
+const EXITING_POLL_MS: ngx::ffi::ngx_msec_t = 20;
 
 /// Process-local (never in shared memory): only this worker's event loop touches it.
 static RUNNING: Mutex<Option<Running>> = Mutex::new(None);
@@ -77,10 +92,28 @@ pub fn init_process(cycle: &mut ngx_cycle_t) {
     watch_now(cycle);
 }
 
-/// In each worker at exit: stop this process's loop after one last flush, and give up
-/// ownership so another instance's worker takes over at once.
+/// In each worker at exit: stop this process's loop, wait for its last flush at most
+/// [`EXIT_WAIT`] (or `timeout=` when shorter), and give up ownership so that another worker
+/// takes over at once. A loop still waiting on Redis then is left to end with the process:
+/// what it had not sent yet is lost to the fleet (at most one round of this instance's
+/// traffic), and the worker exits when nginx would.
 pub fn exit_process() {
-    stop_loop();
+    let wait = RUNNING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .as_ref()
+        .map_or(Duration::ZERO, |running| {
+            running.round_timeout.min(EXIT_WAIT)
+        });
+    if !stop_loop(wait) {
+        // Detached: the handle is dropped, the thread dies with the process.
+        let running = RUNNING
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        drop(running);
+        release_ownership();
+    }
 }
 
 unsafe extern "C" fn watch(event: *mut ngx_event_t) {
@@ -99,12 +132,20 @@ fn watch_now(cycle: &mut ngx_cycle_t) {
     // SAFETY: process flags set by nginx's signal handling in this (single) thread.
     let exiting = unsafe { nginx_sys::ngx_exiting != 0 || nginx_sys::ngx_terminate != 0 };
     if exiting {
-        stop_loop();
+        // The worker still serves its connections: the loop is told to stop and looked at
+        // again later, never waited for here (its round may wait `timeout=` on Redis).
+        if !stop_loop(Duration::ZERO) {
+            // SAFETY: the event was set up in init_process; re-armed only from this thread.
+            // It is cancelable: it keeps no exiting worker alive.
+            unsafe { nginx_sys::ngx_add_timer(ptr::addr_of_mut!(WATCH_EVENT), EXITING_POLL_MS) };
+        }
         return;
     }
     elect(cycle, sync);
     log_transitions(cycle, sync);
     apply_fleet_overrides(cycle, sync);
+    log_repeats(cycle);
+    apply_fleet_blocks(cycle);
     // An eighth of the interval (10 to 100 ms): the fleet's override changes wait in the
     // inbox at most that long, so they land within two intervals end to end.
     let interval_ms = (sync.interval_ns() / 1_000_000).max(10);
@@ -146,11 +187,13 @@ fn elect(cycle: &mut ngx_cycle_t, sync: &'static SyncShared) {
     match start_loop(cycle, sync, me) {
         Some(started) => *running = Some(started),
         None => {
-            ngx_log_error!(
-                NGX_LOG_ERR,
-                cycle.log,
-                "rate_limit_sync: could not start the sync thread"
-            );
+            if repeats::occurred(Condition::ThreadStart, "", 1, Instant::now()) {
+                ngx_log_error!(
+                    NGX_LOG_ERR,
+                    cycle.log,
+                    "rate_limit_sync: could not start the sync thread"
+                );
+            }
             let _ = sync
                 .owner_pid
                 .compare_exchange(me, 0, Ordering::AcqRel, Ordering::Acquire);
@@ -173,10 +216,12 @@ fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Op
                 id: name_seed(&zone.name),
                 overrides: Default::default(),
                 bursts: zone.bursts,
+                block: zone.block,
             })
         })
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
+    let round_timeout = Duration::from_millis(spec.timeout_ms);
     let job = task::Task {
         zones,
         spec,
@@ -184,25 +229,48 @@ fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Op
         sync,
         pid: me,
         stop: stop.clone(),
+        connect_timeouts: Default::default(),
     };
     let handle = std::thread::Builder::new()
         .name("rate_limit_sync".into())
         .spawn(move || job.run())
         .ok()?;
-    Some(Running { stop, handle })
+    Some(Running {
+        stop,
+        handle,
+        round_timeout,
+    })
 }
 
-fn stop_loop() {
-    let running = RUNNING
+/// Tell this process's loop to stop, and wait at most `wait` for it to end (it notices within
+/// 20 ms; its last round flushes what it has not sent, bounded by `timeout=`). Returns
+/// whether there is no loop left: it ended (joined at once, ownership given up) or there was
+/// none.
+fn stop_loop(wait: Duration) -> bool {
+    let mut running = RUNNING
         .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .take();
-    let Some(running) = running else {
-        return;
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let Some(current) = running.as_ref() else {
+        return true;
     };
-    running.stop.store(true, Ordering::Release);
-    // Bounded: the loop notices within 20 ms and its last round is bounded by `timeout=`.
-    let _ = running.handle.join();
+    current.stop.store(true, Ordering::Release);
+    let deadline = Instant::now() + wait;
+    while !current.handle.is_finished() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if let Some(ended) = running.take() {
+        // Finished: joining takes no time.
+        let _ = ended.handle.join();
+    }
+    release_ownership();
+    true
+}
+
+/// This process no longer owns the loop: another worker may start one at its next watch.
+fn release_ownership() {
     if let Some(sync) = sync_record::shared() {
         let me = u64::from(std::process::id());
         let _ = sync
@@ -213,11 +281,31 @@ fn stop_loop() {
 
 /// Apply the fleet's override changes the loop left in the inbox through the control layer
 /// (backlog rescaled, state file written), in whichever worker's timer comes first.
+/// The fleet's block records the loop thread of this process queued: applied through the
+/// control layer (each only when newer than the local record).
+fn apply_fleet_blocks(cycle: &mut ngx_cycle_t) {
+    let incoming = blocks::take_incoming();
+    if incoming.is_empty() {
+        return;
+    }
+    let Some(mcf) = RateLimitModule::main_conf(cycle) else {
+        return;
+    };
+    for record in incoming {
+        let zone = conf::zones(mcf)
+            .find(|zone: &&ZoneConf| zone.sync && name_seed(&zone.name) == record.zone_id);
+        if let Some(zone) = zone {
+            control::blocks::apply_fleet(zone, &record.key, record.word, record.changed_ms);
+        }
+    }
+}
+
 fn apply_fleet_overrides(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
     let Some(mcf) = RateLimitModule::main_conf(cycle) else {
         return;
     };
     let log = cycle.log;
+    let now = Instant::now();
     let applied = sync.inbox.apply(|incoming| {
         let zone = conf::zones(mcf)
             .find(|zone: &&ZoneConf| zone.sync && name_seed(&zone.name) == incoming.zone_id);
@@ -228,25 +316,79 @@ fn apply_fleet_overrides(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
         match control::zones::replace_override(zone, &incoming.key, incoming.from, to) {
             Ok(true) => inbox::Applied::Done,
             Ok(false) => inbox::Applied::Skipped,
-            Err(_) => {
-                ngx_log_error!(
-                    NGX_LOG_WARN,
-                    log,
-                    "rate_limit_sync: zone \"{}\" has no room for the fleet's override of key \"{}\"",
-                    zone.name,
-                    String::from_utf8_lossy(&incoming.key)
-                );
+            Err(refused) => {
+                // Once, then counted: a fleet of thousands of overrides that do not fit
+                // would otherwise log a line per key and round.
+                let (condition, why) = match refused {
+                    OverrideRefused::TableFull => {
+                        (Condition::NoRoomInTable, "its table of overrides is full")
+                    }
+                    OverrideRefused::NoMemory => (
+                        Condition::NoMemoryForKey,
+                        "its memory is short for the key (a larger zone size holds more)",
+                    ),
+                };
+                if repeats::occurred(condition, &zone.name, 1, now) {
+                    ngx_log_error!(
+                        NGX_LOG_WARN,
+                        log,
+                        "rate_limit_sync: zone \"{}\" has no room for the fleet's override of key \
+                         \"{}\": {why}; more are counted, not logged one by one",
+                        zone.name,
+                        String::from_utf8_lossy(&incoming.key)
+                    );
+                }
                 inbox::Applied::Failed
             }
         }
     });
     if applied > 0 {
-        ngx_log_error!(
-            NGX_LOG_INFO,
-            log,
-            "rate_limit_sync: {applied} override change(s) from the fleet applied"
-        );
+        if repeats::occurred(Condition::Applied, "", applied as u64, now) {
+            ngx_log_error!(
+                NGX_LOG_INFO,
+                log,
+                "rate_limit_sync: {applied} override change(s) from the fleet applied"
+            );
+        }
         control::persist::save(mcf, log);
+    }
+}
+
+/// The counts of repeated conditions whose period has passed, one line each.
+fn log_repeats(cycle: &mut ngx_cycle_t) {
+    let period = repeats::SUMMARY_PERIOD.as_secs();
+    for (condition, zone, count) in repeats::due(Instant::now()) {
+        match condition {
+            Condition::NoRoomInTable | Condition::NoMemoryForKey => {
+                let why = if condition == Condition::NoRoomInTable {
+                    "its table of overrides is full"
+                } else {
+                    "its memory is short for their keys"
+                };
+                ngx_log_error!(
+                    NGX_LOG_WARN,
+                    cycle.log,
+                    "rate_limit_sync: zone \"{zone}\" had no room for {count} more of the \
+                     fleet's overrides in the last {period} s: {why}"
+                );
+            }
+            Condition::Applied => {
+                ngx_log_error!(
+                    NGX_LOG_INFO,
+                    cycle.log,
+                    "rate_limit_sync: {count} more override change(s) from the fleet applied in \
+                     the last {period} s"
+                );
+            }
+            Condition::ThreadStart => {
+                ngx_log_error!(
+                    NGX_LOG_ERR,
+                    cycle.log,
+                    "rate_limit_sync: could not start the sync thread, {count} more times in the \
+                     last {period} s"
+                );
+            }
+        }
     }
 }
 
@@ -273,6 +415,7 @@ fn log_transitions(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
             SyncError::from_code(error).as_str()
         );
     }
+    log_bad_values(cycle, sync);
     let mode = sync.mode.load(Ordering::Relaxed);
     let logged = sync.logged_mode.load(Ordering::Relaxed);
     if mode == logged
@@ -299,6 +442,100 @@ fn log_transitions(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
             "rate_limit_sync: synced with Redis ({} instances seen)",
             sync.instances()
         );
+    }
+}
+
+/// Log each new value from Redis that the loop dropped (once per kind and value; repeats
+/// are only counted, in `bad_values`), by whichever worker sees it first.
+fn log_bad_values(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
+    for kind in Bad::ALL {
+        let note = &sync.bad_notes[kind as usize];
+        let count = note.count.load(Ordering::Acquire);
+        let logged = note.logged.load(Ordering::Relaxed);
+        if count == logged
+            || note
+                .logged
+                .compare_exchange(logged, count, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            continue;
+        }
+        let (value, bound) = (
+            note.value.load(Ordering::Relaxed),
+            note.bound.load(Ordering::Relaxed),
+        );
+        if logged != 0 && note.logged_value.swap(value, Ordering::Relaxed) == value {
+            continue;
+        }
+        note.logged_value.store(value, Ordering::Relaxed);
+        let zone_id = note.zone_id.load(Ordering::Relaxed);
+        let zone = RateLimitModule::main_conf(cycle).and_then(|mcf| {
+            conf::zones(mcf).find(|zone: &&ZoneConf| zone.sync && name_seed(&zone.name) == zone_id)
+        });
+        let what = bad_value_text(kind, zone, value, bound);
+        let zone_name = zone.map_or(String::new(), |zone| format!(" zone \"{}\":", zone.name));
+        ngx_log_error!(
+            NGX_LOG_WARN,
+            cycle.log,
+            "rate_limit_sync:{} Redis answered {}; dropped",
+            zone_name,
+            what
+        );
+    }
+}
+
+/// What was wrong with a dropped value, in words.
+fn bad_value_text(kind: Bad, zone: Option<&ZoneConf>, value: u64, bound: u64) -> String {
+    match kind {
+        Bad::KeyAhead => format!(
+            "a key state ahead {} us, which is out of range (at most {bound} us: two buckets \
+             and one interval)",
+            value as i64
+        ),
+        Bad::KeyCounts => format!(
+            "key counts of {} requests, which is out of range (at most {bound})",
+            value as i64
+        ),
+        Bad::Instances => format!(
+            "{} instances alive, which is out of range (1 to {})",
+            value as i64,
+            ratelimit_core::fleet_round::MAX_INSTANCES
+        ),
+        Bad::Limits | Bad::Override => {
+            let what = if kind == Bad::Limits {
+                "limits"
+            } else {
+                "an override with limits"
+            };
+            let Some(limits) = ratelimit_core::Limits::unpack(value) else {
+                return format!("{what} {value}, which packs no valid limits");
+            };
+            let reason = zone
+                .and_then(|zone| {
+                    let algorithm = zone.zone?.algorithm();
+                    ratelimit_admin::body::check_limits(
+                        &zone.name,
+                        algorithm,
+                        &limits,
+                        limits.burst != 0,
+                        0,
+                    )
+                    .err()
+                })
+                .map_or_else(String::new, |error| format!(": {error}"));
+            format!(
+                "{what} rate \"{}\" burst {} that the zone cannot take{reason}",
+                limits.rate, limits.burst
+            )
+        }
+        Bad::Version => format!(
+            "an override version {}, which is out of range",
+            value as i64
+        ),
+        Bad::ReplySize => format!(
+            "a reply larger than the exchange allows ({bound} bytes): the connection was \
+             dropped"
+        ),
     }
 }
 

@@ -155,14 +155,25 @@ impl OverrideSync {
     }
 
     /// The reply of this round's call (`None`: it failed; the changes are pushed again next
-    /// round since they still differ from the agreed map).
-    pub fn agree(&mut self, reply: Option<&Value>) {
+    /// round since they still differ from the agreed map). `check` says whether the zone's
+    /// algorithm can take packed limits (what the admin API accepts): a fleet value it cannot
+    /// take is not applied here (the key keeps its local value, which is not pushed back
+    /// either, as for a value this instance had no room for). Returns those values, and a
+    /// version out of range (below -1), for which the whole reply is dropped.
+    pub fn agree<T, E>(
+        &mut self,
+        reply: Option<&Value>,
+        check: &impl Fn(u64) -> Result<T, E>,
+    ) -> (Vec<u64>, Option<i64>) {
         let (Some(reply), Some(local)) = (reply, self.snapshot.take()) else {
-            return;
+            return (Vec::new(), None);
         };
         let Some((version, fleet)) = parse(reply) else {
-            return;
+            return (Vec::new(), None);
         };
+        if version < -1 {
+            return (Vec::new(), Some(version));
+        }
         if version < 0 {
             // Redis lost the map (restarted empty): seed it again with the agreed one (after a
             // take-over, the local overrides).
@@ -170,9 +181,10 @@ impl OverrideSync {
             if self.inherited.take().is_some() {
                 self.agreed = Some(local);
             }
-            return;
+            return (Vec::new(), None);
         }
         self.version = Some(version as u64);
+        let mut bad = Vec::new();
         match fleet {
             None => {
                 if let Some(agreed) = &mut self.agreed {
@@ -185,19 +197,33 @@ impl OverrideSync {
             }
             Some(fleet) => {
                 self.seeding = false;
+                // What this instance can apply: the fleet's map with every value the zone
+                // cannot take replaced by the local one (no change either way).
+                let mut applicable = fleet.clone();
+                for (key, &limits) in &fleet {
+                    if check(limits).is_err() {
+                        bad.push(limits);
+                        match local.get(key) {
+                            Some(&mine) => applicable.insert(key.clone(), mine),
+                            None => applicable.remove(key),
+                        };
+                        self.stuck.insert(key.clone(), limits);
+                    }
+                }
                 // Taking over with the fleet where the earlier loop left it: the local
                 // differences are this instance's changes, pushed from the next call on.
                 let inherited = self.inherited.take();
                 self.to_apply = if inherited == Some(version as u64) {
                     Vec::new()
                 } else {
-                    fleet_overrides::fleet_changes(&fleet, &local)
+                    fleet_overrides::fleet_changes(&applicable, &local)
                 };
                 self.stuck
                     .retain(|key, limits| fleet.get(key).copied().unwrap_or(0) == *limits);
                 self.agreed = Some(fleet);
             }
         }
+        (bad, None)
     }
 }
 
@@ -221,10 +247,9 @@ fn parse(reply: &Value) -> Option<(i64, Option<OverrideMap>)> {
         let key: Vec<u8> = redis::from_redis_value(key).ok()?;
         let limits: String = redis::from_redis_value(limits).ok()?;
         let limits: u64 = limits.parse().ok()?;
-        // A value no valid limits pack to (written by hand) is not applied.
-        if ratelimit_core::Limits::unpack(limits).is_some() {
-            map.insert(key, limits);
-        }
+        // Checked by the caller against the zone's algorithm (a value no valid limits pack
+        // to fails that check too).
+        map.insert(key, limits);
     }
     Some((version, Some(map)))
 }

@@ -2,7 +2,7 @@
 //! store, `crate::store::sync_record`, named here for the loop) and the codes of the loop's
 //! errors it leaves there for the workers to log.
 
-pub use crate::store::sync_record::{Mode, SyncShared};
+pub use crate::store::sync_record::{Bad, Mode, SyncShared};
 
 /// Why a sync round failed, as the workers log it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,10 +22,20 @@ pub enum SyncError {
     TlsCertificate = 8,
     /// The server did not answer the TLS handshake in TLS (or in time): a plain Redis port.
     TlsNoAnswer = 9,
+    /// Nothing listens at the address (TCP connection refused).
+    ConnectRefused = 10,
+    /// The URL's host name does not resolve.
+    ConnectDns = 11,
+    /// A connection still being opened (TCP, AUTH) when the round's `timeout=` ran out.
+    ConnectTimeout = 12,
+    /// No route to the network or host.
+    ConnectUnreachable = 13,
+    /// A reply larger than the exchange allows: the connection was dropped.
+    ReplyTooLarge = 14,
 }
 
 impl SyncError {
-    const ALL: [SyncError; 10] = [
+    const ALL: [SyncError; 15] = [
         SyncError::None,
         SyncError::Connect,
         SyncError::Timeout,
@@ -36,6 +46,11 @@ impl SyncError {
         SyncError::Tls,
         SyncError::TlsCertificate,
         SyncError::TlsNoAnswer,
+        SyncError::ConnectRefused,
+        SyncError::ConnectDns,
+        SyncError::ConnectTimeout,
+        SyncError::ConnectUnreachable,
+        SyncError::ReplyTooLarge,
     ];
 
     /// The error stored as `code` (`None` for anything else).
@@ -62,6 +77,16 @@ impl SyncError {
             SyncError::TlsNoAnswer => {
                 "TLS handshake failed: no TLS answer (does the server speak TLS on this port?)"
             }
+            SyncError::ConnectRefused => {
+                "cannot connect: connection refused (does Redis listen on that address and port?)"
+            }
+            SyncError::ConnectDns => "cannot connect: the host name does not resolve (DNS)",
+            SyncError::ConnectTimeout => {
+                "cannot connect: no answer within timeout= (packets dropped by a firewall, or \
+                 a wrong address?)"
+            }
+            SyncError::ConnectUnreachable => "cannot connect: network or host unreachable",
+            SyncError::ReplyTooLarge => "reply too large, connection dropped",
         }
     }
 }

@@ -1,28 +1,12 @@
-//! `rediss://` for the sync loop: rustls (through the `redis` crate) with the `ring` provider.
-//! The trust settings were read with the configuration (`crate::conf::sync`); every client,
-//! the cluster's nodes included, is built with their bytes, so the system's store is never
-//! read again on the loop's thread.
+//! `rediss://` for the sync loop: rustls with the `ring` provider, through the loop's own
+//! connections (`super::link`). The trust settings were read with the configuration
+//! (`crate::conf::sync`); the loop's TLS settings, the cluster's nodes included, are built
+//! from their bytes, so the system's store is never read again on the loop's thread. Here:
+//! telling a TLS failure apart in the client's errors.
 
-use redis::{Client, RedisError, RedisResult, TlsCertificates};
+use redis::RedisError;
 
 use super::shared::SyncError;
-
-/// A client for `url`: with the trust settings for `rediss://` (there are some, see [`load`]),
-/// as the URL says for `redis://`.
-pub fn client(url: &str, tls: Option<&TlsCertificates>) -> RedisResult<Client> {
-    match tls {
-        Some(certificates) => Client::build_with_tls(url, certificates.clone()),
-        None => Client::open(url),
-    }
-}
-
-/// rustls takes its crypto from a process-wide provider; only `ring` is compiled in, but
-/// installing it explicitly keeps a dependency that enables another one from making rustls
-/// refuse to choose (it would panic). Called by the loop's thread before it connects.
-pub fn install_provider() {
-    // An error means that one is installed already: this one, by an earlier loop.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
 
 /// A TLS failure, told apart from other I/O errors: a certificate the trust settings do not
 /// accept, an answer that is not TLS (a plain Redis port answers a ClientHello with an error

@@ -92,7 +92,8 @@ pub struct Answer {
 }
 
 /// Offers `per_sec` requests a second for key `key` to each port in `ports`, for `span`,
-/// from two paced keep-alive connections per port. Returns every answer.
+/// from two paced keep-alive connections per port, their requests interleaved evenly (all
+/// connections together send at a steady pace). Returns every answer.
 pub fn offer(ports: &[u16], per_sec: f64, span: Duration, key: &str) -> Vec<Answer> {
     offer_paths(ports, per_sec, span, key, &["/index.html"])
 }
@@ -110,8 +111,13 @@ pub fn offer_paths(
     let answers = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now() + Duration::from_millis(50);
     let mut threads = Vec::new();
-    for &port in ports {
-        for _ in 0..2 {
+    // Each connection sends every `gap`; the connections start `gap / connections` apart, so
+    // that their requests interleave evenly instead of arriving in clumps.
+    let gap = Duration::from_secs_f64(2.0 / per_sec);
+    let connections = 2 * ports.len() as u32;
+    for (index, &port) in ports.iter().enumerate() {
+        for lane in 0..2 {
+            let first = start + gap * (2 * index as u32 + lane) / connections;
             let answers = answers.clone();
             let key = key.to_string();
             let requests: Vec<Request> = paths
@@ -119,10 +125,9 @@ pub fn offer_paths(
                 .map(|path| Request::get(path).header("X-Key", &key))
                 .collect();
             threads.push(thread::spawn(move || {
-                let gap = Duration::from_secs_f64(2.0 / per_sec);
                 let mut connection = Connection::open(port);
                 let mut mine = Vec::new();
-                let mut next = start;
+                let mut next = first;
                 while next < start + span {
                     let now = Instant::now();
                     if next > now {

@@ -8,18 +8,22 @@
 //! - [`http`]: a small HTTP/1.1 client on `std::net::TcpStream`.
 //! - [`timeline`]: requests sent at fixed offsets from one start instant.
 //! - [`redis`]: real `redis-server`s (single, Cluster, TLS with a throwaway PKI);
+//!   [`fake_redis`]: a scripted Redis that answers out-of-range values, garbage, huge arrays;
 //!   [`fleet`]: nginx instances sharing a limit through them, and paced traffic.
 //! - [`upstream`]: an upstream whose requests wait until the test releases them.
+//! - [`skip`]: a test that cannot run here says so in `cargo test`'s output.
 //!
 //! Every test binary compiles this module but uses only part of it, hence the `allow`s.
 #![allow(dead_code)]
 
 pub mod admin;
 pub mod config;
+pub mod fake_redis;
 pub mod fleet;
 pub mod http;
 pub mod nginx;
 pub mod redis;
+pub mod skip;
 pub mod timeline;
 pub mod upstream;
 

@@ -5,7 +5,11 @@
 //! - `%%PORT%%`, `%%PORT2%%`, `%%PORT3%%`...: free loopback ports, chosen by binding
 //!   `127.0.0.1:0` (`%%PORT%%` and `%%PORT1%%` are the same port);
 //! - `%%PREFIX%%`: the absolute prefix directory (it ends without a slash);
-//! - `%%MODULE%%`: the absolute path of the rate limit module, for `load_module %%MODULE%%;`.
+//! - `%%MODULE%%`: the absolute path of the rate limit module, for `load_module %%MODULE%%;`;
+//! - `%%REPO%%`: the absolute path of this checkout (`lua_package_path "%%REPO%%/lib/?.lua;;"`).
+//!
+//! `scripts/run-example.sh` fills in the same placeholders (and `%%REDIS%%`, which a test
+//! replaces itself with its own Redis's URL).
 //!
 //! The harness passes `-g "daemon off;"`, so configs must not set `daemon`, and
 //! `-e <prefix>/logs/error.log`, so startup is logged there even by a binary built with
@@ -230,6 +234,7 @@ pub fn substitute(template: &str, prefix: &Path, ports: &[u16]) -> String {
         config = config.replace("%%PORT%%", &port.to_string());
     }
     config = config.replace("%%PREFIX%%", &prefix.display().to_string());
+    config = config.replace("%%REPO%%", env!("CARGO_MANIFEST_DIR"));
     if config.contains("%%MODULE%%") {
         config = config.replace("%%MODULE%%", &module_path().display().to_string());
     }

@@ -44,7 +44,7 @@ struct RawBody {
 /// let body = parse_patch(br#"{"burst": 10}"#).unwrap();
 /// assert_eq!((body.rate, body.burst), (None, Some(10)));
 /// assert_eq!(parse_patch(br#"{"burst": -1}"#).unwrap_err().to_string(),
-///            "invalid burst -1: must be an integer from 0 to 4194303 at line 1 column 12");
+///            "invalid burst -1: must be an integer from 0 to 4194303");
 /// ```
 pub fn parse_patch(body: &[u8]) -> Result<LimitsBody, ApiError> {
     // serde reads a struct from an array too: only an object is a body.
@@ -110,13 +110,20 @@ pub fn parse_block(body: &[u8]) -> Result<u64, ApiError> {
         })
 }
 
+/// Malformed JSON keeps serde's position (where the text stops being JSON); a value that is
+/// wrong says what is wrong with it, without the position, which the message already quotes.
 fn body_error(error: serde_json::Error) -> ApiError {
     use serde_json::error::Category;
     match error.classify() {
         Category::Syntax | Category::Eof | Category::Io => {
             ApiError::BadBody(format!("malformed JSON: {error}"))
         }
-        Category::Data => ApiError::BadBody(error.to_string()),
+        Category::Data => {
+            let message = error.to_string();
+            let position = format!(" at line {} column {}", error.line(), error.column());
+            let message = message.strip_suffix(&position).unwrap_or(&message);
+            ApiError::BadBody(message.to_string())
+        }
     }
 }
 
@@ -179,7 +186,8 @@ impl<'de> Deserialize<'de> for BurstField {
     }
 }
 
-/// Check that a zone running `algorithm` can take `limits` (for the zone or for one key).
+/// Check that a zone running `algorithm` can take `limits` (for the zone or for one key): the
+/// same rules as `rate_limit_zone`'s.
 ///
 /// `burst_given`: whether the request named a burst (the sliding algorithms have none).
 /// `log_capacity`: for `sliding_log`, the requests per window each key's log has room for,
@@ -201,8 +209,11 @@ pub fn check_limits(
     burst_given: bool,
     log_capacity: u64,
 ) -> Result<(), ApiError> {
-    if matches!(algorithm, Algorithm::LeakyBucket | Algorithm::TokenBucket) {
-        return Ok(());
+    if algorithm.takes_burst() {
+        // The largest bucket the rate allows, as `rate_limit_zone` checks it.
+        return limits
+            .check_bucket(algorithm)
+            .map_err(|error| ApiError::BadValue(error.to_string()));
     }
     // The zone directive's own rules for sliding algorithms: a whole number of requests per
     // window, within the algorithm's maximum, and no burst.
@@ -285,6 +296,12 @@ mod tests {
             let message = patch(body).unwrap_err();
             assert!(message.starts_with(start), "{body}: {message}");
         }
+        // A wrong value is named without serde's position in the body.
+        assert_eq!(
+            patch(r#"{"rate": ""}"#).unwrap_err(),
+            "invalid rate \"\": must be a positive number of requests (at most 3 decimals) per \
+             s, m, h or d, such as \"10r/s\""
+        );
         let message = parse_patch(b"{\"rate\": \"\xff\"}")
             .unwrap_err()
             .to_string();
@@ -309,9 +326,17 @@ mod tests {
         };
         type Row = (Algorithm, Limits, bool, u64, Result<(), &'static str>);
         #[rustfmt::skip]
-        let rows: [Row; 11] = [
+        let rows: [Row; 15] = [
             (Algorithm::LeakyBucket, limits("0.5r/s", 100), true, 0, Ok(())),
             (Algorithm::TokenBucket, limits("1000000r/s", 0), true, 0, Ok(())),
+            (Algorithm::LeakyBucket, limits("0.001r/d", 35), true, 0, Ok(())),
+            (Algorithm::LeakyBucket, limits("0.001r/d", 4194303), true, 0,
+             Err("burst 4194303 is too large for rate \"0.001r/d\" (at most 35: a leaky_bucket \
+                  must drain within 100 years)")),
+            (Algorithm::TokenBucket, limits("0.001r/d", 36), false, 0, Ok(())),
+            (Algorithm::TokenBucket, limits("0.001r/d", 300), false, 0,
+             Err("burst 300 is too large for rate \"0.001r/d\" (at most 36: a token_bucket \
+                  must refill within 100 years)")),
             (Algorithm::SlidingWindow, limits("100r/s", 0), false, 0, Ok(())),
             (Algorithm::SlidingWindow, limits("100r/s", 0), true, 0,
              Err("\"burst\" is not used by sliding_window")),

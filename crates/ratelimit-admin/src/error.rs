@@ -7,7 +7,8 @@ pub enum ApiError {
     /// 404: not one of the API's paths.
     #[error(
         "unknown path \"{0}\": the API serves zones, zones/NAME, zones/NAME/keys/KEY, \
-         zones/NAME/overrides, zones/NAME/overrides/KEY, zones/NAME/top, metrics and dashboard"
+         zones/NAME/overrides, zones/NAME/overrides/KEY, zones/NAME/top, zones/NAME/history, \
+         zones/NAME/blocked, zones/NAME/blocked/KEY, metrics and dashboard"
     )]
     UnknownPath(String),
     /// 400: a `%` not followed by two hex digits.
@@ -41,9 +42,19 @@ pub enum ApiError {
     /// 400: an empty key in `PUT zones/NAME/overrides/KEY`.
     #[error("empty key")]
     EmptyKey,
-    /// 507: the zone's override table (or its memory for keys) is full.
+    /// 507: the zone's override table is full.
     #[error("zone \"{zone}\" has no room for another override ({capacity} at most)")]
     OverridesFull { zone: String, capacity: usize },
+    /// 507: the zone's shared memory has no room left for the override's key.
+    #[error(
+        "zone \"{zone}\" has no memory left for the key of another override ({key_bytes} \
+         bytes): its {size} bytes are in use; a larger zone size holds more"
+    )]
+    OverrideKeyNoMemory {
+        zone: String,
+        key_bytes: usize,
+        size: u64,
+    },
     /// 400: a bad parameter of `GET zones/NAME/top`.
     #[error("{0}")]
     BadQuery(String),
@@ -59,6 +70,9 @@ pub enum ApiError {
     /// 404: a zone too small to keep top keys.
     #[error("zone \"{0}\" keeps no top keys: it needs 256k of shared memory at least")]
     NoTopKeys(String),
+    /// 404: a zone that keeps no history (a zone of a module built before it kept one).
+    #[error("zone \"{0}\" keeps no history")]
+    NoHistory(String),
 }
 
 impl ApiError {
@@ -70,6 +84,7 @@ impl ApiError {
             | ApiError::KeyNotTracked { .. }
             | ApiError::NoOverride { .. }
             | ApiError::NoTopKeys(_)
+            | ApiError::NoHistory(_)
             | ApiError::NoBlocks(_)
             | ApiError::NotBlocked { .. } => 404,
             ApiError::BadPercentEncoding(_)
@@ -80,7 +95,9 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::ReadOnly => 403,
             ApiError::BodyTooLarge { .. } => 413,
-            ApiError::OverridesFull { .. } | ApiError::BlocksFull(_) => 507,
+            ApiError::OverridesFull { .. }
+            | ApiError::OverrideKeyNoMemory { .. }
+            | ApiError::BlocksFull(_) => 507,
         }
     }
 

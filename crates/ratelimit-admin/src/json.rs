@@ -63,6 +63,8 @@ pub struct SyncJson {
     pub errors: u64,
     pub lag_ms: f64,
     pub fallback: bool,
+    pub keys_sent: u64,
+    pub bad_values: u64,
 }
 
 impl From<&SyncInfo> for SyncJson {
@@ -76,6 +78,8 @@ impl From<&SyncInfo> for SyncJson {
             errors: info.errors,
             lag_ms: info.lag_us as f64 / 1000.0,
             fallback: info.fallback,
+            keys_sent: info.keys_sent,
+            bad_values: info.bad_values,
         }
     }
 }
@@ -180,6 +184,8 @@ pub struct BlockedJson<'a> {
     pub capacity: u64,
     /// Requests refused while their key was blocked, since the zone was created.
     pub blocked_requests: u64,
+    /// Requests a dry run let through although their key was blocked.
+    pub blocked_dry_run_requests: u64,
     pub keys: Vec<BlockJson>,
 }
 
@@ -192,6 +198,7 @@ impl<'a> BlockedJson<'a> {
             count: keys.len(),
             capacity: counts.capacity,
             blocked_requests: counts.blocked_requests,
+            blocked_dry_run_requests: counts.blocked_dry_run_requests,
             keys,
         }
     }

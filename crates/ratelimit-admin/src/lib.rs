@@ -18,6 +18,7 @@
 //! | `DELETE zones/NAME/overrides/KEY` | back to the zone's limits (204) |
 //! | `GET metrics` | Prometheus text |
 //! | `GET zones/NAME/top?by=rejected\|delayed&window=1m\|10m&limit=N` | the keys limited most |
+//! | `GET zones/NAME/history` | requests per second (passed, delayed, rejected), last 5 minutes |
 //! | `GET zones/NAME/blocked` | the keys blocked now (`block=`): key, since, until, level |
 //! | `GET zones/NAME/blocked/KEY` | one key's block; 404 when not blocked |
 //! | `PUT zones/NAME/blocked/KEY` | `{"duration": "15m"}`: block by hand; 201 new, 200 replaced |
@@ -42,6 +43,7 @@
 pub mod body;
 pub mod concurrency;
 pub mod error;
+pub mod history;
 pub mod json;
 pub mod memory;
 pub mod metrics;
@@ -54,11 +56,12 @@ pub mod top;
 pub use error::ApiError;
 pub use route::Route;
 pub use store::{
-    AdminZone, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverridesFull, SyncInfo,
+    AdminZone, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverrideRefused, SyncInfo,
     ZoneInfo,
 };
 
 use ratelimit_core::top::{TopKind, TopWindow};
+use ratelimit_core::Limits;
 
 use json::{
     BlockJson, BlockedJson, Entries, ErrorJson, KeyJson, LimitsJson, OverrideJson, ZoneJson,
@@ -241,6 +244,18 @@ pub fn patch_zone<'a, Z: AdminZone>(
         let burst_given = patch.burst.is_some();
         let capacity = info.log_capacity();
         body::check_limits(name, info.algorithm, &new, burst_given, capacity)?;
+        // A `rate_limit` line's own burst meets the new rate too.
+        if let Some(line_burst) = info.line_burst {
+            let line = Limits {
+                burst: line_burst,
+                ..new
+            };
+            line.check_bucket(info.algorithm).map_err(|error| {
+                ApiError::BadValue(format!(
+                    "{error}: the burst= of a rate_limit line using zone \"{name}\""
+                ))
+            })?;
+        }
         match zone.replace_limits(current, new) {
             Ok(()) => return Ok(zone),
             Err(found) => current = found,
@@ -431,12 +446,19 @@ fn try_execute<Z: AdminZone>(
             let burst_given = request.burst.is_some();
             let capacity = info.log_capacity();
             body::check_limits(name, info.algorithm, &limits, burst_given, capacity)?;
-            let created = zone.set_override(key, limits).map_err(|OverridesFull| {
-                ApiError::OverridesFull {
-                    zone: name.clone(),
-                    capacity: info.override_capacity as usize,
-                }
-            })?;
+            let created = zone
+                .set_override(key, limits)
+                .map_err(|refused| match refused {
+                    OverrideRefused::TableFull => ApiError::OverridesFull {
+                        zone: name.clone(),
+                        capacity: info.override_capacity as usize,
+                    },
+                    OverrideRefused::NoMemory => ApiError::OverrideKeyNoMemory {
+                        zone: name.clone(),
+                        key_bytes: key.len(),
+                        size: info.size,
+                    },
+                })?;
             let status = if created { 201 } else { 200 };
             Response::json(status, &OverrideJson::new(name, key, &limits)).changed()
         }
@@ -454,6 +476,12 @@ fn try_execute<Z: AdminZone>(
                 .top(query.kind, query.window, query.limit)
                 .ok_or_else(|| ApiError::NoTopKeys(name.clone()))?;
             Response::json(200, &top::TopJson::new(name, query, &list))
+        }
+        Route::History { zone: name } => {
+            let history = find(zones, name)?
+                .history()
+                .ok_or_else(|| ApiError::NoHistory(name.clone()))?;
+            Response::json(200, &history::HistoryJson::new(name, &history))
         }
         Route::Root { write } => Response::json(
             200,
@@ -604,6 +632,8 @@ mod tests {
             ("log", r#"{"rate": "101r/m"}"#, 400),
             ("log", r#"{"rate": "1.5r/m"}"#, 400),
             ("two", r#"{"rate": "1r/s"}"#, 404),
+            ("one", r#"{"rate": "0.001r/d", "burst": 4194303}"#, 400),
+            ("one", r#"{"rate": "0.001r/d", "burst": 36}"#, 400),
         ];
         for (zone, body, status) in rows {
             let (got, error) = call(&zones, "PATCH", &format!("zones/{zone}"), body);
@@ -612,6 +642,52 @@ mod tests {
         }
         assert_eq!(zones[0].limits(), limits("10r/s", 5));
         assert_eq!(zones[1].limits(), limits("100r/m", 0));
+        // A bucket that would take longer than 100 years names the largest burst.
+        let (_, error) = call(
+            &zones,
+            "PATCH",
+            "zones/one",
+            r#"{"rate": "0.001r/d", "burst": 300}"#,
+        );
+        assert_eq!(
+            error["error"],
+            "burst 300 is too large for rate \"0.001r/d\" \
+             (at most 35: a leaky_bucket must drain within 100 years)"
+        );
+        assert_eq!(
+            call(
+                &zones,
+                "PATCH",
+                "zones/one",
+                r#"{"rate": "0.001r/d", "burst": 35}"#
+            )
+            .0,
+            200
+        );
+        assert_eq!(
+            call(
+                &zones,
+                "PATCH",
+                "zones/one",
+                r#"{"rate": "10r/s", "burst": 5}"#
+            )
+            .0,
+            200
+        );
+        // A line's own burst must fit the new rate too: 300 at 0.001r/d does not.
+        zones[0].set_line_burst(300);
+        let (status, error) = call(&zones, "PATCH", "zones/one", r#"{"rate": "0.001r/d"}"#);
+        assert_eq!(status, 400);
+        assert_eq!(
+            error["error"],
+            "burst 300 is too large for rate \"0.001r/d\" (at most 35: a leaky_bucket must \
+             drain within 100 years): the burst= of a rate_limit line using zone \"one\""
+        );
+        assert_eq!(zones[0].limits(), limits("10r/s", 5));
+        assert_eq!(
+            call(&zones, "PATCH", "zones/one", r#"{"rate": "1r/d"}"#).0,
+            200
+        );
         // Lowering a sliding log's N is fine; raising it back up to the configured N too.
         assert_eq!(
             call(&zones, "PATCH", "zones/log", r#"{"rate": "50r/m"}"#).0,
@@ -702,6 +778,21 @@ mod tests {
         assert_eq!(put_log(r#"{"rate": "100r/m"}"#).0, 201);
         assert_eq!(put_log(r#"{"rate": "10r/m", "burst": 1}"#).0, 400);
         assert_eq!(put_log(r#"{"rate": "1000r/m"}"#).0, 400);
+    }
+
+    /// The zone's memory, not its table, is what is short: the 507 says so.
+    #[test]
+    fn overrides_out_of_memory_are_507_naming_the_memory() {
+        let zones = zones();
+        let key = |c: char| format!("zones/one/overrides/{}", c.to_string().repeat(700_000));
+        assert_eq!(call(&zones, "PUT", &key('a'), r#"{"rate": "1r/s"}"#).0, 201);
+        let (status, error) = call(&zones, "PUT", &key('b'), r#"{"rate": "1r/s"}"#);
+        assert_eq!(status, 507);
+        assert_eq!(
+            error["error"],
+            "zone \"one\" has no memory left for the key of another override (700000 bytes): \
+             its 1048576 bytes are in use; a larger zone size holds more"
+        );
     }
 
     #[test]
@@ -803,6 +894,41 @@ mod tests {
     }
 
     #[test]
+    fn history_is_the_zones_own() {
+        let zones = zones();
+        let response = handle(b"GET", b"zones/one/history", b"", false, &zones);
+        assert_eq!(response.status, 404);
+        assert_eq!(
+            response.body_text(),
+            "{\n  \"error\": \"zone \\\"one\\\" keeps no history\"\n}\n"
+        );
+        let mut passed = vec![0; ratelimit_core::history::SECONDS];
+        passed[299] = 4;
+        zones[0].set_history(history::History {
+            end_unix_s: 1_764_612_345,
+            passed: passed.clone(),
+            delayed: vec![0; 300],
+            rejected: vec![1; 300],
+        });
+        let response = handle(b"GET", b"zones/one/history/", b"", false, &zones);
+        assert_eq!(response.status, 200);
+        let body: Value = serde_json::from_slice(&response.body).unwrap();
+        assert_eq!(body["zone"], "one");
+        assert_eq!(
+            (body["seconds"].as_u64(), body["end"].as_u64()),
+            (Some(300), Some(1_764_612_345))
+        );
+        assert_eq!(body["passed"], json!(passed));
+        assert_eq!(body["rejected"][0], 1);
+        let response = handle(b"PUT", b"zones/one/history", b"", true, &zones);
+        assert_eq!((response.status, response.allow), (405, Some("GET, HEAD")));
+        assert_eq!(
+            handle(b"GET", b"zones/nope/history", b"", false, &zones).status,
+            404
+        );
+    }
+
+    #[test]
     fn top_keys_and_their_parameters() {
         let zones = zones();
         let now_ns = 20_000_000_000;
@@ -835,7 +961,7 @@ mod tests {
         assert_eq!(top("by=delayed").1["keys"][0]["key"], "slow");
         #[rustfmt::skip]
         let bad = [
-            ("by=passed", "invalid by \"passed\": use rejected or delayed"),
+            ("by=passed", "invalid by \"passed\": use rejected, delayed or blocked"),
             ("window=1h", "invalid window \"1h\": use 1m or 10m"),
             ("limit=0", "invalid limit \"0\": use a number from 1 to 100"),
             ("limit=101", "invalid limit \"101\": use a number from 1 to 100"),
@@ -1048,7 +1174,7 @@ mod tests {
             list,
             json!({
                 "zone": "login", "block": "15m", "block_max": "1d", "count": 1, "capacity": 64,
-                "blocked_requests": 53,
+                "blocked_requests": 53, "blocked_dry_run_requests": 0,
                 "keys": [{"key": "203.0.113.9", "truncated": false, "since": 1_796_150_153.0,
                           "until": 1_796_151_053.0, "level": 0, "left_ms": 900_000}]
             })

@@ -10,11 +10,12 @@ use ratelimit_core::penalty::BlockPolicy;
 use ratelimit_core::top::{TopKeys, TopKind, TopWindow};
 use ratelimit_core::{Algorithm, Decision, Limits, Outcome};
 
+use crate::history::History;
 use crate::top::TopList;
 
 use crate::concurrency::{ConcurrencyInfo, ConcurrencyKeyState};
 use crate::store::{
-    AdminZone, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverridesFull, ZoneInfo,
+    AdminZone, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverrideRefused, ZoneInfo,
 };
 use ratelimit_core::concurrency::{ConcurrencyLimit, ConcurrencyLimits};
 
@@ -78,6 +79,7 @@ struct MemoryState {
     top_now_ns: u64,
     /// A concurrency zone's keys.
     in_flight: BTreeMap<Vec<u8>, ConcurrencyKeyState>,
+    history: Option<History>,
 }
 
 impl MemoryZone {
@@ -95,6 +97,7 @@ impl MemoryZone {
             evictions: 0,
             overrides: 0,
             override_capacity: 4,
+            line_burst: None,
             sync: None,
             concurrency: None,
         };
@@ -107,6 +110,7 @@ impl MemoryZone {
                 top: Box::new(TopKeys::EMPTY),
                 top_now_ns: 0,
                 in_flight: BTreeMap::new(),
+                history: None,
             }),
             blocks: None,
         }
@@ -215,9 +219,19 @@ impl MemoryZone {
         });
     }
 
+    /// Make `GET zones/NAME/history` answer `history`.
+    pub fn set_history(&self, history: History) {
+        self.with(|state| state.history = Some(history));
+    }
+
     /// Replace the counters and other numbers `info` reports.
     pub fn set_counters(&self, counters: Counters) {
         self.with(|state| state.info.counters = counters);
+    }
+
+    /// A `rate_limit` line using the zone gives `burst=` (the largest of them).
+    pub fn set_line_burst(&self, burst: u64) {
+        self.with(|state| state.info.line_burst = Some(burst));
     }
 }
 
@@ -324,11 +338,18 @@ impl AdminZone for MemoryZone {
         })
     }
 
-    fn set_override(&self, key: &[u8], limits: Limits) -> Result<bool, OverridesFull> {
+    fn set_override(&self, key: &[u8], limits: Limits) -> Result<bool, OverrideRefused> {
         self.with(|state| {
             let capacity = state.info.override_capacity as usize;
             if !state.overrides.contains_key(key) && state.overrides.len() >= capacity {
-                return Err(OverridesFull);
+                return Err(OverrideRefused::TableFull);
+            }
+            // A stand-in for the zone's memory: keys of all overrides within its size.
+            let key_bytes: usize = state.overrides.keys().map(Vec::len).sum();
+            if !state.overrides.contains_key(key)
+                && (key_bytes + key.len()) as u64 > state.info.size
+            {
+                return Err(OverrideRefused::NoMemory);
             }
             Ok(state.overrides.insert(key.to_vec(), limits).is_none())
         })
@@ -336,6 +357,10 @@ impl AdminZone for MemoryZone {
 
     fn remove_override(&self, key: &[u8]) -> bool {
         self.with(|state| state.overrides.remove(key).is_some())
+    }
+
+    fn history(&self) -> Option<History> {
+        self.with(|state| state.history.clone())
     }
 
     fn top(&self, kind: TopKind, window: TopWindow, limit: usize) -> Option<TopList> {
@@ -354,6 +379,7 @@ impl AdminZone for MemoryZone {
             block_ns: blocks.policy.block_ns,
             block_max_ns: blocks.policy.block_max_ns,
             blocked_requests: blocks.blocked_requests.load(Ordering::Relaxed),
+            blocked_dry_run_requests: 0,
             blocked_keys: table.blocked_count(blocks.now()) as u64,
             capacity: table.capacity() as u64,
         })

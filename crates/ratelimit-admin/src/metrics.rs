@@ -17,7 +17,7 @@ struct Family {
     help: &'static str,
 }
 
-const FAMILIES: [Family; 20] = [
+const FAMILIES: [Family; 22] = [
     Family {
         name: "rate_limit_requests_total",
         kind: "counter",
@@ -94,6 +94,16 @@ const FAMILIES: [Family; 20] = [
         help: "1 while the on_failure mode is in force (sync zones only).",
     },
     Family {
+        name: "rate_limit_sync_keys_total",
+        kind: "counter",
+        help: "Keys sent to Redis by the instance's sync rounds (sync zones only).",
+    },
+    Family {
+        name: "rate_limit_sync_bad_values_total",
+        kind: "counter",
+        help: "Values from Redis dropped for being out of bounds (sync zones only).",
+    },
+    Family {
         name: "rate_limit_in_flight",
         kind: "gauge",
         help: "Requests holding slots of the zone's keys now (concurrency zones only).",
@@ -154,6 +164,8 @@ pub fn render_with_blocks(zones: &[(String, ZoneInfo)], blocks: &[Option<BlockCo
                     if let Some(block) = block {
                         let value = block.blocked_requests.to_string();
                         sample(",outcome=\"blocked\"", &value);
+                        let value = block.blocked_dry_run_requests.to_string();
+                        sample(",outcome=\"blocked_dry_run\"", &value);
                     }
                 }
                 "rate_limit_blocked_keys" => {
@@ -215,6 +227,8 @@ fn sync_value(family: &str, sync: &SyncInfo) -> String {
         "rate_limit_sync_errors_total" => sync.errors.to_string(),
         "rate_limit_sync_lag_seconds" => format!("{:.6}", sync.lag_us as f64 / 1e6),
         "rate_limit_sync_instances" => sync.instances.to_string(),
+        "rate_limit_sync_keys_total" => sync.keys_sent.to_string(),
+        "rate_limit_sync_bad_values_total" => sync.bad_values.to_string(),
         _ => u8::from(sync.fallback).to_string(),
     }
 }
@@ -284,6 +298,7 @@ mod tests {
             overrides: 1,
             override_capacity: 512,
             concurrency: None,
+            line_burst: None,
             sync: Some(SyncInfo {
                 connected: true,
                 mode: "synced",
@@ -293,6 +308,8 @@ mod tests {
                 errors: 1,
                 lag_us: 1_500,
                 fallback: false,
+                keys_sent: 40,
+                bad_values: 2,
             }),
         }
     }
@@ -329,6 +346,8 @@ mod tests {
             "rate_limit_sync_lag_seconds{zone=\"one\"} 0.001500",
             "rate_limit_sync_instances{zone=\"one\"} 3",
             "rate_limit_sync_fallback{zone=\"one\"} 0",
+            "rate_limit_sync_keys_total{zone=\"one\"} 40",
+            "rate_limit_sync_bad_values_total{zone=\"one\"} 2",
             "rate_limit_keys{zone=\"t\\\"w\\\\o\\n\"} 25",
             "rate_limit_in_flight{zone=\"app\"} 41",
             "rate_limit_queued{zone=\"app\"} 3",

@@ -39,6 +39,8 @@ pub enum Route {
     Metrics,
     /// `GET zones/NAME/top?by=..&window=..&limit=..`
     Top { zone: String, query: TopQuery },
+    /// `GET zones/NAME/history`: requests per second over the last minutes.
+    History { zone: String },
     /// `GET` of the location's root: what the API offers here (`write`: the location allows
     /// changes, set by [`crate::plan`]).
     Root { write: bool },
@@ -80,6 +82,7 @@ enum Resource {
     BlockedKey(String, Vec<u8>),
     Metrics,
     Top(String),
+    History(String),
     Root,
     Dashboard,
 }
@@ -93,6 +96,7 @@ impl Resource {
             | Resource::Blocked(_)
             | Resource::Metrics
             | Resource::Top(_)
+            | Resource::History(_)
             | Resource::Root
             | Resource::Dashboard => "GET, HEAD",
             Resource::Zone(_) => "GET, HEAD, PATCH",
@@ -150,6 +154,7 @@ pub fn parse_with_query(method: &[u8], path: &[u8], query: &[u8]) -> Result<Rout
             zone,
             query: parse_query(query)?,
         },
+        (b"GET" | b"HEAD", Resource::History(zone)) => Route::History { zone },
         (b"GET" | b"HEAD", Resource::Root) => Route::Root { write: false },
         (b"GET" | b"HEAD", Resource::Dashboard) => Route::Dashboard,
         (_, resource) => {
@@ -182,6 +187,7 @@ fn resource(path: &[u8]) -> Result<Resource, ApiError> {
                 Some((b"overrides", None | Some(b""))) => Resource::Overrides(zone),
                 Some((b"overrides", Some(key))) => Resource::Override(zone, percent_decode(key)?),
                 Some((b"top", None | Some(b""))) => Resource::Top(zone),
+                Some((b"history", None | Some(b""))) => Resource::History(zone),
                 Some((b"blocked", None | Some(b""))) => Resource::Blocked(zone),
                 Some((b"blocked", Some(key))) => Resource::BlockedKey(zone, percent_decode(key)?),
                 Some(_) => return Err(unknown()),

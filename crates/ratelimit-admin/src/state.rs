@@ -565,6 +565,41 @@ mod tests {
         assert!(matches!(&restore.notes[..], [Note::Warn(text)] if text.contains("\"big\"")));
     }
 
+    /// A bucket beyond the largest the rate allows (written by hand, or by a version that
+    /// took it) is dropped with the API's message, whether runtime limits or an override.
+    #[test]
+    fn buckets_too_large_for_their_rate_are_dropped() {
+        let mut saved = sample().zones["api"].clone();
+        saved.limits = limits("0.001r/d", 300);
+        saved.overrides = vec![
+            (b"fine".to_vec(), limits("0.001r/d", 35)),
+            (b"huge".to_vec(), limits("0.001r/d", 4194303)),
+        ];
+        let restore = plan_restore(&saved, "api", Algorithm::LeakyBucket, saved.config);
+        assert_eq!(restore.limits, None);
+        assert_eq!(
+            restore.overrides,
+            [(b"fine".to_vec(), limits("0.001r/d", 35))]
+        );
+        assert_eq!(
+            restore.notes,
+            [
+                Note::Warn(
+                    "zone \"api\": runtime limits (rate 0.001r/d burst 300) dropped: burst 300 \
+                     is too large for rate \"0.001r/d\" (at most 35: a leaky_bucket must drain \
+                     within 100 years)"
+                        .into()
+                ),
+                Note::Warn(
+                    "zone \"api\": override for key \"huge\" dropped: burst 4194303 is too \
+                     large for rate \"0.001r/d\" (at most 35: a leaky_bucket must drain within \
+                     100 years)"
+                        .into()
+                ),
+            ]
+        );
+    }
+
     #[test]
     fn zones_no_longer_configured_are_named() {
         let notes = gone_zones(&sample(), |name| name == "api");

@@ -5,6 +5,7 @@ use ratelimit_core::top::{TopKind, TopWindow};
 use ratelimit_core::{Algorithm, Decision, Limits};
 
 use crate::concurrency::{ConcurrencyInfo, ConcurrencyKeyState};
+use crate::history::History;
 use crate::top::TopList;
 use ratelimit_core::concurrency::ConcurrencyLimits;
 
@@ -52,6 +53,9 @@ pub struct ZoneInfo {
     pub evictions: u64,
     pub overrides: u64,
     pub override_capacity: u64,
+    /// The largest `burst=` a `rate_limit` line using the zone gives (in place of the zone's
+    /// for that line's requests): a new rate must allow it too.
+    pub line_burst: Option<u64>,
     /// For a `sync` zone (`rate_limit_sync`): the instance's sync state.
     pub sync: Option<SyncInfo>,
     /// For a concurrency zone: its limits and what is in flight (`limits` is then unused).
@@ -77,6 +81,12 @@ pub struct SyncInfo {
     pub lag_us: u64,
     /// Whether the failure mode is in force.
     pub fallback: bool,
+    /// Keys sent to Redis since the instance started (a key whose pending delta stays well
+    /// inside its share needs no round trip, so this grows with what matters, not traffic).
+    pub keys_sent: u64,
+    /// Values from Redis dropped for being out of the bounds the instance computes itself
+    /// (key states, counts, limits, overrides, instances, replies too large).
+    pub bad_values: u64,
 }
 
 impl ZoneInfo {
@@ -125,6 +135,8 @@ pub struct BlockCounts {
     pub block_max_ns: u64,
     /// Requests refused because their key was blocked, since the zone was created.
     pub blocked_requests: u64,
+    /// Requests a dry run let through although their key was blocked.
+    pub blocked_dry_run_requests: u64,
     /// Keys blocked now.
     pub blocked_keys: u64,
     /// Blocked keys the zone's table holds at most.
@@ -140,9 +152,14 @@ pub enum BlockRefused {
     Full,
 }
 
-/// The override table, or the zone's memory for the keys, is full.
+/// Why a zone has no room for another override.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OverridesFull;
+pub enum OverrideRefused {
+    /// Its table of overrides is full ([`ZoneInfo::override_capacity`]).
+    TableFull,
+    /// Its shared memory has no room left for the key's bytes.
+    NoMemory,
+}
 
 /// One zone, as the admin API sees it. Every method is safe to call from several processes
 /// at once: implementations work on shared state with atomics or the zone's own lock.
@@ -173,7 +190,7 @@ pub trait AdminZone {
     fn overrides(&self) -> Vec<(Vec<u8>, Limits)>;
 
     /// Set a key's override: `Ok(true)` when it is new, `Ok(false)` when it replaced one.
-    fn set_override(&self, key: &[u8], limits: Limits) -> Result<bool, OverridesFull>;
+    fn set_override(&self, key: &[u8], limits: Limits) -> Result<bool, OverrideRefused>;
 
     /// Remove a key's override; false when there was none.
     fn remove_override(&self, key: &[u8]) -> bool;
@@ -181,6 +198,11 @@ pub trait AdminZone {
     /// The `limit` keys with the most requests of `kind` over `window`; `None` when the
     /// zone keeps no top keys.
     fn top(&self, _kind: TopKind, _window: TopWindow, _limit: usize) -> Option<TopList> {
+        None
+    }
+
+    /// Requests per second over the last minutes; `None` when the zone keeps no history.
+    fn history(&self) -> Option<History> {
         None
     }
 

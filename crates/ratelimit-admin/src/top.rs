@@ -56,7 +56,9 @@ pub fn parse_query(query: &[u8]) -> Result<TopQuery, ApiError> {
         match name {
             b"by" => {
                 parsed.kind = TopKind::parse(&value).ok_or_else(|| {
-                    ApiError::BadQuery(format!("invalid by \"{value}\": use rejected or delayed"))
+                    ApiError::BadQuery(format!(
+                        "invalid by \"{value}\": use rejected, delayed or blocked"
+                    ))
                 })?
             }
             b"window" => {

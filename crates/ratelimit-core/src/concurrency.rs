@@ -33,6 +33,18 @@ use crate::adaptive::{AdaptiveBounds, MAX_LIMIT};
 use crate::spec::{parse_size, SpecError};
 use crate::NANOS_PER_SEC;
 
+/// The parameters of a concurrency zone's `rate_limit_zone`, for the error that quotes an
+/// unknown one.
+pub const CONCURRENCY_PARAMETERS: &[&str] = &[
+    "zone=",
+    "algorithm=",
+    "limit=",
+    "min=",
+    "max=",
+    "queue=",
+    "queue_timeout=",
+];
+
 /// Most queue places (`queue=`): tickets are 16-bit and half the range tells waiting tickets
 /// from skipped ones.
 pub const MAX_QUEUE: u32 = (1 << 15) - 1;
@@ -472,9 +484,9 @@ impl ConcurrencySpec {
                          flight with \"limit=\" and queue with \"queue=\""
                     )));
                 }
-                return Err(SpecError::InvalidParameter(word.into()));
+                return Err(SpecError::invalid_parameter(word, CONCURRENCY_PARAMETERS));
             } else {
-                return Err(SpecError::InvalidParameter(word.into()));
+                return Err(SpecError::invalid_parameter(word, CONCURRENCY_PARAMETERS));
             }
         }
 

@@ -30,7 +30,8 @@ pub struct Decision {
     /// How long to hold the request before serving it; non-zero only for `Delayed`.
     pub delay_ns: u64,
     /// For `Rejected`: the shortest wait after which the same request would pass (assuming no
-    /// other request in between). Zero otherwise.
+    /// other request in between), or [`Decision::NEVER_NS`] when no wait is enough (its cost
+    /// is more than the limit admits at once). Zero otherwise.
     pub retry_after_ns: u64,
     /// How many more requests of cost 1 would pass (without rejection) right after this one.
     pub remaining: u64,
@@ -42,6 +43,31 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// `retry_after_ns` of a request that no wait lets through: it costs more than the limit
+    /// ever admits at once, or the key's state would not fit a `u64` (see `gcra`).
+    pub const NEVER_NS: u64 = u64::MAX;
+
+    /// Whether this is a rejection that waiting cannot turn into a pass.
+    ///
+    /// ```
+    /// use ratelimit_core::{decide_word, Algorithm, DelayMode, Policy, ZoneSpec};
+    ///
+    /// let zone = ZoneSpec::parse_words(&["rate=1r/s", "burst=4", "algorithm=token_bucket"])
+    ///     .unwrap();
+    /// let policy = |cost| Policy {
+    ///     algorithm: zone.algorithm,
+    ///     limits: zone.limits(),
+    ///     delay: DelayMode::NoDelay,
+    ///     cost,
+    /// };
+    /// // Four tokens: a request costing five never passes, one costing four does.
+    /// assert!(decide_word(0, 0, &policy(5)).0.never_passes());
+    /// assert!(!decide_word(0, 0, &policy(4)).0.never_passes());
+    /// ```
+    pub fn never_passes(&self) -> bool {
+        self.outcome == Outcome::Rejected && self.retry_after_ns == Decision::NEVER_NS
+    }
+
     /// A rejection with the given retry-after, reset and excess; `remaining` is 0.
     pub fn rejected(retry_after_ns: u64, reset_ns: u64, excess_milli: u64) -> Decision {
         Decision {

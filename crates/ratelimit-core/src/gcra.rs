@@ -8,7 +8,14 @@
 //!
 //! * `excess_milli = floor(1000 * a / T) - 1000` (limit_req's excess, saturating at 0),
 //! * `remaining = K - ceil(a / T)` when charged, `max(K - ceil(b / T), 0)` when rejected,
-//! * `reset_ns = a` when charged, `b` when rejected; `retry_after_ns = a - K * T`.
+//! * `reset_ns = a` when charged, `b` when rejected; `retry_after_ns = a - K * T`, or
+//!   [`Decision::NEVER_NS`] for a cost above `K`, which no wait lets through.
+//!
+//! A new `TAT` is at most `now + K * T + τ`, which fits a `u64` for every limit the parsers
+//! accept (`K * T` is at most [`crate::Limits::MAX_BUCKET_SPAN_NS`]) until the clock is past
+//! `u64::MAX - MAX_BUCKET_SPAN_NS` (about 484 years of uptime). A request whose `TAT` would
+//! not fit (a later clock, or limits nothing validated) is rejected, `NEVER_NS`: the bucket
+//! that cannot be represented rejects rather than passes.
 //!
 //! At rates whose interval `T` is under a millisecond, the key is judged `τ = T / 2` less
 //! ahead than it is: `b` above is `max(TAT - now - τ, 0)` in every comparison and field but
@@ -70,15 +77,25 @@ pub(crate) fn decide(
         ahead_after_ns,
     };
 
-    if ahead_after_ns > capacity_ns {
+    // A charged request's `TAT` must fit a `u64`; one that would not is rejected, never
+    // stored saturated (a saturated `TAT` would stop moving and let everything through).
+    let next = u64::try_from(u128::from(start) + charge_ns).ok();
+    if ahead_after_ns > capacity_ns || next.is_none() {
+        // `a - K * T <= b` for a cost of at most `K`; beyond `K` no wait is enough, nor when
+        // the `TAT` the request would then get does not fit.
+        let wait_ns = ahead_after_ns.saturating_sub(capacity_ns);
+        let never = cost - 1 > extra
+            || next.is_none()
+            || u128::from(now_ns) + wait_ns + charge_ns > u128::from(u64::MAX);
+        let retry_after_ns = if never {
+            Decision::NEVER_NS
+        } else {
+            saturate(wait_ns)
+        };
         let (remaining, excess_milli) = bucket.rejected_fields();
         let decision = Decision {
             remaining,
-            ..Decision::rejected(
-                saturate(ahead_after_ns - capacity_ns),
-                real_ahead_before_ns,
-                excess_milli,
-            )
+            ..Decision::rejected(retry_after_ns, real_ahead_before_ns, excess_milli)
         };
         return (decision, None);
     }
@@ -103,7 +120,7 @@ pub(crate) fn decide(
         reset_ns: saturate(u128::from(real_ahead_before_ns) + charge_ns),
         excess_milli,
     };
-    (decision, Some(saturate(u128::from(start) + charge_ns)))
+    (decision, next)
 }
 
 /// Intervals shorter than this forgive arrival jitter (see the module documentation).

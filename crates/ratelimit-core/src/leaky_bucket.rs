@@ -15,8 +15,8 @@
 //! delayed) now; `reset_ns` is `TAT - now`, the time until the bucket is empty. A rejection
 //! reports both for the unchanged state, and `excess_milli` the excess it would have had.
 //!
-//! A request costing more than `burst + 1` never passes; its `retry_after_ns` is then the
-//! time after which it would have passed were the bucket that large.
+//! A request costing more than `burst + 1` never passes: its `retry_after_ns` is
+//! [`crate::Decision::NEVER_NS`].
 
 use crate::{gcra, Decision, Limits, Policy};
 

@@ -28,6 +28,9 @@ pub mod decision;
 pub mod fleet;
 pub mod fleet_blocks;
 pub mod fleet_overrides;
+pub mod fleet_round;
+pub mod hint;
+pub mod history;
 pub mod key;
 pub mod leaky_bucket;
 pub mod log_format;
@@ -154,6 +157,9 @@ pub fn standing_policy(policy: &Policy) -> Policy {
 /// backlog it holds (in requests) drains at the new rate from `now_ns` on, as limit_req's
 /// `excess` does. Only the two buckets keep a time computed with the rate; the sliding
 /// window keeps counts, which are the same under any rate.
+///
+/// A backlog that would reach further than [`Limits::MAX_BUCKET_SPAN_NS`] at the new rate
+/// stops there: no valid bucket holds more, so it is still full under any limits.
 pub fn rescale_word(state: u64, now_ns: u64, algorithm: Algorithm, old: &Rate, new: &Rate) -> u64 {
     match algorithm {
         Algorithm::LeakyBucket | Algorithm::TokenBucket if state > now_ns => {
@@ -165,7 +171,7 @@ pub fn rescale_word(state: u64, now_ns: u64, algorithm: Algorithm, old: &Rate, n
                     u128::from(ahead) * u128::from(new_interval) / u128::from(old_interval),
                 ),
             };
-            now_ns.saturating_add(scaled.max(1))
+            now_ns.saturating_add(scaled.clamp(1, Limits::MAX_BUCKET_SPAN_NS))
         }
         _ => state,
     }

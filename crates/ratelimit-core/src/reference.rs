@@ -2,16 +2,22 @@
 //! arithmetic with a u128 fallback, an O(1) sliding log), kept verbatim apart from paths, so
 //! that the proptests in `equivalence` can check that every decision, state and log is still
 //! exactly the same. Test-only: nothing here is compiled into the library.
+//!
+//! Changed since, on both sides: a request that can never pass reports
+//! `Decision::NEVER_NS` as its `retry_after_ns` (it was `W`, or the wait for a bucket that
+//! large), a bucket whose new `TAT` would not fit a `u64` rejects (it saturated and passed),
+//! a rescaled backlog stops at `Limits::MAX_BUCKET_SPAN_NS`, and a log entry whose expiry is
+//! past `u64::MAX` keeps counting (it expired at once).
 
 #![allow(dead_code)]
 
 use crate::{Algorithm, Decision, Limits, Policy, Rate};
 
-/// `Rate::interval_ns` as it was: one u128 division.
+/// `Rate::interval_ns` as it was (one u128 division), rounded up as it is now.
 pub fn interval_ns(rate: &Rate) -> u64 {
     let milli = u128::from(rate.milli_requests.max(1));
     let numerator = u128::from(rate.unit.nanos()) * 1000;
-    let rounded = (numerator + milli / 2) / milli;
+    let rounded = numerator.div_ceil(milli);
     u64::try_from(rounded).unwrap_or(u64::MAX).max(1)
 }
 
@@ -56,7 +62,7 @@ pub fn rescale_word(state: u64, now_ns: u64, algorithm: Algorithm, old: &Rate, n
             let scaled =
                 ahead * u128::from(interval_ns(new).max(1)) / u128::from(interval_ns(old).max(1));
             let scaled = u64::try_from(scaled).unwrap_or(u64::MAX);
-            now_ns.saturating_add(scaled.max(1))
+            now_ns.saturating_add(scaled.clamp(1, Limits::MAX_BUCKET_SPAN_NS))
         }
         _ => state,
     }
@@ -74,8 +80,9 @@ pub mod gcra {
         pub ahead_before_ns: u128,
         /// `max(TAT, now) + c * T - now`: the same after charging the request.
         pub ahead_after_ns: u128,
-        /// The new `TAT` to store if the request is charged (never 0).
-        pub arrival_ns: u64,
+        /// The new `TAT` to store if the request is charged (never 0); `None` when it does not
+        /// fit a `u64` (the request is then rejected).
+        pub arrival_ns: Option<u64>,
     }
 
     impl Gcra {
@@ -89,7 +96,7 @@ pub mod gcra {
                 interval_ns: u128::from(interval_ns),
                 ahead_before_ns: u128::from(start - now_ns),
                 ahead_after_ns: arrival - u128::from(now_ns),
-                arrival_ns: saturate(arrival),
+                arrival_ns: u64::try_from(arrival).ok(),
             }
         }
 
@@ -99,6 +106,14 @@ pub mod gcra {
                 (self.ahead_after_ns.saturating_mul(1000) / self.interval_ns).saturating_sub(1000),
             )
         }
+    }
+
+    /// Whether the `TAT` a rejected request would get when it could pass does not fit a
+    /// `u64`.
+    pub(crate) fn passes_too_late(now_ns: u64, gcra: &Gcra, capacity_ns: u128) -> bool {
+        let passes_at = u128::from(now_ns) + gcra.ahead_after_ns.saturating_sub(capacity_ns);
+        let charge_ns = gcra.ahead_after_ns - gcra.ahead_before_ns;
+        passes_at + charge_ns > u128::from(u64::MAX)
     }
 
     /// `u128` to `u64`, saturating.
@@ -119,13 +134,20 @@ pub mod leaky_bucket {
         // A cost-1 request passes while `TAT - now <= burst * T` before charging.
         let capacity_ns = (burst + 1) * gcra.interval_ns;
 
-        if gcra.ahead_after_ns > capacity_ns {
+        if gcra.ahead_after_ns > capacity_ns || gcra.arrival_ns.is_none() {
+            let never = u128::from(policy.cost.max(1)) > burst + 1
+                || gcra.arrival_ns.is_none()
+                || gcra::passes_too_late(now_ns, &gcra, capacity_ns);
             let decision = Decision {
                 remaining: gcra::saturate(
                     capacity_ns.saturating_sub(gcra.ahead_before_ns) / gcra.interval_ns,
                 ),
                 ..Decision::rejected(
-                    gcra::saturate(gcra.ahead_after_ns - capacity_ns),
+                    if never {
+                        Decision::NEVER_NS
+                    } else {
+                        gcra::saturate(gcra.ahead_after_ns - capacity_ns)
+                    },
                     gcra::saturate(gcra.ahead_before_ns),
                     gcra.excess_milli(),
                 )
@@ -156,7 +178,7 @@ pub mod leaky_bucket {
             reset_ns: gcra::saturate(gcra.ahead_after_ns),
             excess_milli: gcra.excess_milli(),
         };
-        (decision, Some(gcra.arrival_ns))
+        (decision, gcra.arrival_ns)
     }
 
     /// The earliest time at which `state` is equivalent to a fresh key: its `TAT`, when the
@@ -177,11 +199,18 @@ pub mod token_bucket {
         let gcra = Gcra::new(state, now_ns, &policy.limits.rate, policy.cost);
         let capacity_ns = u128::from(capacity(&policy.limits)) * gcra.interval_ns;
 
-        if gcra.ahead_after_ns > capacity_ns {
+        if gcra.ahead_after_ns > capacity_ns || gcra.arrival_ns.is_none() {
+            let never = policy.cost.max(1) > capacity(&policy.limits)
+                || gcra.arrival_ns.is_none()
+                || gcra::passes_too_late(now_ns, &gcra, capacity_ns);
             let decision = Decision {
                 remaining: tokens(capacity_ns, gcra.ahead_before_ns, gcra.interval_ns),
                 ..Decision::rejected(
-                    gcra::saturate(gcra.ahead_after_ns - capacity_ns),
+                    if never {
+                        Decision::NEVER_NS
+                    } else {
+                        gcra::saturate(gcra.ahead_after_ns - capacity_ns)
+                    },
                     gcra::saturate(gcra.ahead_before_ns),
                     gcra.excess_milli(),
                 )
@@ -197,7 +226,7 @@ pub mod token_bucket {
             reset_ns: gcra::saturate(gcra.ahead_after_ns),
             excess_milli: gcra.excess_milli(),
         };
-        (decision, Some(gcra.arrival_ns))
+        (decision, gcra.arrival_ns)
     }
 
     /// The earliest time at which `state` is equivalent to a fresh key: its `TAT`, when the
@@ -351,7 +380,7 @@ pub mod sliding_window {
     /// `remaining` is `floor(N - n)` after the charge; `reset_ns` the time until the state is
     /// equivalent to a fresh key (the end of the window after the one holding the last charge);
     /// `excess_milli` is how far `n + c` exceeds `N`, in 1/1000 requests (0 when passed).
-    /// A request costing more than `N` never passes; its `retry_after_ns` is `W`.
+    /// A request costing more than `N` never passes: `retry_after_ns` is `NEVER_NS`.
     pub fn decide(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Option<u64>) {
         let window_ns = policy.limits.rate.window_ns().max(1);
         let limit = window_limit(&policy.limits.rate);
@@ -368,7 +397,7 @@ pub mod sliding_window {
 
         if after_scaled > limit_scaled {
             let retry_after_ns = if cost > limit {
-                window_ns
+                Decision::NEVER_NS
             } else {
                 retry_after_ns(&view, window_ns, limit - cost)
             };
@@ -574,7 +603,7 @@ pub mod sliding_log {
         // Entries expire as seen from the newest one; waits are reported on the caller's clock.
         let effective_ns = ring.newest().map_or(now_ns, |newest| newest.max(now_ns));
         let mut expired = 0;
-        while expired < ring.count && ring.entry(expired).saturating_add(window_ns) <= effective_ns
+        while expired < ring.count && effective_ns.saturating_sub(ring.entry(expired)) >= window_ns
         {
             expired += 1;
         }
@@ -590,13 +619,13 @@ pub mod sliding_log {
         let after = count.saturating_add(cost);
         if after > limit {
             let retry_after_ns = if cost > limit {
-                window_ns
+                Decision::NEVER_NS
             } else {
                 // The (after - limit)-th oldest counting entry must stop counting.
                 let must_expire = expired.saturating_add((after - limit - 1) as usize);
                 ring.entry(must_expire)
-                    .saturating_add(window_ns)
-                    .saturating_sub(now_ns)
+                    .checked_add(window_ns)
+                    .map_or(Decision::NEVER_NS, |expiry| expiry.saturating_sub(now_ns))
             };
             let decision = Decision {
                 remaining: limit.saturating_sub(count),
@@ -632,8 +661,8 @@ pub mod sliding_log {
     /// the log is changed only when the request passes.
     ///
     /// `remaining` is `N` minus the entries counting after the request; `reset_ns` the time until
-    /// the newest entry stops counting. A request costing more than `N` never passes; its
-    /// `retry_after_ns` is `W`. A log too short for `N` (a caller bug) rejects every request.
+    /// the newest entry stops counting. A request costing more than `N` never passes (its
+    /// `retry_after_ns` is `NEVER_NS`). A log too short for `N` (a caller bug) rejects every request.
     ///
     /// ```
     /// use ratelimit_core::{sliding_log, Algorithm, DelayMode, Limits, Outcome, Policy, Rate};

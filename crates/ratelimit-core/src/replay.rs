@@ -54,6 +54,7 @@ pub fn policy_from_specs(zone: &ZoneSpec, limit: Option<&LimitSpec>) -> Result<P
             )));
         }
         policy.limits.burst = burst;
+        policy.limits.check_bucket(zone.algorithm)?;
     }
     policy.delay = limit.delay;
     policy.cost = limit.cost.max(1);
@@ -557,8 +558,8 @@ impl Replay {
     /// use ratelimit_core::replay::{policy_from_specs, Replay};
     /// use ratelimit_core::{LimitSpec, ZoneSpec};
     ///
-    /// let zone = ZoneSpec::parse_words_with_penalty(&["rate=1r/m", "block=10s"]).unwrap();
-    /// let limit = LimitSpec::parse_words_with_penalty(&["nodelay", "on_status=401"]).unwrap();
+    /// let zone = ZoneSpec::parse_words(&["rate=1r/m", "block=10s"]).unwrap();
+    /// let limit = LimitSpec::parse_words(&["nodelay", "on_status=401"]).unwrap();
     /// let policy = policy_from_specs(&zone, Some(&limit)).unwrap();
     /// let mut replay = Replay::new(policy).with_penalty(zone.block, limit.on_status);
     /// let s = 1_000_000_000;

@@ -77,7 +77,9 @@ impl<'a> Ring<'a> {
         let mut position = self.head;
         while expired < self.count {
             let time = self.entries.get(position).copied().unwrap_or(0);
-            if time.saturating_add(window_ns) > effective_ns {
+            // Counts while `effective - time < W`; `time + W` could overflow near the end of
+            // the clock, and saturated it would let every entry expire at `u64::MAX`.
+            if effective_ns.saturating_sub(time) < window_ns {
                 break;
             }
             expired += 1;
@@ -168,14 +170,15 @@ fn plan(log: &[u64], now_ns: u64, policy: &Policy) -> Plan {
     let after = count.saturating_add(cost);
     if after > limit {
         let retry_after_ns = if cost > limit {
-            window_ns
+            Decision::NEVER_NS
         } else {
             // The (after - limit)-th oldest counting entry must stop counting; it is one of
             // the `count` entries since `cost <= limit`.
+            // An entry whose expiry is past `u64::MAX` never stops counting.
             let must_expire = expired + (after - limit - 1) as usize;
             ring.entry(must_expire)
-                .saturating_add(window_ns)
-                .saturating_sub(now_ns)
+                .checked_add(window_ns)
+                .map_or(Decision::NEVER_NS, |expiry| expiry.saturating_sub(now_ns))
         };
         let decision = Decision {
             remaining: limit.saturating_sub(count),
@@ -215,8 +218,9 @@ fn plan(log: &[u64], now_ns: u64, policy: &Policy) -> Plan {
 /// the log is changed only when the request passes.
 ///
 /// `remaining` is `N` minus the entries counting after the request; `reset_ns` the time until
-/// the newest entry stops counting. A request costing more than `N` never passes; its
-/// `retry_after_ns` is `W`. A log too short for `N` (a caller bug) rejects every request.
+/// the newest entry stops counting. A request costing more than `N` never passes: its
+/// `retry_after_ns` is [`Decision::NEVER_NS`]. A log too short for `N` (a caller bug)
+/// rejects every request.
 ///
 /// ```
 /// use ratelimit_core::{sliding_log, Algorithm, DelayMode, Limits, Outcome, Policy, Rate};
@@ -295,6 +299,16 @@ mod tests {
     use Outcome::{Passed as P, Rejected as R};
 
     const MS: u64 = 1_000_000;
+    /// A `retry_after_ms` column's "never".
+    const NEVER: u64 = u64::MAX;
+
+    fn ns(ms: u64) -> u64 {
+        if ms == NEVER {
+            Decision::NEVER_NS
+        } else {
+            ms * MS
+        }
+    }
 
     fn policy(per_second: u64, cost: u64) -> Policy {
         Policy {
@@ -329,7 +343,7 @@ mod tests {
             (1050, 1, R, 0, 50,   950),
             (1100, 1, P, 0, 0,    1000),
             (1150, 2, R, 0, 50,   950),  // needs both entries at 200 gone
-            (1250, 6, R, 2, 1000, 850),  // more than 5: never; reports the window
+            (1250, 6, R, 2, NEVER, 850), // more than 5: never passes
             (1300, 1, P, 2, 0,    1000),
             (2000, 1, P, 2, 0,    1000),
             (2300, 3, P, 1, 0,    1000),
@@ -354,7 +368,7 @@ mod tests {
             );
             assert_eq!(
                 row,
-                (outcome, remaining, retry_ms * MS, reset_ms * MS),
+                (outcome, remaining, ns(retry_ms), reset_ms * MS),
                 "row {i}"
             );
             assert_eq!(log != before, outcome == P, "row {i}");

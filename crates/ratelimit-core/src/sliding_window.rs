@@ -122,7 +122,8 @@ pub fn uncommit(state: u64, now_ns: u64, policy: &Policy) -> u64 {
 /// `remaining` is `floor(N - n)` after the charge; `reset_ns` the time until the state is
 /// equivalent to a fresh key (the end of the window after the one holding the last charge);
 /// `excess_milli` is how far `n + c` exceeds `N`, in 1/1000 requests (0 when passed).
-/// A request costing more than `N` never passes; its `retry_after_ns` is `W`.
+/// A request costing more than `N` never passes: its `retry_after_ns` is
+/// [`Decision::NEVER_NS`].
 // Always inlined, so that a caller reading only the outcome and the new state computes no
 // other field (their divisions are dead code once inlined).
 #[inline(always)]
@@ -146,7 +147,7 @@ pub fn decide(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Option<u64
         // microseconds.
         let excess_milli = quotient(after_scaled - limit_scaled, window_ns / 1000);
         let retry_after_ns = if cost > limit {
-            window_ns
+            Decision::NEVER_NS
         } else {
             retry_after_ns(&view, window_ns, limit - cost)
         };
@@ -339,7 +340,7 @@ mod tests {
             (2500, 3, R, 1, 500 * MS,    1500), // 1.5 + 1: needs prev gone, at 3000
             (2600, 1, P, 0, 0,           1400), // 1.2 + 1 + 1
             (3100, 1, P, 1, 0,           1900), // 1.8 + 0 + 1
-            (3500, 5, R, 2, 1000 * MS,   1500), // more than 4: never; reports the window
+            (3500, 5, R, 2, Decision::NEVER_NS, 1500), // more than 4: never
             (5000, 4, P, 0, 0,           2000), // two windows later: fresh
             (5000, 1, R, 0, 1250 * MS,   2000),
             (5999, 1, R, 0, 251 * MS,    1001),

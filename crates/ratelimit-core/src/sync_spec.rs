@@ -39,9 +39,16 @@ impl OnFailure {
 /// An invalid `rate_limit_sync` word; each message quotes it.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SyncSpecError {
-    /// `invalid parameter "foo"`
-    #[error("invalid parameter \"{0}\"")]
-    InvalidParameter(String),
+    /// `invalid parameter "intervall=1s", did you mean "interval="?`: the word, then
+    /// [`crate::hint::parameter_hint`].
+    #[error("invalid parameter \"{0}\"{1}")]
+    InvalidParameter(String, String),
+    /// A word that is no parameter and no `redis://` URL, such as `127.0.0.1:6379`.
+    #[error(
+        "invalid Redis URL \"{0}\": it must be redis://[user:password@]host:port[/db] \
+         (rediss:// for TLS)"
+    )]
+    InvalidUrl(String),
     /// `invalid interval "interval=0"`
     #[error("invalid interval \"{0}\": it must be from 10ms to 60s")]
     InvalidInterval(String),
@@ -73,6 +80,19 @@ pub enum SyncSpecError {
     #[error("\"rate_limit_sync\" must have a redis:// URL")]
     MissingUrl,
 }
+
+/// The parameters of `rate_limit_sync` after its URLs, for the error that quotes an unknown
+/// one.
+pub const SYNC_PARAMETERS: &[&str] = &[
+    "cluster",
+    "interval=",
+    "timeout=",
+    "prefix=",
+    "on_failure=",
+    "tls_ca=",
+    "tls_cert=",
+    "tls_key=",
+];
 
 /// A parsed `rate_limit_sync`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -152,8 +172,12 @@ impl SyncSpec {
                 tls_cert = Some((word, tls_file("tls_cert", word, value)?));
             } else if let Some(value) = word.strip_prefix("tls_key=") {
                 tls_key = Some((word, tls_file("tls_key", word, value)?));
+            } else if !word.contains('=') && word.contains([':', '/', '.']) {
+                // `127.0.0.1:6379`, `http://host`: a URL without its scheme, or another one.
+                return Err(SyncSpecError::InvalidUrl(word.into()));
             } else {
-                return Err(SyncSpecError::InvalidParameter(word.into()));
+                let hint = crate::hint::parameter_hint(word, SYNC_PARAMETERS);
+                return Err(SyncSpecError::InvalidParameter(word.into(), hint));
             }
         }
         spec.timeout_ms = match timeout {
@@ -291,7 +315,13 @@ mod tests {
             (&["redis://a", "timeout=200ms"], "invalid timeout \"timeout=200ms\": it must be from 1ms up to the interval"),
             (&["redis://a", "on_failure=maybe"], "invalid on_failure \"on_failure=maybe\": it must be local_share, open or closed"),
             (&["redis://a", "prefix="], "invalid prefix \"prefix=\""),
-            (&["redis://a", "http://b"], "invalid parameter \"http://b\""),
+            (&["redis://a", "http://b"], "invalid Redis URL \"http://b\": it must be redis://[user:password@]host:port[/db] (rediss:// for TLS)"),
+            (&["127.0.0.1:6379"], "invalid Redis URL \"127.0.0.1:6379\": it must be redis://[user:password@]host:port[/db] (rediss:// for TLS)"),
+            (&["redis://a", "clustre"], "invalid parameter \"clustre\", did you mean \"cluster\"?"),
+            (&["redis://a", "intervall=1s"], "invalid parameter \"intervall=1s\", did you mean \"interval=\"?"),
+            (&["redis://a", "onfailure=open"], "invalid parameter \"onfailure=open\", did you mean \"on_failure=\"?"),
+            (&["redis://a", "bogus"], "invalid parameter \"bogus\": it must be cluster, interval=, timeout=, prefix=, on_failure=, tls_ca=, tls_cert= or tls_key="),
+            (&["redis://a", "db=2"], "invalid parameter \"db=2\": it must be cluster, interval=, timeout=, prefix=, on_failure=, tls_ca=, tls_cert= or tls_key="),
             (&["interval=1s"], "\"rate_limit_sync\" must have a redis:// URL"),
             (&["redis://a:1", "tls_ca=/ca.pem"], "\"tls_ca=/ca.pem\" needs a rediss:// URL, not \"redis://a:1\""),
             (&["tls_key=k", "tls_cert=c", "redis://a:1"], "\"tls_key=k\" needs a rediss:// URL, not \"redis://a:1\""),

@@ -9,8 +9,8 @@
 //! (`TAT - now`); `excess_milli` is `(TAT - now) / T - 1` in 1/1000, as for the leaky bucket.
 //! A rejection reports them for the unchanged state (`excess_milli`: as if charged).
 //!
-//! A request costing more than `K` never passes; its `retry_after_ns` is then the time after
-//! which it would have passed were the bucket that large.
+//! A request costing more than `K` never passes: its `retry_after_ns` is
+//! [`Decision::NEVER_NS`].
 
 use crate::{gcra, Decision, DelayMode, Limits, Outcome, Policy};
 
@@ -107,6 +107,16 @@ mod tests {
     use crate::{Algorithm, DelayMode, Rate, RateUnit};
 
     const MS: u64 = 1_000_000;
+    /// A `retry_after_ms` column's "never".
+    const NEVER: u64 = u64::MAX;
+
+    fn ns(ms: u64) -> u64 {
+        if ms == NEVER {
+            Decision::NEVER_NS
+        } else {
+            ms * MS
+        }
+    }
 
     fn policy(per_second: u64, burst: u64, cost: u64) -> Policy {
         Policy {
@@ -145,7 +155,7 @@ mod tests {
             (2000, 1, P, 0, 0,    2500),
             (2250, 1, R, 0, 250,  2250),
             (4000, 1, P, 3, 0,    1000), // 4 tokens refilled in 2 s
-            (4000, 6, R, 3, 1500, 1000), // more than K: never passes; 6 tokens "would" be in 1.5 s
+            (4000, 6, R, 3, NEVER, 1000), // more than K: never passes
             (4000, 4, R, 3, 500,  1000),
             (4100, 1, P, 2, 0,    1400),
             (6000, 3, P, 2, 0,    1500), // refilled to the cap of 5, not 5.8
@@ -165,7 +175,7 @@ mod tests {
             );
             assert_eq!(
                 row,
-                (outcome, remaining, retry_ms * MS, reset_ms * MS),
+                (outcome, remaining, ns(retry_ms), reset_ms * MS),
                 "row {i}"
             );
             assert_eq!(decision.delay_ns, 0, "row {i}");

@@ -160,6 +160,8 @@ pub enum TopKind {
     Rejected,
     /// Requests delayed, dry-run delays included.
     Delayed,
+    /// Requests refused because their key was blocked (`block=`), dry-run ones included.
+    Blocked,
 }
 
 impl TopKind {
@@ -168,6 +170,7 @@ impl TopKind {
         match text {
             "rejected" => Some(TopKind::Rejected),
             "delayed" => Some(TopKind::Delayed),
+            "blocked" => Some(TopKind::Blocked),
             _ => None,
         }
     }
@@ -177,6 +180,7 @@ impl TopKind {
         match self {
             TopKind::Rejected => "rejected",
             TopKind::Delayed => "delayed",
+            TopKind::Blocked => "blocked",
         }
     }
 }
@@ -248,7 +252,7 @@ impl KindSummaries {
     }
 }
 
-/// Everything a zone keeps about its most limited keys (about 41 KiB).
+/// Everything a zone keeps about its most limited keys (about 62 KiB).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct TopKeys {
@@ -256,6 +260,8 @@ pub struct TopKeys {
     pub rejected: KindSummaries,
     /// Requests delayed.
     pub delayed: KindSummaries,
+    /// Requests refused because their key was blocked.
+    pub blocked: KindSummaries,
 }
 
 /// One key of a query's answer.
@@ -276,12 +282,14 @@ impl TopKeys {
     pub const EMPTY: TopKeys = TopKeys {
         rejected: KindSummaries::EMPTY,
         delayed: KindSummaries::EMPTY,
+        blocked: KindSummaries::EMPTY,
     };
 
     fn kind(&self, kind: TopKind) -> &KindSummaries {
         match kind {
             TopKind::Rejected => &self.rejected,
             TopKind::Delayed => &self.delayed,
+            TopKind::Blocked => &self.blocked,
         }
     }
 
@@ -289,6 +297,7 @@ impl TopKeys {
         match kind {
             TopKind::Rejected => &mut self.rejected,
             TopKind::Delayed => &mut self.delayed,
+            TopKind::Blocked => &mut self.blocked,
         }
     }
 
@@ -457,7 +466,7 @@ mod tests {
             .top(TopKind::Rejected, TopWindow::OneMinute, 0, 10)
             .is_empty());
         assert_eq!(core::mem::size_of::<TopEntry>(), 80);
-        assert_eq!(core::mem::size_of::<TopKeys>(), 2 * 16 * (16 + 16 * 80));
+        assert_eq!(core::mem::size_of::<TopKeys>(), 3 * 16 * (16 + 16 * 80));
     }
 
     #[test]

@@ -100,11 +100,11 @@ proptest! {
         block_s in 1..30u64,
     ) {
         let words = format!("rate=2r/s burst=3 block={block_s}s block_max={}s", block_s * 4);
-        let zone = ZoneSpec::parse_words_with_penalty(
+        let zone = ZoneSpec::parse_words(
             &words.split_whitespace().collect::<Vec<_>>(),
         )
         .unwrap();
-        let limit = LimitSpec::parse_words_with_penalty(&["nodelay"]).unwrap();
+        let limit = LimitSpec::parse_words(&["nodelay"]).unwrap();
         let policy = policy_from_specs(&zone, Some(&limit)).unwrap();
         let mut replay = Replay::new(policy).with_penalty(zone.block, None);
         let mut now = 0;

@@ -394,19 +394,15 @@ fn looks_like_access_log(line: &str) -> bool {
     time && address && fields.next().is_some()
 }
 
-/// `--zone` and `--limit` as the module would read them (and `block=`, `on_status=`, which
-/// only the replay enforces yet); the message is the spec error.
+/// `--zone` and `--limit` as the module reads them (`block=` and `on_status=` included); the
+/// message is the spec error.
 fn parse_policy(args: &Args) -> Result<(Policy, ZoneSpec, Option<LimitSpec>), String> {
     let zone_words: Vec<&str> = args.zone.split_whitespace().collect();
-    let zone = ZoneSpec::parse_words_with_penalty(&zone_words)
-        .map_err(|error| format!("--zone: {error}"))?;
+    let zone = ZoneSpec::parse_words(&zone_words).map_err(|error| format!("--zone: {error}"))?;
     let limit = match &args.limit {
         Some(words) => {
             let words: Vec<&str> = words.split_whitespace().collect();
-            Some(
-                LimitSpec::parse_words_with_penalty(&words)
-                    .map_err(|error| format!("--limit: {error}"))?,
-            )
+            Some(LimitSpec::parse_words(&words).map_err(|error| format!("--limit: {error}"))?)
         }
         None => None,
     };
@@ -452,7 +448,8 @@ impl Columns {
                 "key": request.key,
                 "decision": verdict.as_str(),
                 "delay_ms": millis(decision.delay_ns),
-                "retry_after_ms": millis(decision.retry_after_ns),
+                "retry_after_ms": (!decision.never_passes())
+                    .then(|| millis(decision.retry_after_ns)),
                 "remaining": decision.remaining,
                 "reset_ms": millis(decision.reset_ns),
                 "excess": decision.excess_milli as f64 / 1000.0,
@@ -480,7 +477,7 @@ impl Columns {
             request.key,
             verdict.as_str(),
             millis_text(decision.delay_ns),
-            millis_text(decision.retry_after_ns),
+            retry_text(decision),
             decision.remaining
         )?;
         if self.status {
@@ -627,6 +624,16 @@ fn describe(replay: &Replay) -> String {
 /// Milliseconds with three decimals (microseconds, rounded down): `1500.000`.
 fn millis_text(ns: u64) -> String {
     format!("{}.{:03}", ns / 1_000_000, ns / 1_000 % 1_000)
+}
+
+/// `retry_after_ms` in the table: `never` for a request no wait lets through (it costs more
+/// than the limit admits at once).
+fn retry_text(decision: &ratelimit_core::Decision) -> String {
+    if decision.never_passes() {
+        "never".to_string()
+    } else {
+        millis_text(decision.retry_after_ns)
+    }
 }
 
 /// The same as a JSON number.

@@ -287,7 +287,29 @@ fn bad_specs_exit_with_two_quoting_the_word() {
         "",
         "\"burst\" is not used by sliding_window",
     );
+    fails(
+        &["--zone", "rate=0.001r/d", "--limit", "burst=300"],
+        "",
+        "burst 300 is too large for rate \"0.001r/d\" (at most 35",
+    );
     fails(&[], "", "--zone");
+}
+
+/// A request costing more than the bucket holds can never pass: no wait is shown for it.
+#[test]
+fn a_cost_that_can_never_pass_shows_never() {
+    let timeline = "0 alice\n";
+    let limit = ["--zone", "rate=1r/s burst=2", "--limit", "cost=4 nodelay"];
+    let text = stdout(&replay(&limit, timeline));
+    assert_eq!(
+        rows(&text)[1],
+        ["0", "alice", "REJECTED", "0.000", "never", "3"]
+    );
+    let json = json_lines(&replay(&[&limit[..], &["--json"]].concat(), timeline));
+    assert_eq!(json[0]["retry_after_ms"], serde_json::Value::Null);
+    let possible = ["--zone", "rate=1r/s burst=2", "--limit", "cost=3 nodelay"];
+    let text = stdout(&replay(&possible, timeline));
+    assert_eq!(rows(&text)[1][2], "PASSED");
 }
 
 /// An input without a single request is an error that says so, not an empty table.
