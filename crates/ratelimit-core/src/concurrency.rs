@@ -677,8 +677,9 @@ mod tests {
             ("limit=10 rate=5r/s", "\"rate\" is not used by concurrency zones, which limit requests in flight with \"limit=\" and queue with \"queue=\""),
             ("limit=10 burst=5", "\"burst\" is not used by concurrency zones, which limit requests in flight with \"limit=\" and queue with \"queue=\""),
             ("limit=10 sync", "\"sync\" is not supported by concurrency zones: a request's slot is taken and given back within one instance, faster than a fleet can agree on a count; give each instance its share with \"limit=\""),
-            ("limit=10 nodelay", "invalid parameter \"nodelay\""),
-            ("limit=10 color=red", "invalid parameter \"color=red\""),
+            ("limit=10 nodelay", "invalid parameter \"nodelay\": it must be zone=, algorithm=, limit=, min=, max=, queue= or queue_timeout="),
+            ("limit=10 color=red", "invalid parameter \"color=red\": it must be zone=, algorithm=, limit=, min=, max=, queue= or queue_timeout="),
+            ("limit=10 queue_timout=5s", "invalid parameter \"queue_timout=5s\", did you mean \"queue_timeout=\"?"),
             ("limit=10 zone=a", "invalid zone size \"zone=a\""),
             ("limit=10 zone=:1m", "invalid zone name \"zone=:1m\""),
         ];
