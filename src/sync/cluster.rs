@@ -351,7 +351,7 @@ async fn send_to_node(
         Err(error) => {
             node.connection = None;
             node.scripts_loaded = false;
-            Err(super::task::classify(error))
+            Err(link::classify(error))
         }
     }
 }
@@ -370,7 +370,7 @@ async fn read_slots(
         .arg("SLOTS")
         .query_async(&mut connection)
         .await
-        .map_err(super::task::classify)?;
+        .map_err(link::classify)?;
     let Value::Array(ranges) = value else {
         return Err(SyncError::Cluster);
     };

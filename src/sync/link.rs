@@ -261,7 +261,7 @@ where
     let config = redis::AsyncConnectionConfig::new();
     let (connection, driver) = MultiplexedConnection::new_with_config(&info.redis, stream, config)
         .await
-        .map_err(super::task::classify)?;
+        .map_err(classify)?;
     tokio::spawn(driver);
     Ok(connection)
 }
@@ -282,5 +282,46 @@ fn classify_tls(error: &io::Error) -> SyncError {
         Some(_) => SyncError::Tls,
         None if error.kind() == io::ErrorKind::UnexpectedEof => SyncError::TlsNoAnswer,
         None => SyncError::Tls,
+    }
+}
+
+/// Why a connection could not be made, from the client's I/O error: refused, a name that
+/// does not resolve (the resolver's error has no kind of its own, only its text), no route.
+fn connect_cause(error: &redis::RedisError) -> SyncError {
+    use std::io::ErrorKind;
+    if error.is_connection_refusal() {
+        return SyncError::ConnectRefused;
+    }
+    let io =
+        std::error::Error::source(error).and_then(|source| source.downcast_ref::<std::io::Error>());
+    match io.map(std::io::Error::kind) {
+        Some(ErrorKind::ConnectionRefused) => SyncError::ConnectRefused,
+        Some(ErrorKind::NetworkUnreachable | ErrorKind::HostUnreachable) => {
+            SyncError::ConnectUnreachable
+        }
+        _ if error.to_string().contains("failed to lookup address") => SyncError::ConnectDns,
+        _ => SyncError::Connect,
+    }
+}
+
+/// What a client error means for the log.
+pub fn classify(error: redis::RedisError) -> SyncError {
+    use redis::ErrorKind;
+    if let Some(tls_error) = super::tls::classify(&error) {
+        return tls_error;
+    }
+    match error.kind() {
+        ErrorKind::AuthenticationFailed => SyncError::Auth,
+        ErrorKind::IoError if error.is_timeout() => SyncError::Timeout,
+        ErrorKind::IoError => connect_cause(&error),
+        _ if error.is_connection_refusal() => SyncError::ConnectRefused,
+        _ if error.is_connection_dropped() => SyncError::Connect,
+        _ => {
+            if error.to_string().contains("NOAUTH") || error.to_string().contains("WRONGPASS") {
+                SyncError::Auth
+            } else {
+                SyncError::Reply
+            }
+        }
     }
 }

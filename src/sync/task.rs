@@ -367,7 +367,7 @@ impl SingleLink {
             self.overflowed.set(true);
             return Err(SyncError::ReplyTooLarge);
         }
-        let values = values.map_err(classify)?;
+        let values = values.map_err(link::classify)?;
         self.scripts_loaded = true;
         Ok(values)
     }
@@ -1263,46 +1263,5 @@ impl Task {
             _ => fleet::local_share_grant_milli(shape, instances, sync_ns, left),
         };
         grant.store(grant_word::pack(round as u32, granted), Ordering::Release);
-    }
-}
-
-/// Why a connection could not be made, from the client's I/O error: refused, a name that
-/// does not resolve (the resolver's error has no kind of its own, only its text), no route.
-fn connect_cause(error: &redis::RedisError) -> SyncError {
-    use std::io::ErrorKind;
-    if error.is_connection_refusal() {
-        return SyncError::ConnectRefused;
-    }
-    let io =
-        std::error::Error::source(error).and_then(|source| source.downcast_ref::<std::io::Error>());
-    match io.map(std::io::Error::kind) {
-        Some(ErrorKind::ConnectionRefused) => SyncError::ConnectRefused,
-        Some(ErrorKind::NetworkUnreachable | ErrorKind::HostUnreachable) => {
-            SyncError::ConnectUnreachable
-        }
-        _ if error.to_string().contains("failed to lookup address") => SyncError::ConnectDns,
-        _ => SyncError::Connect,
-    }
-}
-
-/// What a client error means for the log.
-pub(super) fn classify(error: redis::RedisError) -> SyncError {
-    use redis::ErrorKind;
-    if let Some(tls_error) = super::tls::classify(&error) {
-        return tls_error;
-    }
-    match error.kind() {
-        ErrorKind::AuthenticationFailed => SyncError::Auth,
-        ErrorKind::IoError if error.is_timeout() => SyncError::Timeout,
-        ErrorKind::IoError => connect_cause(&error),
-        _ if error.is_connection_refusal() => SyncError::ConnectRefused,
-        _ if error.is_connection_dropped() => SyncError::Connect,
-        _ => {
-            if error.to_string().contains("NOAUTH") || error.to_string().contains("WRONGPASS") {
-                SyncError::Auth
-            } else {
-                SyncError::Reply
-            }
-        }
     }
 }
