@@ -26,12 +26,11 @@ use ratelimit_core::Limits;
 
 use super::cluster;
 use super::link::{self, ReadBudget};
-use super::overrides::{OverrideSync, OVERRIDES_SCRIPT};
+use super::overrides::OVERRIDES_SCRIPT;
 use super::shared::{Bad, Mode, SyncError, SyncShared};
-use crate::conf::LocationBursts;
+use super::zone::SyncZone;
 use crate::glue::{now_ms, now_ns};
 use crate::store::inbox::INBOX_ENTRIES;
-use crate::store::Zone;
 
 /// Applies the instances' deltas to many keys at once, each on Redis's clock (`TIME`: nodes'
 /// clocks need not agree). ARGV: this instance's id, this send's number (unique in the
@@ -157,45 +156,6 @@ const REMEMBERED_KEYS: usize = 65_536;
 /// mostly fail to connect at all). A forgotten send applied late is charged twice (the
 /// strict side).
 const UNCONFIRMED: usize = 8;
-
-/// One sync zone as the loop sees it.
-pub struct SyncZone {
-    pub name: String,
-    pub zone: Zone,
-    /// The zone's limits as last agreed with the fleet (packed): a different local value is
-    /// an admin change to push, a different fleet value one to apply.
-    pub agreed_limits: std::cell::Cell<u64>,
-    /// Until the first successful round: the file's value is sent along (see
-    /// `LIMITS_SCRIPT`).
-    pub first_round: std::cell::Cell<bool>,
-    /// `name_seed` of the name (`crate::store::sync_record`): how the inbox and the orphan
-    /// ring name the zone to the workers and the loop.
-    pub id: u64,
-    /// The zone's per-key overrides as agreed with the fleet (`super::overrides`).
-    pub overrides: std::cell::RefCell<OverrideSync>,
-    /// The bursts the zone's `rate_limit` lines decide with: a key's fleet bucket is the
-    /// largest of them (each request is decided locally with its own line's).
-    pub bursts: LocationBursts,
-    /// `block=`: the zone's blocks are shared too (`super::blocks`).
-    pub block: Option<ratelimit_core::penalty::BlockPolicy>,
-}
-
-impl SyncZone {
-    /// The limits of the key `hash` now: its override, else the zone's limits with the
-    /// largest burst of its lines.
-    fn limits(&self, hash: u64) -> Option<Limits> {
-        let limits = self.zone.limits()?;
-        Some(self.zone.override_for(hash).unwrap_or(Limits {
-            burst: self.bursts.largest(limits.burst),
-            ..limits
-        }))
-    }
-
-    /// The fleet bucket of the key `hash` now. `None` for a zone that cannot sync.
-    fn shape(&self, hash: u64) -> Option<FleetShape> {
-        FleetShape::of(self.zone.algorithm(), &self.limits(hash)?)
-    }
-}
 
 /// Everything the thread needs; built by a worker, moved into the thread.
 pub struct Task {
