@@ -218,9 +218,7 @@ pub async fn connect(
         } => (host.as_str(), *port, Some(*insecure)),
         _ => return Err(SyncError::BadUrl),
     };
-    let tcp = tokio::net::TcpStream::connect((host, port))
-        .await
-        .map_err(|_| SyncError::Connect)?;
+    let tcp = open_tcp(host, port).await?;
     let _ = tcp.set_nodelay(true);
     let connection = match secure {
         None => {
@@ -250,6 +248,33 @@ pub async fn connect(
         }
     };
     Ok((connection, budget))
+}
+
+/// TCP to the first of `host`'s addresses that accepts, the failure told apart: a name that
+/// does not resolve, a refusal, no route (the last address's error when none accepts).
+async fn open_tcp(host: &str, port: u16) -> Result<tokio::net::TcpStream, SyncError> {
+    let addresses = tokio::net::lookup_host((host, port))
+        .await
+        .map_err(|_| SyncError::ConnectDns)?;
+    let mut last = SyncError::ConnectDns;
+    for address in addresses {
+        match tokio::net::TcpStream::connect(address).await {
+            Ok(tcp) => return Ok(tcp),
+            Err(error) => last = io_cause(&error),
+        }
+    }
+    Err(last)
+}
+
+/// Why a connection could not be made, from its I/O error: refused, no route, other.
+fn io_cause(error: &io::Error) -> SyncError {
+    match error.kind() {
+        io::ErrorKind::ConnectionRefused => SyncError::ConnectRefused,
+        io::ErrorKind::NetworkUnreachable | io::ErrorKind::HostUnreachable => {
+            SyncError::ConnectUnreachable
+        }
+        _ => SyncError::Connect,
+    }
 }
 
 /// The `redis` crate's connection over `stream`: AUTH and SELECT as the URL says, then its
@@ -285,23 +310,15 @@ fn classify_tls(error: &io::Error) -> SyncError {
     }
 }
 
-/// Why a connection could not be made, from the client's I/O error: refused, a name that
-/// does not resolve (the resolver's error has no kind of its own, only its text), no route.
+/// What the client's I/O error says of the connection: refused, no route, or another failure
+/// (names are resolved and connections opened in [`open_tcp`], so no DNS failure gets here).
 fn connect_cause(error: &redis::RedisError) -> SyncError {
-    use std::io::ErrorKind;
     if error.is_connection_refusal() {
         return SyncError::ConnectRefused;
     }
-    let io =
-        std::error::Error::source(error).and_then(|source| source.downcast_ref::<std::io::Error>());
-    match io.map(std::io::Error::kind) {
-        Some(ErrorKind::ConnectionRefused) => SyncError::ConnectRefused,
-        Some(ErrorKind::NetworkUnreachable | ErrorKind::HostUnreachable) => {
-            SyncError::ConnectUnreachable
-        }
-        _ if error.to_string().contains("failed to lookup address") => SyncError::ConnectDns,
-        _ => SyncError::Connect,
-    }
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<io::Error>())
+        .map_or(SyncError::Connect, io_cause)
 }
 
 /// What a client error means for the log.
