@@ -454,11 +454,15 @@ impl Task {
         let (commands, with_overrides, batches) = self.commands(&entries, send, busy);
         let bound = fleet_round::reply_bytes_bound(entries.len(), self.zones.len());
         link.allow(bound.saturating_add(state.late_bytes));
+        // Whether the round ran out of time while a connection was being opened.
+        let mut connect_timed_out = false;
         let results = match tokio::time::timeout(timeout, self.exchange(link, &commands)).await {
             Ok(results) => results,
             Err(_) => {
+                connect_timed_out = link.connecting();
                 // Stuck in a TLS handshake: typically a server that does not speak TLS and
-                // waits for a command line that a ClientHello never ends.
+                // waits for a command line that a ClientHello never ends (told when it
+                // happens again, below: a first handshake may merely be slow).
                 let error = match (link.connecting(), self.spec.is_tls()) {
                     (true, true) => SyncError::TlsNoAnswer,
                     (true, false) => SyncError::ConnectTimeout,
@@ -562,13 +566,16 @@ impl Task {
                     state.late_bytes = 0;
                 }
                 self.sync.errors.fetch_add(1, Ordering::Relaxed);
-                // A connection still opening when the round's time ran out is told only when
-                // the next attempt ends so too: a first connection may outlast a round (a cold
-                // resolver, a slow AUTH), and what the next attempt finds (an authentication
-                // failure, a refusal) is the news, not a time-out before it.
-                let connect_timeouts = match error {
-                    SyncError::ConnectTimeout => self.connect_timeouts.get() + 1,
-                    _ => 0,
+                // A connection still opening when the round's time ran out (TCP, a TLS
+                // handshake, AUTH) is told only when the next attempt ends so too: a first
+                // connection may outlast a round (a cold resolver, a handshake on a loaded
+                // machine, a slow AUTH), and what the next attempt finds (an authentication
+                // failure, a refusal, a port that does not speak TLS) is the news, not a
+                // time-out before it.
+                let connect_timeouts = if connect_timed_out {
+                    self.connect_timeouts.get() + 1
+                } else {
+                    0
                 };
                 self.connect_timeouts.set(connect_timeouts);
                 if connect_timeouts != 1 {
