@@ -433,7 +433,11 @@ impl ConcurrencySpec {
     /// assert_eq!((spec.queue, spec.queue_timeout_ns), (200, 5_000_000_000));
     /// let words = ["algorithm=concurrency", "limit=adaptive", "max=8", "foo"];
     /// let error = ConcurrencySpec::parse_words(&words).unwrap_err();
-    /// assert_eq!(error.to_string(), "invalid parameter \"foo\"");
+    /// assert_eq!(
+    ///     error.to_string(),
+    ///     "invalid parameter \"foo\": it must be zone=, algorithm=, limit=, min=, max=, queue= or \
+    ///      queue_timeout="
+    /// );
     /// ```
     pub fn parse_words(words: &[&str]) -> Result<ConcurrencySpec, SpecError> {
         let mut zone = None;
@@ -677,8 +681,8 @@ mod tests {
             ("limit=10 rate=5r/s", "\"rate\" is not used by concurrency zones, which limit requests in flight with \"limit=\" and queue with \"queue=\""),
             ("limit=10 burst=5", "\"burst\" is not used by concurrency zones, which limit requests in flight with \"limit=\" and queue with \"queue=\""),
             ("limit=10 sync", "\"sync\" is not supported by concurrency zones: a request's slot is taken and given back within one instance, faster than a fleet can agree on a count; give each instance its share with \"limit=\""),
-            ("limit=10 nodelay", "invalid parameter \"nodelay\""),
-            ("limit=10 color=red", "invalid parameter \"color=red\""),
+            ("limit=10 nodelay", "invalid parameter \"nodelay\": it must be zone=, algorithm=, limit=, min=, max=, queue= or queue_timeout="),
+            ("limit=10 color=red", "invalid parameter \"color=red\": it must be zone=, algorithm=, limit=, min=, max=, queue= or queue_timeout="),
             ("limit=10 zone=a", "invalid zone size \"zone=a\""),
             ("limit=10 zone=:1m", "invalid zone name \"zone=:1m\""),
         ];
