@@ -737,10 +737,22 @@ fn a_slot_migrated_under_load_costs_no_sync() {
     let asked = nodes[to].calls("asking") - asking_before;
     eprintln!("{asked} commands asked {to_port} during the migration");
     assert!(asked >= 10, "the rounds did not meet ASK: {asked}");
+    let states: Vec<String> = fleet
+        .iter()
+        .map(|n| {
+            let errors: String = n
+                .error_log()
+                .lines()
+                .filter(|line| line.contains("rate_limit_sync"))
+                .map(|line| format!("{line}\n"))
+                .collect();
+            format!("{}\n{errors}", sync_state(n))
+        })
+        .collect();
     assert_eq!(
         errors(&fleet),
         errors_before,
-        "a round failed during the move"
+        "a round failed during the move: {states:#?}"
     );
     for instance in &fleet {
         assert_eq!(sync_state(instance)["mode"], "synced");

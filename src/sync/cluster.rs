@@ -98,11 +98,21 @@ impl ClusterLink {
         for seed in self.seeds.clone() {
             match read_slots(&seed, self.tls.as_ref()).await {
                 Ok(map) => {
-                    self.nodes.clear();
+                    // The nodes of the new map; those already connected keep their
+                    // connection (a slot that moved between known nodes costs no handshake).
+                    let mut known = std::mem::take(&mut self.nodes);
                     self.slots.clear();
                     for (first, last_slot, host, port) in map {
                         let node = self.node_index(&seed, &host, port)?;
                         self.slots.push((first, last_slot, node));
+                    }
+                    for node in &mut self.nodes {
+                        if let Some(old) =
+                            known.iter_mut().find(|old| old.info.addr == node.info.addr)
+                        {
+                            node.connection = old.connection.take();
+                            node.scripts_loaded = old.scripts_loaded;
+                        }
                     }
                     return Ok(());
                 }
@@ -182,9 +192,10 @@ impl ClusterLink {
             .enumerate()
             .filter_map(|(at, route)| Some((at, (*route)?, false)))
             .collect();
-        let mut stale = self
+        let mut failed = self
             .send_round(commands, &first, scripts, &mut replies)
             .await;
+        let mut moved = false;
         let mut again = Vec::new();
         for (at, reply) in replies.iter().enumerate() {
             let Ok(reply) = reply else {
@@ -198,12 +209,12 @@ impl ClusterLink {
             };
             if let Ok(node) = self.node_index(&seed, &host, port) {
                 // MOVED: the slot map is out of date (read again next round).
-                stale |= !asking;
+                moved |= !asking;
                 again.push((at, node, asking));
             }
         }
         if !again.is_empty() {
-            stale |= self
+            failed |= self
                 .send_round(commands, &again, scripts, &mut replies)
                 .await;
         }
@@ -214,9 +225,14 @@ impl ClusterLink {
                 other => other,
             })
             .collect();
-        if stale {
-            // MOVED, a node down: read the slot map again next round.
+        if failed {
+            // A node down: connections and slot map anew next round.
             self.reset();
+        } else if moved {
+            // A slot moved: the map is read again next round, the connections are kept (a
+            // round that opened them all again, and loaded the scripts on each, could run
+            // out of `timeout=` on a loaded machine).
+            self.slots.clear();
         }
         replies
     }
