@@ -255,6 +255,7 @@ fn unreachable_redis_applies_the_failure_mode() {
     assert_eq!(response.status, 429);
     assert!(response.header("Retry-After").is_some());
     let mut connection = Connection::open(open.port());
+    let started = Instant::now();
     let statuses: Vec<u16> = (0..30)
         .map(|_| {
             connection
@@ -262,11 +263,14 @@ fn unreachable_redis_applies_the_failure_mode() {
                 .status
         })
         .collect();
-    // burst=20: 21 pass at once, as without sync.
-    assert_eq!(
-        statuses.iter().filter(|&&s| s == 200).count(),
-        21,
-        "{statuses:?}"
+    // burst=20: 21 pass at once, as without sync, and one more for each 10 ms the 30
+    // requests took (100r/s drains meanwhile: on a loaded machine they can take 10-30 ms).
+    let drained = (started.elapsed().as_secs_f64() * LIMIT_PER_SEC).floor() as usize;
+    let passed = statuses.iter().filter(|&&s| s == 200).count();
+    assert!(
+        (21..=21 + drained).contains(&passed),
+        "{passed} passed, 21 to {} expected: {statuses:?}",
+        21 + drained
     );
     let log = closed.error_log();
     assert_eq!(log.matches("cannot connect").count(), 1, "{log}");
