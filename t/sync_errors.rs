@@ -3,7 +3,10 @@
 //! authentication failure without a time-out before it, even when the first connection takes
 //! longer than a round.
 //!
-//! Needs `redis-server` (the password test's own server, on a free port).
+//! A first TLS handshake that merely outlasts a round is not reported as a port that does not
+//! speak TLS.
+//!
+//! Needs `redis-server` (the password and TLS tests' own servers, on free ports).
 
 mod common;
 
@@ -15,7 +18,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::nginx::free_port;
-use common::redis::Redis;
+use common::redis::{Pki, Redis};
 use common::Nginx;
 
 fn config(url: &str) -> String {
@@ -183,5 +186,28 @@ fn a_wrong_password_is_an_authentication_failure_without_a_time_out_before_it() 
             "rate_limit_sync \"redis://:***@127.0.0.1:{port}\": authentication failed"
         )),
         "{lines:#?}"
+    );
+}
+
+#[test]
+fn a_slow_first_tls_handshake_is_not_a_wrong_port() {
+    let pki = Pki::new();
+    let redis = Redis::start_tls(&pki, &[]);
+    // The first connection's ServerHello comes 1 s late: the round (timeout=200ms, wide
+    // enough for a handshake and the scripts' loading on a loaded machine) ends during the
+    // handshake. The next round's handshake is answered at once.
+    let port = slow_first_connection(redis.port, Duration::from_secs(1));
+    let url = format!("rediss://127.0.0.1:{port} tls_ca={}", pki.file("ca.pem"));
+    let nginx = Nginx::start(&config(&url).replace(
+        "interval=100ms timeout=50ms",
+        "interval=200ms timeout=200ms",
+    ));
+    redis.wait_instances(1);
+    // Five more rounds for a late line to show.
+    thread::sleep(Duration::from_secs(1));
+    let log = nginx.error_log();
+    assert!(
+        !log.contains("rate_limit_sync \""),
+        "a first handshake slower than a round is not an error: {log}"
     );
 }

@@ -78,12 +78,17 @@ pub(super) fn uncommit(zone: &Zone, index: SlotIndex, policy: &Policy) {
 
 fn take_grant(grant: &AtomicU64, sync: &SyncShared, policy: &Policy, cost: u64) -> bool {
     let round = sync.round.load(Ordering::Acquire) as u32;
-    let fresh = FleetShape::of(policy.algorithm, &policy.limits).map_or(0, |shape| {
-        fleet::fresh_grant_milli(&shape, sync.instances(), sync.interval_ns())
-    });
+    let (instances, sync_ns) = (sync.instances(), sync.interval_ns());
+    let (fresh, refill) =
+        FleetShape::of(policy.algorithm, &policy.limits).map_or((0, 0), |shape| {
+            (
+                fleet::fresh_grant_milli(&shape, instances, sync_ns),
+                fleet::stale_refill_milli(&shape, instances, sync_ns),
+            )
+        });
     grant
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
-            fleet::take_grant(word, round, cost, fresh)
+            fleet::take_grant(word, round, cost, fresh, refill)
         })
         .is_ok()
 }

@@ -23,7 +23,7 @@ use ratelimit_core::penalty::BlockWord;
 
 use super::cluster::Routed;
 use super::shared::SyncError;
-use super::task::SyncZone;
+use super::zone::SyncZone;
 use crate::glue::{now_ms, unix_minus_local_ms};
 
 /// Pushes the records changed after ARGV[3] … (key, value, changed Unix ms) unless the fleet's

@@ -93,23 +93,63 @@ impl ClusterLink {
         self.refreshing = false;
     }
 
+    /// Read the slot map: from a node already connected when there is one (no new
+    /// connection: the round after a `MOVED` stays one round trip longer, not a handshake
+    /// longer), else from the seeds in turn.
     async fn refresh(&mut self) -> Result<(), SyncError> {
+        let allowed = self.allowed;
+        let mut from_node = None;
+        for node in &mut self.nodes {
+            let Some((connection, budget)) = node.connection.as_mut() else {
+                continue;
+            };
+            budget.allow(SLOTS_REPLY_BYTES);
+            let map = slots_over(connection, &node.info.addr).await;
+            budget.allow(allowed);
+            match map {
+                Ok(map) => {
+                    from_node = Some(map);
+                    break;
+                }
+                Err(_) => {
+                    node.connection = None;
+                    node.scripts_loaded = false;
+                }
+            }
+        }
+        if let (Some(map), Some(seed)) = (from_node, self.seeds.first().cloned()) {
+            return self.use_map(&seed, map);
+        }
         let mut last = SyncError::Connect;
         for seed in self.seeds.clone() {
             match read_slots(&seed, self.tls.as_ref()).await {
-                Ok(map) => {
-                    self.nodes.clear();
-                    self.slots.clear();
-                    for (first, last_slot, host, port) in map {
-                        let node = self.node_index(&seed, &host, port)?;
-                        self.slots.push((first, last_slot, node));
-                    }
-                    return Ok(());
-                }
+                Ok(map) => return self.use_map(&seed, map),
                 Err(error) => last = error,
             }
         }
         Err(last)
+    }
+
+    /// Route by `map` (`(first, last, host, port)`); nodes already connected keep their
+    /// connection (a slot that moved between known nodes costs no handshake).
+    fn use_map(
+        &mut self,
+        seed: &ConnectionInfo,
+        map: Vec<(u16, u16, String, u16)>,
+    ) -> Result<(), SyncError> {
+        let mut known = std::mem::take(&mut self.nodes);
+        self.slots.clear();
+        for (first, last_slot, host, port) in map {
+            let node = self.node_index(seed, &host, port)?;
+            self.slots.push((first, last_slot, node));
+        }
+        for node in &mut self.nodes {
+            if let Some(old) = known.iter_mut().find(|old| old.info.addr == node.info.addr) {
+                node.connection = old.connection.take();
+                node.scripts_loaded = old.scripts_loaded;
+            }
+        }
+        Ok(())
     }
 
     fn node_index(
@@ -182,9 +222,10 @@ impl ClusterLink {
             .enumerate()
             .filter_map(|(at, route)| Some((at, (*route)?, false)))
             .collect();
-        let mut stale = self
+        let mut failed = self
             .send_round(commands, &first, scripts, &mut replies)
             .await;
+        let mut moved = false;
         let mut again = Vec::new();
         for (at, reply) in replies.iter().enumerate() {
             let Ok(reply) = reply else {
@@ -198,12 +239,12 @@ impl ClusterLink {
             };
             if let Ok(node) = self.node_index(&seed, &host, port) {
                 // MOVED: the slot map is out of date (read again next round).
-                stale |= !asking;
+                moved |= !asking;
                 again.push((at, node, asking));
             }
         }
         if !again.is_empty() {
-            stale |= self
+            failed |= self
                 .send_round(commands, &again, scripts, &mut replies)
                 .await;
         }
@@ -214,9 +255,14 @@ impl ClusterLink {
                 other => other,
             })
             .collect();
-        if stale {
-            // MOVED, a node down: read the slot map again next round.
+        if failed {
+            // A node down: connections and slot map anew next round.
             self.reset();
+        } else if moved {
+            // A slot moved: the map is read again next round, the connections are kept (a
+            // round that opened them all again, and loaded the scripts on each, could run
+            // out of `timeout=` on a loaded machine).
+            self.slots.clear();
         }
         replies
     }
@@ -351,7 +397,7 @@ async fn send_to_node(
         Err(error) => {
             node.connection = None;
             node.scripts_loaded = false;
-            Err(super::task::classify(error))
+            Err(link::classify(error))
         }
     }
 }
@@ -366,11 +412,19 @@ async fn read_slots(
 ) -> Result<Vec<(u16, u16, String, u16)>, SyncError> {
     let (mut connection, budget) = link::connect(seed, tls).await?;
     budget.allow(SLOTS_REPLY_BYTES);
+    slots_over(&mut connection, &seed.addr).await
+}
+
+/// `CLUSTER SLOTS` over a connection to `reached` (the address an empty host stands for).
+async fn slots_over(
+    connection: &mut redis::aio::MultiplexedConnection,
+    reached: &ConnectionAddr,
+) -> Result<Vec<(u16, u16, String, u16)>, SyncError> {
     let value: Value = redis::cmd("CLUSTER")
         .arg("SLOTS")
-        .query_async(&mut connection)
+        .query_async(connection)
         .await
-        .map_err(super::task::classify)?;
+        .map_err(link::classify)?;
     let Value::Array(ranges) = value else {
         return Err(SyncError::Cluster);
     };
@@ -399,7 +453,7 @@ async fn read_slots(
         };
         // An empty host means "the address you reached me on".
         let host = if host.is_empty() {
-            match &seed.addr {
+            match reached {
                 ConnectionAddr::Tcp(seed_host, _)
                 | ConnectionAddr::TcpTls {
                     host: seed_host, ..

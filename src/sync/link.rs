@@ -218,9 +218,7 @@ pub async fn connect(
         } => (host.as_str(), *port, Some(*insecure)),
         _ => return Err(SyncError::BadUrl),
     };
-    let tcp = tokio::net::TcpStream::connect((host, port))
-        .await
-        .map_err(|_| SyncError::Connect)?;
+    let tcp = open_tcp(host, port).await?;
     let _ = tcp.set_nodelay(true);
     let connection = match secure {
         None => {
@@ -252,6 +250,33 @@ pub async fn connect(
     Ok((connection, budget))
 }
 
+/// TCP to the first of `host`'s addresses that accepts, the failure told apart: a name that
+/// does not resolve, a refusal, no route (the last address's error when none accepts).
+async fn open_tcp(host: &str, port: u16) -> Result<tokio::net::TcpStream, SyncError> {
+    let addresses = tokio::net::lookup_host((host, port))
+        .await
+        .map_err(|_| SyncError::ConnectDns)?;
+    let mut last = SyncError::ConnectDns;
+    for address in addresses {
+        match tokio::net::TcpStream::connect(address).await {
+            Ok(tcp) => return Ok(tcp),
+            Err(error) => last = io_cause(&error),
+        }
+    }
+    Err(last)
+}
+
+/// Why a connection could not be made, from its I/O error: refused, no route, other.
+fn io_cause(error: &io::Error) -> SyncError {
+    match error.kind() {
+        io::ErrorKind::ConnectionRefused => SyncError::ConnectRefused,
+        io::ErrorKind::NetworkUnreachable | io::ErrorKind::HostUnreachable => {
+            SyncError::ConnectUnreachable
+        }
+        _ => SyncError::Connect,
+    }
+}
+
 /// The `redis` crate's connection over `stream`: AUTH and SELECT as the URL says, then its
 /// driver runs on the loop's runtime until the connection is dropped.
 async fn handshake<S>(info: &ConnectionInfo, stream: S) -> Result<MultiplexedConnection, SyncError>
@@ -261,7 +286,7 @@ where
     let config = redis::AsyncConnectionConfig::new();
     let (connection, driver) = MultiplexedConnection::new_with_config(&info.redis, stream, config)
         .await
-        .map_err(super::task::classify)?;
+        .map_err(classify)?;
     tokio::spawn(driver);
     Ok(connection)
 }
@@ -282,5 +307,38 @@ fn classify_tls(error: &io::Error) -> SyncError {
         Some(_) => SyncError::Tls,
         None if error.kind() == io::ErrorKind::UnexpectedEof => SyncError::TlsNoAnswer,
         None => SyncError::Tls,
+    }
+}
+
+/// What the client's I/O error says of the connection: refused, no route, or another failure
+/// (names are resolved and connections opened in [`open_tcp`], so no DNS failure gets here).
+fn connect_cause(error: &redis::RedisError) -> SyncError {
+    if error.is_connection_refusal() {
+        return SyncError::ConnectRefused;
+    }
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<io::Error>())
+        .map_or(SyncError::Connect, io_cause)
+}
+
+/// What a client error means for the log.
+pub fn classify(error: redis::RedisError) -> SyncError {
+    use redis::ErrorKind;
+    if let Some(tls_error) = super::tls::classify(&error) {
+        return tls_error;
+    }
+    match error.kind() {
+        ErrorKind::AuthenticationFailed => SyncError::Auth,
+        ErrorKind::IoError if error.is_timeout() => SyncError::Timeout,
+        ErrorKind::IoError => connect_cause(&error),
+        _ if error.is_connection_refusal() => SyncError::ConnectRefused,
+        _ if error.is_connection_dropped() => SyncError::Connect,
+        _ => {
+            if error.to_string().contains("NOAUTH") || error.to_string().contains("WRONGPASS") {
+                SyncError::Auth
+            } else {
+                SyncError::Reply
+            }
+        }
     }
 }

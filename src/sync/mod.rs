@@ -24,6 +24,7 @@ mod repeats;
 mod shared;
 mod task;
 mod tls;
+mod zone;
 
 use core::ptr;
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -208,7 +209,7 @@ fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Op
     let zones = conf::zones(mcf)
         .filter_map(|zone| {
             let view = zone.zone.filter(|view| zone.sync && view.is_sync())?;
-            Some(task::SyncZone {
+            Some(zone::SyncZone {
                 name: zone.name.clone(),
                 zone: view,
                 agreed_limits: std::cell::Cell::new(view.limits_word()),

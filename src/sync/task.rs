@@ -26,12 +26,11 @@ use ratelimit_core::Limits;
 
 use super::cluster;
 use super::link::{self, ReadBudget};
-use super::overrides::{OverrideSync, OVERRIDES_SCRIPT};
+use super::overrides::OVERRIDES_SCRIPT;
 use super::shared::{Bad, Mode, SyncError, SyncShared};
-use crate::conf::LocationBursts;
+use super::zone::SyncZone;
 use crate::glue::{now_ms, now_ns};
 use crate::store::inbox::INBOX_ENTRIES;
-use crate::store::Zone;
 
 /// Applies the instances' deltas to many keys at once, each on Redis's clock (`TIME`: nodes'
 /// clocks need not agree). ARGV: this instance's id, this send's number (unique in the
@@ -157,45 +156,6 @@ const REMEMBERED_KEYS: usize = 65_536;
 /// mostly fail to connect at all). A forgotten send applied late is charged twice (the
 /// strict side).
 const UNCONFIRMED: usize = 8;
-
-/// One sync zone as the loop sees it.
-pub struct SyncZone {
-    pub name: String,
-    pub zone: Zone,
-    /// The zone's limits as last agreed with the fleet (packed): a different local value is
-    /// an admin change to push, a different fleet value one to apply.
-    pub agreed_limits: std::cell::Cell<u64>,
-    /// Until the first successful round: the file's value is sent along (see
-    /// `LIMITS_SCRIPT`).
-    pub first_round: std::cell::Cell<bool>,
-    /// `name_seed` of the name (`crate::store::sync_record`): how the inbox and the orphan
-    /// ring name the zone to the workers and the loop.
-    pub id: u64,
-    /// The zone's per-key overrides as agreed with the fleet (`super::overrides`).
-    pub overrides: std::cell::RefCell<OverrideSync>,
-    /// The bursts the zone's `rate_limit` lines decide with: a key's fleet bucket is the
-    /// largest of them (each request is decided locally with its own line's).
-    pub bursts: LocationBursts,
-    /// `block=`: the zone's blocks are shared too (`super::blocks`).
-    pub block: Option<ratelimit_core::penalty::BlockPolicy>,
-}
-
-impl SyncZone {
-    /// The limits of the key `hash` now: its override, else the zone's limits with the
-    /// largest burst of its lines.
-    fn limits(&self, hash: u64) -> Option<Limits> {
-        let limits = self.zone.limits()?;
-        Some(self.zone.override_for(hash).unwrap_or(Limits {
-            burst: self.bursts.largest(limits.burst),
-            ..limits
-        }))
-    }
-
-    /// The fleet bucket of the key `hash` now. `None` for a zone that cannot sync.
-    fn shape(&self, hash: u64) -> Option<FleetShape> {
-        FleetShape::of(self.zone.algorithm(), &self.limits(hash)?)
-    }
-}
 
 /// Everything the thread needs; built by a worker, moved into the thread.
 pub struct Task {
@@ -367,7 +327,7 @@ impl SingleLink {
             self.overflowed.set(true);
             return Err(SyncError::ReplyTooLarge);
         }
-        let values = values.map_err(classify)?;
+        let values = values.map_err(link::classify)?;
         self.scripts_loaded = true;
         Ok(values)
     }
@@ -494,11 +454,15 @@ impl Task {
         let (commands, with_overrides, batches) = self.commands(&entries, send, busy);
         let bound = fleet_round::reply_bytes_bound(entries.len(), self.zones.len());
         link.allow(bound.saturating_add(state.late_bytes));
+        // Whether the round ran out of time while a connection was being opened.
+        let mut connect_timed_out = false;
         let results = match tokio::time::timeout(timeout, self.exchange(link, &commands)).await {
             Ok(results) => results,
             Err(_) => {
+                connect_timed_out = link.connecting();
                 // Stuck in a TLS handshake: typically a server that does not speak TLS and
-                // waits for a command line that a ClientHello never ends.
+                // waits for a command line that a ClientHello never ends (told when it
+                // happens again, below: a first handshake may merely be slow).
                 let error = match (link.connecting(), self.spec.is_tls()) {
                     (true, true) => SyncError::TlsNoAnswer,
                     (true, false) => SyncError::ConnectTimeout,
@@ -602,13 +566,16 @@ impl Task {
                     state.late_bytes = 0;
                 }
                 self.sync.errors.fetch_add(1, Ordering::Relaxed);
-                // A connection still opening when the round's time ran out is told only when
-                // the next attempt ends so too: a first connection may outlast a round (a cold
-                // resolver, a slow AUTH), and what the next attempt finds (an authentication
-                // failure, a refusal) is the news, not a time-out before it.
-                let connect_timeouts = match error {
-                    SyncError::ConnectTimeout => self.connect_timeouts.get() + 1,
-                    _ => 0,
+                // A connection still opening when the round's time ran out (TCP, a TLS
+                // handshake, AUTH) is told only when the next attempt ends so too: a first
+                // connection may outlast a round (a cold resolver, a handshake on a loaded
+                // machine, a slow AUTH), and what the next attempt finds (an authentication
+                // failure, a refusal, a port that does not speak TLS) is the news, not a
+                // time-out before it.
+                let connect_timeouts = if connect_timed_out {
+                    self.connect_timeouts.get() + 1
+                } else {
+                    0
                 };
                 self.connect_timeouts.set(connect_timeouts);
                 if connect_timeouts != 1 {
@@ -1263,46 +1230,5 @@ impl Task {
             _ => fleet::local_share_grant_milli(shape, instances, sync_ns, left),
         };
         grant.store(grant_word::pack(round as u32, granted), Ordering::Release);
-    }
-}
-
-/// Why a connection could not be made, from the client's I/O error: refused, a name that
-/// does not resolve (the resolver's error has no kind of its own, only its text), no route.
-fn connect_cause(error: &redis::RedisError) -> SyncError {
-    use std::io::ErrorKind;
-    if error.is_connection_refusal() {
-        return SyncError::ConnectRefused;
-    }
-    let io =
-        std::error::Error::source(error).and_then(|source| source.downcast_ref::<std::io::Error>());
-    match io.map(std::io::Error::kind) {
-        Some(ErrorKind::ConnectionRefused) => SyncError::ConnectRefused,
-        Some(ErrorKind::NetworkUnreachable | ErrorKind::HostUnreachable) => {
-            SyncError::ConnectUnreachable
-        }
-        _ if error.to_string().contains("failed to lookup address") => SyncError::ConnectDns,
-        _ => SyncError::Connect,
-    }
-}
-
-/// What a client error means for the log.
-pub(super) fn classify(error: redis::RedisError) -> SyncError {
-    use redis::ErrorKind;
-    if let Some(tls_error) = super::tls::classify(&error) {
-        return tls_error;
-    }
-    match error.kind() {
-        ErrorKind::AuthenticationFailed => SyncError::Auth,
-        ErrorKind::IoError if error.is_timeout() => SyncError::Timeout,
-        ErrorKind::IoError => connect_cause(&error),
-        _ if error.is_connection_refusal() => SyncError::ConnectRefused,
-        _ if error.is_connection_dropped() => SyncError::Connect,
-        _ => {
-            if error.to_string().contains("NOAUTH") || error.to_string().contains("WRONGPASS") {
-                SyncError::Auth
-            } else {
-                SyncError::Reply
-            }
-        }
     }
 }

@@ -433,7 +433,11 @@ impl ConcurrencySpec {
     /// assert_eq!((spec.queue, spec.queue_timeout_ns), (200, 5_000_000_000));
     /// let words = ["algorithm=concurrency", "limit=adaptive", "max=8", "foo"];
     /// let error = ConcurrencySpec::parse_words(&words).unwrap_err();
-    /// assert_eq!(error.to_string(), "invalid parameter \"foo\"");
+    /// assert_eq!(
+    ///     error.to_string(),
+    ///     "invalid parameter \"foo\": it must be zone=, algorithm=, limit=, min=, max=, queue= or \
+    ///      queue_timeout="
+    /// );
     /// ```
     pub fn parse_words(words: &[&str]) -> Result<ConcurrencySpec, SpecError> {
         let mut zone = None;

@@ -233,26 +233,51 @@ pub mod grant_word {
     }
 }
 
+/// What a grant not renewed by a sync gains each round: `1 / instances` of one interval's
+/// drain (what [`local_share_grant_milli`] refills), so that the fleet's grants, renewed or
+/// not, never hand out more than the fleet's room and its drain.
+pub fn stale_refill_milli(shape: &FleetShape, instances: u64, sync_ns: u64) -> u64 {
+    shape.drained_milli(sync_ns) / instances.max(1)
+}
+
 /// The request path's step: take `cost` requests from a grant word at sync round `round`.
 /// Returns the new word, or `None` when the grant cannot pay (reject). A word that was never
-/// granted, or granted [`STALE_ROUNDS`] or more rounds ago, counts as `fresh_milli`.
+/// granted counts as `fresh_milli`. A grant [`STALE_ROUNDS`] or more rounds old (its key was
+/// not synced since: it sent nothing, or too little to need a round trip) no longer describes
+/// the fleet: it is renewed at `round` with what is left plus `refill_milli` for each round
+/// since, up to `fresh_milli`. Not simply `fresh_milli`: a key whose bucket drains slowly
+/// (`rate=6r/m`) would otherwise get a new share of a full bucket on every instance every
+/// two rounds, whatever the fleet admitted.
 ///
 /// ```
 /// use ratelimit_core::fleet::{grant_word, take_grant};
 ///
 /// let word = grant_word::pack(7, 2_500);
-/// let word = take_grant(word, 7, 1, 0).unwrap();
-/// let word = take_grant(word, 8, 1, 0).unwrap();
+/// let word = take_grant(word, 7, 1, 0, 0).unwrap();
+/// let word = take_grant(word, 8, 1, 0, 0).unwrap();
 /// assert_eq!(grant_word::unpack(word), (7, 500));
-/// assert_eq!(take_grant(word, 8, 1, 0), None);
-/// // Two rounds without a sync: the old grant no longer applies; a fresh one does.
-/// assert_eq!(take_grant(word, 9, 1, 4_000), Some(grant_word::pack(9, 3_000)));
+/// assert_eq!(take_grant(word, 8, 1, 0, 0), None);
+/// // Not synced since round 7: 500 left and 300 for each round since, up to the fresh 4 000.
+/// assert_eq!(take_grant(word, 9, 1, 4_000, 300), Some(grant_word::pack(9, 100)));
+/// assert_eq!(take_grant(word, 9, 2, 4_000, 300), None);
+/// assert_eq!(take_grant(word, 100, 1, 4_000, 300), Some(grant_word::pack(100, 3_000)));
+/// // Never granted: a fresh grant.
+/// assert_eq!(take_grant(0, 9, 1, 4_000, 300), Some(grant_word::pack(9, 3_000)));
 /// ```
-pub fn take_grant(word: u64, round: u32, cost: u64, fresh_milli: u64) -> Option<u64> {
+pub fn take_grant(
+    word: u64,
+    round: u32,
+    cost: u64,
+    fresh_milli: u64,
+    refill_milli: u64,
+) -> Option<u64> {
     let (granted_round, left) = grant_word::unpack(word);
-    let stale = word == 0 || grant_word::rounds_since(granted_round, round) >= STALE_ROUNDS;
-    let (granted_round, left) = if stale {
+    let rounds = grant_word::rounds_since(granted_round, round);
+    let (granted_round, left) = if word == 0 {
         (round, fresh_milli)
+    } else if rounds >= STALE_ROUNDS {
+        let refilled = left.saturating_add(u64::from(rounds).saturating_mul(refill_milli));
+        (round, refilled.min(fresh_milli))
     } else {
         (granted_round, left)
     };
@@ -453,10 +478,10 @@ mod tests {
 
     #[test]
     fn returned_grant_pays_again() {
-        let word = take_grant(0, 3, 2, 2_000).unwrap();
-        assert_eq!(take_grant(word, 3, 1, 2_000), None);
+        let word = take_grant(0, 3, 2, 2_000, 0).unwrap();
+        assert_eq!(take_grant(word, 3, 1, 2_000, 0), None);
         let word = return_grant(word, 2);
-        assert!(take_grant(word, 3, 2, 0).is_some());
+        assert!(take_grant(word, 3, 2, 0, 0).is_some());
     }
 
     #[test]
@@ -581,6 +606,7 @@ mod tests {
         let (mut tat, mut window, mut current, mut previous) = (0u64, u64::MAX, 0u64, 0u64);
         let mut last_send: Vec<Option<u64>> = vec![None; instances.len()];
         let fresh = fresh_grant_milli(&shape, n, sync_ns);
+        let refill = stale_refill_milli(&shape, n, sync_ns);
         for step in 0..run.seconds * 1_000_000 / STEP_US {
             let now_us = step * STEP_US;
             let now = now_us * 1000 + 1_000_000_000;
@@ -631,7 +657,8 @@ mod tests {
                     instance.round += 1;
                 }
                 for _ in 0..due(instance, now_us, STEP_US) {
-                    let Some(word) = take_grant(instance.grant, instance.round, 1, fresh) else {
+                    let Some(word) = take_grant(instance.grant, instance.round, 1, fresh, refill)
+                    else {
                         instance.pending |= ASKED;
                         continue;
                     };
@@ -766,6 +793,33 @@ mod tests {
                     "burst={burst} local={local_burst:?}: {admitted} in the last 4 s"
                 );
             }
+        }
+    }
+
+    /// The README's walkthrough: `rate=6r/m burst=4` (K = 5, T = 10 s) on two instances
+    /// synced every 100 ms, one request every 0.5 s alternating between them for 6 s: the
+    /// fleet admits what one bucket admits (5). Before grants not renewed by a sync were kept
+    /// (each stale grant came back as a fresh half bucket), it admitted 7.
+    #[test]
+    fn a_slow_key_alternating_over_two_instances_admits_what_one_bucket_does() {
+        let run = Run {
+            shape: FleetShape {
+                interval_ns: 10_000_000_000,
+                capacity: 5,
+            },
+            sync_us: 100_000,
+            local_burst: Some(4),
+            seconds: 6,
+            count_from_us: 0,
+        };
+        for phase_us in [0, 10_000, 50_000, 90_000] {
+            let mut fleet = [
+                instance(1, 0, phase_us),
+                instance(1, 500_000, (phase_us + 50_000) % 100_000),
+            ];
+            let total: u64 = simulate(&run, &mut fleet).iter().sum();
+            assert_eq!(alone(&run, &fleet), 5);
+            assert_eq!(total, 5, "phase {phase_us} us");
         }
     }
 
