@@ -66,7 +66,7 @@ impl TimeVariable {
     /// seconds, 0 for `$msec`); `None` when `text` is not such a time.
     pub fn parse(self, text: &str) -> Option<(u64, i64)> {
         match self {
-            TimeVariable::Msec => crate::replay::parse_seconds(text).map(|ns| (ns, 0)),
+            TimeVariable::Msec => parse_seconds(text).map(|ns| (ns, 0)),
             TimeVariable::Iso8601 => parse_time_iso8601(text),
             TimeVariable::Local => parse_time_local(text),
         }
@@ -477,6 +477,29 @@ fn epoch_ns(year: u64, month: u64, day: u64, seconds: u64, offset: i64) -> Optio
     let local = days.checked_mul(86_400)?.checked_add(seconds as i64)?;
     let utc = u64::try_from(local.checked_sub(offset)?).ok()?;
     Some((utc.checked_mul(crate::NANOS_PER_SEC)?, offset))
+}
+
+/// Decimal seconds (`12`, `0.25`, `1700000000.123`, at most 9 decimals) in nanoseconds;
+/// `None` for anything else or a time beyond `u64` nanoseconds.
+///
+/// ```
+/// use ratelimit_core::log_format::parse_seconds;
+///
+/// assert_eq!(parse_seconds("0.25"), Some(250_000_000));
+/// assert_eq!(parse_seconds("-1"), None);
+/// ```
+pub fn parse_seconds(text: &str) -> Option<u64> {
+    let (whole, fraction) = text.split_once('.').unwrap_or((text, "0"));
+    let all_digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !all_digits(whole) || !all_digits(fraction) || fraction.len() > 9 {
+        return None;
+    }
+    let nanos: u64 = format!("{fraction:0<9}").parse().ok()?;
+    whole
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(crate::NANOS_PER_SEC)?
+        .checked_add(nanos)
 }
 
 #[cfg(test)]

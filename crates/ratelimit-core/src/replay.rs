@@ -4,6 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 
+pub use crate::log_format::parse_seconds;
 use crate::log_format::{FormatError, KeyTemplate, LogFormat, TimeVariable};
 use crate::penalty::{Block, BlockPolicy, BlockWord, StatusMatcher};
 use crate::{
@@ -311,29 +312,6 @@ impl SecondSpreader {
         }
         placed
     }
-}
-
-/// Decimal seconds (`12`, `0.25`, `1700000000.123`, at most 9 decimals) in nanoseconds;
-/// `None` for anything else or a time beyond `u64` nanoseconds.
-///
-/// ```
-/// use ratelimit_core::replay::parse_seconds;
-///
-/// assert_eq!(parse_seconds("0.25"), Some(250_000_000));
-/// assert_eq!(parse_seconds("-1"), None);
-/// ```
-pub fn parse_seconds(text: &str) -> Option<u64> {
-    let (whole, fraction) = text.split_once('.').unwrap_or((text, "0"));
-    let all_digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if !all_digits(whole) || !all_digits(fraction) || fraction.len() > 9 {
-        return None;
-    }
-    let nanos: u64 = format!("{fraction:0<9}").parse().ok()?;
-    whole
-        .parse::<u64>()
-        .ok()?
-        .checked_mul(NANOS_PER_SEC)?
-        .checked_add(nanos)
 }
 
 /// What a key would have needed for none of its requests to be rejected, at the same rate.
