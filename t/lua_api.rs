@@ -78,17 +78,21 @@ fn lua_unavailable() -> Option<String> {
     Some(reason.unwrap_or(output.trim()).to_string())
 }
 
-/// Returns from the test, printing why, when the nginx under test cannot load the Lua modules.
+/// Returns from the test when the nginx under test cannot load the Lua modules and the runner
+/// declared the Lua tests skipped (`RATE_LIMIT_TEST_SKIP=lua`); fails with the reason when it
+/// did not.
 macro_rules! require_lua {
     () => {
-        if let Some(reason) = lua_unavailable() {
-            common::skip::skipped(&format!(
+        let unmet = lua_unavailable().map(|reason| {
+            format!(
                 "needs Debian's nginx with Lua: {} cannot load the Lua modules of {} (these \
                  tests run against Debian's nginx: TEST_NGINX_BINARY={DEBIAN_NGINX} with \
                  RATE_LIMIT_MODULE built by scripts/build-for-nginx.sh): {reason}",
                 nginx_binary().display(),
                 lua_modules_dir().display()
-            ));
+            )
+        });
+        if common::skip::unless_declared("lua", unmet).is_some() {
             return;
         }
     };

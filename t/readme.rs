@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use common::nginx::{free_port, sys};
 use common::redis::Redis;
-use common::skip::skipped;
+use common::skip;
 use common::{check_config, module_path, nginx_binary, Nginx};
 use serde_json::Value;
 
@@ -410,23 +410,21 @@ fn readme_cluster_walkthrough_prints_what_it_shows() {
     assert_eq!(key_states.len(), 1, "keys of the zone in Redis: {keys}");
 }
 
-/// Whether the nginx under test is Debian's with its Lua module installed (the README's Lua
-/// walkthrough runs Debian's nginx), with `RATE_LIMIT_MODULE` then built for it. Says why not
-/// otherwise, in `cargo test`'s output.
-fn debian_nginx_with_lua() -> bool {
+/// Why the README's Lua walkthrough (which runs Debian's nginx) cannot run here: `None` when
+/// the nginx under test is Debian's with its Lua module installed (`RATE_LIMIT_MODULE` then
+/// built for it).
+fn debian_lua_unavailable() -> Option<String> {
     let binary = nginx_binary();
     let debian = binary.canonicalize().unwrap_or(binary.clone()) == Path::new("/usr/sbin/nginx");
     let lua = Path::new("/usr/lib/nginx/modules/ngx_http_lua_module.so").is_file();
-    if !debian || !lua {
-        skipped(&format!(
+    (!debian || !lua).then(|| {
+        format!(
             "needs Debian's nginx with Lua: {} is not /usr/sbin/nginx with \
              libnginx-mod-http-lua (run with TEST_NGINX_BINARY=/usr/sbin/nginx and \
              RATE_LIMIT_MODULE built by scripts/build-for-nginx.sh, as .ci/run does)",
             binary.display()
-        ));
-        return false;
-    }
-    true
+        )
+    })
 }
 
 /// The README's Lua examples are the locations of `nginx-conf/lua.conf`, which the
@@ -492,7 +490,7 @@ fn readme_lua_walkthrough_prints_what_it_shows() {
         !blocks.is_empty(),
         "the From Lua section has no console block"
     );
-    if !debian_nginx_with_lua() {
+    if skip::unless_declared("lua", debian_lua_unavailable()).is_some() {
         return;
     }
 
@@ -582,11 +580,13 @@ fn readme_troubleshooting_quotes_nginx() {
     } else {
         debian.to_path_buf()
     };
-    if !other.is_file() {
-        skipped(&format!(
+    let unmet = (!other.is_file()).then(|| {
+        format!(
             "the version message needs a second nginx: {} is missing",
             other.display()
-        ));
+        )
+    });
+    if skip::unless_declared("debian-nginx", unmet).is_some() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("ngx-rate-limit-t-version-{}", free_port()));
@@ -594,7 +594,11 @@ fn readme_troubleshooting_quotes_nginx() {
     let conf = dir.join("nginx.conf");
     fs::write(
         &conf,
-        format!("load_module {};\nevents {{}}\n", module_path().display()),
+        format!(
+            "pid {}/logs/nginx.pid;\nload_module {};\nevents {{}}\n",
+            dir.display(),
+            module_path().display()
+        ),
     )
     .expect("cannot write nginx.conf");
     let output = Command::new(&other)
