@@ -465,7 +465,7 @@ fn bench_cluster_table() {
         for offered in [2.0, 10.0] {
             let before: Vec<u64> = fleet
                 .iter()
-                .map(|n| sync_state(n)["round_trips"].as_u64().unwrap_or(0))
+                .map(|n| sync_state(n)["round_trips"].as_u64().expect("round_trips"))
                 .collect();
             let started = Instant::now();
             let answers = offer(
@@ -478,7 +478,7 @@ fn bench_cluster_table() {
             let trips: u64 = fleet
                 .iter()
                 .zip(&before)
-                .map(|(n, b)| sync_state(n)["round_trips"].as_u64().unwrap_or(0) - b)
+                .map(|(n, b)| sync_state(n)["round_trips"].as_u64().expect("round_trips") - b)
                 .sum();
             // A loop turning every 100 ms makes at most floor(t / 100 ms) + 1 turns in t.
             let allowed = 3 * ((elapsed / 0.1).floor() as u64 + 1);
@@ -567,6 +567,7 @@ fn bench_cluster_table() {
     });
     std::fs::write(&out, &table).expect("cannot write the bench table");
     eprintln!("{table}");
+    common::fleet::assert_goals_met(&table, &out);
 }
 
 /// Polls (bounded by `within`) until `nginx`'s zone `api` has `rate`; returns how long it took.
@@ -1437,7 +1438,7 @@ fn an_override_waiting_for_redis_survives_a_loop_take_over() {
     let old = b.kill_workers();
     b.wait_workers_replaced(&old);
     // The new loop runs (its rounds fail while Redis is stopped) before Redis answers again.
-    let errors = |nginx: &Nginx| sync_state(nginx)["errors"].as_u64().unwrap_or(0);
+    let errors = |nginx: &Nginx| sync_state(nginx)["errors"].as_u64().expect("errors");
     let before = errors(&b);
     let waited = Instant::now();
     while errors(&b) < before + 2 {
@@ -1848,7 +1849,7 @@ fn an_evicted_keys_delta_is_still_sent() {
         let zone: serde_json::Value =
             serde_json::from_str(&common::get(nginx.port(), "/ratelimit/zones/api").text())
                 .expect("zone JSON");
-        zone["evictions"].as_u64().unwrap_or(0)
+        zone["evictions"].as_u64().expect("evictions")
     };
     assert!(
         evictions() >= 500,

@@ -466,3 +466,20 @@ fn a_missing_nginx_fails_the_pass() {
     });
     assert!(undeclared.is_err(), "an undeclared skip did not fail");
 }
+
+/// The bench tables' goal check: the committed table from before issue 18 marks goals missed
+/// (`0.95-1.05 NO`) and fails it; bench/cluster.sh's committed table passes.
+#[test]
+fn a_bench_table_with_a_missed_goal_fails() {
+    let read = |name: &str| {
+        std::fs::read_to_string(format!(
+            "{}/bench/results/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
+    };
+    let before = read("cluster-scale-before.md");
+    let missed = std::panic::catch_unwind(|| common::fleet::assert_goals_met(&before, "before"));
+    assert!(missed.is_err(), "a table with NO cells passed");
+    common::fleet::assert_goals_met(&read("cluster.md"), "cluster.md");
+}

@@ -820,7 +820,11 @@ fn lua_on_a_sync_zone_shares_the_fleet_limit() {
         body(&fleet[0], "/give_back?k=returned").trim(),
         "given back"
     );
-    let round_trips = |nginx: &Nginx| sync_state(nginx)["round_trips"].as_u64().unwrap_or(0);
+    let round_trips = |nginx: &Nginx| {
+        sync_state(nginx)["round_trips"]
+            .as_u64()
+            .expect("round_trips")
+    };
     let before = round_trips(&fleet[0]);
     let waited = Instant::now();
     while round_trips(&fleet[0]) < before + 3 {
@@ -936,12 +940,15 @@ fn wait_in_flight(nginx: &Nginx, key: &str, expected: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let response = get(nginx, &format!("/admin/zones/conc/keys/{key}"));
+        // 200: the key's state; 404 "is not tracked": a key without state holds nothing in
+        // flight. Anything else (an unknown zone, a 500, a wrong path) is a failure, not 0.
         let in_flight = match response.status {
             200 => serde_json::from_slice::<serde_json::Value>(&response.body).unwrap()
                 ["in_flight"]
                 .as_u64()
                 .unwrap(),
-            _ => 0,
+            404 if response.text().contains("is not tracked in zone") => 0,
+            status => panic!("GET key {key}: {status} {}", response.text()),
         };
         if in_flight == expected {
             return;
