@@ -1,12 +1,14 @@
-//! What README.md shows is what a newcomer gets: the walkthroughs' commands (admin API,
-//! Cluster, Lua), run as written against the example configs in `nginx-conf/` (the Cluster and
-//! Lua ones started by the README's own `scripts/run-example.sh` lines), print the outputs the
-//! README shows. And the source's own description of the zone store names the hash the code
-//! uses.
+//! What README.md and docs/ show is what a newcomer gets: the walkthroughs' commands (the
+//! README's Try it and Change a limit live; docs/admin.md, docs/cluster.md, docs/lua.md,
+//! docs/abusers.md), run as written against the example configs in `nginx-conf/` (the Try it,
+//! Cluster and Lua ones started by the pages' own `scripts/run-example.sh` lines), print the
+//! outputs the pages show; the README's test command is the one CI runs. And the source's own
+//! description of the zone store names the hash the code uses.
 //!
 //! Needs `curl` (the walkthrough's commands are curl command lines), `redis-server` and the
 //! module built by `cargo build`; the Lua walkthrough runs when the suite runs against
-//! Debian's nginx (`TEST_NGINX_BINARY=/usr/sbin/nginx`), and says so otherwise.
+//! Debian's nginx (`TEST_NGINX_BINARY=/usr/sbin/nginx`), and fails elsewhere unless the runner
+//! declared it skipped (`RATE_LIMIT_TEST_SKIP=lua`, t/common/skip.rs).
 
 mod common;
 
@@ -30,14 +32,29 @@ fn repo_file(relative: &str) -> String {
     fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
 
-/// The README section that starts with the heading `## NAME`, up to the next `## `.
-fn readme_section(readme: &str, name: &str) -> String {
-    let heading = format!("\n## {name}\n");
-    let start = readme
-        .find(&heading)
-        .unwrap_or_else(|| panic!("README.md has no \"## {name}\" section"));
-    let body = &readme[start + heading.len()..];
-    body[..body.find("\n## ").unwrap_or(body.len())].to_string()
+/// The section of a Markdown page (README.md, CONTRIBUTING.md or docs/*.md) that starts with
+/// the heading `NAME` at any level (`## NAME`, `### NAME`), up to the next heading of the
+/// same or a higher level. Headings inside fenced code blocks do not count.
+fn section(page: &str, name: &str) -> String {
+    let text = repo_file(page);
+    let mut fenced = false;
+    let mut level = None;
+    let mut lines = Vec::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        }
+        let hashes = line.chars().take_while(|&c| c == '#').count();
+        let heading = !fenced && hashes > 0 && line[hashes..].starts_with(' ');
+        match level {
+            None if heading && line[hashes..].trim() == name => level = Some(hashes),
+            Some(open) if heading && hashes <= open => break,
+            Some(_) => lines.push(line),
+            None => {}
+        }
+    }
+    assert!(level.is_some(), "{page} has no \"{name}\" heading");
+    lines.join("\n") + "\n"
 }
 
 /// The fenced code blocks of `text` in `language`, each as its lines.
@@ -140,23 +157,30 @@ fn same_json(name: &str, shown: &Value, real: &Value) -> bool {
     }
 }
 
+/// "Change a limit live" in the README and the admin API's longer walk through it in
+/// docs/admin.md: each started as the page says, against `nginx-conf/admin.conf`.
 #[test]
 fn readme_admin_walkthrough_prints_what_it_shows() {
-    let readme = repo_file("README.md");
-    let section = readme_section(&readme, "Admin API");
+    for (page, heading) in [
+        ("README.md", "Change a limit live"),
+        ("docs/admin.md", "A walk through it"),
+    ] {
+        admin_walkthrough(page, &section(page, heading), heading);
+    }
+}
+
+/// Runs one admin walkthrough against `nginx-conf/admin.conf`, as the page starts it.
+fn admin_walkthrough(page: &str, section: &str, heading: &str) {
+    let section = section.to_string();
     let start = code_blocks(&section, "sh");
     assert!(
         start.iter().any(|block| block
             .iter()
             .any(|line| line.trim() == "scripts/run-example.sh nginx-conf/admin.conf")),
-        "the Admin API section does not say how to start nginx-conf/admin.conf"
+        "{page}, {heading}: does not say how to start nginx-conf/admin.conf"
     );
     let blocks = code_blocks(&section, "console");
-    assert!(
-        blocks.len() >= 3,
-        "the walkthrough has {} console blocks",
-        blocks.len()
-    );
+    assert!(!blocks.is_empty(), "{page}, {heading}: no console block");
 
     // As scripts/run-example.sh runs it as root: workers as root write the state file.
     let config = format!("user root;\n{}", repo_file("nginx-conf/admin.conf"));
@@ -170,7 +194,7 @@ fn readme_admin_walkthrough_prints_what_it_shows() {
             let real = run(&step.command, port, admin_port);
             assert!(
                 same_output(&step.shown, &real),
-                "README.md shows for `{}`:\n{}\nbut it printed:\n{real}\nerror.log:\n{}",
+                "{page} shows for `{}`:\n{}\nbut it printed:\n{real}\nerror.log:\n{}",
                 step.command,
                 step.shown,
                 nginx.error_log()
@@ -178,11 +202,49 @@ fn readme_admin_walkthrough_prints_what_it_shows() {
             commands += 1;
         }
     }
-    assert!(commands >= 6, "only {commands} commands in the walkthrough");
+    assert!(
+        commands >= 4,
+        "{page}: only {commands} commands in the walkthrough"
+    );
     // The changes were persisted where the README says.
     let state = fs::read_to_string(nginx.prefix().join("rate_limit_state.json"))
         .expect("the walkthrough's changes were not written to rate_limit_state.json");
     assert!(state.contains("per_client"), "{state}");
+}
+
+/// The penalty box's walkthrough (docs/abusers.md): `nginx-conf/login.conf` started as the
+/// page says; eight wrong passwords, then the right one, print what the page shows.
+#[test]
+fn abusers_login_walkthrough_prints_what_it_shows() {
+    let page = "docs/abusers.md";
+    let text = repo_file(page);
+    assert!(
+        code_blocks(&text, "sh").iter().any(|block| block
+            .iter()
+            .any(|line| line.trim() == "scripts/run-example.sh nginx-conf/login.conf")),
+        "{page} does not say how to start nginx-conf/login.conf"
+    );
+    let blocks = code_blocks(&text, "console");
+    assert!(!blocks.is_empty(), "{page}: no console block");
+    let nginx = Nginx::start(&repo_file("nginx-conf/login.conf"));
+    let mut commands = 0;
+    for block in &blocks {
+        for step in steps(block) {
+            let real = run(&step.command, nginx.port(), nginx.port_n(2));
+            assert!(
+                same_output(&step.shown, &real),
+                "{page} shows for `{}`:\n{}\nbut it printed:\n{real}\nerror.log:\n{}",
+                step.command,
+                step.shown,
+                nginx.error_log()
+            );
+            commands += 1;
+        }
+    }
+    assert!(
+        commands >= 2,
+        "{page}: only {commands} commands in the walkthrough"
+    );
 }
 
 /// The comparison is strict where it must be: a different status list, a different field
@@ -340,8 +402,7 @@ impl Drop for ScriptedExample {
 /// its curl loop over both prints what the README shows: one limit for the two.
 #[test]
 fn readme_cluster_walkthrough_prints_what_it_shows() {
-    let readme = repo_file("README.md");
-    let section = readme_section(&readme, "Cluster");
+    let section = section("docs/cluster.md", "Try it on one machine");
     let starts: Vec<String> = code_blocks(&section, "sh")
         .concat()
         .into_iter()
@@ -392,7 +453,7 @@ fn readme_cluster_walkthrough_prints_what_it_shows() {
             let real = run_with(&step.command, &replacements);
             assert!(
                 same_output(&step.shown, &real),
-                "README.md shows for `{}`:\n{}\nbut it printed:\n{real}",
+                "the page shows for `{}`:\n{}\nbut it printed:\n{real}",
                 step.command,
                 step.shown,
             );
@@ -432,8 +493,7 @@ fn debian_lua_unavailable() -> Option<String> {
 /// the file line for line (indentation aside), its zone lines too.
 #[test]
 fn readme_lua_examples_are_in_lua_conf() {
-    let readme = repo_file("README.md");
-    let section = readme_section(&readme, "From Lua (OpenResty)");
+    let section = repo_file("docs/lua.md");
     let file: Vec<String> = repo_file("nginx-conf/lua.conf")
         .lines()
         .map(|line| line.trim().to_string())
@@ -476,8 +536,7 @@ fn readme_lua_examples_are_in_lua_conf() {
 /// and its curl commands print what the README shows.
 #[test]
 fn readme_lua_walkthrough_prints_what_it_shows() {
-    let readme = repo_file("README.md");
-    let section = readme_section(&readme, "From Lua (OpenResty)");
+    let section = section("docs/lua.md", "A walk through it");
     let start = "NGINX=/usr/sbin/nginx scripts/run-example.sh nginx-conf/lua.conf";
     assert!(
         code_blocks(&section, "sh")
@@ -503,7 +562,7 @@ fn readme_lua_walkthrough_prints_what_it_shows() {
             let real = run_with(&step.command, &replacements);
             assert!(
                 same_output(&step.shown, &real),
-                "README.md shows for `{}`:\n{}\nbut it printed:\n{real}",
+                "the page shows for `{}`:\n{}\nbut it printed:\n{real}",
                 step.command,
                 step.shown,
             );
@@ -518,8 +577,7 @@ fn readme_lua_walkthrough_prints_what_it_shows() {
 /// Prometheus text format, and its rule file exists.
 #[test]
 fn readme_prometheus_scrape_config_reaches_the_metrics() {
-    let readme = repo_file("README.md");
-    let section = readme_section(&readme, "Seeing who is limited");
+    let section = section("docs/observability.md", "Grafana and alerts");
     let blocks = code_blocks(&section, "yaml");
     assert_eq!(blocks.len(), 1, "one yaml block expected: {blocks:?}");
     let config: serde_yaml_ng::Value =
@@ -560,8 +618,7 @@ fn readme_prometheus_scrape_config_reaches_the_metrics() {
 /// 1.22.1, whichever way round this run has them).
 #[test]
 fn readme_troubleshooting_quotes_nginx() {
-    let readme = repo_file("README.md");
-    let section = readme_section(&readme, "Troubleshooting");
+    let section = repo_file("docs/troubleshooting.md");
 
     let (ok, output) = check_config(
         "events {}\nhttp { rate_limit_zone $binary_remote_addr zone=per_client:10m rate=10r/s; }\n",
@@ -638,8 +695,7 @@ fn readme_troubleshooting_quotes_nginx() {
 /// and its curl loop prints the statuses in the comment under it.
 #[test]
 fn readme_try_it_prints_what_it_shows() {
-    let readme = repo_file("README.md");
-    let section = readme_section(&readme, "Try it");
+    let section = section("README.md", "Try it");
     let blocks = code_blocks(&section, "sh");
     let start = blocks
         .iter()
@@ -649,6 +705,22 @@ fn readme_try_it_prints_what_it_shows() {
         .expect("Try it does not start scripts/run-example.sh")
         .to_string();
     assert_eq!(start, "scripts/run-example.sh");
+    // The second command is the test command, and it is the one CI runs.
+    let test_command = blocks[0]
+        .iter()
+        .map(|line| line.split(" # ").next().unwrap_or_default().trim())
+        .nth(1)
+        .expect("Try it's first block has no second command");
+    assert!(
+        test_command.starts_with("cargo build && ")
+            && test_command.contains("cargo test --workspace"),
+        "Try it's second command is not the test command: {test_command:?}"
+    );
+    let ci = repo_file(".ci/run");
+    assert!(
+        ci.lines().any(|line| line.trim() == test_command),
+        "README.md's test command `{test_command}` is not what .ci/run runs"
+    );
     let (command, shown) = blocks
         .iter()
         .find_map(|block| {
