@@ -358,3 +358,44 @@ fn ratelimit_replay_builds_without_nginx() {
         "the module's tree shows no nginx-sys: the check cannot see it"
     );
 }
+
+/// docs/concurrency.md's example limits where it is pasted: its server has no `server_name`
+/// (as many pasted configs and every default server), and its zones' key is a constant, so
+/// every request counts. Run as printed but for the first zone's limit (`limit=2` without a
+/// queue, so that a test reaches it) and the upstream's address: two requests held by the
+/// upstream, the third is refused with 429.
+#[test]
+fn the_concurrency_example_limits_in_a_server_without_server_name() {
+    let (_, config) = whole_configs()
+        .into_iter()
+        .find(|(page, _)| page == "docs/concurrency.md")
+        .expect("docs/concurrency.md has no whole config");
+    assert!(
+        !config
+            .lines()
+            .any(|line| line.trim_start().starts_with("server_name")),
+        "{config}"
+    );
+    let upstream = common::upstream::Upstream::start();
+    let config = config
+        .replace("10.0.0.7:8000", &format!("127.0.0.1:{}", upstream.port()))
+        .replacen("limit=100 queue=200 queue_timeout=5s", "limit=2", 1);
+    assert!(config.contains("limit=2;"), "{config}");
+    let nginx = common::Nginx::start(&config);
+    let held: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|name| {
+            common::start_request(
+                nginx.port(),
+                &common::Request::get(&format!("/api/hold/{name}")),
+            )
+        })
+        .collect();
+    upstream.wait_arrivals(2, std::time::Duration::from_secs(10));
+    let third = common::get(nginx.port(), "/api/hold/c");
+    assert_eq!(third.status, 429, "{}", third.text());
+    upstream.release_all();
+    for request in held {
+        assert_eq!(request.finish().status, 200);
+    }
+}

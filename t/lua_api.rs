@@ -1,7 +1,7 @@
 //! The Lua API (`lib/resty/rate_limit.lua` over `src/lua.rs`), in a real nginx with the Lua
 //! modules loaded: Lua and the directive decide alike and share zones, `combine` charges all
 //! or nothing, `set_rate`/`set_burst` reach every worker, errors come back as messages, and
-//! the README's migration examples work as written.
+//! the migration examples of docs/lua.md work as written.
 //!
 //! The Lua modules are Debian's (`libnginx-mod-http-lua`, `lua-resty-core`), built for
 //! Debian's nginx: these tests run against it (`TEST_NGINX_BINARY=/usr/sbin/nginx` and
@@ -631,8 +631,8 @@ fn path_statuses(nginx: &Nginx, paths: &[&str]) -> Vec<u16> {
     paths.iter().map(|path| get(nginx, path).status).collect()
 }
 
-/// The examples of `nginx-conf/lua.conf` (the README's), started as the whole file with its
-/// two workers: each limits as the README says, and a request without the key its example
+/// The examples of `nginx-conf/lua.conf` (docs/lua.md's), started as the whole file with its
+/// two workers: each limits as docs/lua.md says, and a request without the key its example
 /// reads is answered as `rate_limit_zone` answers an empty key, never with a 500.
 #[test]
 fn lua_conf_examples_run() {

@@ -237,3 +237,29 @@ pub fn assert_goals_met(table: &str, written_to: &str) {
         missed.join("\n")
     );
 }
+
+/// Polls (bounded by `within`) until the instance's sync loop has completed `rounds` more
+/// round trips with Redis: "a few rounds later" as a condition, not a sleep.
+pub fn wait_rounds(nginx: &Nginx, rounds: u64, within: Duration) {
+    let trips = |nginx: &Nginx| {
+        sync_state(nginx)["round_trips"]
+            .as_u64()
+            .expect("round_trips")
+    };
+    let before = trips(nginx);
+    let started = Instant::now();
+    loop {
+        let now = trips(nginx);
+        if now >= before + rounds {
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "{} of {rounds} round trips after {within:?}: {}\n{}",
+            now - before,
+            sync_state(nginx),
+            nginx.error_log()
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
