@@ -250,7 +250,9 @@ fn unreachable_redis_applies_the_failure_mode() {
         "interval=50ms on_failure=open",
         ZONE,
     ));
-    thread::sleep(Duration::from_millis(600));
+    // Three missed intervals, then the failure mode.
+    wait_mode(&closed, "closed", Duration::from_secs(5));
+    wait_mode(&open, "open", Duration::from_secs(5));
     let mut connection = Connection::open(closed.port());
     let response = connection.send(&Request::get("/index.html").header("X-Key", "k"));
     assert_eq!(response.status, 429);
@@ -304,12 +306,18 @@ fn loop_survives_worker_kill_and_reload() {
     let old = fleet[0].kill_workers();
     fleet[0].wait_workers_replaced(&old);
     let killed_at = heartbeat_ms(&redis);
-    thread::sleep(Duration::from_millis(1500));
-    let after = heartbeat_ms(&redis);
-    assert!(
-        after > killed_at + 1000,
-        "heartbeat stopped: {killed_at} -> {after}"
-    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let after = heartbeat_ms(&redis);
+        if after > killed_at + 1000 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "heartbeat stopped: {killed_at} -> {after}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
 
     let port = fleet[0].port();
     let load =
@@ -1012,10 +1020,13 @@ fn redis_cluster_shares_one_limit() {
 fn consumption_during_an_outage_is_carried_over() {
     let redis = Redis::start();
     let fleet = fleet(&redis, 1, "interval=100ms timeout=50ms on_failure=open");
-    // One request so that the key exists in Redis.
+    // One request of the key, then an instance synced with Redis before the outage. (The
+    // key stays within its share, so it is not sent to Redis yet: the outage's requests are
+    // what the first round after it carries.)
     let one = Request::get("/index.html").header("X-Key", "k");
     assert_eq!(common::send(fleet[0].port(), &one).status, 200);
-    thread::sleep(Duration::from_millis(300));
+    wait_mode(&fleet[0], "synced", Duration::from_secs(5));
+    wait_rounds(&fleet[0], 2, Duration::from_secs(5));
     redis.signal(SIGSTOP);
     let answers = offer(
         &[fleet[0].port()],
