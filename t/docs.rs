@@ -1,7 +1,8 @@
 //! The documentation holds together: every relative link and `#anchor` of README.md,
 //! CONTRIBUTING.md and docs/*.md resolves (anchors as GitHub makes them from headings), every
-//! whole config the pages show (an `http {}` block) passes `nginx -t`, and `ratelimit-replay`
-//! builds without nginx, as docs/replay.md says.
+//! whole config the pages show (an `http {}` block) passes `nginx -t` (the concurrency
+//! example also limits), `ratelimit-replay` builds without nginx, as docs/replay.md says, and
+//! `scripts/build-for-nginx.sh` says why a missing binary fails, as docs/install.md says.
 
 mod common;
 
@@ -398,4 +399,26 @@ fn the_concurrency_example_limits_in_a_server_without_server_name() {
     for request in held {
         assert_eq!(request.finish().status, 200);
     }
+}
+
+/// docs/install.md: `scripts/build-for-nginx.sh` refuses a binary that does not exist with
+/// the reason and where to find the right one (it used to exit 1 without a word).
+#[test]
+fn build_for_nginx_says_why_a_missing_binary_fails() {
+    let output = Command::new(repo().join("scripts/build-for-nginx.sh"))
+        .arg("/nonexistent/sbin/nginx")
+        .output()
+        .expect("cannot run scripts/build-for-nginx.sh");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("/nonexistent/sbin/nginx does not exist")
+            && stderr.contains("command -v nginx"),
+        "{stderr}"
+    );
+    assert!(
+        output.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
 }

@@ -735,3 +735,40 @@ fn readme_try_it_prints_what_it_shows() {
     let real = run_with(&command, &[("127.0.0.1:8080", format!("127.0.0.1:{port}"))]);
     assert_eq!(real.trim_end(), shown, "`{command}`");
 }
+
+/// docs/observability.md's screenshot command, as printed (run as root here, as in CI: hence
+/// its `--no-sandbox`), captures the dashboard of `nginx-conf/admin.conf` once its first
+/// fetches are answered: the picture holds the page's text and chart, not a blank page (a
+/// blank 1400x1000 PNG takes a few KB; the dashboard, tens).
+#[test]
+fn observability_screenshot_command_captures_the_dashboard() {
+    let text = repo_file("docs/observability.md");
+    let command = code_blocks(&text, "sh")
+        .into_iter()
+        .map(|block| block.join("\n"))
+        .find(|block| block.contains("--screenshot="))
+        .expect("docs/observability.md has no screenshot command");
+    assert!(command.contains("--no-sandbox"), "{command}");
+    let nginx = Nginx::start(&repo_file("nginx-conf/admin.conf"));
+    let dir = std::env::temp_dir().join(format!("ngx-rate-limit-t-shot-{}", free_port()));
+    fs::create_dir_all(&dir).expect("cannot create a directory");
+    let command = command.replace("127.0.0.1:8081", &format!("127.0.0.1:{}", nginx.port_n(2)));
+    let output = Command::new("bash")
+        .args(["-c", &command])
+        .current_dir(&dir)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run bash: {e}"));
+    let shot = fs::read(dir.join("dashboard.png")).unwrap_or_default();
+    let _ = fs::remove_dir_all(&dir);
+    assert!(
+        output.status.success() && shot.starts_with(b"\x89PNG"),
+        "{command}: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        shot.len() > 20_000,
+        "a {} byte screenshot: a blank page?",
+        shot.len()
+    );
+}
