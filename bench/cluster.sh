@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The cluster bench (README "Cluster"): three nginx instances x 2 workers sharing one limit
+# The cluster bench (docs/cluster.md): three nginx instances x 2 workers sharing one limit
 # through a local redis-server, each sync interval (20/50/100/250 ms) offered 2x and 10x the
 # limit, plus one instance taking all the traffic, Redis stopped (with the latency of a zone
 # without `sync` served side by side), a Redis Cluster and the fleet without `sync`. About

@@ -30,8 +30,9 @@ say() { echo "build-for-nginx: $*" >&2; }
 
 binary=${1:-$(command -v nginx || true)}
 [ -n "$binary" ] || die "no nginx on PATH: give the nginx binary as the first argument"
+[ -e "$binary" ] || die "$binary does not exist: give the path of the nginx you run (\`command -v nginx\`, or \`ps -o args= -C nginx\` for a running one; Debian's is /usr/sbin/nginx)"
 binary=$(readlink -f "$binary")
-[ -x "$binary" ] || die "$binary is not an executable"
+[ -f "$binary" ] && [ -x "$binary" ] || die "$binary is not an executable file"
 
 info=$("$binary" -V 2>&1) || die "\"$binary -V\" failed: $info"
 # "nginx version: nginx/1.22.1", or "openresty/1.21.4.1", "nginx/1.25.3 (Ubuntu)".
@@ -111,8 +112,10 @@ debian_source() {
             v == upstream { rest = rest $0 "\n" }
             END { printf "%s", rest }')
     [ -n "$candidates" ] || { say "no source of $source_package $upstream in the deb-src indexes"; return 1; }
-    local candidate
+    local candidate remaining
+    remaining=$(wc -w <<<"$candidates")
     for candidate in $candidates; do
+        remaining=$((remaining - 1))
         say "apt-get source $source_package=$candidate"
         rm -rf "$out/debian-source"
         mkdir -p "$out/debian-source"
@@ -131,7 +134,15 @@ debian_source() {
             fi
             say "$source_package $candidate does not hold nginx $version"
         else
-            say "apt-get source $source_package=$candidate failed: $(grep -m1 '^E:' "$out/apt-source.log" || tail -n1 "$out/apt-source.log")"
+            local why
+            why=$(grep -m1 '^E:' "$out/apt-source.log" || tail -n1 "$out/apt-source.log")
+            if [ "$remaining" -gt 0 ]; then
+                # Expected on Debian: the index can list a security update whose files the
+                # mirror no longer serves. Not an error while another candidate remains.
+                say "$source_package $candidate is listed but not served (${why#E: }); trying another $upstream package, whose nginx headers are the same"
+            else
+                say "apt-get source $source_package=$candidate failed: $why"
+            fi
         fi
     done
     return 1

@@ -108,8 +108,14 @@ statuses=""
 for _ in 1 2 3; do
     statuses="$statuses $(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/")"
 done
-say "Debian's nginx on 127.0.0.1:$port, 1r/m, three requests:$statuses"
-[ "$statuses" = " 200 429 429" ] || die "expected 200 429 429, got$statuses"
+# rate=1r/m, no burst: the first request passes, the next two (within the same minute) are
+# rejected at once with the module's default status, 429. (With a burst and without nodelay,
+# requests over the rate would be delayed to it, not rejected.)
+expected=" 200 429 429"
+say "Debian's nginx on 127.0.0.1:$port, rate=1r/m without burst, three requests:"
+say "  expected:$expected (the first passes, the next two are over the rate)"
+say "  seen:    $statuses"
+[ "$statuses" = "$expected" ] || die "expected$expected, seen$statuses"
 
 kill -QUIT "$(cat "$scratch/nginx.pid")"
 for _ in $(seq 50); do [ -f "$scratch/nginx.pid" ] || break; sleep 0.1; done

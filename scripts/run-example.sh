@@ -159,6 +159,9 @@ globals="daemon off; error_log stderr notice; pid logs/nginx.pid;"
 admin=""
 grep -q '%%PORT2%%' "$config" && admin=", admin API on http://127.0.0.1:$admin_port/"
 say "nginx on http://127.0.0.1:$port/$admin with $config (prefix $prefix); Ctrl-C stops it"
+say "nginx: $nginx; module: $module"
+say "nginx's messages name $prefix/nginx.conf: $config with the placeholders filled in," \
+    "line for line (the same line numbers)"
 # nginx reads an NGINX environment variable of its own (the sockets a binary upgrade hands over).
 unset NGINX
 exec "$nginx" -p "$prefix" -c nginx.conf -g "$globals"

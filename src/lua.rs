@@ -1,7 +1,7 @@
 //! The C ABI that `lib/resty/rate_limit.lua` calls through LuaJIT's FFI (OpenResty).
 //!
 //! nginx loads modules with `RTLD_GLOBAL`, so these `#[no_mangle]` functions are visible to
-//! `ffi.C`. The ABI is versioned ([`ABI_VERSION`]) and documented in `docs/lua.md`; the Lua
+//! `ffi.C`. The ABI is versioned ([`ABI_VERSION`]) and documented in `docs/c-abi.md`; the Lua
 //! side declares the same structs and checks the version before its first call.
 //!
 //! A front door: every function takes the request (`ngx_http_request_t *`, from
@@ -34,7 +34,7 @@ use crate::store::{Counter, Zone, MAX_KEY_BYTES};
 /// Bumped whenever a struct or a function signature below changes.
 pub const ABI_VERSION: c_int = 3;
 
-/// What a function returns: 0 or a negative error code (`docs/lua.md` lists them).
+/// What a function returns: 0 or a negative error code (`docs/c-abi.md` lists them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(i32)]
 enum Status {

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use common::fleet::{
     assert_one_limit, fleet, instance_config, instance_config_with, offer, offer_paths,
-    passed_between, ports, sync_state, wait_mode, Answer, AHEAD, BURST, LIMIT_PER_SEC, ZONE,
+    passed_between, ports, sync_state, wait_mode, wait_rounds, Answer, AHEAD, BURST, LIMIT_PER_SEC,
+    ZONE,
 };
 use common::nginx::free_port;
 use common::redis::{assert_keys_spread, redis_cluster, Redis, SIGCONT, SIGSTOP};
@@ -171,9 +172,7 @@ fn redis_stopped_under_load_local_share() {
         "{metrics}"
     );
     // Recovery within three intervals of Redis answering again.
-    thread::sleep(Duration::from_millis(300));
-    let resumed = sync_state(&fleet[0]);
-    assert_eq!(resumed["mode"], "synced", "{resumed}");
+    wait_mode(&fleet[0], "synced", Duration::from_millis(300));
     assert!(
         answers.iter().all(|a| a.status == 200 || a.status == 429),
         "a request failed"
@@ -212,8 +211,10 @@ fn redis_restarted_empty_reconverges() {
     thread::sleep(Duration::from_millis(500));
     redis.spawn();
     redis.wait_instances(3);
-    // Three intervals to converge, then the limit holds.
-    thread::sleep(Duration::from_millis(300));
+    // Three rounds to converge, then the limit holds.
+    for instance in &fleet {
+        wait_rounds(instance, 3, Duration::from_secs(5));
+    }
     let span = Duration::from_secs(3);
     let answers = offer(&ports(&fleet), 10.0 * LIMIT_PER_SEC / 3.0, span, "k");
     let passed = passed_between(&answers, Duration::ZERO, span);
@@ -249,7 +250,9 @@ fn unreachable_redis_applies_the_failure_mode() {
         "interval=50ms on_failure=open",
         ZONE,
     ));
-    thread::sleep(Duration::from_millis(600));
+    // Three missed intervals, then the failure mode.
+    wait_mode(&closed, "closed", Duration::from_secs(5));
+    wait_mode(&open, "open", Duration::from_secs(5));
     let mut connection = Connection::open(closed.port());
     let response = connection.send(&Request::get("/index.html").header("X-Key", "k"));
     assert_eq!(response.status, 429);
@@ -303,12 +306,18 @@ fn loop_survives_worker_kill_and_reload() {
     let old = fleet[0].kill_workers();
     fleet[0].wait_workers_replaced(&old);
     let killed_at = heartbeat_ms(&redis);
-    thread::sleep(Duration::from_millis(1500));
-    let after = heartbeat_ms(&redis);
-    assert!(
-        after > killed_at + 1000,
-        "heartbeat stopped: {killed_at} -> {after}"
-    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let after = heartbeat_ms(&redis);
+        if after > killed_at + 1000 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "heartbeat stopped: {killed_at} -> {after}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
 
     let port = fleet[0].port();
     let load =
@@ -465,7 +474,7 @@ fn bench_cluster_table() {
         for offered in [2.0, 10.0] {
             let before: Vec<u64> = fleet
                 .iter()
-                .map(|n| sync_state(n)["round_trips"].as_u64().unwrap_or(0))
+                .map(|n| sync_state(n)["round_trips"].as_u64().expect("round_trips"))
                 .collect();
             let started = Instant::now();
             let answers = offer(
@@ -478,7 +487,7 @@ fn bench_cluster_table() {
             let trips: u64 = fleet
                 .iter()
                 .zip(&before)
-                .map(|(n, b)| sync_state(n)["round_trips"].as_u64().unwrap_or(0) - b)
+                .map(|(n, b)| sync_state(n)["round_trips"].as_u64().expect("round_trips") - b)
                 .sum();
             // A loop turning every 100 ms makes at most floor(t / 100 ms) + 1 turns in t.
             let allowed = 3 * ((elapsed / 0.1).floor() as u64 + 1);
@@ -567,6 +576,7 @@ fn bench_cluster_table() {
     });
     std::fs::write(&out, &table).expect("cannot write the bench table");
     eprintln!("{table}");
+    common::fleet::assert_goals_met(&table, &out);
 }
 
 /// Polls (bounded by `within`) until `nginx`'s zone `api` has `rate`; returns how long it took.
@@ -628,10 +638,9 @@ fn auth_with_password_and_acl_user() {
     let user = Nginx::start(&with_url("redis://syncer:pw@127.0.0.1:PORT"));
     let wrong = Nginx::start(&with_url("redis://syncer:nope@127.0.0.1:PORT"));
     redis.wait_instances(2);
-    thread::sleep(Duration::from_millis(400));
-    assert_eq!(sync_state(&password)["mode"], "synced");
-    assert_eq!(sync_state(&user)["mode"], "synced");
-    assert_eq!(sync_state(&wrong)["mode"], "local_share");
+    wait_mode(&password, "synced", Duration::from_secs(5));
+    wait_mode(&user, "synced", Duration::from_secs(5));
+    wait_mode(&wrong, "local_share", Duration::from_secs(5));
     let log = wrong.error_log();
     assert_eq!(log.matches("authentication failed").count(), 1, "{log}");
     assert!(!log.contains("nope"), "the password is not logged: {log}");
@@ -859,7 +868,7 @@ fn a_stalled_redis_charges_each_request_once() {
     let resumed = Instant::now();
     wait_mode(&nginx, "synced", Duration::from_secs(3));
     // Let the rounds after the resume run (a resent delta would land in one of them).
-    thread::sleep(Duration::from_millis(300));
+    wait_rounds(&nginx, 3, Duration::from_secs(5));
     let ahead_ms = fleet_lead_ms(&redis);
     let once_ms = 6000.0 - 100.0 - resumed.elapsed().as_secs_f64() * 1000.0;
     eprintln!(
@@ -1011,10 +1020,13 @@ fn redis_cluster_shares_one_limit() {
 fn consumption_during_an_outage_is_carried_over() {
     let redis = Redis::start();
     let fleet = fleet(&redis, 1, "interval=100ms timeout=50ms on_failure=open");
-    // One request so that the key exists in Redis.
+    // One request of the key, then an instance synced with Redis before the outage. (The
+    // key stays within its share, so it is not sent to Redis yet: the outage's requests are
+    // what the first round after it carries.)
     let one = Request::get("/index.html").header("X-Key", "k");
     assert_eq!(common::send(fleet[0].port(), &one).status, 200);
-    thread::sleep(Duration::from_millis(300));
+    wait_mode(&fleet[0], "synced", Duration::from_secs(5));
+    wait_rounds(&fleet[0], 2, Duration::from_secs(5));
     redis.signal(SIGSTOP);
     let answers = offer(
         &[fleet[0].port()],
@@ -1227,7 +1239,7 @@ fn override_reaches_the_fleet_and_its_removal_too() {
         serde_json::json!({"rate": "3r/s", "burst": 0}),
         OVERRIDE_WITHIN,
     );
-    thread::sleep(Duration::from_millis(300));
+    wait_rounds(&b, 3, Duration::from_secs(5));
     let on_b = overrides_of(&b);
     assert!(
         on_b.get("bad").is_none() && on_b.get(&long).is_none(),
@@ -1294,7 +1306,8 @@ fn overrides_survive_restarts_of_instances_and_redis() {
     let took = wait_override(&b, "late", one.clone(), OVERRIDE_WITHIN);
     eprintln!("restarted instance had the fleet's overrides {took:?} after its start");
     // Rounds later, still the fleet's map on both (the file's "gone" did not come back).
-    thread::sleep(Duration::from_millis(300));
+    wait_rounds(&a, 3, Duration::from_secs(5));
+    wait_rounds(&b, 3, Duration::from_secs(5));
     let expected = serde_json::json!({"kept": five, "late": one});
     assert_eq!(overrides_of(&b), expected);
     assert_eq!(overrides_of(&a), expected);
@@ -1351,7 +1364,7 @@ fn override_set_before_redis_answers_reaches_the_fleet() {
     let two = serde_json::json!({"rate": "2r/s", "burst": 0});
     let took = wait_override(&b, "early", two.clone(), Duration::from_secs(3));
     eprintln!("override set while Redis was stopped reached the other instance {took:?} after");
-    thread::sleep(Duration::from_millis(300));
+    wait_rounds(&a, 3, Duration::from_secs(5));
     assert_eq!(overrides_of(&a), serde_json::json!({"early": two}));
     assert_eq!(
         redis.cli(&["HGET", "rl:api:overrides", "kearly"]).trim(),
@@ -1404,7 +1417,7 @@ fn a_full_override_table_does_not_remove_the_fleets_override() {
         thread::sleep(Duration::from_millis(10));
     }
     // Rounds later: A and Redis still have it.
-    thread::sleep(Duration::from_millis(500));
+    wait_rounds(&a, 5, Duration::from_secs(5));
     assert_eq!(
         overrides_of(&a)["x"],
         serde_json::json!({"rate": "1r/s", "burst": 0})
@@ -1437,7 +1450,7 @@ fn an_override_waiting_for_redis_survives_a_loop_take_over() {
     let old = b.kill_workers();
     b.wait_workers_replaced(&old);
     // The new loop runs (its rounds fail while Redis is stopped) before Redis answers again.
-    let errors = |nginx: &Nginx| sync_state(nginx)["errors"].as_u64().unwrap_or(0);
+    let errors = |nginx: &Nginx| sync_state(nginx)["errors"].as_u64().expect("errors");
     let before = errors(&b);
     let waited = Instant::now();
     while errors(&b) < before + 2 {
@@ -1494,7 +1507,8 @@ fn overrides_flow_across_reload_and_worker_kill() {
     // The election hands the loop over within three intervals and a second.
     let took = wait_override(&b, "x", serde_json::Value::Null, Duration::from_secs(4));
     eprintln!("after the workers were killed, a removal reached the instance in {took:?}");
-    thread::sleep(Duration::from_millis(300));
+    wait_rounds(&a, 3, Duration::from_secs(5));
+    wait_rounds(&b, 3, Duration::from_secs(5));
     let expected = serde_json::json!({"y": one, "z": one});
     assert_eq!(overrides_of(&a), expected);
     assert_eq!(overrides_of(&b), expected);
@@ -1848,7 +1862,7 @@ fn an_evicted_keys_delta_is_still_sent() {
         let zone: serde_json::Value =
             serde_json::from_str(&common::get(nginx.port(), "/ratelimit/zones/api").text())
                 .expect("zone JSON");
-        zone["evictions"].as_u64().unwrap_or(0)
+        zone["evictions"].as_u64().expect("evictions")
     };
     assert!(
         evictions() >= 500,

@@ -412,7 +412,7 @@ fn stall_row(per_sec: u64, stall: Duration) -> String {
     thread::sleep(Duration::from_secs(1));
     let idle_calls = redis_totals(&fleet.redis).0 - before.0;
     let achieved: f64 = bulk.iter().map(|w| w.requests).sum::<f64>() / load_secs as f64;
-    let synced = synced_after.map_or("not within 4 s".to_string(), |d| {
+    let synced = synced_after.map_or("not within 4 s (NO)".to_string(), |d| {
         let ms = d.as_secs_f64() * 1000.0;
         format!("{ms:.0} ms ({})", if ms <= 200.0 { "yes" } else { "NO" })
     });
@@ -639,4 +639,5 @@ fn bench_cluster_scale() {
     });
     std::fs::write(&path, &out).expect("cannot write the bench table");
     eprintln!("{out}");
+    common::fleet::assert_goals_met(&out, &path);
 }

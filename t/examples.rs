@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::nginx::free_port;
-use common::skip::skipped;
+use common::skip;
 use common::{get, nginx_binary, statuses, Connection, Nginx, Response};
 
 fn examples_dir() -> PathBuf {
@@ -104,11 +104,13 @@ fn every_example_config_starts_and_serves() {
              (scripts/run-example.sh fills them in)"
         );
         let config = example_without_redis(&name);
-        if loads_lua(&config) && !is_debian_nginx() {
-            skipped(&format!(
+        let unmet = (loads_lua(&config) && !is_debian_nginx()).then(|| {
+            format!(
                 "nginx-conf/{name} needs Debian's nginx with Lua (TEST_NGINX_BINARY=/usr/sbin/nginx \
                  and RATE_LIMIT_MODULE built by scripts/build-for-nginx.sh)"
-            ));
+            )
+        });
+        if skip::unless_declared("lua", unmet).is_some() {
             continue;
         }
         let nginx = Nginx::try_start(&config)

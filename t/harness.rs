@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::nginx::{dep_info_paths, expected_workers, newer_source, port_count, substitute};
+use common::nginx::{
+    dep_info_paths, expected_workers, newer_source, pin_pid, port_count, substitute,
+};
 use common::{check_config, get, is_running, send, Connection, Nginx, Request};
 
 const TWO_WORKERS: &str = r#"
@@ -335,4 +337,148 @@ http {
         );
         thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Every config the harness writes names a pid file inside its prefix, so that no test nginx
+/// uses the path compiled into the binary (`/run/nginx.pid` for Debian's): at start, after a
+/// reload with a config of its own, and for `nginx -t`. A config whose pid file lies outside
+/// the prefix is refused.
+#[test]
+fn the_pid_file_is_pinned_inside_the_prefix() {
+    let mut nginx = Nginx::start(TWO_WORKERS);
+    let pid_line = format!("pid {}/logs/nginx.pid;", nginx.prefix().display());
+    let written = std::fs::read_to_string(nginx.prefix().join("nginx.conf")).unwrap();
+    assert!(written.starts_with(&pid_line), "{written}");
+    let pid_file = nginx.prefix().join("logs/nginx.pid");
+    let named = std::fs::read_to_string(&pid_file).unwrap_or_default();
+    assert_eq!(named.trim(), nginx.master_pid().to_string(), "{pid_file:?}");
+    nginx.reload_with(&TWO_WORKERS.replace("one", "two"));
+    let written = std::fs::read_to_string(nginx.prefix().join("nginx.conf")).unwrap();
+    assert!(written.starts_with(&pid_line), "{written}");
+    assert_eq!(
+        get(nginx.port(), "/index.html").header("X-Version"),
+        Some("two")
+    );
+
+    let prefix = Path::new("/tmp/p");
+    let pinned = pin_pid("events {}\n", prefix);
+    assert_eq!(pinned, "pid /tmp/p/logs/nginx.pid;\nevents {}\n");
+    assert_eq!(pin_pid(&pinned, prefix), pinned, "pinned twice");
+    assert_eq!(pin_pid("pid logs/x.pid;\n", prefix), "pid logs/x.pid;\n");
+    let outside = std::panic::catch_unwind(|| pin_pid("pid /run/nginx.pid;\nevents {}\n", prefix));
+    assert!(
+        outside.is_err(),
+        "a pid file outside the prefix was accepted"
+    );
+}
+
+/// Run by [`debians_nginx_leaves_the_hosts_pid_file_alone`] in a child process with
+/// `TEST_NGINX_BINARY=/usr/sbin/nginx`: a test nginx runs, reloads and stops; while it runs,
+/// its pid file is the prefix's and `/run/nginx.pid` does not name its master.
+#[test]
+#[ignore = "run by debians_nginx_leaves_the_hosts_pid_file_alone, against Debian's nginx"]
+fn probe_one_test_nginx_against_the_host_pid_file() {
+    let mut nginx = Nginx::start(TWO_WORKERS);
+    nginx.reload();
+    let master = nginx.master_pid().to_string();
+    let own = std::fs::read_to_string(nginx.prefix().join("logs/nginx.pid")).unwrap_or_default();
+    assert_eq!(own.trim(), master);
+    let host = std::fs::read_to_string(HOST_PID_FILE).unwrap_or_default();
+    assert_ne!(
+        host.trim(),
+        master,
+        "{HOST_PID_FILE} names the test's nginx"
+    );
+    let (ok, output) = check_config(TWO_WORKERS);
+    assert!(ok, "{output}");
+}
+
+const HOST_PID_FILE: &str = "/run/nginx.pid";
+
+/// The issue this guards against: against Debian's nginx (compiled with
+/// `--pid-path=/run/nginx.pid`) every test nginx used the host's pid file and deleted it when
+/// it stopped, after which the system's `nginx -s reload` failed. One test nginx runs in a
+/// child process against Debian's binary: while it runs, `/run/nginx.pid` does not name its
+/// master (the probe's check), and a `/run/nginx.pid` that existed before still exists after.
+/// (Other programs on a shared machine may create or rewrite that file meanwhile, so the test
+/// does not ask for it to be byte for byte the same.)
+#[test]
+fn debians_nginx_leaves_the_hosts_pid_file_alone() {
+    let debian = Path::new("/usr/sbin/nginx");
+    let unmet = (!debian.is_file()).then(|| format!("needs Debian's nginx: {debian:?} is missing"));
+    if common::skip::unless_declared("debian-nginx", unmet).is_some() {
+        return;
+    }
+    let existed = Path::new(HOST_PID_FILE).exists();
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "probe_one_test_nginx_against_the_host_pid_file",
+        ])
+        .env("TEST_NGINX_BINARY", debian)
+        .output()
+        .expect("cannot run the test binary again");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "the probe failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        !existed || Path::new(HOST_PID_FILE).exists(),
+        "{HOST_PID_FILE} was removed"
+    );
+}
+
+/// The Debian pass must fail, not skip, when its nginx is gone: the harness refuses a
+/// `TEST_NGINX_BINARY` that does not exist (as with Debian's nginx removed), and a test that
+/// needs what the pass lacks fails unless the pass declared it skipped.
+#[test]
+fn a_missing_nginx_fails_the_pass() {
+    let run = |env: &[(&str, &str)]| {
+        let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+        command.args(["--exact", "nginx_t_accepts_a_valid_config"]);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        command.output().expect("cannot run the test binary again")
+    };
+    let missing = "/nonexistent/usr/sbin/nginx";
+    for env in [
+        vec![("TEST_NGINX_BINARY", missing)],
+        vec![
+            ("TEST_NGINX_BINARY", missing),
+            ("RATE_LIMIT_TEST_SKIP", "lua"),
+        ],
+    ] {
+        let output = run(&env);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(!output.status.success(), "{env:?} passed:\n{stdout}");
+        assert!(
+            stdout.contains(&format!("TEST_NGINX_BINARY={missing} does not exist")),
+            "{stdout}"
+        );
+    }
+    let undeclared = std::panic::catch_unwind(|| {
+        common::skip::unless_declared("no-such-need", Some("it is missing".into()))
+    });
+    assert!(undeclared.is_err(), "an undeclared skip did not fail");
+}
+
+/// The bench tables' goal check: the committed table from before issue 18 marks goals missed
+/// (`0.95-1.05 NO`) and fails it; bench/cluster.sh's committed table passes.
+#[test]
+fn a_bench_table_with_a_missed_goal_fails() {
+    let read = |name: &str| {
+        std::fs::read_to_string(format!(
+            "{}/bench/results/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
+    };
+    let before = read("cluster-scale-before.md");
+    let missed = std::panic::catch_unwind(|| common::fleet::assert_goals_met(&before, "before"));
+    assert!(missed.is_err(), "a table with NO cells passed");
+    common::fleet::assert_goals_met(&read("cluster.md"), "cluster.md");
 }

@@ -1,12 +1,14 @@
-//! What README.md shows is what a newcomer gets: the walkthroughs' commands (admin API,
-//! Cluster, Lua), run as written against the example configs in `nginx-conf/` (the Cluster and
-//! Lua ones started by the README's own `scripts/run-example.sh` lines), print the outputs the
-//! README shows. And the source's own description of the zone store names the hash the code
-//! uses.
+//! What README.md and docs/ show is what a newcomer gets: the walkthroughs' commands (the
+//! README's Try it and Change a limit live; docs/admin.md, docs/cluster.md, docs/lua.md,
+//! docs/abusers.md), run as written against the example configs in `nginx-conf/` (the Try it,
+//! Cluster and Lua ones started by the pages' own `scripts/run-example.sh` lines), print the
+//! outputs the pages show; the README's test command is the one CI runs. And the source's own
+//! description of the zone store names the hash the code uses.
 //!
 //! Needs `curl` (the walkthrough's commands are curl command lines), `redis-server` and the
 //! module built by `cargo build`; the Lua walkthrough runs when the suite runs against
-//! Debian's nginx (`TEST_NGINX_BINARY=/usr/sbin/nginx`), and says so otherwise.
+//! Debian's nginx (`TEST_NGINX_BINARY=/usr/sbin/nginx`), and fails elsewhere unless the runner
+//! declared it skipped (`RATE_LIMIT_TEST_SKIP=lua`, t/common/skip.rs).
 
 mod common;
 
@@ -21,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use common::nginx::{free_port, sys};
 use common::redis::Redis;
-use common::skip::skipped;
+use common::skip;
 use common::{check_config, module_path, nginx_binary, Nginx};
 use serde_json::Value;
 
@@ -30,14 +32,29 @@ fn repo_file(relative: &str) -> String {
     fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
 
-/// The README section that starts with the heading `## NAME`, up to the next `## `.
-fn readme_section(readme: &str, name: &str) -> String {
-    let heading = format!("\n## {name}\n");
-    let start = readme
-        .find(&heading)
-        .unwrap_or_else(|| panic!("README.md has no \"## {name}\" section"));
-    let body = &readme[start + heading.len()..];
-    body[..body.find("\n## ").unwrap_or(body.len())].to_string()
+/// The section of a Markdown page (README.md, CONTRIBUTING.md or docs/*.md) that starts with
+/// the heading `NAME` at any level (`## NAME`, `### NAME`), up to the next heading of the
+/// same or a higher level. Headings inside fenced code blocks do not count.
+fn section(page: &str, name: &str) -> String {
+    let text = repo_file(page);
+    let mut fenced = false;
+    let mut level = None;
+    let mut lines = Vec::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        }
+        let hashes = line.chars().take_while(|&c| c == '#').count();
+        let heading = !fenced && hashes > 0 && line[hashes..].starts_with(' ');
+        match level {
+            None if heading && line[hashes..].trim() == name => level = Some(hashes),
+            Some(open) if heading && hashes <= open => break,
+            Some(_) => lines.push(line),
+            None => {}
+        }
+    }
+    assert!(level.is_some(), "{page} has no \"{name}\" heading");
+    lines.join("\n") + "\n"
 }
 
 /// The fenced code blocks of `text` in `language`, each as its lines.
@@ -140,23 +157,30 @@ fn same_json(name: &str, shown: &Value, real: &Value) -> bool {
     }
 }
 
+/// "Change a limit live" in the README and the admin API's longer walk through it in
+/// docs/admin.md: each started as the page says, against `nginx-conf/admin.conf`.
 #[test]
 fn readme_admin_walkthrough_prints_what_it_shows() {
-    let readme = repo_file("README.md");
-    let section = readme_section(&readme, "Admin API");
+    for (page, heading) in [
+        ("README.md", "Change a limit live"),
+        ("docs/admin.md", "A walk through it"),
+    ] {
+        admin_walkthrough(page, &section(page, heading), heading);
+    }
+}
+
+/// Runs one admin walkthrough against `nginx-conf/admin.conf`, as the page starts it.
+fn admin_walkthrough(page: &str, section: &str, heading: &str) {
+    let section = section.to_string();
     let start = code_blocks(&section, "sh");
     assert!(
         start.iter().any(|block| block
             .iter()
             .any(|line| line.trim() == "scripts/run-example.sh nginx-conf/admin.conf")),
-        "the Admin API section does not say how to start nginx-conf/admin.conf"
+        "{page}, {heading}: does not say how to start nginx-conf/admin.conf"
     );
     let blocks = code_blocks(&section, "console");
-    assert!(
-        blocks.len() >= 3,
-        "the walkthrough has {} console blocks",
-        blocks.len()
-    );
+    assert!(!blocks.is_empty(), "{page}, {heading}: no console block");
 
     // As scripts/run-example.sh runs it as root: workers as root write the state file.
     let config = format!("user root;\n{}", repo_file("nginx-conf/admin.conf"));
@@ -170,7 +194,7 @@ fn readme_admin_walkthrough_prints_what_it_shows() {
             let real = run(&step.command, port, admin_port);
             assert!(
                 same_output(&step.shown, &real),
-                "README.md shows for `{}`:\n{}\nbut it printed:\n{real}\nerror.log:\n{}",
+                "{page} shows for `{}`:\n{}\nbut it printed:\n{real}\nerror.log:\n{}",
                 step.command,
                 step.shown,
                 nginx.error_log()
@@ -178,11 +202,49 @@ fn readme_admin_walkthrough_prints_what_it_shows() {
             commands += 1;
         }
     }
-    assert!(commands >= 6, "only {commands} commands in the walkthrough");
+    assert!(
+        commands >= 4,
+        "{page}: only {commands} commands in the walkthrough"
+    );
     // The changes were persisted where the README says.
     let state = fs::read_to_string(nginx.prefix().join("rate_limit_state.json"))
         .expect("the walkthrough's changes were not written to rate_limit_state.json");
     assert!(state.contains("per_client"), "{state}");
+}
+
+/// The penalty box's walkthrough (docs/abusers.md): `nginx-conf/login.conf` started as the
+/// page says; eight wrong passwords, then the right one, print what the page shows.
+#[test]
+fn abusers_login_walkthrough_prints_what_it_shows() {
+    let page = "docs/abusers.md";
+    let text = repo_file(page);
+    assert!(
+        code_blocks(&text, "sh").iter().any(|block| block
+            .iter()
+            .any(|line| line.trim() == "scripts/run-example.sh nginx-conf/login.conf")),
+        "{page} does not say how to start nginx-conf/login.conf"
+    );
+    let blocks = code_blocks(&text, "console");
+    assert!(!blocks.is_empty(), "{page}: no console block");
+    let nginx = Nginx::start(&repo_file("nginx-conf/login.conf"));
+    let mut commands = 0;
+    for block in &blocks {
+        for step in steps(block) {
+            let real = run(&step.command, nginx.port(), nginx.port_n(2));
+            assert!(
+                same_output(&step.shown, &real),
+                "{page} shows for `{}`:\n{}\nbut it printed:\n{real}\nerror.log:\n{}",
+                step.command,
+                step.shown,
+                nginx.error_log()
+            );
+            commands += 1;
+        }
+    }
+    assert!(
+        commands >= 2,
+        "{page}: only {commands} commands in the walkthrough"
+    );
 }
 
 /// The comparison is strict where it must be: a different status list, a different field
@@ -340,8 +402,7 @@ impl Drop for ScriptedExample {
 /// its curl loop over both prints what the README shows: one limit for the two.
 #[test]
 fn readme_cluster_walkthrough_prints_what_it_shows() {
-    let readme = repo_file("README.md");
-    let section = readme_section(&readme, "Cluster");
+    let section = section("docs/cluster.md", "Try it on one machine");
     let starts: Vec<String> = code_blocks(&section, "sh")
         .concat()
         .into_iter()
@@ -392,7 +453,7 @@ fn readme_cluster_walkthrough_prints_what_it_shows() {
             let real = run_with(&step.command, &replacements);
             assert!(
                 same_output(&step.shown, &real),
-                "README.md shows for `{}`:\n{}\nbut it printed:\n{real}",
+                "the page shows for `{}`:\n{}\nbut it printed:\n{real}",
                 step.command,
                 step.shown,
             );
@@ -410,23 +471,21 @@ fn readme_cluster_walkthrough_prints_what_it_shows() {
     assert_eq!(key_states.len(), 1, "keys of the zone in Redis: {keys}");
 }
 
-/// Whether the nginx under test is Debian's with its Lua module installed (the README's Lua
-/// walkthrough runs Debian's nginx), with `RATE_LIMIT_MODULE` then built for it. Says why not
-/// otherwise, in `cargo test`'s output.
-fn debian_nginx_with_lua() -> bool {
+/// Why the README's Lua walkthrough (which runs Debian's nginx) cannot run here: `None` when
+/// the nginx under test is Debian's with its Lua module installed (`RATE_LIMIT_MODULE` then
+/// built for it).
+fn debian_lua_unavailable() -> Option<String> {
     let binary = nginx_binary();
     let debian = binary.canonicalize().unwrap_or(binary.clone()) == Path::new("/usr/sbin/nginx");
     let lua = Path::new("/usr/lib/nginx/modules/ngx_http_lua_module.so").is_file();
-    if !debian || !lua {
-        skipped(&format!(
+    (!debian || !lua).then(|| {
+        format!(
             "needs Debian's nginx with Lua: {} is not /usr/sbin/nginx with \
              libnginx-mod-http-lua (run with TEST_NGINX_BINARY=/usr/sbin/nginx and \
              RATE_LIMIT_MODULE built by scripts/build-for-nginx.sh, as .ci/run does)",
             binary.display()
-        ));
-        return false;
-    }
-    true
+        )
+    })
 }
 
 /// The README's Lua examples are the locations of `nginx-conf/lua.conf`, which the
@@ -434,8 +493,7 @@ fn debian_nginx_with_lua() -> bool {
 /// the file line for line (indentation aside), its zone lines too.
 #[test]
 fn readme_lua_examples_are_in_lua_conf() {
-    let readme = repo_file("README.md");
-    let section = readme_section(&readme, "From Lua (OpenResty)");
+    let section = repo_file("docs/lua.md");
     let file: Vec<String> = repo_file("nginx-conf/lua.conf")
         .lines()
         .map(|line| line.trim().to_string())
@@ -478,8 +536,7 @@ fn readme_lua_examples_are_in_lua_conf() {
 /// and its curl commands print what the README shows.
 #[test]
 fn readme_lua_walkthrough_prints_what_it_shows() {
-    let readme = repo_file("README.md");
-    let section = readme_section(&readme, "From Lua (OpenResty)");
+    let section = section("docs/lua.md", "A walk through it");
     let start = "NGINX=/usr/sbin/nginx scripts/run-example.sh nginx-conf/lua.conf";
     assert!(
         code_blocks(&section, "sh")
@@ -492,7 +549,7 @@ fn readme_lua_walkthrough_prints_what_it_shows() {
         !blocks.is_empty(),
         "the From Lua section has no console block"
     );
-    if !debian_nginx_with_lua() {
+    if skip::unless_declared("lua", debian_lua_unavailable()).is_some() {
         return;
     }
 
@@ -505,7 +562,7 @@ fn readme_lua_walkthrough_prints_what_it_shows() {
             let real = run_with(&step.command, &replacements);
             assert!(
                 same_output(&step.shown, &real),
-                "README.md shows for `{}`:\n{}\nbut it printed:\n{real}",
+                "the page shows for `{}`:\n{}\nbut it printed:\n{real}",
                 step.command,
                 step.shown,
             );
@@ -520,8 +577,7 @@ fn readme_lua_walkthrough_prints_what_it_shows() {
 /// Prometheus text format, and its rule file exists.
 #[test]
 fn readme_prometheus_scrape_config_reaches_the_metrics() {
-    let readme = repo_file("README.md");
-    let section = readme_section(&readme, "Seeing who is limited");
+    let section = section("docs/observability.md", "Grafana and alerts");
     let blocks = code_blocks(&section, "yaml");
     assert_eq!(blocks.len(), 1, "one yaml block expected: {blocks:?}");
     let config: serde_yaml_ng::Value =
@@ -562,8 +618,7 @@ fn readme_prometheus_scrape_config_reaches_the_metrics() {
 /// 1.22.1, whichever way round this run has them).
 #[test]
 fn readme_troubleshooting_quotes_nginx() {
-    let readme = repo_file("README.md");
-    let section = readme_section(&readme, "Troubleshooting");
+    let section = repo_file("docs/troubleshooting.md");
 
     let (ok, output) = check_config(
         "events {}\nhttp { rate_limit_zone $binary_remote_addr zone=per_client:10m rate=10r/s; }\n",
@@ -582,11 +637,13 @@ fn readme_troubleshooting_quotes_nginx() {
     } else {
         debian.to_path_buf()
     };
-    if !other.is_file() {
-        skipped(&format!(
+    let unmet = (!other.is_file()).then(|| {
+        format!(
             "the version message needs a second nginx: {} is missing",
             other.display()
-        ));
+        )
+    });
+    if skip::unless_declared("debian-nginx", unmet).is_some() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("ngx-rate-limit-t-version-{}", free_port()));
@@ -594,7 +651,11 @@ fn readme_troubleshooting_quotes_nginx() {
     let conf = dir.join("nginx.conf");
     fs::write(
         &conf,
-        format!("load_module {};\nevents {{}}\n", module_path().display()),
+        format!(
+            "pid {}/logs/nginx.pid;\nload_module {};\nevents {{}}\n",
+            dir.display(),
+            module_path().display()
+        ),
     )
     .expect("cannot write nginx.conf");
     let output = Command::new(&other)
@@ -634,8 +695,7 @@ fn readme_troubleshooting_quotes_nginx() {
 /// and its curl loop prints the statuses in the comment under it.
 #[test]
 fn readme_try_it_prints_what_it_shows() {
-    let readme = repo_file("README.md");
-    let section = readme_section(&readme, "Try it");
+    let section = section("README.md", "Try it");
     let blocks = code_blocks(&section, "sh");
     let start = blocks
         .iter()
@@ -645,6 +705,22 @@ fn readme_try_it_prints_what_it_shows() {
         .expect("Try it does not start scripts/run-example.sh")
         .to_string();
     assert_eq!(start, "scripts/run-example.sh");
+    // The second command is the test command, and it is the one CI runs.
+    let test_command = blocks[0]
+        .iter()
+        .map(|line| line.split(" # ").next().unwrap_or_default().trim())
+        .nth(1)
+        .expect("Try it's first block has no second command");
+    assert!(
+        test_command.starts_with("cargo build && ")
+            && test_command.contains("cargo test --workspace"),
+        "Try it's second command is not the test command: {test_command:?}"
+    );
+    let ci = repo_file(".ci/run");
+    assert!(
+        ci.lines().any(|line| line.trim() == test_command),
+        "README.md's test command `{test_command}` is not what .ci/run runs"
+    );
     let (command, shown) = blocks
         .iter()
         .find_map(|block| {
@@ -658,4 +734,41 @@ fn readme_try_it_prints_what_it_shows() {
     let _example = ScriptedExample::start(&start, port, &[]);
     let real = run_with(&command, &[("127.0.0.1:8080", format!("127.0.0.1:{port}"))]);
     assert_eq!(real.trim_end(), shown, "`{command}`");
+}
+
+/// docs/observability.md's screenshot command, as printed (run as root here, as in CI: hence
+/// its `--no-sandbox`), captures the dashboard of `nginx-conf/admin.conf` once its first
+/// fetches are answered: the picture holds the page's text and chart, not a blank page (a
+/// blank 1400x1000 PNG takes a few KB; the dashboard, tens).
+#[test]
+fn observability_screenshot_command_captures_the_dashboard() {
+    let text = repo_file("docs/observability.md");
+    let command = code_blocks(&text, "sh")
+        .into_iter()
+        .map(|block| block.join("\n"))
+        .find(|block| block.contains("--screenshot="))
+        .expect("docs/observability.md has no screenshot command");
+    assert!(command.contains("--no-sandbox"), "{command}");
+    let nginx = Nginx::start(&repo_file("nginx-conf/admin.conf"));
+    let dir = std::env::temp_dir().join(format!("ngx-rate-limit-t-shot-{}", free_port()));
+    fs::create_dir_all(&dir).expect("cannot create a directory");
+    let command = command.replace("127.0.0.1:8081", &format!("127.0.0.1:{}", nginx.port_n(2)));
+    let output = Command::new("bash")
+        .args(["-c", &command])
+        .current_dir(&dir)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run bash: {e}"));
+    let shot = fs::read(dir.join("dashboard.png")).unwrap_or_default();
+    let _ = fs::remove_dir_all(&dir);
+    assert!(
+        output.status.success() && shot.starts_with(b"\x89PNG"),
+        "{command}: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        shot.len() > 20_000,
+        "a {} byte screenshot: a blank page?",
+        shot.len()
+    );
 }

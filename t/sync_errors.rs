@@ -203,8 +203,16 @@ fn a_slow_first_tls_handshake_is_not_a_wrong_port() {
         "interval=200ms timeout=200ms",
     ));
     redis.wait_instances(1);
-    // Five more rounds for a late line to show.
-    thread::sleep(Duration::from_secs(1));
+    // Five more rounds for a late line to show: each round's heartbeat is one ZADD.
+    let heartbeats = redis.calls("zadd");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while redis.calls("zadd") < heartbeats + 5 {
+        assert!(
+            Instant::now() < deadline,
+            "five more rounds did not come within 10 s"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
     let log = nginx.error_log();
     assert!(
         !log.contains("rate_limit_sync \""),

@@ -175,7 +175,8 @@ fn limits_from_redis_are_checked_for_the_zones_algorithm() {
         script.overrides = Answer::Raw(map);
     });
     wait_calls(&fake, FakeRedis::overrides_calls, 5);
-    thread::sleep(Duration::from_millis(300));
+    // Three more rounds answered with that map, in which it would have been applied.
+    wait_calls(&fake, FakeRedis::overrides_calls, 3);
     let overrides = common::get(nginx.port(), "/ratelimit/zones/api/overrides").text();
     assert_eq!(overrides.trim(), "{}", "an invalid override was applied");
     assert!(

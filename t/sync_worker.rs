@@ -10,6 +10,8 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -18,19 +20,46 @@ use common::{config, is_running, send, Connection, Nginx, Request};
 
 /// A TCP server on 127.0.0.1 that accepts every connection, reads what it is sent and never
 /// writes a byte: a Redis that answers nothing. Lives as long as the test process.
-fn silent_redis() -> u16 {
+fn silent_redis() -> SilentRedis {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = listener.local_addr().unwrap().port();
+    let received = Arc::new(AtomicUsize::new(0));
+    let counter = received.clone();
     thread::spawn(move || {
         for stream in listener.incoming().flatten() {
+            let counter = counter.clone();
             thread::spawn(move || {
                 let mut stream = stream;
                 let mut sink = [0u8; 4096];
-                while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+                while let Ok(n @ 1..) = stream.read(&mut sink) {
+                    counter.fetch_add(n, Ordering::Relaxed);
+                }
             });
         }
     });
-    port
+    SilentRedis { port, received }
+}
+
+/// A server that reads what the sync loop sends and never answers.
+struct SilentRedis {
+    port: u16,
+    /// Bytes received from the loop so far.
+    received: Arc<AtomicUsize>,
+}
+
+impl SilentRedis {
+    /// Waits (up to 10 s) until the loop has sent its first round: it is then started and
+    /// waiting on the silent server.
+    fn wait_first_round(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.received.load(Ordering::Relaxed) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the sync loop sent nothing in 10 s"
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
 /// One worker (so every download is served by the worker that runs the sync loop), a sync
@@ -92,12 +121,12 @@ fn download(port: u16, until: Instant) -> thread::JoinHandle<Download> {
 /// exits within a second or two, not after its sync thread's timeout.
 #[test]
 fn a_reload_never_stalls_the_worker_that_runs_the_sync_loop() {
-    let redis_port = silent_redis();
-    let mut nginx = start(redis_port);
+    let redis = silent_redis();
+    let mut nginx = start(redis.port);
     nginx.write_file("html/big.bin", &"x".repeat(FILE_BYTES));
     let old_workers = nginx.worker_pids();
     // The loop is started and already waiting on Redis.
-    thread::sleep(Duration::from_millis(500));
+    redis.wait_first_round();
 
     let until = Instant::now() + Duration::from_secs(14);
     let downloads: Vec<_> = (0..4).map(|_| download(nginx.port(), until)).collect();
@@ -148,9 +177,9 @@ fn a_reload_never_stalls_the_worker_that_runs_the_sync_loop() {
 /// second for the loop's last round, not its 10 s timeout (twice, with the last flush).
 #[test]
 fn a_shutdown_waits_for_the_sync_thread_a_second_at_most() {
-    let redis_port = silent_redis();
-    let nginx = start(redis_port);
-    thread::sleep(Duration::from_millis(500));
+    let redis = silent_redis();
+    let nginx = start(redis.port);
+    redis.wait_first_round();
     let quit = Instant::now();
     let log = nginx.stop();
     let took = quit.elapsed();

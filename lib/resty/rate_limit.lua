@@ -5,7 +5,7 @@
 -- resty.limit.conn's shape (incoming, is_committed, leaving, uncommit) over concurrency zones. State lives in
 -- the module's shared-memory zones (declared with rate_limit_zone), so a Lua location and a
 -- rate_limit location count together, and the admin API, metrics and runtime changes see
--- both. The C functions called here are documented in docs/lua.md.
+-- both. The C functions called here are documented in docs/c-abi.md.
 
 local ffi = require "ffi"
 local base = require "resty.core.base"

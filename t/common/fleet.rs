@@ -218,3 +218,48 @@ pub fn wait_mode(nginx: &Nginx, mode: &str, within: Duration) {
         thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Fails a bench whose table marks a goal missed: a cell that ends in `NO` (`<= 1.07 NO`,
+/// `200 ms (NO)`). The table is written first, so the figures of a failed run are kept.
+pub fn assert_goals_met(table: &str, written_to: &str) {
+    let missed: Vec<&str> = table
+        .lines()
+        .filter(|line| line.starts_with('|'))
+        .filter(|line| {
+            line.split('|')
+                .map(str::trim)
+                .any(|cell| cell == "NO" || cell.ends_with(" NO") || cell.ends_with("(NO)"))
+        })
+        .collect();
+    assert!(
+        missed.is_empty(),
+        "goals missed (the whole table is in {written_to}):\n{}",
+        missed.join("\n")
+    );
+}
+
+/// Polls (bounded by `within`) until the instance's sync loop has completed `rounds` more
+/// round trips with Redis: "a few rounds later" as a condition, not a sleep.
+pub fn wait_rounds(nginx: &Nginx, rounds: u64, within: Duration) {
+    let trips = |nginx: &Nginx| {
+        sync_state(nginx)["round_trips"]
+            .as_u64()
+            .expect("round_trips")
+    };
+    let before = trips(nginx);
+    let started = Instant::now();
+    loop {
+        let now = trips(nginx);
+        if now >= before + rounds {
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "{} of {rounds} round trips after {within:?}: {}\n{}",
+            now - before,
+            sync_state(nginx),
+            nginx.error_log()
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -11,6 +11,10 @@
 //! `scripts/run-example.sh` fills in the same placeholders (and `%%REDIS%%`, which a test
 //! replaces itself with its own Redis's URL).
 //!
+//! Every config the harness writes has a `pid` directive inside the prefix ([`pin_pid`]):
+//! without one, nginx uses the path compiled in, which for Debian's is the host's
+//! `/run/nginx.pid` (a test would overwrite it, then delete it when its nginx stops).
+//!
 //! The harness passes `-g "daemon off;"`, so configs must not set `daemon`, and
 //! `-e <prefix>/logs/error.log`, so startup is logged there even by a binary built with
 //! `--error-log-path=stderr` (Debian's). Keep the config's error log at that path,
@@ -245,6 +249,31 @@ pub fn substitute(template: &str, prefix: &Path, ports: &[u16]) -> String {
     config
 }
 
+/// `config` with a main-context `pid` directive naming `<prefix>/logs/nginx.pid` in front,
+/// unless it has one already; panics when the one it has points outside `prefix`. Tests are
+/// hermetic: the pid file of the nginx under test must never be the host's.
+pub fn pin_pid(config: &str, prefix: &Path) -> String {
+    let existing = config.lines().find_map(|line| {
+        let line = line.split('#').next().unwrap_or_default().trim();
+        line.strip_prefix("pid")
+            .filter(|rest| rest.starts_with(char::is_whitespace))
+            .map(|rest| rest.trim().trim_end_matches(';').trim().to_string())
+    });
+    match existing {
+        None => format!("pid {}/logs/nginx.pid;\n{config}", prefix.display()),
+        Some(path) => {
+            let inside = !path.starts_with('/') || Path::new(&path).starts_with(prefix);
+            assert!(
+                inside && !path.contains(".."),
+                "the config's pid file {path} is outside the test prefix {}: tests must \
+                 not touch the host's files",
+                prefix.display()
+            );
+            config.to_string()
+        }
+    }
+}
+
 /// The number of workers a config asks for: `None` for `worker_processes auto`.
 pub fn expected_workers(template: &str) -> Option<usize> {
     for line in template.lines() {
@@ -359,7 +388,7 @@ impl Nginx {
             let prefix = new_prefix();
             write_world_readable(
                 &prefix.join("nginx.conf"),
-                &substitute(config, &prefix, &ports),
+                &pin_pid(&substitute(config, &prefix, &ports), &prefix),
             );
             let master = spawn_master(&prefix);
             let mut nginx = Nginx {
@@ -452,6 +481,7 @@ impl Nginx {
     }
 
     fn try_reload_substituted(&mut self, config: &str) -> Result<Vec<u32>, String> {
+        let config = &pin_pid(config, &self.prefix);
         write_world_readable(&self.prefix.join("nginx.conf"), config);
         let log_start = self.error_log().len();
         let old = self.worker_pids();
@@ -639,7 +669,7 @@ pub fn check_config(config: &str) -> (bool, String) {
     let prefix = new_prefix();
     write_world_readable(
         &prefix.join("nginx.conf"),
-        &substitute(config, &prefix, &ports),
+        &pin_pid(&substitute(config, &prefix, &ports), &prefix),
     );
     let output = Command::new(nginx_binary())
         .arg("-t")

@@ -291,11 +291,11 @@ impl Redis {
     /// Waits (bounded) until `count` instances heartbeat.
     pub fn wait_instances(&self, count: usize) {
         for _ in 0..150 {
-            let seen: usize = self
-                .cli(&["ZCARD", "rl:instances"])
+            let reply = self.cli(&["ZCARD", "rl:instances"]);
+            let seen: usize = reply
                 .trim()
                 .parse()
-                .unwrap_or(0);
+                .unwrap_or_else(|_| panic!("ZCARD rl:instances answered {reply:?}"));
             if seen == count {
                 return;
             }

@@ -796,7 +796,7 @@ mod tests {
         }
     }
 
-    /// The README's walkthrough: `rate=6r/m burst=4` (K = 5, T = 10 s) on two instances
+    /// docs/cluster.md's walkthrough: `rate=6r/m burst=4` (K = 5, T = 10 s) on two instances
     /// synced every 100 ms, one request every 0.5 s alternating between them for 6 s: the
     /// fleet admits what one bucket admits (5). Before grants not renewed by a sync were kept
     /// (each stale grant came back as a fresh half bucket), it admitted 7.
