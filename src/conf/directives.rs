@@ -15,6 +15,7 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleServerConf, NgxHttpCoreModule};
 use ratelimit_core::concurrency::ConcurrencySpec;
+use ratelimit_core::key_form::KeyForm;
 use ratelimit_core::{Algorithm, DelayMode, LimitSpec, Rate, RateUnit, ZoneSpec};
 
 use super::ext::ConfExt;
@@ -127,6 +128,7 @@ fn rate_limit_zone(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
         key_query_arg: None,
         policy_item: RefCell::new(None),
         key_text: String::from_utf8_lossy(args[1].as_bytes()).into_owned(),
+        key_form: KeyForm::of_key(&String::from_utf8_lossy(args[1].as_bytes())),
         algorithm: spec.algorithm,
         limits: spec.limits(),
         size,

@@ -22,6 +22,7 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Merge, MergeConfigError};
 use ratelimit_core::concurrency::ConcurrencySpec;
+use ratelimit_core::key_form::KeyForm;
 use ratelimit_core::penalty::{BlockPolicy, StatusMatcher};
 use ratelimit_core::{Algorithm, BucketCharge, DelayMode, Limits, Rate};
 
@@ -132,6 +133,9 @@ pub struct ZoneConf {
     /// was formatted for, formatted again only when the zone's rate changes.
     pub policy_item: RefCell<Option<(Rate, Vec<u8>)>>,
     pub key_text: String,
+    /// How the admin API, Lua and logs show and take the zone's keys (`$binary_remote_addr`:
+    /// as addresses).
+    pub key_form: KeyForm,
     pub algorithm: Algorithm,
     /// Limits as written in the configuration.
     pub limits: Limits,

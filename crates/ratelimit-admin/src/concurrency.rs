@@ -158,10 +158,11 @@ pub struct KeyJson<'a> {
 }
 
 impl<'a> KeyJson<'a> {
-    pub fn new(zone: &'a str, key: &[u8], state: &ConcurrencyKeyState) -> KeyJson<'a> {
+    /// `key` is the key as shown (`KeyForm::show`).
+    pub fn new(zone: &'a str, key: String, state: &ConcurrencyKeyState) -> KeyJson<'a> {
         KeyJson {
             zone,
-            key: String::from_utf8_lossy(key).into_owned(),
+            key,
             in_flight: state.in_flight,
             queued: state.queued,
             limit: state.limit,

@@ -1,5 +1,6 @@
 //! The JSON the API answers with. Field order is fixed by the structs (no map reordering).
 
+use ratelimit_core::key_form::KeyForm;
 use ratelimit_core::{Limits, Outcome};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
@@ -159,10 +160,11 @@ pub struct BlockJson {
     pub left_ms: u64,
 }
 
-impl From<&BlockInfo> for BlockJson {
-    fn from(block: &BlockInfo) -> BlockJson {
+impl BlockJson {
+    /// `block`, its key shown in the zone's `form`.
+    pub fn new(block: &BlockInfo, form: KeyForm) -> BlockJson {
         BlockJson {
-            key: String::from_utf8_lossy(&block.key).into_owned(),
+            key: form.show(&block.key),
             truncated: block.truncated,
             since: block.since_unix_ms as f64 / 1000.0,
             until: block.until_unix_ms as f64 / 1000.0,
@@ -205,12 +207,13 @@ impl<'a> BlockedJson<'a> {
 }
 
 impl<'a> KeyJson<'a> {
-    pub fn new(zone: &'a str, key: &[u8], state: &KeyState) -> KeyJson<'a> {
+    /// `key` is the key as shown (`KeyForm::show`).
+    pub fn new(zone: &'a str, key: String, state: &KeyState) -> KeyJson<'a> {
         let decision = &state.decision;
         let would_pass = decision.outcome != Outcome::Rejected;
         KeyJson {
             zone,
-            key: String::from_utf8_lossy(key).into_owned(),
+            key,
             rate: state.limits.rate.to_string(),
             burst: state.limits.burst,
             override_limits: state.override_limits.as_ref().map(LimitsJson::from),
@@ -242,10 +245,11 @@ pub struct OverrideJson<'a> {
 }
 
 impl<'a> OverrideJson<'a> {
-    pub fn new(zone: &'a str, key: &[u8], limits: &Limits) -> OverrideJson<'a> {
+    /// `key` is the key as shown (`KeyForm::show`).
+    pub fn new(zone: &'a str, key: String, limits: &Limits) -> OverrideJson<'a> {
         OverrideJson {
             zone,
-            key: String::from_utf8_lossy(key).into_owned(),
+            key,
             rate: limits.rate.to_string(),
             burst: limits.burst,
         }

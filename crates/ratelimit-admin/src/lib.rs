@@ -60,6 +60,8 @@ pub use store::{
     ZoneInfo,
 };
 
+use std::borrow::Cow;
+
 use ratelimit_core::top::{TopKind, TopWindow};
 use ratelimit_core::Limits;
 
@@ -213,8 +215,20 @@ fn find<'a, Z: AdminZone>(zones: &'a [Z], name: &str) -> Result<&'a Z, ApiError>
         .ok_or_else(|| ApiError::UnknownZone(name.to_string()))
 }
 
-fn shown(key: &[u8]) -> String {
-    String::from_utf8_lossy(key).into_owned()
+/// The zone called `name` and the key bytes a path's `key` means there (a `$binary_remote_addr`
+/// zone takes `127.0.0.1` for its 4 bytes).
+fn find_key<'a, 'k, Z: AdminZone>(
+    zones: &'a [Z],
+    name: &str,
+    key: &'k [u8],
+) -> Result<(&'a Z, Cow<'k, [u8]>), ApiError> {
+    let zone = find(zones, name)?;
+    Ok((zone, zone.key_form().parse(key)))
+}
+
+/// `key` as the zone's keys are shown (`127.0.0.1` for a `$binary_remote_addr` zone).
+fn shown<Z: AdminZone>(zone: &Z, key: &[u8]) -> String {
+    zone.key_form().show(key)
 }
 
 /// Apply a parsed `PATCH zones/NAME` body to the zone called `name`: what the route does, and
@@ -320,23 +334,27 @@ fn try_execute<Z: AdminZone>(
             Response::json(200, &ZoneJson::from(&zone.info())).changed()
         }
         Route::GetKey { zone: name, key } if find(zones, name)?.concurrency_limits().is_some() => {
-            let state =
-                find(zones, name)?
-                    .concurrency_key(key)
-                    .ok_or_else(|| ApiError::KeyNotTracked {
-                        zone: name.clone(),
-                        key: shown(key),
-                    })?;
-            Response::json(200, &concurrency::KeyJson::new(name, key, &state))
+            let (zone, key) = find_key(zones, name, key)?;
+            let state = zone
+                .concurrency_key(&key)
+                .ok_or_else(|| ApiError::KeyNotTracked {
+                    zone: name.clone(),
+                    key: shown(zone, &key),
+                })?;
+            Response::json(
+                200,
+                &concurrency::KeyJson::new(name, shown(zone, &key), &state),
+            )
         }
         Route::GetKey { zone: name, key } => {
-            let zone = find(zones, name)?;
-            let block = zone.block_of(key);
-            let state = zone.key_state(key);
+            let (zone, key) = find_key(zones, name, key)?;
+            let form = zone.key_form();
+            let block = zone.block_of(&key);
+            let state = zone.key_state(&key);
             match (state, block) {
                 (Some(state), block) => {
-                    let mut json = KeyJson::new(name, key, &state);
-                    json.block = block.as_ref().map(BlockJson::from);
+                    let mut json = KeyJson::new(name, shown(zone, &key), &state);
+                    json.block = block.as_ref().map(|block| BlockJson::new(block, form));
                     if let Some(block) = &block {
                         // Blocked: nothing passes before the block ends.
                         json.would_pass = false;
@@ -346,11 +364,11 @@ fn try_execute<Z: AdminZone>(
                     Response::json(200, &json)
                 }
                 // A blocked key whose bucket drained (and was dropped) is still blocked.
-                (None, Some(block)) => Response::json(200, &BlockJson::from(&block)),
+                (None, Some(block)) => Response::json(200, &BlockJson::new(&block, form)),
                 (None, None) => {
                     return Err(ApiError::KeyNotTracked {
                         zone: name.clone(),
-                        key: shown(key),
+                        key: shown(zone, &key),
                     })
                 }
             }
@@ -360,78 +378,85 @@ fn try_execute<Z: AdminZone>(
             let counts = zone
                 .block_counts()
                 .ok_or_else(|| ApiError::NoBlocks(name.clone()))?;
-            let blocked: Vec<BlockJson> = zone.blocked().iter().map(BlockJson::from).collect();
+            let form = zone.key_form();
+            let blocked: Vec<BlockJson> = zone
+                .blocked()
+                .iter()
+                .map(|block| BlockJson::new(block, form))
+                .collect();
             Response::json(200, &BlockedJson::new(name, &counts, blocked))
         }
         Route::GetBlocked { zone: name, key } => {
-            let zone = find(zones, name)?;
+            let (zone, key) = find_key(zones, name, key)?;
             zone.block_counts()
                 .ok_or_else(|| ApiError::NoBlocks(name.clone()))?;
-            let block = zone.block_of(key).ok_or_else(|| ApiError::NotBlocked {
+            let block = zone.block_of(&key).ok_or_else(|| ApiError::NotBlocked {
                 zone: name.clone(),
-                key: shown(key),
+                key: shown(zone, &key),
             })?;
-            Response::json(200, &BlockJson::from(&block))
+            Response::json(200, &BlockJson::new(&block, zone.key_form()))
         }
         Route::PutBlocked { zone: name, key } => {
-            let zone = find(zones, name)?;
+            let (zone, key) = find_key(zones, name, key)?;
             if key.is_empty() {
                 return Err(ApiError::EmptyKey);
             }
             zone.block_counts()
                 .ok_or_else(|| ApiError::NoBlocks(name.clone()))?;
             let duration_ns = body::parse_block(body)?;
-            let existed = zone.block_of(key).is_some();
+            let existed = zone.block_of(&key).is_some();
             let block = zone
-                .block_key(key, duration_ns)
+                .block_key(&key, duration_ns)
                 .map_err(|refused| match refused {
                     BlockRefused::NoBlocks => ApiError::NoBlocks(name.clone()),
                     BlockRefused::Full => ApiError::BlocksFull(name.clone()),
                 })?;
             let status = if existed { 200 } else { 201 };
-            Response::json(status, &BlockJson::from(&block))
+            Response::json(status, &BlockJson::new(&block, zone.key_form()))
         }
         Route::ReleaseBlocked { zone: name, key } => {
-            let zone = find(zones, name)?;
+            let (zone, key) = find_key(zones, name, key)?;
             zone.block_counts()
                 .ok_or_else(|| ApiError::NoBlocks(name.clone()))?;
-            if !zone.release_key(key) {
+            if !zone.release_key(&key) {
                 return Err(ApiError::NotBlocked {
                     zone: name.clone(),
-                    key: shown(key),
+                    key: shown(zone, &key),
                 });
             }
             Response::no_content()
         }
         Route::ForgetKey { zone: name, key } => {
-            if !find(zones, name)?.forget_key(key) {
+            let (zone, key) = find_key(zones, name, key)?;
+            if !zone.forget_key(&key) {
                 return Err(ApiError::KeyNotTracked {
                     zone: name.clone(),
-                    key: shown(key),
+                    key: shown(zone, &key),
                 });
             }
             Response::no_content()
         }
         Route::ListOverrides { zone } => {
-            let entries = find(zones, zone)?
+            let zone = find(zones, zone)?;
+            let entries = zone
                 .overrides()
                 .iter()
-                .map(|(key, limits)| (shown(key), LimitsJson::from(limits)))
+                .map(|(key, limits)| (shown(zone, key), LimitsJson::from(limits)))
                 .collect();
             Response::json(200, &Entries(entries))
         }
         Route::GetOverride { zone: name, key } => {
-            let limits =
-                find(zones, name)?
-                    .override_for(key)
-                    .ok_or_else(|| ApiError::NoOverride {
-                        zone: name.clone(),
-                        key: shown(key),
-                    })?;
-            Response::json(200, &OverrideJson::new(name, key, &limits))
+            let (zone, key) = find_key(zones, name, key)?;
+            let limits = zone
+                .override_for(&key)
+                .ok_or_else(|| ApiError::NoOverride {
+                    zone: name.clone(),
+                    key: shown(zone, &key),
+                })?;
+            Response::json(200, &OverrideJson::new(name, shown(zone, &key), &limits))
         }
         Route::PutOverride { zone: name, key } => {
-            let zone = find(zones, name)?;
+            let (zone, key) = find_key(zones, name, key)?;
             if zone.concurrency_limits().is_some() {
                 return Err(ApiError::BadValue(format!(
                     "zone \"{name}\" is a concurrency zone: it has no per-key overrides"
@@ -447,7 +472,7 @@ fn try_execute<Z: AdminZone>(
             let capacity = info.log_capacity();
             body::check_limits(name, info.algorithm, &limits, burst_given, capacity)?;
             let created = zone
-                .set_override(key, limits)
+                .set_override(&key, limits)
                 .map_err(|refused| match refused {
                     OverrideRefused::TableFull => ApiError::OverridesFull {
                         zone: name.clone(),
@@ -460,22 +485,26 @@ fn try_execute<Z: AdminZone>(
                     },
                 })?;
             let status = if created { 201 } else { 200 };
-            Response::json(status, &OverrideJson::new(name, key, &limits)).changed()
+            let json = OverrideJson::new(name, shown(zone, &key), &limits);
+            Response::json(status, &json).changed()
         }
         Route::RemoveOverride { zone: name, key } => {
-            if !find(zones, name)?.remove_override(key) {
+            let (zone, key) = find_key(zones, name, key)?;
+            if !zone.remove_override(&key) {
                 return Err(ApiError::NoOverride {
                     zone: name.clone(),
-                    key: shown(key),
+                    key: shown(zone, &key),
                 });
             }
             Response::no_content().changed()
         }
         Route::Top { zone: name, query } => {
-            let list = find(zones, name)?
+            let zone = find(zones, name)?;
+            let list = zone
                 .top(query.kind, query.window, query.limit)
                 .ok_or_else(|| ApiError::NoTopKeys(name.clone()))?;
-            Response::json(200, &top::TopJson::new(name, query, &list))
+            let json = top::TopJson::new(name, query, &list, zone.key_form());
+            Response::json(200, &json)
         }
         Route::History { zone: name } => {
             let history = find(zones, name)?
@@ -1235,6 +1264,64 @@ mod tests {
         // The root names the zones with blocks.
         let (_, root) = call(&zones, "GET", "", "");
         assert_eq!(root["blocks"], json!(["login"]));
+    }
+
+    #[test]
+    fn binary_address_keys_are_shown_and_given_as_addresses() {
+        let login = penalty_zones()
+            .remove(0)
+            .with_key_form(ratelimit_core::key_form::KeyForm::BinaryAddress);
+        let zones = vec![login];
+        let v6 = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7];
+        zones[0].reject(&[127, 0, 0, 1]);
+        zones[0].reject(&v6);
+        zones[0].track(&[127, 0, 0, 1], 3);
+        zones[0].record_top(TopKind::Rejected, NOW, &[127, 0, 0, 1]);
+        let (_, list) = call(&zones, "GET", "zones/login/blocked", "");
+        let keys: Vec<_> = list["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| &k["key"])
+            .collect();
+        assert_eq!(keys, [&json!("127.0.0.1"), &json!("2001:db8::7")]);
+        let (status, block) = call(&zones, "GET", "zones/login/blocked/2001:db8::7", "");
+        assert_eq!((status, &block["key"]), (200, &json!("2001:db8::7")));
+        let (status, key) = call(&zones, "GET", "zones/login/keys/127.0.0.1", "");
+        assert_eq!((status, &key["key"]), (200, &json!("127.0.0.1")), "{key}");
+        let (_, top) = call(&zones, "GET", "zones/login/top", "");
+        assert_eq!(top["keys"][0]["key"], "127.0.0.1");
+        // Overrides: given, listed and removed by address; the raw bytes still work.
+        let (status, set) = call(
+            &zones,
+            "PUT",
+            "zones/login/overrides/10.0.0.2",
+            r#"{"rate": "1r/s"}"#,
+        );
+        assert_eq!((status, &set["key"]), (201, &json!("10.0.0.2")));
+        assert!(zones[0].override_for(&[10, 0, 0, 2]).is_some());
+        let (_, overrides) = call(&zones, "GET", "zones/login/overrides", "");
+        assert!(overrides.get("10.0.0.2").is_some(), "{overrides}");
+        assert_eq!(
+            call(&zones, "DELETE", "zones/login/overrides/%0A%00%00%02", "").0,
+            204
+        );
+        // Released by address: 204, then "not blocked", named by address.
+        assert_eq!(
+            call(&zones, "DELETE", "zones/login/blocked/127.0.0.1", "").0,
+            204
+        );
+        let (status, error) = call(&zones, "DELETE", "zones/login/blocked/127.0.0.1", "");
+        assert_eq!(status, 404);
+        assert_eq!(
+            error["error"],
+            "key \"127.0.0.1\" is not blocked in zone \"login\""
+        );
+        assert_eq!(
+            call(&zones, "DELETE", "zones/login/keys/127.0.0.1", "").0,
+            204
+        );
+        assert!(zones[0].key_state(&[127, 0, 0, 1]).is_none());
     }
 
     #[test]
