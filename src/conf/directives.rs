@@ -192,6 +192,7 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
         None => None,
     };
     let (file, line) = cf.position();
+    let server: *const _ = NgxHttpCoreModule::server_conf(&*cf).map_or(core::ptr::null(), |s| s);
     let mcf = main_conf(cf).ok_or(ConfError::Logged)?;
     mcf.on_status_used |= spec.on_status.is_some();
     mcf.references.push(ZoneReference {
@@ -207,6 +208,7 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
         burst: spec.burst,
         file: file.clone(),
         line,
+        server,
     });
     if let Some(global) = &spec.global {
         mcf.references.push(ZoneReference {
@@ -218,6 +220,7 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
             burst: spec.burst,
             file,
             line,
+            server,
         });
     }
     limits.push(LimitConf {

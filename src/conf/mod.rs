@@ -6,6 +6,7 @@
 //! configuration time, they hand over as [`Hooks`] before the `http` block is read.
 
 pub mod directives;
+mod empty_key;
 mod error;
 pub mod ext;
 pub mod key;
@@ -17,8 +18,9 @@ use core::ptr;
 
 use ngx::ffi::ngx_module_t;
 use ngx::ffi::{
-    ngx_conf_t, ngx_flag_t, ngx_http_complex_value_t, ngx_http_handler_pt, ngx_int_t,
-    ngx_shm_zone_init_pt, ngx_shm_zone_t, ngx_uint_t, NGX_LOG_ERR, NGX_LOG_INFO,
+    ngx_conf_t, ngx_flag_t, ngx_http_complex_value_t, ngx_http_core_srv_conf_t,
+    ngx_http_handler_pt, ngx_int_t, ngx_shm_zone_init_pt, ngx_shm_zone_t, ngx_uint_t, NGX_LOG_ERR,
+    NGX_LOG_INFO,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Merge, MergeConfigError};
 use ratelimit_core::concurrency::ConcurrencySpec;
@@ -103,6 +105,9 @@ pub struct ZoneReference {
     /// checked after the whole `http` block is read, when nginx's own position is its `}`.
     pub file: String,
     pub line: usize,
+    /// The core module's configuration of the server the line is in (for a line at `http`
+    /// level, the `http` block's own, which is no server's).
+    pub server: *const ngx_http_core_srv_conf_t,
 }
 
 impl ZoneReference {
@@ -397,6 +402,7 @@ pub fn postconfiguration(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
             return Err(ConfError::SyncNotConfigured(zone.name.clone()));
         }
     }
+    empty_key::warn_empty_keys(cf, mcf);
     let index = variable_index(cf, b"rate_limit_status")?;
     if let Some(mcf) = main_conf(cf) {
         mcf.status_variable = Some(index);
