@@ -60,6 +60,11 @@ struct Args {
     #[arg(long)]
     json: bool,
 
+    /// Show a log's times as seconds since the Unix epoch (as $msec writes them) instead of
+    /// RFC 3339 UTC (2026-12-01T18:52:55.250Z). A timeline's times are shown as written
+    #[arg(long)]
+    epoch_times: bool,
+
     /// Also draw the replay as SVG into FILE: per key (the ones with the most requests when
     /// there are many), requests over time by decision and the key's level against its limit
     #[arg(long, value_name = "FILE")]
@@ -130,6 +135,7 @@ fn run(args: &Args) -> Result<(), ReplayError> {
         json: args.json,
         status: limit.as_ref().is_some_and(|l| l.on_status.is_some()),
         block: zone.block.is_some(),
+        wall_clock: false,
     };
     let mut sink = Sink {
         columns,
@@ -160,6 +166,8 @@ fn run(args: &Args) -> Result<(), ReplayError> {
                 reader.insert(LineReader::new(format))
             }
         };
+        sink.columns.wall_clock =
+            !args.epoch_times && !matches!(reader.format(), InputFormat::Timeline);
         let request = match reader.read(number, text) {
             Ok(Some(request)) => request,
             Ok(None) => continue,
@@ -373,17 +381,34 @@ struct Columns {
     json: bool,
     status: bool,
     block: bool,
+    /// Times are a log's (seconds since the Unix epoch): shown in RFC 3339, UTC.
+    wall_clock: bool,
 }
 
 impl Columns {
+    /// The width of the time column.
+    fn time_width(self) -> usize {
+        if self.wall_clock {
+            24
+        } else {
+            16
+        }
+    }
+
     fn header(self, out: &mut impl Write) -> io::Result<()> {
         if self.json {
             return Ok(());
         }
         write!(
             out,
-            "{:<16} {:<16} {:<9} {:>10} {:>14} {:>9}",
-            "t", "key", "decision", "delay_ms", "retry_after_ms", "remaining"
+            "{:<width$} {:<16} {:<9} {:>10} {:>14} {:>9}",
+            "t",
+            "key",
+            "decision",
+            "delay_ms",
+            "retry_after_ms",
+            "remaining",
+            width = self.time_width()
         )?;
         if self.status {
             write!(out, " {:>6} {:>7}", "status", "charged")?;
@@ -409,6 +434,9 @@ impl Columns {
                 "reset_ms": millis(decision.reset_ns),
                 "excess": decision.excess_milli as f64 / 1000.0,
             });
+            if self.wall_clock {
+                object["time"] = json!(rfc3339(request.time_ns));
+            }
             if self.status {
                 object["status"] = json!(request.status);
                 object["charged"] = json!(verdict.charged);
@@ -425,15 +453,20 @@ impl Columns {
             }
             return writeln!(out, "{object}");
         }
+        let time = if self.wall_clock {
+            rfc3339(request.time_ns)
+        } else {
+            request.time_text.clone()
+        };
         write!(
             out,
-            "{:<16} {:<16} {:<9} {:>10} {:>14} {:>9}",
-            request.time_text,
+            "{time:<width$} {:<16} {:<9} {:>10} {:>14} {:>9}",
             request.key,
             verdict.as_str(),
             millis_text(decision.delay_ns),
             retry_text(decision),
-            decision.remaining
+            decision.remaining,
+            width = self.time_width()
         )?;
         if self.status {
             let status = request.status.map_or("-".to_string(), |s| s.to_string());
@@ -574,6 +607,21 @@ fn describe(replay: &Replay) -> String {
         words.push(format!("on_status={on_status}"));
     }
     words.join(" ")
+}
+
+/// A log's time (nanoseconds since the Unix epoch) in RFC 3339, UTC, to the millisecond:
+/// `2026-12-01T18:52:55.250Z`.
+fn rfc3339(time_ns: u64) -> String {
+    let seconds = i64::try_from(time_ns / 1_000_000_000).unwrap_or(i64::MAX);
+    let nanos = (time_ns % 1_000_000_000) as u32;
+    match chrono::DateTime::from_timestamp(seconds, nanos) {
+        Some(time) => time.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        None => format!(
+            "{}.{:03}",
+            time_ns / 1_000_000_000,
+            time_ns / 1_000_000 % 1_000
+        ),
+    }
 }
 
 /// Milliseconds with three decimals (microseconds, rounded down): `1500.000`.

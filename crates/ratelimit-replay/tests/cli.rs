@@ -189,6 +189,7 @@ fn access_log_keys() {
         ]
     );
     assert_eq!(lines[0]["t"], 1_700_000_000.0);
+    assert_eq!(lines[2]["time"], "2023-11-14T22:13:20.200Z");
     assert_eq!(lines[2]["retry_after_ms"], 800.0);
 
     // Keyed by the request path instead: field 8.
@@ -205,9 +206,32 @@ fn access_log_keys() {
     );
     let text = stdout(&output);
     assert!(text.contains("/a"), "{text}");
-    assert!(rows(&text)
-        .iter()
-        .any(|row| row[..3] == ["1700000000.200", "/a", "REJECTED"]));
+    // A log's times in RFC 3339 UTC; with --epoch-times as $msec wrote them.
+    assert!(
+        rows(&text)
+            .iter()
+            .any(|row| row.get(..3) == Some(&["2023-11-14T22:13:20.200Z", "/a", "REJECTED"][..])),
+        "{text}"
+    );
+    let output = replay(
+        &[
+            "--zone",
+            "rate=1r/s",
+            "--format",
+            "access-log",
+            "--key-field",
+            "8",
+            "--epoch-times",
+        ],
+        log,
+    );
+    let text = stdout(&output);
+    assert!(
+        rows(&text)
+            .iter()
+            .any(|row| row.get(..3) == Some(&["1700000000.200", "/a", "REJECTED"][..])),
+        "{text}"
+    );
 }
 
 #[test]
