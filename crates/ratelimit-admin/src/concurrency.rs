@@ -9,7 +9,7 @@ use ratelimit_core::adaptive::{AdaptiveBounds, MAX_LIMIT};
 use ratelimit_core::concurrency::{ConcurrencyLimit, ConcurrencyLimits, MAX_QUEUE};
 
 use crate::error::ApiError;
-use crate::json::milliseconds_f;
+use crate::units::milliseconds_f;
 
 /// What `GET zones/NAME` adds for a concurrency zone.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -6,6 +6,7 @@ use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
 use crate::store::{BlockCounts, BlockInfo, KeyState, SyncInfo, ZoneInfo};
+pub use crate::units::{milliseconds, milliseconds_f};
 
 /// `{"rate": "10r/s", "burst": 5}`
 #[derive(Serialize)]
@@ -275,15 +276,6 @@ impl<T: Serialize> Serialize for Entries<T> {
     }
 }
 
-/// Nanoseconds to milliseconds with one decimal (a latency: `131.4`).
-pub fn milliseconds_f(ns: u64) -> f64 {
-    (ns / 100_000) as f64 / 10.0
-}
-
-/// Nanoseconds to whole milliseconds, rounded up (a wait of 1 ns is 1 ms, not 0).
-pub fn milliseconds(ns: u64) -> u64 {
-    ns.div_ceil(1_000_000)
-}
 
 /// Serialize `value` as pretty JSON with a final newline (for curl users).
 pub fn to_body<T: Serialize>(value: &T) -> Vec<u8> {

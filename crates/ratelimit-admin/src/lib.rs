@@ -52,6 +52,7 @@ pub mod route;
 pub mod state;
 pub mod store;
 pub mod top;
+pub mod units;
 
 pub use error::ApiError;
 pub use route::Route;
