@@ -276,7 +276,6 @@ impl<T: Serialize> Serialize for Entries<T> {
     }
 }
 
-
 /// Serialize `value` as pretty JSON with a final newline (for curl users).
 pub fn to_body<T: Serialize>(value: &T) -> Vec<u8> {
     // Serializing these structs cannot fail: every map key is a string.

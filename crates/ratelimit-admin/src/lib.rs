@@ -307,256 +307,369 @@ pub fn patch_concurrency<'a, Z: AdminZone>(
     )))
 }
 
+/// Carry out `route`: one function per route, in groups (zones, keys, the penalty box,
+/// overrides, what the zones show).
 fn try_execute<Z: AdminZone>(
     route: &Route,
     body: &[u8],
     zones: &[Z],
 ) -> Result<Response, ApiError> {
-    let response = match route {
-        Route::ListZones => {
-            let infos: Vec<_> = zones.iter().map(|zone| (zone, zone.info())).collect();
-            let entries = infos
-                .iter()
-                .map(|(zone, info)| (zone.name().to_string(), ZoneJson::from(info)))
-                .collect();
-            Response::json(200, &Entries(entries))
-        }
-        Route::GetZone { zone } => {
-            let info = find(zones, zone)?.info();
-            Response::json(200, &ZoneJson::from(&info))
-        }
-        Route::PatchZone { zone: name } => {
-            let zone = if find(zones, name)?.concurrency_limits().is_some() {
-                let patch = concurrency::parse_patch(name, body)?;
-                patch_concurrency(zones, name, &patch)?
-            } else {
-                patch_zone(zones, name, &body::parse_patch(body)?)?
-            };
-            Response::json(200, &ZoneJson::from(&zone.info())).changed()
-        }
-        Route::GetKey { zone: name, key } if find(zones, name)?.concurrency_limits().is_some() => {
-            let (zone, key) = find_key(zones, name, key)?;
-            let state = zone
-                .concurrency_key(&key)
-                .ok_or_else(|| ApiError::KeyNotTracked {
-                    zone: name.clone(),
-                    key: shown(zone, &key),
-                })?;
-            Response::json(
-                200,
-                &concurrency::KeyJson::new(name, shown(zone, &key), &state),
-            )
-        }
-        Route::GetKey { zone: name, key } => {
-            let (zone, key) = find_key(zones, name, key)?;
-            let form = zone.key_form();
-            let block = zone.block_of(&key);
-            let state = zone.key_state(&key);
-            match (state, block) {
-                (Some(state), block) => {
-                    let mut json = KeyJson::new(name, shown(zone, &key), &state);
-                    json.block = block.as_ref().map(|block| BlockJson::new(block, form));
-                    if let Some(block) = &block {
-                        // Blocked: nothing passes before the block ends.
-                        json.would_pass = false;
-                        json.remaining = 0;
-                        json.retry_after_ms = json.retry_after_ms.max(block.left_ms);
-                    }
-                    Response::json(200, &json)
-                }
-                // A blocked key whose bucket drained (and was dropped) is still blocked.
-                (None, Some(block)) => Response::json(200, &BlockJson::new(&block, form)),
-                (None, None) => {
-                    return Err(ApiError::KeyNotTracked {
-                        zone: name.clone(),
-                        key: shown(zone, &key),
-                    })
-                }
-            }
-        }
-        Route::ListBlocked { zone: name } => {
-            let zone = find(zones, name)?;
-            let counts = zone
-                .block_counts()
-                .ok_or_else(|| ApiError::NoBlocks(name.clone()))?;
-            let form = zone.key_form();
-            let blocked: Vec<BlockJson> = zone
-                .blocked()
-                .iter()
-                .map(|block| BlockJson::new(block, form))
-                .collect();
-            Response::json(200, &BlockedJson::new(name, &counts, blocked))
-        }
-        Route::GetBlocked { zone: name, key } => {
-            let (zone, key) = find_key(zones, name, key)?;
-            zone.block_counts()
-                .ok_or_else(|| ApiError::NoBlocks(name.clone()))?;
-            let block = zone.block_of(&key).ok_or_else(|| ApiError::NotBlocked {
-                zone: name.clone(),
-                key: shown(zone, &key),
-            })?;
-            Response::json(200, &BlockJson::new(&block, zone.key_form()))
-        }
-        Route::PutBlocked { zone: name, key } => {
-            let (zone, key) = find_key(zones, name, key)?;
-            if key.is_empty() {
-                return Err(ApiError::EmptyKey);
-            }
-            zone.block_counts()
-                .ok_or_else(|| ApiError::NoBlocks(name.clone()))?;
-            let duration_ns = body::parse_block(body)?;
-            let existed = zone.block_of(&key).is_some();
-            let block = zone
-                .block_key(&key, duration_ns)
-                .map_err(|refused| match refused {
-                    BlockRefused::NoBlocks => ApiError::NoBlocks(name.clone()),
-                    BlockRefused::Full => ApiError::BlocksFull(name.clone()),
-                })?;
-            let status = if existed { 200 } else { 201 };
-            Response::json(status, &BlockJson::new(&block, zone.key_form()))
-        }
-        Route::ReleaseBlocked { zone: name, key } => {
-            let (zone, key) = find_key(zones, name, key)?;
-            zone.block_counts()
-                .ok_or_else(|| ApiError::NoBlocks(name.clone()))?;
-            if !zone.release_key(&key) {
-                return Err(ApiError::NotBlocked {
-                    zone: name.clone(),
-                    key: shown(zone, &key),
-                });
-            }
-            Response::no_content()
-        }
-        Route::ForgetKey { zone: name, key } => {
-            let (zone, key) = find_key(zones, name, key)?;
-            if !zone.forget_key(&key) {
-                return Err(ApiError::KeyNotTracked {
-                    zone: name.clone(),
-                    key: shown(zone, &key),
-                });
-            }
-            Response::no_content()
-        }
-        Route::ListOverrides { zone } => {
-            let zone = find(zones, zone)?;
-            let entries = zone
-                .overrides()
-                .iter()
-                .map(|(key, limits)| (shown(zone, key), LimitsJson::from(limits)))
-                .collect();
-            Response::json(200, &Entries(entries))
-        }
-        Route::GetOverride { zone: name, key } => {
-            let (zone, key) = find_key(zones, name, key)?;
-            let limits = zone
-                .override_for(&key)
-                .ok_or_else(|| ApiError::NoOverride {
-                    zone: name.clone(),
-                    key: shown(zone, &key),
-                })?;
-            Response::json(200, &OverrideJson::new(name, shown(zone, &key), &limits))
-        }
-        Route::PutOverride { zone: name, key } => {
-            let (zone, key) = find_key(zones, name, key)?;
-            if zone.concurrency_limits().is_some() {
-                return Err(ApiError::BadValue(format!(
-                    "zone \"{name}\" is a concurrency zone: it has no per-key overrides"
-                )));
-            }
-            if key.is_empty() {
-                return Err(ApiError::EmptyKey);
-            }
-            let request = body::parse_override(body)?;
-            let info = zone.info();
-            let limits = request.apply_to(info.limits);
-            let burst_given = request.burst.is_some();
-            let capacity = info.log_capacity();
-            body::check_limits(name, info.algorithm, &limits, burst_given, capacity)?;
-            let created = zone
-                .set_override(&key, limits)
-                .map_err(|refused| match refused {
-                    OverrideRefused::TableFull => ApiError::OverridesFull {
-                        zone: name.clone(),
-                        capacity: info.override_capacity as usize,
-                    },
-                    OverrideRefused::NoMemory => ApiError::OverrideKeyNoMemory {
-                        zone: name.clone(),
-                        key_bytes: key.len(),
-                        size: info.size,
-                    },
-                })?;
-            let status = if created { 201 } else { 200 };
-            let json = OverrideJson::new(name, shown(zone, &key), &limits);
-            Response::json(status, &json).changed()
-        }
-        Route::RemoveOverride { zone: name, key } => {
-            let (zone, key) = find_key(zones, name, key)?;
-            if !zone.remove_override(&key) {
-                return Err(ApiError::NoOverride {
-                    zone: name.clone(),
-                    key: shown(zone, &key),
-                });
-            }
-            Response::no_content().changed()
-        }
-        Route::Top { zone: name, query } => {
-            let zone = find(zones, name)?;
-            let list = zone
-                .top(query.kind, query.window, query.limit)
-                .ok_or_else(|| ApiError::NoTopKeys(name.clone()))?;
-            let json = top::TopJson::new(name, query, &list, zone.key_form());
-            Response::json(200, &json)
-        }
-        Route::History { zone: name } => {
-            let history = find(zones, name)?
-                .history()
-                .ok_or_else(|| ApiError::NoHistory(name.clone()))?;
-            Response::json(200, &history::HistoryJson::new(name, &history))
-        }
-        Route::Root { write } => Response::json(
-            200,
-            &RootJson {
-                write: *write,
-                zones: zones.iter().map(|zone| zone.name()).collect(),
-                top: zones
-                    .iter()
-                    .filter(|zone| {
-                        let (kind, window) = (TopKind::Rejected, TopWindow::OneMinute);
-                        zone.top(kind, window, 1).is_some()
-                    })
-                    .map(|zone| zone.name())
-                    .collect(),
-                blocks: zones
-                    .iter()
-                    .filter(|zone| zone.block_counts().is_some())
-                    .map(|zone| zone.name())
-                    .collect(),
-                dashboard: "dashboard",
-            },
-        ),
-        Route::Dashboard => Response {
-            status: 200,
-            content_type: HTML_CONTENT_TYPE,
-            body: DASHBOARD_HTML.as_bytes().to_vec(),
-            allow: None,
-            changed: false,
-        },
-        Route::Metrics => {
-            let infos: Vec<_> = zones
-                .iter()
-                .map(|zone| (zone.name().to_string(), zone.info()))
-                .collect();
-            let blocks: Vec<_> = zones.iter().map(|zone| zone.block_counts()).collect();
-            Response {
-                status: 200,
-                content_type: metrics::CONTENT_TYPE,
-                body: metrics::render_with_blocks(&infos, &blocks).into_bytes(),
-                allow: None,
-                changed: false,
-            }
-        }
+    match route {
+        Route::ListZones => list_zones(zones),
+        Route::GetZone { zone } => get_zone(zones, zone),
+        Route::PatchZone { zone: name } => patch(zones, name, body),
+        Route::GetKey { zone: name, key } => get_key(zones, name, key),
+        Route::ForgetKey { zone: name, key } => forget_key(zones, name, key),
+        Route::ListBlocked { zone: name } => list_blocked(zones, name),
+        Route::GetBlocked { zone: name, key } => get_blocked(zones, name, key),
+        Route::PutBlocked { zone: name, key } => put_blocked(zones, name, key, body),
+        Route::ReleaseBlocked { zone: name, key } => release_blocked(zones, name, key),
+        Route::ListOverrides { zone: name } => list_overrides(zones, name),
+        Route::GetOverride { zone: name, key } => get_override(zones, name, key),
+        Route::PutOverride { zone: name, key } => put_override(zones, name, key, body),
+        Route::RemoveOverride { zone: name, key } => remove_override(zones, name, key),
+        Route::Top { zone: name, query } => top_keys(zones, name, query),
+        Route::History { zone: name } => history(zones, name),
+        Route::Root { write } => root(zones, *write),
+        Route::Dashboard => dashboard(),
+        Route::Metrics => metrics(zones),
+    }
+}
+
+// Zones.
+
+/// `GET zones`.
+fn list_zones<Z: AdminZone>(zones: &[Z]) -> Result<Response, ApiError> {
+    let infos: Vec<_> = zones.iter().map(|zone| (zone, zone.info())).collect();
+    let entries = infos
+        .iter()
+        .map(|(zone, info)| (zone.name().to_string(), ZoneJson::from(info)))
+        .collect();
+    Ok(Response::json(200, &Entries(entries)))
+}
+
+/// `GET zones/NAME`.
+fn get_zone<Z: AdminZone>(zones: &[Z], zone: &str) -> Result<Response, ApiError> {
+    let info = find(zones, zone)?.info();
+    Ok(Response::json(200, &ZoneJson::from(&info)))
+}
+
+/// `PATCH zones/NAME`: a rate zone's rate and burst, a concurrency zone's limit and queue.
+fn patch<Z: AdminZone>(zones: &[Z], name: &str, body: &[u8]) -> Result<Response, ApiError> {
+    let zone = if find(zones, name)?.concurrency_limits().is_some() {
+        let patch = concurrency::parse_patch(name, body)?;
+        patch_concurrency(zones, name, &patch)?
+    } else {
+        patch_zone(zones, name, &body::parse_patch(body)?)?
     };
-    Ok(response)
+    Ok(Response::json(200, &ZoneJson::from(&zone.info())).changed())
+}
+
+// Keys.
+
+/// `GET zones/NAME/keys/KEY`.
+fn get_key<Z: AdminZone>(zones: &[Z], name: &str, key: &[u8]) -> Result<Response, ApiError> {
+    if find(zones, name)?.concurrency_limits().is_some() {
+        return get_concurrency_key(zones, name, key);
+    }
+    let (zone, key) = find_key(zones, name, key)?;
+    let form = zone.key_form();
+    let block = zone.block_of(&key);
+    let state = zone.key_state(&key);
+    match (state, block) {
+        (Some(state), block) => {
+            let mut json = KeyJson::new(name, shown(zone, &key), &state);
+            json.block = block.as_ref().map(|block| BlockJson::new(block, form));
+            if let Some(block) = &block {
+                // Blocked: nothing passes before the block ends.
+                json.would_pass = false;
+                json.remaining = 0;
+                json.retry_after_ms = json.retry_after_ms.max(block.left_ms);
+            }
+            Ok(Response::json(200, &json))
+        }
+        // A blocked key whose bucket drained (and was dropped) is still blocked.
+        (None, Some(block)) => Ok(Response::json(200, &BlockJson::new(&block, form))),
+        (None, None) => Err(ApiError::KeyNotTracked {
+            zone: name.to_string(),
+            key: shown(zone, &key),
+        }),
+    }
+}
+
+/// `GET zones/NAME/keys/KEY` of a concurrency zone.
+fn get_concurrency_key<Z: AdminZone>(
+    zones: &[Z],
+    name: &str,
+    key: &[u8],
+) -> Result<Response, ApiError> {
+    let (zone, key) = find_key(zones, name, key)?;
+    let state = zone
+        .concurrency_key(&key)
+        .ok_or_else(|| ApiError::KeyNotTracked {
+            zone: name.to_string(),
+            key: shown(zone, &key),
+        })?;
+    Ok(Response::json(
+        200,
+        &concurrency::KeyJson::new(name, shown(zone, &key), &state),
+    ))
+}
+
+/// `DELETE zones/NAME/keys/KEY`.
+fn forget_key<Z: AdminZone>(zones: &[Z], name: &str, key: &[u8]) -> Result<Response, ApiError> {
+    let (zone, key) = find_key(zones, name, key)?;
+    if !zone.forget_key(&key) {
+        return Err(ApiError::KeyNotTracked {
+            zone: name.to_string(),
+            key: shown(zone, &key),
+        });
+    }
+    Ok(Response::no_content())
+}
+
+// The penalty box (`block=`).
+
+/// `GET zones/NAME/blocked`.
+fn list_blocked<Z: AdminZone>(zones: &[Z], name: &str) -> Result<Response, ApiError> {
+    let zone = find(zones, name)?;
+    let counts = zone
+        .block_counts()
+        .ok_or_else(|| ApiError::NoBlocks(name.to_string()))?;
+    let form = zone.key_form();
+    let blocked: Vec<BlockJson> = zone
+        .blocked()
+        .iter()
+        .map(|block| BlockJson::new(block, form))
+        .collect();
+    Ok(Response::json(
+        200,
+        &BlockedJson::new(name, &counts, blocked),
+    ))
+}
+
+/// `GET zones/NAME/blocked/KEY`.
+fn get_blocked<Z: AdminZone>(zones: &[Z], name: &str, key: &[u8]) -> Result<Response, ApiError> {
+    let (zone, key) = find_key(zones, name, key)?;
+    zone.block_counts()
+        .ok_or_else(|| ApiError::NoBlocks(name.to_string()))?;
+    let block = zone.block_of(&key).ok_or_else(|| ApiError::NotBlocked {
+        zone: name.to_string(),
+        key: shown(zone, &key),
+    })?;
+    Ok(Response::json(
+        200,
+        &BlockJson::new(&block, zone.key_form()),
+    ))
+}
+
+/// `PUT zones/NAME/blocked/KEY`: block by hand.
+fn put_blocked<Z: AdminZone>(
+    zones: &[Z],
+    name: &str,
+    key: &[u8],
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let (zone, key) = find_key(zones, name, key)?;
+    if key.is_empty() {
+        return Err(ApiError::EmptyKey);
+    }
+    zone.block_counts()
+        .ok_or_else(|| ApiError::NoBlocks(name.to_string()))?;
+    let duration_ns = body::parse_block(body)?;
+    let existed = zone.block_of(&key).is_some();
+    let block = zone
+        .block_key(&key, duration_ns)
+        .map_err(|refused| match refused {
+            BlockRefused::NoBlocks => ApiError::NoBlocks(name.to_string()),
+            BlockRefused::Full => ApiError::BlocksFull(name.to_string()),
+        })?;
+    let status = if existed { 200 } else { 201 };
+    Ok(Response::json(
+        status,
+        &BlockJson::new(&block, zone.key_form()),
+    ))
+}
+
+/// `DELETE zones/NAME/blocked/KEY`.
+fn release_blocked<Z: AdminZone>(
+    zones: &[Z],
+    name: &str,
+    key: &[u8],
+) -> Result<Response, ApiError> {
+    let (zone, key) = find_key(zones, name, key)?;
+    zone.block_counts()
+        .ok_or_else(|| ApiError::NoBlocks(name.to_string()))?;
+    if !zone.release_key(&key) {
+        return Err(ApiError::NotBlocked {
+            zone: name.to_string(),
+            key: shown(zone, &key),
+        });
+    }
+    Ok(Response::no_content())
+}
+
+// Overrides.
+
+/// `GET zones/NAME/overrides`.
+fn list_overrides<Z: AdminZone>(zones: &[Z], name: &str) -> Result<Response, ApiError> {
+    let zone = find(zones, name)?;
+    let entries = zone
+        .overrides()
+        .iter()
+        .map(|(key, limits)| (shown(zone, key), LimitsJson::from(limits)))
+        .collect();
+    Ok(Response::json(200, &Entries(entries)))
+}
+
+/// `GET zones/NAME/overrides/KEY`.
+fn get_override<Z: AdminZone>(zones: &[Z], name: &str, key: &[u8]) -> Result<Response, ApiError> {
+    let (zone, key) = find_key(zones, name, key)?;
+    let limits = zone
+        .override_for(&key)
+        .ok_or_else(|| ApiError::NoOverride {
+            zone: name.to_string(),
+            key: shown(zone, &key),
+        })?;
+    Ok(Response::json(
+        200,
+        &OverrideJson::new(name, shown(zone, &key), &limits),
+    ))
+}
+
+/// `PUT zones/NAME/overrides/KEY`.
+fn put_override<Z: AdminZone>(
+    zones: &[Z],
+    name: &str,
+    key: &[u8],
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let (zone, key) = find_key(zones, name, key)?;
+    if zone.concurrency_limits().is_some() {
+        return Err(ApiError::BadValue(format!(
+            "zone \"{name}\" is a concurrency zone: it has no per-key overrides"
+        )));
+    }
+    if key.is_empty() {
+        return Err(ApiError::EmptyKey);
+    }
+    let request = body::parse_override(body)?;
+    let info = zone.info();
+    let limits = request.apply_to(info.limits);
+    let burst_given = request.burst.is_some();
+    let capacity = info.log_capacity();
+    body::check_limits(name, info.algorithm, &limits, burst_given, capacity)?;
+    let created = zone
+        .set_override(&key, limits)
+        .map_err(|refused| match refused {
+            OverrideRefused::TableFull => ApiError::OverridesFull {
+                zone: name.to_string(),
+                capacity: info.override_capacity as usize,
+            },
+            OverrideRefused::NoMemory => ApiError::OverrideKeyNoMemory {
+                zone: name.to_string(),
+                key_bytes: key.len(),
+                size: info.size,
+            },
+        })?;
+    let status = if created { 201 } else { 200 };
+    let json = OverrideJson::new(name, shown(zone, &key), &limits);
+    Ok(Response::json(status, &json).changed())
+}
+
+/// `DELETE zones/NAME/overrides/KEY`.
+fn remove_override<Z: AdminZone>(
+    zones: &[Z],
+    name: &str,
+    key: &[u8],
+) -> Result<Response, ApiError> {
+    let (zone, key) = find_key(zones, name, key)?;
+    if !zone.remove_override(&key) {
+        return Err(ApiError::NoOverride {
+            zone: name.to_string(),
+            key: shown(zone, &key),
+        });
+    }
+    Ok(Response::no_content().changed())
+}
+
+// What the zones show: top keys, history, the root, the dashboard, the metrics.
+
+/// `GET zones/NAME/top`.
+fn top_keys<Z: AdminZone>(
+    zones: &[Z],
+    name: &str,
+    query: &top::TopQuery,
+) -> Result<Response, ApiError> {
+    let zone = find(zones, name)?;
+    let list = zone
+        .top(query.kind, query.window, query.limit)
+        .ok_or_else(|| ApiError::NoTopKeys(name.to_string()))?;
+    let json = top::TopJson::new(name, query, &list, zone.key_form());
+    Ok(Response::json(200, &json))
+}
+
+/// `GET zones/NAME/history`.
+fn history<Z: AdminZone>(zones: &[Z], name: &str) -> Result<Response, ApiError> {
+    let history = find(zones, name)?
+        .history()
+        .ok_or_else(|| ApiError::NoHistory(name.to_string()))?;
+    Ok(Response::json(
+        200,
+        &history::HistoryJson::new(name, &history),
+    ))
+}
+
+/// `GET` of the location's root.
+fn root<Z: AdminZone>(zones: &[Z], write: bool) -> Result<Response, ApiError> {
+    Ok(Response::json(
+        200,
+        &RootJson {
+            write,
+            zones: zones.iter().map(|zone| zone.name()).collect(),
+            top: zones
+                .iter()
+                .filter(|zone| {
+                    let (kind, window) = (TopKind::Rejected, TopWindow::OneMinute);
+                    zone.top(kind, window, 1).is_some()
+                })
+                .map(|zone| zone.name())
+                .collect(),
+            blocks: zones
+                .iter()
+                .filter(|zone| zone.block_counts().is_some())
+                .map(|zone| zone.name())
+                .collect(),
+            dashboard: "dashboard",
+        },
+    ))
+}
+
+/// `GET dashboard`.
+fn dashboard() -> Result<Response, ApiError> {
+    Ok(Response {
+        status: 200,
+        content_type: HTML_CONTENT_TYPE,
+        body: DASHBOARD_HTML.as_bytes().to_vec(),
+        allow: None,
+        changed: false,
+    })
+}
+
+/// `GET metrics`.
+fn metrics<Z: AdminZone>(zones: &[Z]) -> Result<Response, ApiError> {
+    let infos: Vec<_> = zones
+        .iter()
+        .map(|zone| (zone.name().to_string(), zone.info()))
+        .collect();
+    let blocks: Vec<_> = zones.iter().map(|zone| zone.block_counts()).collect();
+    Ok(Response {
+        status: 200,
+        content_type: metrics::CONTENT_TYPE,
+        body: metrics::render_with_blocks(&infos, &blocks).into_bytes(),
+        allow: None,
+        changed: false,
+    })
 }
 
 #[cfg(test)]
