@@ -379,3 +379,29 @@ fn access_log_without_format_is_recognised() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!stderr.contains("--format access-log"), "{stderr}");
 }
+
+/// A zone keyed by `$binary_remote_addr` replays by the client address, shown as the
+/// module's admin API shows such keys: `127.0.0.1`, `::1`.
+#[test]
+fn binary_address_keys_are_shown_as_addresses() {
+    let log = "\
+127.0.0.1 - - [14/Nov/2023:22:13:20 +0000] \"GET /a HTTP/1.1\" 200 5 \"-\" \"curl/8\"
+::1 - - [14/Nov/2023:22:13:20 +0000] \"GET /a HTTP/1.1\" 200 5 \"-\" \"curl/8\"
+";
+    let output = replay(
+        &[
+            "--zone",
+            "rate=1r/s",
+            "--key",
+            "$binary_remote_addr",
+            "--json",
+        ],
+        log,
+    );
+    let lines = json_lines(&output);
+    let keys: Vec<&str> = lines[..2]
+        .iter()
+        .map(|line| line["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["127.0.0.1", "::1"]);
+}
