@@ -16,6 +16,7 @@
 
 use core::ffi::c_int;
 use core::ptr;
+use std::borrow::Cow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use ngx::ffi::ngx_http_request_t;
@@ -229,7 +230,8 @@ fn request<'r>(r: *mut ngx_http_request_t) -> Result<&'r ngx_http_request_t, Sta
 /// A key, its zone and the options, resolved as the directive resolves a request's.
 struct Target<'r> {
     applied: Applied<'r>,
-    key: &'r [u8],
+    /// The key bytes (a `$binary_remote_addr` zone takes `127.0.0.1` for its 4 bytes).
+    key: Cow<'r, [u8]>,
     now_ns: u64,
 }
 
@@ -262,13 +264,14 @@ unsafe fn target<'r>(
     if zone_conf.algorithm.counts_in_flight() {
         return Err(Status::WrongKind);
     }
+    let key = zone_conf.key_form.parse(key);
     let limit = opts.limit_conf(zone_conf, zone).inspect_err(|&status| {
         if let (Status::BurstTooLarge, Some(out), Some(live)) = (status, out, zone.limits()) {
             out.remaining = Limits::max_burst(zone_conf.algorithm, &live.rate);
         }
     })?;
     let now_ns = now_ns();
-    let (found, evicted) = decide::find(zone_conf, zone, key, now_ns);
+    let (found, evicted) = decide::find(zone_conf, zone, &key, now_ns);
     if evicted {
         found.log_zone_full(now_ns, connection_log(r));
     }
@@ -583,8 +586,9 @@ unsafe fn conn_line<'r>(
     if cost == 0 {
         return Err(Status::BadArgument);
     }
+    let key = zone_conf.key_form.parse(key);
     let now_ns = now_ns();
-    let (found, evicted) = decide::find(zone_conf, zone, key, now_ns);
+    let (found, evicted) = decide::find(zone_conf, zone, &key, now_ns);
     if evicted {
         found.log_zone_full(now_ns, connection_log(r));
     }
@@ -834,7 +838,7 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_block(
                 BlockPolicy::MAX_NS / 1_000_000_000
             )));
         }
-        crate::control::blocks::block_by_hand(zone_conf, key, duration_ns, now_ns())
+        crate::control::blocks::block_by_hand(zone_conf, &key, duration_ns, now_ns())
             .map(|_| ())
             .map_err(|error| refused(error.to_string()))
     })
@@ -860,7 +864,7 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_blocked(
         let (zone_conf, key) = unsafe { block_target(r, (zone, zone_len), (key, key_len)) }?;
         // SAFETY: a non-null `left_ns` is writable (the caller's contract).
         let left_ns = unsafe { left_ns.as_mut() }.ok_or(Status::BadArgument)?;
-        *left_ns = crate::control::blocks::blocked_for_ns(zone_conf, key, now_ns()).unwrap_or(0);
+        *left_ns = crate::control::blocks::blocked_for_ns(zone_conf, &key, now_ns()).unwrap_or(0);
         Ok(())
     })
 }
@@ -873,7 +877,7 @@ unsafe fn block_target<'r>(
     r: *mut ngx_http_request_t,
     zone: (*const u8, usize),
     key: (*const u8, usize),
-) -> Result<(&'r ZoneConf, &'r [u8]), Status> {
+) -> Result<(&'r ZoneConf, Cow<'r, [u8]>), Status> {
     let r = request(r)?;
     // SAFETY: the caller's contract (each pointer null or valid for its length).
     let name = unsafe { bytes(zone.0, zone.1) }.ok_or(Status::BadArgument)?;
@@ -886,5 +890,5 @@ unsafe fn block_target<'r>(
     if key.len() > MAX_KEY_BYTES {
         return Err(Status::KeyTooLong);
     }
-    Ok((zone_conf, key))
+    Ok((zone_conf, zone_conf.key_form.parse(key)))
 }

@@ -336,8 +336,10 @@ fn dashboard_lists_blocked_keys_and_releases_one() {
         .workers(2)
         .reuseport()
         .http("rate_limit_zone $http_x_key zone=login:1m rate=1r/m block=1h block_max=1d;")
+        .http("rate_limit_zone $binary_remote_addr zone=addr:1m rate=1r/m block=1h;")
         .locations(
             "location / { rate_limit zone=login nodelay; }\n\
+             location /addr { rate_limit zone=addr nodelay; empty_gif; }\n\
              location /ratelimit/ { rate_limit_admin write=on; }",
         )
         .start();
@@ -345,6 +347,7 @@ fn dashboard_lists_blocked_keys_and_releases_one() {
         key_statuses(nginx.port(), "/", "mallory", 4),
         [200, 429, 429, 429]
     );
+    assert_eq!(key_statuses(nginx.port(), "/addr", "-", 2), [200, 429]);
     let browser = Browser::start();
     browser.goto(&format!("http://127.0.0.1:{}/ratelimit/", nginx.port()));
     let login = "section[data-zone=\"login\"]";
@@ -373,6 +376,24 @@ fn dashboard_lists_blocked_keys_and_releases_one() {
         (rows == ["none"]).then_some(())
     });
     assert_eq!(api(&nginx, "zones/login/blocked")["count"], 0);
+    // A $binary_remote_addr zone lists the client by address and releases it.
+    let addr = "section[data-zone=\"addr\"]";
+    let rows = browser.wait_for("the blocked address", |b| {
+        let rows = b.texts(&format!("{addr} table.blocked-list tr"));
+        (rows.len() == 2).then_some(rows)
+    });
+    assert!(rows[1].starts_with("127.0.0.1 "), "{rows:?}");
+    browser.click(&browser.find(&format!("{addr} .release")));
+    assert_eq!(
+        browser.text(&browser.find(&format!("{addr} .question"))),
+        "Release key \"127.0.0.1\" in zone \"addr\"?"
+    );
+    browser.click(&browser.find(&format!("{addr} .confirm-yes")));
+    browser.wait_for("the address's release", |b| {
+        let rows = b.texts(&format!("{addr} table.blocked-list tr"));
+        (rows == ["none"]).then_some(())
+    });
+    assert_eq!(api(&nginx, "zones/addr/blocked")["count"], 0);
     assert!(
         browser.console_errors().is_empty(),
         "{:?}",

@@ -32,8 +32,8 @@ fn nginx_t_accepts_every_directive() {
          rate_limit_zone global zone=pool:64k rate=10r/m burst=20 algorithm=token_bucket;\n\
          rate_limit_zone $http_x_key zone=log:1m rate=2r/s algorithm=sliding_log;\n\
          rate_limit_zone $http_x_key zone=window:1m rate=2r/s algorithm=sliding_window;\n\
-         rate_limit_zone $server_name zone=app:1m algorithm=concurrency limit=100 queue=200 queue_timeout=5s;\n\
-         rate_limit_zone $server_name zone=app_auto:1m algorithm=concurrency limit=adaptive min=4 max=500;\n\
+         rate_limit_zone app zone=app:1m algorithm=concurrency limit=100 queue=200 queue_timeout=5s;\n\
+         rate_limit_zone app zone=app_auto:1m algorithm=concurrency limit=adaptive min=4 max=500;\n\
          rate_limit_zone $binary_remote_addr zone=login:1m rate=5r/m burst=5 block=15m \
          block_max=24h;\n\
          rate_limit_status 503;\n\

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::nginx::free_port;
 use common::skip;
-use common::{get, nginx_binary, statuses, Connection, Nginx, Response};
+use common::{get, nginx_binary, send, statuses, Connection, Nginx, Request, Response};
+use serde_json::json;
 
 fn examples_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("nginx-conf")
@@ -187,9 +188,47 @@ fn login_conf_blocks_a_guesser_and_not_a_user() {
     let blocked = get(nginx.port_n(2), "/ratelimit/zones/login/blocked");
     let blocked: serde_json::Value = serde_json::from_slice(&blocked.body).expect("JSON");
     assert_eq!(blocked["count"], 1, "{blocked}");
-    // $binary_remote_addr: 127.0.0.1 as four bytes.
+    // $binary_remote_addr: the four bytes of 127.0.0.1 are shown, and taken, as the address.
+    assert_eq!(blocked["keys"][0]["key"], "127.0.0.1", "{blocked}");
+    let admin = |method: &str, path: &str| {
+        let response = send(nginx.port_n(2), &Request::new(method, path));
+        let json = serde_json::from_slice(&response.body).unwrap_or(serde_json::Value::Null);
+        (response.status, json)
+    };
+    let (status, block) = admin("GET", "/ratelimit/zones/login/blocked/127.0.0.1");
     assert_eq!(
-        blocked["keys"][0]["key"], "\u{7f}\u{0}\u{0}\u{1}",
-        "{blocked}"
+        (status, block["left_ms"].as_u64().map(|ms| ms > 890_000)),
+        (200, Some(true))
     );
+    let (status, key) = admin("GET", "/ratelimit/zones/login/keys/127.0.0.1");
+    assert_eq!((status, &key["key"]), (200, &json!("127.0.0.1")), "{key}");
+    assert_eq!(key["block"]["level"], 0, "{key}");
+    let (_, top) = admin("GET", "/ratelimit/zones/login/top?by=rejected");
+    assert_eq!(top["keys"][0]["key"], "127.0.0.1", "{top}");
+    // Released by address: the block ended and the bucket forgotten (a released key whose
+    // bucket is still full is rejected, and blocked, again), the user logs in at once.
+    let (status, _) = admin("DELETE", "/ratelimit/zones/login/blocked/127.0.0.1");
+    assert_eq!(status, 204);
+    let (status, _) = admin("DELETE", "/ratelimit/zones/login/keys/127.0.0.1");
+    assert_eq!(status, 204);
+    let welcome = connection.get("/login?password=secret");
+    assert_eq!(
+        (welcome.status, welcome.text()),
+        (200, "welcome\n".to_string())
+    );
+    let (status, error) = admin("DELETE", "/ratelimit/zones/login/blocked/127.0.0.1");
+    assert_eq!(status, 404);
+    assert_eq!(
+        error["error"],
+        "key \"127.0.0.1\" is not blocked in zone \"login\""
+    );
+    assert_eq!(connection.get("/login?password=guess").status, 401);
+    // An override by address applies to the client's requests.
+    let put = Request::new("PUT", "/ratelimit/zones/login/overrides/127.0.0.1")
+        .json(r#"{"rate": "1r/m", "burst": 0}"#);
+    let response = send(nginx.port_n(2), &put);
+    assert_eq!(response.status, 201, "{}", response.text());
+    let (_, overrides) = admin("GET", "/ratelimit/zones/login/overrides");
+    assert_eq!(overrides["127.0.0.1"]["burst"], 0, "{overrides}");
+    assert_eq!(connection.get("/login?password=guess").status, 429);
 }

@@ -1079,3 +1079,54 @@ fn lua_blocks_keys_and_charges_after_the_response() {
         nginx.error_log()
     );
 }
+
+/// A `$binary_remote_addr` zone takes its keys from Lua as the address in text or as the raw
+/// bytes, alike: a block by address refuses the client at the directive's door, and a charge
+/// by address is the same key's as the directive's.
+#[test]
+fn lua_takes_binary_address_keys_as_addresses() {
+    require_lua!();
+    let http = "rate_limit_zone $binary_remote_addr zone=addr:1m rate=3r/h burst=1 block=1h;";
+    let locations = r#"
+        location = /directive { rate_limit zone=addr nodelay; empty_gif; }
+        location = /lua {
+            content_by_lua_block {
+                local lim = require("resty.rate_limit").new("addr", {nodelay = true})
+                local key = ngx.var.arg_raw and ngx.var.binary_remote_addr or ngx.var.arg_k
+                local delay, excess = lim:incoming(key, true)
+                ngx.say(tostring(delay), " ", tostring(excess and math.ceil(excess)))
+            }
+        }
+        location = /block {
+            content_by_lua_block {
+                local ok, err = require("resty.rate_limit").new("addr"):block(ngx.var.arg_k, 30)
+                ngx.say(tostring(ok), " ", tostring(err))
+            }
+        }
+        location = /blocked {
+            content_by_lua_block {
+                local left = require("resty.rate_limit").new("addr"):blocked(ngx.var.binary_remote_addr)
+                ngx.say(tostring(left and math.ceil(left)))
+            }
+        }
+        location /ratelimit/ { rate_limit_admin write=on; }
+    "#;
+    let nginx = Nginx::start(&config(1, http, locations));
+    // One charge by address, one by the raw bytes (the excess says it is the same key), then
+    // the directive: the third of 1 + burst 1.
+    assert_eq!(body(&nginx, "/lua?k=127.0.0.1"), "0 0\n");
+    assert_eq!(body(&nginx, "/lua?raw=1"), "0 1\n");
+    assert_eq!(get(&nginx, "/directive").status, 429);
+    let list: serde_json::Value =
+        serde_json::from_str(&body(&nginx, "/ratelimit/zones/addr/blocked")).unwrap();
+    assert_eq!(list["keys"][0]["key"], "127.0.0.1", "{list}");
+    // Released through the API by address, then blocked by hand from Lua by address.
+    let release = send(
+        nginx.port(),
+        &Request::new("DELETE", "/ratelimit/zones/addr/blocked/127.0.0.1"),
+    );
+    assert_eq!(release.status, 204);
+    assert_eq!(body(&nginx, "/blocked"), "nil\n");
+    assert_eq!(body(&nginx, "/block?k=127.0.0.1"), "true nil\n");
+    assert_eq!(body(&nginx, "/blocked"), "30\n");
+}

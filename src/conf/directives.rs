@@ -15,6 +15,7 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleServerConf, NgxHttpCoreModule};
 use ratelimit_core::concurrency::ConcurrencySpec;
+use ratelimit_core::key_form::KeyForm;
 use ratelimit_core::{Algorithm, DelayMode, LimitSpec, Rate, RateUnit, ZoneSpec};
 
 use super::ext::ConfExt;
@@ -127,6 +128,7 @@ fn rate_limit_zone(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
         key_query_arg: None,
         policy_item: RefCell::new(None),
         key_text: String::from_utf8_lossy(args[1].as_bytes()).into_owned(),
+        key_form: KeyForm::of_key(&String::from_utf8_lossy(args[1].as_bytes())),
         algorithm: spec.algorithm,
         limits: spec.limits(),
         size,
@@ -190,6 +192,7 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
         None => None,
     };
     let (file, line) = cf.position();
+    let server: *const _ = NgxHttpCoreModule::server_conf(&*cf).map_or(core::ptr::null(), |s| s);
     let mcf = main_conf(cf).ok_or(ConfError::Logged)?;
     mcf.on_status_used |= spec.on_status.is_some();
     mcf.references.push(ZoneReference {
@@ -205,6 +208,7 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
         burst: spec.burst,
         file: file.clone(),
         line,
+        server,
     });
     if let Some(global) = &spec.global {
         mcf.references.push(ZoneReference {
@@ -216,6 +220,7 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
             burst: spec.burst,
             file,
             line,
+            server,
         });
     }
     limits.push(LimitConf {

@@ -6,6 +6,7 @@
 //! configuration time, they hand over as [`Hooks`] before the `http` block is read.
 
 pub mod directives;
+mod empty_key;
 mod error;
 pub mod ext;
 pub mod key;
@@ -17,11 +18,13 @@ use core::ptr;
 
 use ngx::ffi::ngx_module_t;
 use ngx::ffi::{
-    ngx_conf_t, ngx_flag_t, ngx_http_complex_value_t, ngx_http_handler_pt, ngx_int_t,
-    ngx_shm_zone_init_pt, ngx_shm_zone_t, ngx_uint_t, NGX_LOG_ERR, NGX_LOG_INFO,
+    ngx_conf_t, ngx_flag_t, ngx_http_complex_value_t, ngx_http_core_srv_conf_t,
+    ngx_http_handler_pt, ngx_int_t, ngx_shm_zone_init_pt, ngx_shm_zone_t, ngx_uint_t, NGX_LOG_ERR,
+    NGX_LOG_INFO,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Merge, MergeConfigError};
 use ratelimit_core::concurrency::ConcurrencySpec;
+use ratelimit_core::key_form::KeyForm;
 use ratelimit_core::penalty::{BlockPolicy, StatusMatcher};
 use ratelimit_core::{Algorithm, BucketCharge, DelayMode, Limits, Rate};
 
@@ -102,6 +105,9 @@ pub struct ZoneReference {
     /// checked after the whole `http` block is read, when nginx's own position is its `}`.
     pub file: String,
     pub line: usize,
+    /// The core module's configuration of the server the line is in (for a line at `http`
+    /// level, the `http` block's own, which is no server's).
+    pub server: *const ngx_http_core_srv_conf_t,
 }
 
 impl ZoneReference {
@@ -132,6 +138,9 @@ pub struct ZoneConf {
     /// was formatted for, formatted again only when the zone's rate changes.
     pub policy_item: RefCell<Option<(Rate, Vec<u8>)>>,
     pub key_text: String,
+    /// How the admin API, Lua and logs show and take the zone's keys (`$binary_remote_addr`:
+    /// as addresses).
+    pub key_form: KeyForm,
     pub algorithm: Algorithm,
     /// Limits as written in the configuration.
     pub limits: Limits,
@@ -393,6 +402,7 @@ pub fn postconfiguration(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
             return Err(ConfError::SyncNotConfigured(zone.name.clone()));
         }
     }
+    empty_key::warn_empty_keys(cf, mcf);
     let index = variable_index(cf, b"rate_limit_status")?;
     if let Some(mcf) = main_conf(cf) {
         mcf.status_variable = Some(index);

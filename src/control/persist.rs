@@ -112,7 +112,7 @@ pub fn restore(zone_conf: &ZoneConf) {
                     log,
                     "rate_limit_state_file \"{path}\": zone \"{name}\" has no room for the \
                      override of key \"{}\"",
-                    String::from_utf8_lossy(key)
+                    zone_conf.key_form.show(key)
                 );
             }
         }

@@ -11,6 +11,7 @@ use ratelimit_admin::{
     SyncInfo, ZoneInfo,
 };
 use ratelimit_core::block_table::BlockedKey;
+use ratelimit_core::key_form::KeyForm;
 use ratelimit_core::top::{TopKind, TopWindow};
 use ratelimit_core::{DelayMode, Limits, Policy};
 
@@ -182,6 +183,10 @@ impl<'a> SharedZone<'a> {
 impl AdminZone for SharedZone<'_> {
     fn name(&self) -> &str {
         &self.conf.name
+    }
+
+    fn key_form(&self) -> KeyForm {
+        self.conf.key_form
     }
 
     fn info(&self) -> ZoneInfo {

@@ -336,7 +336,7 @@ fn apply_fleet_overrides(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
                         "rate_limit_sync: zone \"{}\" has no room for the fleet's override of key \
                          \"{}\": {why}; more are counted, not logged one by one",
                         zone.name,
-                        String::from_utf8_lossy(&incoming.key)
+                        zone.key_form.show(&incoming.key)
                     );
                 }
                 inbox::Applied::Failed

@@ -175,6 +175,15 @@ pub struct Task {
 unsafe impl Send for Task {}
 
 /// What the loop remembers of a key between rounds.
+/// Why limits from Redis (the fleet's, or an override's) are not taken.
+#[derive(Debug, thiserror::Error)]
+enum BadLimits {
+    #[error("{0} is not packed limits")]
+    NotPacked(u64),
+    #[error(transparent)]
+    Refused(#[from] ratelimit_admin::ApiError),
+}
+
 #[derive(Clone, Copy, Default)]
 struct KeyMemory {
     last_delta: u64,
@@ -979,17 +988,15 @@ impl Task {
 
     /// Whether packed limits from Redis are limits the zone's algorithm can take: what the
     /// admin API and the state file accept.
-    fn check_limits(&self, zone: &SyncZone, packed: u64) -> Result<Limits, String> {
-        let limits =
-            Limits::unpack(packed).ok_or_else(|| format!("{packed} is not packed limits"))?;
+    fn check_limits(&self, zone: &SyncZone, packed: u64) -> Result<Limits, BadLimits> {
+        let limits = Limits::unpack(packed).ok_or(BadLimits::NotPacked(packed))?;
         ratelimit_admin::body::check_limits(
             &zone.name,
             zone.zone.algorithm(),
             &limits,
             limits.burst != 0,
             0,
-        )
-        .map_err(|error| error.to_string())?;
+        )?;
         Ok(limits)
     }
 

@@ -260,7 +260,8 @@ pub fn pin_pid(config: &str, prefix: &Path) -> String {
             .map(|rest| rest.trim().trim_end_matches(';').trim().to_string())
     });
     match existing {
-        None => format!("pid {}/logs/nginx.pid;\n{config}", prefix.display()),
+        // Appended, not prepended: the lines nginx names in its errors stay the test's own.
+        None => format!("{config}\npid {}/logs/nginx.pid;\n", prefix.display()),
         Some(path) => {
             let inside = !path.starts_with('/') || Path::new(&path).starts_with(prefix);
             assert!(

@@ -9,7 +9,7 @@ use ratelimit_core::adaptive::{AdaptiveBounds, MAX_LIMIT};
 use ratelimit_core::concurrency::{ConcurrencyLimit, ConcurrencyLimits, MAX_QUEUE};
 
 use crate::error::ApiError;
-use crate::json::milliseconds_f;
+use crate::units::milliseconds_f;
 
 /// What `GET zones/NAME` adds for a concurrency zone.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -158,10 +158,11 @@ pub struct KeyJson<'a> {
 }
 
 impl<'a> KeyJson<'a> {
-    pub fn new(zone: &'a str, key: &[u8], state: &ConcurrencyKeyState) -> KeyJson<'a> {
+    /// `key` is the key as shown (`KeyForm::show`).
+    pub fn new(zone: &'a str, key: String, state: &ConcurrencyKeyState) -> KeyJson<'a> {
         KeyJson {
             zone,
-            key: String::from_utf8_lossy(key).into_owned(),
+            key,
             in_flight: state.in_flight,
             queued: state.queued,
             limit: state.limit,

@@ -1,10 +1,12 @@
 //! The JSON the API answers with. Field order is fixed by the structs (no map reordering).
 
+use ratelimit_core::key_form::KeyForm;
 use ratelimit_core::{Limits, Outcome};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
 use crate::store::{BlockCounts, BlockInfo, KeyState, SyncInfo, ZoneInfo};
+pub use crate::units::{milliseconds, milliseconds_f};
 
 /// `{"rate": "10r/s", "burst": 5}`
 #[derive(Serialize)]
@@ -159,10 +161,11 @@ pub struct BlockJson {
     pub left_ms: u64,
 }
 
-impl From<&BlockInfo> for BlockJson {
-    fn from(block: &BlockInfo) -> BlockJson {
+impl BlockJson {
+    /// `block`, its key shown in the zone's `form`.
+    pub fn new(block: &BlockInfo, form: KeyForm) -> BlockJson {
         BlockJson {
-            key: String::from_utf8_lossy(&block.key).into_owned(),
+            key: form.show(&block.key),
             truncated: block.truncated,
             since: block.since_unix_ms as f64 / 1000.0,
             until: block.until_unix_ms as f64 / 1000.0,
@@ -205,12 +208,13 @@ impl<'a> BlockedJson<'a> {
 }
 
 impl<'a> KeyJson<'a> {
-    pub fn new(zone: &'a str, key: &[u8], state: &KeyState) -> KeyJson<'a> {
+    /// `key` is the key as shown (`KeyForm::show`).
+    pub fn new(zone: &'a str, key: String, state: &KeyState) -> KeyJson<'a> {
         let decision = &state.decision;
         let would_pass = decision.outcome != Outcome::Rejected;
         KeyJson {
             zone,
-            key: String::from_utf8_lossy(key).into_owned(),
+            key,
             rate: state.limits.rate.to_string(),
             burst: state.limits.burst,
             override_limits: state.override_limits.as_ref().map(LimitsJson::from),
@@ -242,10 +246,11 @@ pub struct OverrideJson<'a> {
 }
 
 impl<'a> OverrideJson<'a> {
-    pub fn new(zone: &'a str, key: &[u8], limits: &Limits) -> OverrideJson<'a> {
+    /// `key` is the key as shown (`KeyForm::show`).
+    pub fn new(zone: &'a str, key: String, limits: &Limits) -> OverrideJson<'a> {
         OverrideJson {
             zone,
-            key: String::from_utf8_lossy(key).into_owned(),
+            key,
             rate: limits.rate.to_string(),
             burst: limits.burst,
         }
@@ -269,16 +274,6 @@ impl<T: Serialize> Serialize for Entries<T> {
         }
         map.end()
     }
-}
-
-/// Nanoseconds to milliseconds with one decimal (a latency: `131.4`).
-pub fn milliseconds_f(ns: u64) -> f64 {
-    (ns / 100_000) as f64 / 10.0
-}
-
-/// Nanoseconds to whole milliseconds, rounded up (a wait of 1 ns is 1 ms, not 0).
-pub fn milliseconds(ns: u64) -> u64 {
-    ns.div_ceil(1_000_000)
 }
 
 /// Serialize `value` as pretty JSON with a final newline (for curl users).

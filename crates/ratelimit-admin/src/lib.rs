@@ -52,6 +52,7 @@ pub mod route;
 pub mod state;
 pub mod store;
 pub mod top;
+pub mod units;
 
 pub use error::ApiError;
 pub use route::Route;
@@ -59,6 +60,8 @@ pub use store::{
     AdminZone, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverrideRefused, SyncInfo,
     ZoneInfo,
 };
+
+use std::borrow::Cow;
 
 use ratelimit_core::top::{TopKind, TopWindow};
 use ratelimit_core::Limits;
@@ -213,8 +216,20 @@ fn find<'a, Z: AdminZone>(zones: &'a [Z], name: &str) -> Result<&'a Z, ApiError>
         .ok_or_else(|| ApiError::UnknownZone(name.to_string()))
 }
 
-fn shown(key: &[u8]) -> String {
-    String::from_utf8_lossy(key).into_owned()
+/// The zone called `name` and the key bytes a path's `key` means there (a `$binary_remote_addr`
+/// zone takes `127.0.0.1` for its 4 bytes).
+fn find_key<'a, 'k, Z: AdminZone>(
+    zones: &'a [Z],
+    name: &str,
+    key: &'k [u8],
+) -> Result<(&'a Z, Cow<'k, [u8]>), ApiError> {
+    let zone = find(zones, name)?;
+    Ok((zone, zone.key_form().parse(key)))
+}
+
+/// `key` as the zone's keys are shown (`127.0.0.1` for a `$binary_remote_addr` zone).
+fn shown<Z: AdminZone>(zone: &Z, key: &[u8]) -> String {
+    zone.key_form().show(key)
 }
 
 /// Apply a parsed `PATCH zones/NAME` body to the zone called `name`: what the route does, and
@@ -292,241 +307,369 @@ pub fn patch_concurrency<'a, Z: AdminZone>(
     )))
 }
 
+/// Carry out `route`: one function per route, in groups (zones, keys, the penalty box,
+/// overrides, what the zones show).
 fn try_execute<Z: AdminZone>(
     route: &Route,
     body: &[u8],
     zones: &[Z],
 ) -> Result<Response, ApiError> {
-    let response = match route {
-        Route::ListZones => {
-            let infos: Vec<_> = zones.iter().map(|zone| (zone, zone.info())).collect();
-            let entries = infos
-                .iter()
-                .map(|(zone, info)| (zone.name().to_string(), ZoneJson::from(info)))
-                .collect();
-            Response::json(200, &Entries(entries))
-        }
-        Route::GetZone { zone } => {
-            let info = find(zones, zone)?.info();
-            Response::json(200, &ZoneJson::from(&info))
-        }
-        Route::PatchZone { zone: name } => {
-            let zone = if find(zones, name)?.concurrency_limits().is_some() {
-                let patch = concurrency::parse_patch(name, body)?;
-                patch_concurrency(zones, name, &patch)?
-            } else {
-                patch_zone(zones, name, &body::parse_patch(body)?)?
-            };
-            Response::json(200, &ZoneJson::from(&zone.info())).changed()
-        }
-        Route::GetKey { zone: name, key } if find(zones, name)?.concurrency_limits().is_some() => {
-            let state =
-                find(zones, name)?
-                    .concurrency_key(key)
-                    .ok_or_else(|| ApiError::KeyNotTracked {
-                        zone: name.clone(),
-                        key: shown(key),
-                    })?;
-            Response::json(200, &concurrency::KeyJson::new(name, key, &state))
-        }
-        Route::GetKey { zone: name, key } => {
-            let zone = find(zones, name)?;
-            let block = zone.block_of(key);
-            let state = zone.key_state(key);
-            match (state, block) {
-                (Some(state), block) => {
-                    let mut json = KeyJson::new(name, key, &state);
-                    json.block = block.as_ref().map(BlockJson::from);
-                    if let Some(block) = &block {
-                        // Blocked: nothing passes before the block ends.
-                        json.would_pass = false;
-                        json.remaining = 0;
-                        json.retry_after_ms = json.retry_after_ms.max(block.left_ms);
-                    }
-                    Response::json(200, &json)
-                }
-                // A blocked key whose bucket drained (and was dropped) is still blocked.
-                (None, Some(block)) => Response::json(200, &BlockJson::from(&block)),
-                (None, None) => {
-                    return Err(ApiError::KeyNotTracked {
-                        zone: name.clone(),
-                        key: shown(key),
-                    })
-                }
-            }
-        }
-        Route::ListBlocked { zone: name } => {
-            let zone = find(zones, name)?;
-            let counts = zone
-                .block_counts()
-                .ok_or_else(|| ApiError::NoBlocks(name.clone()))?;
-            let blocked: Vec<BlockJson> = zone.blocked().iter().map(BlockJson::from).collect();
-            Response::json(200, &BlockedJson::new(name, &counts, blocked))
-        }
-        Route::GetBlocked { zone: name, key } => {
-            let zone = find(zones, name)?;
-            zone.block_counts()
-                .ok_or_else(|| ApiError::NoBlocks(name.clone()))?;
-            let block = zone.block_of(key).ok_or_else(|| ApiError::NotBlocked {
-                zone: name.clone(),
-                key: shown(key),
-            })?;
-            Response::json(200, &BlockJson::from(&block))
-        }
-        Route::PutBlocked { zone: name, key } => {
-            let zone = find(zones, name)?;
-            if key.is_empty() {
-                return Err(ApiError::EmptyKey);
-            }
-            zone.block_counts()
-                .ok_or_else(|| ApiError::NoBlocks(name.clone()))?;
-            let duration_ns = body::parse_block(body)?;
-            let existed = zone.block_of(key).is_some();
-            let block = zone
-                .block_key(key, duration_ns)
-                .map_err(|refused| match refused {
-                    BlockRefused::NoBlocks => ApiError::NoBlocks(name.clone()),
-                    BlockRefused::Full => ApiError::BlocksFull(name.clone()),
-                })?;
-            let status = if existed { 200 } else { 201 };
-            Response::json(status, &BlockJson::from(&block))
-        }
-        Route::ReleaseBlocked { zone: name, key } => {
-            let zone = find(zones, name)?;
-            zone.block_counts()
-                .ok_or_else(|| ApiError::NoBlocks(name.clone()))?;
-            if !zone.release_key(key) {
-                return Err(ApiError::NotBlocked {
-                    zone: name.clone(),
-                    key: shown(key),
-                });
-            }
-            Response::no_content()
-        }
-        Route::ForgetKey { zone: name, key } => {
-            if !find(zones, name)?.forget_key(key) {
-                return Err(ApiError::KeyNotTracked {
-                    zone: name.clone(),
-                    key: shown(key),
-                });
-            }
-            Response::no_content()
-        }
-        Route::ListOverrides { zone } => {
-            let entries = find(zones, zone)?
-                .overrides()
-                .iter()
-                .map(|(key, limits)| (shown(key), LimitsJson::from(limits)))
-                .collect();
-            Response::json(200, &Entries(entries))
-        }
-        Route::GetOverride { zone: name, key } => {
-            let limits =
-                find(zones, name)?
-                    .override_for(key)
-                    .ok_or_else(|| ApiError::NoOverride {
-                        zone: name.clone(),
-                        key: shown(key),
-                    })?;
-            Response::json(200, &OverrideJson::new(name, key, &limits))
-        }
-        Route::PutOverride { zone: name, key } => {
-            let zone = find(zones, name)?;
-            if zone.concurrency_limits().is_some() {
-                return Err(ApiError::BadValue(format!(
-                    "zone \"{name}\" is a concurrency zone: it has no per-key overrides"
-                )));
-            }
-            if key.is_empty() {
-                return Err(ApiError::EmptyKey);
-            }
-            let request = body::parse_override(body)?;
-            let info = zone.info();
-            let limits = request.apply_to(info.limits);
-            let burst_given = request.burst.is_some();
-            let capacity = info.log_capacity();
-            body::check_limits(name, info.algorithm, &limits, burst_given, capacity)?;
-            let created = zone
-                .set_override(key, limits)
-                .map_err(|refused| match refused {
-                    OverrideRefused::TableFull => ApiError::OverridesFull {
-                        zone: name.clone(),
-                        capacity: info.override_capacity as usize,
-                    },
-                    OverrideRefused::NoMemory => ApiError::OverrideKeyNoMemory {
-                        zone: name.clone(),
-                        key_bytes: key.len(),
-                        size: info.size,
-                    },
-                })?;
-            let status = if created { 201 } else { 200 };
-            Response::json(status, &OverrideJson::new(name, key, &limits)).changed()
-        }
-        Route::RemoveOverride { zone: name, key } => {
-            if !find(zones, name)?.remove_override(key) {
-                return Err(ApiError::NoOverride {
-                    zone: name.clone(),
-                    key: shown(key),
-                });
-            }
-            Response::no_content().changed()
-        }
-        Route::Top { zone: name, query } => {
-            let list = find(zones, name)?
-                .top(query.kind, query.window, query.limit)
-                .ok_or_else(|| ApiError::NoTopKeys(name.clone()))?;
-            Response::json(200, &top::TopJson::new(name, query, &list))
-        }
-        Route::History { zone: name } => {
-            let history = find(zones, name)?
-                .history()
-                .ok_or_else(|| ApiError::NoHistory(name.clone()))?;
-            Response::json(200, &history::HistoryJson::new(name, &history))
-        }
-        Route::Root { write } => Response::json(
-            200,
-            &RootJson {
-                write: *write,
-                zones: zones.iter().map(|zone| zone.name()).collect(),
-                top: zones
-                    .iter()
-                    .filter(|zone| {
-                        let (kind, window) = (TopKind::Rejected, TopWindow::OneMinute);
-                        zone.top(kind, window, 1).is_some()
-                    })
-                    .map(|zone| zone.name())
-                    .collect(),
-                blocks: zones
-                    .iter()
-                    .filter(|zone| zone.block_counts().is_some())
-                    .map(|zone| zone.name())
-                    .collect(),
-                dashboard: "dashboard",
-            },
-        ),
-        Route::Dashboard => Response {
-            status: 200,
-            content_type: HTML_CONTENT_TYPE,
-            body: DASHBOARD_HTML.as_bytes().to_vec(),
-            allow: None,
-            changed: false,
-        },
-        Route::Metrics => {
-            let infos: Vec<_> = zones
-                .iter()
-                .map(|zone| (zone.name().to_string(), zone.info()))
-                .collect();
-            let blocks: Vec<_> = zones.iter().map(|zone| zone.block_counts()).collect();
-            Response {
-                status: 200,
-                content_type: metrics::CONTENT_TYPE,
-                body: metrics::render_with_blocks(&infos, &blocks).into_bytes(),
-                allow: None,
-                changed: false,
-            }
-        }
+    match route {
+        Route::ListZones => list_zones(zones),
+        Route::GetZone { zone } => get_zone(zones, zone),
+        Route::PatchZone { zone: name } => patch(zones, name, body),
+        Route::GetKey { zone: name, key } => get_key(zones, name, key),
+        Route::ForgetKey { zone: name, key } => forget_key(zones, name, key),
+        Route::ListBlocked { zone: name } => list_blocked(zones, name),
+        Route::GetBlocked { zone: name, key } => get_blocked(zones, name, key),
+        Route::PutBlocked { zone: name, key } => put_blocked(zones, name, key, body),
+        Route::ReleaseBlocked { zone: name, key } => release_blocked(zones, name, key),
+        Route::ListOverrides { zone: name } => list_overrides(zones, name),
+        Route::GetOverride { zone: name, key } => get_override(zones, name, key),
+        Route::PutOverride { zone: name, key } => put_override(zones, name, key, body),
+        Route::RemoveOverride { zone: name, key } => remove_override(zones, name, key),
+        Route::Top { zone: name, query } => top_keys(zones, name, query),
+        Route::History { zone: name } => history(zones, name),
+        Route::Root { write } => root(zones, *write),
+        Route::Dashboard => dashboard(),
+        Route::Metrics => metrics(zones),
+    }
+}
+
+// Zones.
+
+/// `GET zones`.
+fn list_zones<Z: AdminZone>(zones: &[Z]) -> Result<Response, ApiError> {
+    let infos: Vec<_> = zones.iter().map(|zone| (zone, zone.info())).collect();
+    let entries = infos
+        .iter()
+        .map(|(zone, info)| (zone.name().to_string(), ZoneJson::from(info)))
+        .collect();
+    Ok(Response::json(200, &Entries(entries)))
+}
+
+/// `GET zones/NAME`.
+fn get_zone<Z: AdminZone>(zones: &[Z], zone: &str) -> Result<Response, ApiError> {
+    let info = find(zones, zone)?.info();
+    Ok(Response::json(200, &ZoneJson::from(&info)))
+}
+
+/// `PATCH zones/NAME`: a rate zone's rate and burst, a concurrency zone's limit and queue.
+fn patch<Z: AdminZone>(zones: &[Z], name: &str, body: &[u8]) -> Result<Response, ApiError> {
+    let zone = if find(zones, name)?.concurrency_limits().is_some() {
+        let patch = concurrency::parse_patch(name, body)?;
+        patch_concurrency(zones, name, &patch)?
+    } else {
+        patch_zone(zones, name, &body::parse_patch(body)?)?
     };
-    Ok(response)
+    Ok(Response::json(200, &ZoneJson::from(&zone.info())).changed())
+}
+
+// Keys.
+
+/// `GET zones/NAME/keys/KEY`.
+fn get_key<Z: AdminZone>(zones: &[Z], name: &str, key: &[u8]) -> Result<Response, ApiError> {
+    if find(zones, name)?.concurrency_limits().is_some() {
+        return get_concurrency_key(zones, name, key);
+    }
+    let (zone, key) = find_key(zones, name, key)?;
+    let form = zone.key_form();
+    let block = zone.block_of(&key);
+    let state = zone.key_state(&key);
+    match (state, block) {
+        (Some(state), block) => {
+            let mut json = KeyJson::new(name, shown(zone, &key), &state);
+            json.block = block.as_ref().map(|block| BlockJson::new(block, form));
+            if let Some(block) = &block {
+                // Blocked: nothing passes before the block ends.
+                json.would_pass = false;
+                json.remaining = 0;
+                json.retry_after_ms = json.retry_after_ms.max(block.left_ms);
+            }
+            Ok(Response::json(200, &json))
+        }
+        // A blocked key whose bucket drained (and was dropped) is still blocked.
+        (None, Some(block)) => Ok(Response::json(200, &BlockJson::new(&block, form))),
+        (None, None) => Err(ApiError::KeyNotTracked {
+            zone: name.to_string(),
+            key: shown(zone, &key),
+        }),
+    }
+}
+
+/// `GET zones/NAME/keys/KEY` of a concurrency zone.
+fn get_concurrency_key<Z: AdminZone>(
+    zones: &[Z],
+    name: &str,
+    key: &[u8],
+) -> Result<Response, ApiError> {
+    let (zone, key) = find_key(zones, name, key)?;
+    let state = zone
+        .concurrency_key(&key)
+        .ok_or_else(|| ApiError::KeyNotTracked {
+            zone: name.to_string(),
+            key: shown(zone, &key),
+        })?;
+    Ok(Response::json(
+        200,
+        &concurrency::KeyJson::new(name, shown(zone, &key), &state),
+    ))
+}
+
+/// `DELETE zones/NAME/keys/KEY`.
+fn forget_key<Z: AdminZone>(zones: &[Z], name: &str, key: &[u8]) -> Result<Response, ApiError> {
+    let (zone, key) = find_key(zones, name, key)?;
+    if !zone.forget_key(&key) {
+        return Err(ApiError::KeyNotTracked {
+            zone: name.to_string(),
+            key: shown(zone, &key),
+        });
+    }
+    Ok(Response::no_content())
+}
+
+// The penalty box (`block=`).
+
+/// `GET zones/NAME/blocked`.
+fn list_blocked<Z: AdminZone>(zones: &[Z], name: &str) -> Result<Response, ApiError> {
+    let zone = find(zones, name)?;
+    let counts = zone
+        .block_counts()
+        .ok_or_else(|| ApiError::NoBlocks(name.to_string()))?;
+    let form = zone.key_form();
+    let blocked: Vec<BlockJson> = zone
+        .blocked()
+        .iter()
+        .map(|block| BlockJson::new(block, form))
+        .collect();
+    Ok(Response::json(
+        200,
+        &BlockedJson::new(name, &counts, blocked),
+    ))
+}
+
+/// `GET zones/NAME/blocked/KEY`.
+fn get_blocked<Z: AdminZone>(zones: &[Z], name: &str, key: &[u8]) -> Result<Response, ApiError> {
+    let (zone, key) = find_key(zones, name, key)?;
+    zone.block_counts()
+        .ok_or_else(|| ApiError::NoBlocks(name.to_string()))?;
+    let block = zone.block_of(&key).ok_or_else(|| ApiError::NotBlocked {
+        zone: name.to_string(),
+        key: shown(zone, &key),
+    })?;
+    Ok(Response::json(
+        200,
+        &BlockJson::new(&block, zone.key_form()),
+    ))
+}
+
+/// `PUT zones/NAME/blocked/KEY`: block by hand.
+fn put_blocked<Z: AdminZone>(
+    zones: &[Z],
+    name: &str,
+    key: &[u8],
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let (zone, key) = find_key(zones, name, key)?;
+    if key.is_empty() {
+        return Err(ApiError::EmptyKey);
+    }
+    zone.block_counts()
+        .ok_or_else(|| ApiError::NoBlocks(name.to_string()))?;
+    let duration_ns = body::parse_block(body)?;
+    let existed = zone.block_of(&key).is_some();
+    let block = zone
+        .block_key(&key, duration_ns)
+        .map_err(|refused| match refused {
+            BlockRefused::NoBlocks => ApiError::NoBlocks(name.to_string()),
+            BlockRefused::Full => ApiError::BlocksFull(name.to_string()),
+        })?;
+    let status = if existed { 200 } else { 201 };
+    Ok(Response::json(
+        status,
+        &BlockJson::new(&block, zone.key_form()),
+    ))
+}
+
+/// `DELETE zones/NAME/blocked/KEY`.
+fn release_blocked<Z: AdminZone>(
+    zones: &[Z],
+    name: &str,
+    key: &[u8],
+) -> Result<Response, ApiError> {
+    let (zone, key) = find_key(zones, name, key)?;
+    zone.block_counts()
+        .ok_or_else(|| ApiError::NoBlocks(name.to_string()))?;
+    if !zone.release_key(&key) {
+        return Err(ApiError::NotBlocked {
+            zone: name.to_string(),
+            key: shown(zone, &key),
+        });
+    }
+    Ok(Response::no_content())
+}
+
+// Overrides.
+
+/// `GET zones/NAME/overrides`.
+fn list_overrides<Z: AdminZone>(zones: &[Z], name: &str) -> Result<Response, ApiError> {
+    let zone = find(zones, name)?;
+    let entries = zone
+        .overrides()
+        .iter()
+        .map(|(key, limits)| (shown(zone, key), LimitsJson::from(limits)))
+        .collect();
+    Ok(Response::json(200, &Entries(entries)))
+}
+
+/// `GET zones/NAME/overrides/KEY`.
+fn get_override<Z: AdminZone>(zones: &[Z], name: &str, key: &[u8]) -> Result<Response, ApiError> {
+    let (zone, key) = find_key(zones, name, key)?;
+    let limits = zone
+        .override_for(&key)
+        .ok_or_else(|| ApiError::NoOverride {
+            zone: name.to_string(),
+            key: shown(zone, &key),
+        })?;
+    Ok(Response::json(
+        200,
+        &OverrideJson::new(name, shown(zone, &key), &limits),
+    ))
+}
+
+/// `PUT zones/NAME/overrides/KEY`.
+fn put_override<Z: AdminZone>(
+    zones: &[Z],
+    name: &str,
+    key: &[u8],
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let (zone, key) = find_key(zones, name, key)?;
+    if zone.concurrency_limits().is_some() {
+        return Err(ApiError::BadValue(format!(
+            "zone \"{name}\" is a concurrency zone: it has no per-key overrides"
+        )));
+    }
+    if key.is_empty() {
+        return Err(ApiError::EmptyKey);
+    }
+    let request = body::parse_override(body)?;
+    let info = zone.info();
+    let limits = request.apply_to(info.limits);
+    let burst_given = request.burst.is_some();
+    let capacity = info.log_capacity();
+    body::check_limits(name, info.algorithm, &limits, burst_given, capacity)?;
+    let created = zone
+        .set_override(&key, limits)
+        .map_err(|refused| match refused {
+            OverrideRefused::TableFull => ApiError::OverridesFull {
+                zone: name.to_string(),
+                capacity: info.override_capacity as usize,
+            },
+            OverrideRefused::NoMemory => ApiError::OverrideKeyNoMemory {
+                zone: name.to_string(),
+                key_bytes: key.len(),
+                size: info.size,
+            },
+        })?;
+    let status = if created { 201 } else { 200 };
+    let json = OverrideJson::new(name, shown(zone, &key), &limits);
+    Ok(Response::json(status, &json).changed())
+}
+
+/// `DELETE zones/NAME/overrides/KEY`.
+fn remove_override<Z: AdminZone>(
+    zones: &[Z],
+    name: &str,
+    key: &[u8],
+) -> Result<Response, ApiError> {
+    let (zone, key) = find_key(zones, name, key)?;
+    if !zone.remove_override(&key) {
+        return Err(ApiError::NoOverride {
+            zone: name.to_string(),
+            key: shown(zone, &key),
+        });
+    }
+    Ok(Response::no_content().changed())
+}
+
+// What the zones show: top keys, history, the root, the dashboard, the metrics.
+
+/// `GET zones/NAME/top`.
+fn top_keys<Z: AdminZone>(
+    zones: &[Z],
+    name: &str,
+    query: &top::TopQuery,
+) -> Result<Response, ApiError> {
+    let zone = find(zones, name)?;
+    let list = zone
+        .top(query.kind, query.window, query.limit)
+        .ok_or_else(|| ApiError::NoTopKeys(name.to_string()))?;
+    let json = top::TopJson::new(name, query, &list, zone.key_form());
+    Ok(Response::json(200, &json))
+}
+
+/// `GET zones/NAME/history`.
+fn history<Z: AdminZone>(zones: &[Z], name: &str) -> Result<Response, ApiError> {
+    let history = find(zones, name)?
+        .history()
+        .ok_or_else(|| ApiError::NoHistory(name.to_string()))?;
+    Ok(Response::json(
+        200,
+        &history::HistoryJson::new(name, &history),
+    ))
+}
+
+/// `GET` of the location's root.
+fn root<Z: AdminZone>(zones: &[Z], write: bool) -> Result<Response, ApiError> {
+    Ok(Response::json(
+        200,
+        &RootJson {
+            write,
+            zones: zones.iter().map(|zone| zone.name()).collect(),
+            top: zones
+                .iter()
+                .filter(|zone| {
+                    let (kind, window) = (TopKind::Rejected, TopWindow::OneMinute);
+                    zone.top(kind, window, 1).is_some()
+                })
+                .map(|zone| zone.name())
+                .collect(),
+            blocks: zones
+                .iter()
+                .filter(|zone| zone.block_counts().is_some())
+                .map(|zone| zone.name())
+                .collect(),
+            dashboard: "dashboard",
+        },
+    ))
+}
+
+/// `GET dashboard`.
+fn dashboard() -> Result<Response, ApiError> {
+    Ok(Response {
+        status: 200,
+        content_type: HTML_CONTENT_TYPE,
+        body: DASHBOARD_HTML.as_bytes().to_vec(),
+        allow: None,
+        changed: false,
+    })
+}
+
+/// `GET metrics`.
+fn metrics<Z: AdminZone>(zones: &[Z]) -> Result<Response, ApiError> {
+    let infos: Vec<_> = zones
+        .iter()
+        .map(|zone| (zone.name().to_string(), zone.info()))
+        .collect();
+    let blocks: Vec<_> = zones.iter().map(|zone| zone.block_counts()).collect();
+    Ok(Response {
+        status: 200,
+        content_type: metrics::CONTENT_TYPE,
+        body: metrics::render_with_blocks(&infos, &blocks).into_bytes(),
+        allow: None,
+        changed: false,
+    })
 }
 
 #[cfg(test)]
@@ -1235,6 +1378,64 @@ mod tests {
         // The root names the zones with blocks.
         let (_, root) = call(&zones, "GET", "", "");
         assert_eq!(root["blocks"], json!(["login"]));
+    }
+
+    #[test]
+    fn binary_address_keys_are_shown_and_given_as_addresses() {
+        let login = penalty_zones()
+            .remove(0)
+            .with_key_form(ratelimit_core::key_form::KeyForm::BinaryAddress);
+        let zones = vec![login];
+        let v6 = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7];
+        zones[0].reject(&[127, 0, 0, 1]);
+        zones[0].reject(&v6);
+        zones[0].track(&[127, 0, 0, 1], 3);
+        zones[0].record_top(TopKind::Rejected, NOW, &[127, 0, 0, 1]);
+        let (_, list) = call(&zones, "GET", "zones/login/blocked", "");
+        let keys: Vec<_> = list["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| &k["key"])
+            .collect();
+        assert_eq!(keys, [&json!("127.0.0.1"), &json!("2001:db8::7")]);
+        let (status, block) = call(&zones, "GET", "zones/login/blocked/2001:db8::7", "");
+        assert_eq!((status, &block["key"]), (200, &json!("2001:db8::7")));
+        let (status, key) = call(&zones, "GET", "zones/login/keys/127.0.0.1", "");
+        assert_eq!((status, &key["key"]), (200, &json!("127.0.0.1")), "{key}");
+        let (_, top) = call(&zones, "GET", "zones/login/top", "");
+        assert_eq!(top["keys"][0]["key"], "127.0.0.1");
+        // Overrides: given, listed and removed by address; the raw bytes still work.
+        let (status, set) = call(
+            &zones,
+            "PUT",
+            "zones/login/overrides/10.0.0.2",
+            r#"{"rate": "1r/s"}"#,
+        );
+        assert_eq!((status, &set["key"]), (201, &json!("10.0.0.2")));
+        assert!(zones[0].override_for(&[10, 0, 0, 2]).is_some());
+        let (_, overrides) = call(&zones, "GET", "zones/login/overrides", "");
+        assert!(overrides.get("10.0.0.2").is_some(), "{overrides}");
+        assert_eq!(
+            call(&zones, "DELETE", "zones/login/overrides/%0A%00%00%02", "").0,
+            204
+        );
+        // Released by address: 204, then "not blocked", named by address.
+        assert_eq!(
+            call(&zones, "DELETE", "zones/login/blocked/127.0.0.1", "").0,
+            204
+        );
+        let (status, error) = call(&zones, "DELETE", "zones/login/blocked/127.0.0.1", "");
+        assert_eq!(status, 404);
+        assert_eq!(
+            error["error"],
+            "key \"127.0.0.1\" is not blocked in zone \"login\""
+        );
+        assert_eq!(
+            call(&zones, "DELETE", "zones/login/keys/127.0.0.1", "").0,
+            204
+        );
+        assert!(zones[0].key_state(&[127, 0, 0, 1]).is_none());
     }
 
     #[test]

@@ -18,6 +18,7 @@ use crate::store::{
     AdminZone, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverrideRefused, ZoneInfo,
 };
 use ratelimit_core::concurrency::{ConcurrencyLimit, ConcurrencyLimits};
+use ratelimit_core::key_form::KeyForm;
 
 /// A zone kept in a `Mutex`.
 pub struct MemoryZone {
@@ -26,6 +27,9 @@ pub struct MemoryZone {
     /// `block=`: the policy and the block table's words (as the module keeps them in shared
     /// memory), with the clock set by hand ([`MemoryZone::set_now`], Unix nanoseconds).
     blocks: Option<MemoryBlocks>,
+    /// How keys are shown and given: text unless set ([`MemoryZone::with_key_form`]), although
+    /// the zone's KEY reads `$binary_remote_addr`.
+    key_form: KeyForm,
 }
 
 struct MemoryBlocks {
@@ -113,7 +117,14 @@ impl MemoryZone {
                 history: None,
             }),
             blocks: None,
+            key_form: KeyForm::Text,
         }
+    }
+
+    /// The same zone with its keys shown and given in `form`.
+    pub fn with_key_form(mut self, form: KeyForm) -> MemoryZone {
+        self.key_form = form;
+        self
     }
 
     /// The same zone with `block=` (`policy`) and a block table of `records` records.
@@ -238,6 +249,10 @@ impl MemoryZone {
 impl AdminZone for MemoryZone {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn key_form(&self) -> KeyForm {
+        self.key_form
     }
 
     fn info(&self) -> ZoneInfo {

@@ -1,6 +1,7 @@
 //! What the API needs from a zone: the nginx module implements [`AdminZone`] over shared
 //! memory, [`crate::memory::MemoryZone`] implements it for tests.
 
+use ratelimit_core::key_form::KeyForm;
 use ratelimit_core::top::{TopKind, TopWindow};
 use ratelimit_core::{Algorithm, Decision, Limits};
 
@@ -169,6 +170,11 @@ pub trait AdminZone {
 
     /// The zone as it is now.
     fn info(&self) -> ZoneInfo;
+
+    /// How the zone's keys are shown and given (`$binary_remote_addr` keys as addresses).
+    fn key_form(&self) -> KeyForm {
+        KeyForm::Text
+    }
 
     /// The limits requests get now.
     fn limits(&self) -> Limits;

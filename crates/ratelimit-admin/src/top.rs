@@ -1,6 +1,7 @@
 //! `GET zones/NAME/top?by=rejected|delayed&window=1m|10m&limit=N`: the query's parameters and
 //! the answer's JSON. The counts come from the zone's summaries (`ratelimit_core::top`).
 
+use ratelimit_core::key_form::KeyForm;
 use ratelimit_core::top::{TopCount, TopKind, TopWindow, TOP_CAPACITY, TOP_KEY_BYTES};
 use serde::Serialize;
 
@@ -122,7 +123,8 @@ pub struct TopKeyJson {
 }
 
 impl<'a> TopJson<'a> {
-    pub fn new(zone: &'a str, query: &TopQuery, list: &TopList) -> TopJson<'a> {
+    /// `list`'s keys shown in the zone's `form`.
+    pub fn new(zone: &'a str, query: &TopQuery, list: &TopList, form: KeyForm) -> TopJson<'a> {
         TopJson {
             zone,
             by: query.kind.name(),
@@ -134,7 +136,7 @@ impl<'a> TopJson<'a> {
                 .keys
                 .iter()
                 .map(|count| TopKeyJson {
-                    key: String::from_utf8_lossy(&count.key).into_owned(),
+                    key: form.show(&count.key),
                     count: count.count,
                     error: count.error,
                     truncated: count.truncated,

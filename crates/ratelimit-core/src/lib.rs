@@ -32,6 +32,7 @@ pub mod fleet_round;
 pub mod hint;
 pub mod history;
 pub mod key;
+pub mod key_form;
 pub mod leaky_bucket;
 pub mod log_format;
 pub mod penalty;

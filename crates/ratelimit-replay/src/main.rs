@@ -2,6 +2,7 @@
 //! show, request by request, what the module would have decided; then per-key totals and the
 //! smallest limit that would have rejected nothing.
 
+mod error;
 mod plot;
 
 use std::fs::File;
@@ -17,10 +18,7 @@ use ratelimit_core::replay::{
 use ratelimit_core::{log_format, penalty, Algorithm, DelayMode, LimitSpec, Policy, ZoneSpec};
 use serde_json::json;
 
-/// Exit status for bad arguments, a bad spec or bad input.
-const EXIT_BAD_INPUT: u8 = 2;
-/// Exit status when the output cannot be written.
-const EXIT_OUTPUT: u8 = 1;
+use error::ReplayError;
 
 /// Replay requests through a rate limit, deciding each as the nginx module would.
 #[derive(Debug, Parser)]
@@ -62,6 +60,11 @@ struct Args {
     #[arg(long)]
     json: bool,
 
+    /// Show a log's times as seconds since the Unix epoch (as $msec writes them) instead of
+    /// RFC 3339 UTC (2026-12-01T18:52:55.250Z). A timeline's times are shown as written
+    #[arg(long)]
+    epoch_times: bool,
+
     /// Also draw the replay as SVG into FILE: per key (the ones with the most requests when
     /// there are many), requests over time by decision and the key's level against its limit
     #[arg(long, value_name = "FILE")]
@@ -91,55 +94,36 @@ enum Format {
     Common,
 }
 
-/// Why the replay stopped.
-enum Failure {
-    /// Bad spec or input: the message is shown, exit status 2.
-    Input(String),
-    /// Writing the output failed.
-    Output(io::Error),
-}
-
-impl From<io::Error> for Failure {
-    fn from(error: io::Error) -> Failure {
-        Failure::Output(error)
-    }
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::Input(message)) => {
-            eprintln!("ratelimit-replay: {message}");
-            ExitCode::from(EXIT_BAD_INPUT)
-        }
         // `ratelimit-replay ... | head` is not an error.
-        Err(Failure::Output(error)) if error.kind() == io::ErrorKind::BrokenPipe => {
+        Err(ReplayError::Output(error)) if error.kind() == io::ErrorKind::BrokenPipe => {
             ExitCode::SUCCESS
         }
-        Err(Failure::Output(error)) => {
-            eprintln!("ratelimit-replay: cannot write the output: {error}");
-            ExitCode::from(EXIT_OUTPUT)
+        Err(error) => {
+            eprintln!("ratelimit-replay: {error}");
+            ExitCode::from(error.exit_status())
         }
     }
 }
 
-fn run(args: &Args) -> Result<(), Failure> {
-    let (policy, zone, limit) = parse_policy(args).map_err(Failure::Input)?;
+fn run(args: &Args) -> Result<(), ReplayError> {
+    let (policy, zone, limit) = parse_policy(args)?;
     if args.key_field == Some(0) {
-        return Err(Failure::Input("--key-field counts from 1".to_string()));
+        return Err(ReplayError::KeyFieldZero);
     }
-    let mut reader = chosen_format(args)
-        .map_err(Failure::Input)?
-        .map(LineReader::new);
+    let mut reader = chosen_format(args)?.map(LineReader::new);
     if let Some(reader) = &reader {
-        check_status(reader.format(), limit.as_ref()).map_err(Failure::Input)?;
-        check_key_options(reader.format(), args).map_err(Failure::Input)?;
+        check_status(reader.format(), limit.as_ref())?;
+        check_key_options(reader.format(), args)?;
     }
     let input: Box<dyn BufRead> = match &args.input {
         Some(path) if path.as_os_str() != "-" => {
-            let file = File::open(path).map_err(|error| {
-                Failure::Input(format!("cannot open \"{}\": {error}", path.display()))
+            let file = File::open(path).map_err(|error| ReplayError::Open {
+                path: path.clone(),
+                error,
             })?;
             Box::new(BufReader::new(file))
         }
@@ -151,6 +135,7 @@ fn run(args: &Args) -> Result<(), Failure> {
         json: args.json,
         status: limit.as_ref().is_some_and(|l| l.on_status.is_some()),
         block: zone.block.is_some(),
+        wall_clock: false,
     };
     let mut sink = Sink {
         columns,
@@ -161,7 +146,10 @@ fn run(args: &Args) -> Result<(), Failure> {
     let mut spreader = SecondSpreader::default();
     for (index, line) in input.split(b'\n').enumerate() {
         let number = index + 1;
-        let line = line.map_err(|error| Failure::Input(format!("line {number}: {error}")))?;
+        let line = line.map_err(|error| ReplayError::Read {
+            line: number,
+            error,
+        })?;
         // Access logs may hold bytes that are not UTF-8 in fields we never read.
         let text = String::from_utf8_lossy(&line);
         let text = text.strip_suffix('\r').unwrap_or(&text);
@@ -173,21 +161,20 @@ fn run(args: &Args) -> Result<(), Failure> {
                     continue;
                 }
                 let format = detect(number, text, args)?;
-                check_status(&format, parse_policy(args).ok().and_then(|p| p.2).as_ref())
-                    .map_err(Failure::Input)?;
-                check_key_options(&format, args).map_err(Failure::Input)?;
+                check_status(&format, parse_policy(args).ok().and_then(|p| p.2).as_ref())?;
+                check_key_options(&format, args)?;
                 reader.insert(LineReader::new(format))
             }
         };
+        sink.columns.wall_clock =
+            !args.epoch_times && !matches!(reader.format(), InputFormat::Timeline);
         let request = match reader.read(number, text) {
             Ok(Some(request)) => request,
             Ok(None) => continue,
             Err(error) => {
                 out.flush()?;
-                return Err(Failure::Input(format!(
-                    "{error}{}",
-                    hint(reader.format(), text, args)
-                )));
+                let hint = hint(reader.format(), text, args);
+                return Err(ReplayError::BadLine { error, hint });
             }
         };
         for request in spreader.push(request) {
@@ -198,14 +185,11 @@ fn run(args: &Args) -> Result<(), Failure> {
         sink.request(&mut out, &request)?;
     }
     if sink.requests == 0 {
-        let name = match &args.input {
+        let input = match &args.input {
             Some(path) if path.as_os_str() != "-" => format!("\"{}\"", path.display()),
             _ => "the standard input".to_string(),
         };
-        return Err(Failure::Input(format!(
-            "no requests in {name}: nothing to replay (a timeline has one \"SECONDS [KEY]\" \
-             per line; an access log one request per line)"
-        )));
+        return Err(ReplayError::NoRequests { input });
     }
     sink.columns
         .summary(&mut out, &sink.replay, &sink.replay.summary())?;
@@ -213,8 +197,9 @@ fn run(args: &Args) -> Result<(), Failure> {
     if let (Some(path), Some(plot)) = (&args.plot, &sink.plot) {
         let policy = sink.replay.policy();
         let svg = plot.render(&describe(&sink.replay), policy);
-        std::fs::write(path, svg).map_err(|error| {
-            Failure::Input(format!("cannot write \"{}\": {error}", path.display()))
+        std::fs::write(path, svg).map_err(|error| ReplayError::WritePlot {
+            path: path.clone(),
+            error,
         })?;
         let (keys, drawn) = plot.counts();
         eprintln!(
@@ -234,7 +219,7 @@ struct Sink {
 }
 
 impl Sink {
-    fn request(&mut self, out: &mut impl Write, request: &Request) -> Result<(), Failure> {
+    fn request(&mut self, out: &mut impl Write, request: &Request) -> Result<(), ReplayError> {
         // The header waits for the first request: an input without any gets an error instead.
         if self.requests == 0 {
             self.columns.header(out)?;
@@ -263,32 +248,23 @@ fn key_of(args: &Args) -> &str {
 
 /// `--key` is for log formats, `--key-field` for `$msec` access logs and timelines have
 /// keys of their own: an option the format does not read is an error, not ignored.
-fn check_key_options(format: &InputFormat, args: &Args) -> Result<(), String> {
+fn check_key_options(format: &InputFormat, args: &Args) -> Result<(), ReplayError> {
     match format {
-        InputFormat::Log(_) if args.key_field.is_some() => Err(
-            "--key-field is for access logs starting with $msec; this log is read with a log \
-             format: name the key's variables with --key '$variable'"
-                .to_string(),
-        ),
-        InputFormat::AccessLog { .. } if args.key.is_some() => Err(
-            "--key is for logs read with a log format (combined, common, --log-format); this \
-             access log starts with $msec: name the key's field with --key-field N"
-                .to_string(),
-        ),
-        InputFormat::Timeline if args.key.is_some() || args.key_field.is_some() => Err(
-            "--key and --key-field are for access logs; a timeline line is \"SECONDS [KEY]\""
-                .to_string(),
-        ),
+        InputFormat::Log(_) if args.key_field.is_some() => Err(ReplayError::KeyFieldWithLogFormat),
+        InputFormat::AccessLog { .. } if args.key.is_some() => Err(ReplayError::KeyWithAccessLog),
+        InputFormat::Timeline if args.key.is_some() || args.key_field.is_some() => {
+            Err(ReplayError::KeyWithTimeline)
+        }
         _ => Ok(()),
     }
 }
 
 /// The format the options name, or `None` for `--format auto` (told from the first line).
-fn chosen_format(args: &Args) -> Result<Option<InputFormat>, String> {
+fn chosen_format(args: &Args) -> Result<Option<InputFormat>, ReplayError> {
     let log = |name: &str, format: &str| {
         LogInput::new(name, format, key_of(args))
             .map(|input| Some(InputFormat::Log(input)))
-            .map_err(|error| format!("--log-format: {error}"))
+            .map_err(ReplayError::LogFormat)
     };
     if let Some(format) = &args.log_format {
         return log("--log-format", format);
@@ -305,7 +281,7 @@ fn chosen_format(args: &Args) -> Result<Option<InputFormat>, String> {
 }
 
 /// `--format auto`: the format of the first line that is not blank or a comment.
-fn detect(number: usize, text: &str, args: &Args) -> Result<InputFormat, Failure> {
+fn detect(number: usize, text: &str, args: &Args) -> Result<InputFormat, ReplayError> {
     // A line starting with a number is a timeline's (its errors then say what is wrong)
     // unless it reads like an access log starting with `$msec $remote_addr`.
     let starts_with_time = text
@@ -325,39 +301,27 @@ fn detect(number: usize, text: &str, args: &Args) -> Result<InputFormat, Failure
         ("combined", log_format::COMBINED),
         ("common", log_format::COMMON),
     ] {
-        let input = LogInput::new(name, format, key_of(args))
-            .map_err(|error| Failure::Input(format!("--key: {error}")))?;
+        let input = LogInput::new(name, format, key_of(args)).map_err(ReplayError::Key)?;
         match input.format.match_line(text) {
             Ok(_) => return Ok(InputFormat::Log(input)),
             Err(mismatch) => refusals.push(format!("{name}: {mismatch}")),
         }
     }
-    Err(Failure::Input(format!(
-        "line {number}: not a format read without --log-format: not a timeline \
-         (\"SECONDS [KEY]\"), not an access log starting with $msec $remote_addr, and not \
-         nginx's {}; give the log_format of the access_log that wrote it with \
-         --log-format '...' (from nginx.conf)",
-        refusals.join("; nor ")
-    )))
+    Err(ReplayError::UnknownFormat {
+        line: number,
+        refusals,
+    })
 }
 
 /// `on_status=` needs each request's status: refuse a format without one.
-fn check_status(format: &InputFormat, limit: Option<&LimitSpec>) -> Result<(), String> {
+fn check_status(format: &InputFormat, limit: Option<&LimitSpec>) -> Result<(), ReplayError> {
     if limit.is_none_or(|l| l.on_status.is_none()) {
         return Ok(());
     }
     match format {
         InputFormat::Log(input) if input.format.has("status") => Ok(()),
-        InputFormat::Log(input) => Err(format!(
-            "--limit: on_status needs each request's status, and the {} log format has no \
-             $status",
-            input.name
-        )),
-        _ => Err(
-            "--limit: on_status needs each request's status: replay an access log with \
-                  $status (combined, common, or --log-format with $status)"
-                .to_string(),
-        ),
+        InputFormat::Log(input) => Err(ReplayError::NoStatusInFormat(input.name.to_string())),
+        _ => Err(ReplayError::NoStatus),
     }
 }
 
@@ -396,18 +360,17 @@ fn looks_like_access_log(line: &str) -> bool {
 
 /// `--zone` and `--limit` as the module reads them (`block=` and `on_status=` included); the
 /// message is the spec error.
-fn parse_policy(args: &Args) -> Result<(Policy, ZoneSpec, Option<LimitSpec>), String> {
+fn parse_policy(args: &Args) -> Result<(Policy, ZoneSpec, Option<LimitSpec>), ReplayError> {
     let zone_words: Vec<&str> = args.zone.split_whitespace().collect();
-    let zone = ZoneSpec::parse_words(&zone_words).map_err(|error| format!("--zone: {error}"))?;
+    let zone = ZoneSpec::parse_words(&zone_words).map_err(ReplayError::Zone)?;
     let limit = match &args.limit {
         Some(words) => {
             let words: Vec<&str> = words.split_whitespace().collect();
-            Some(LimitSpec::parse_words(&words).map_err(|error| format!("--limit: {error}"))?)
+            Some(LimitSpec::parse_words(&words).map_err(ReplayError::Limit)?)
         }
         None => None,
     };
-    let policy =
-        policy_from_specs(&zone, limit.as_ref()).map_err(|error| format!("--limit: {error}"))?;
+    let policy = policy_from_specs(&zone, limit.as_ref()).map_err(ReplayError::Limit)?;
     Ok((policy, zone, limit))
 }
 
@@ -418,17 +381,34 @@ struct Columns {
     json: bool,
     status: bool,
     block: bool,
+    /// Times are a log's (seconds since the Unix epoch): shown in RFC 3339, UTC.
+    wall_clock: bool,
 }
 
 impl Columns {
+    /// The width of the time column.
+    fn time_width(self) -> usize {
+        if self.wall_clock {
+            24
+        } else {
+            16
+        }
+    }
+
     fn header(self, out: &mut impl Write) -> io::Result<()> {
         if self.json {
             return Ok(());
         }
         write!(
             out,
-            "{:<16} {:<16} {:<9} {:>10} {:>14} {:>9}",
-            "t", "key", "decision", "delay_ms", "retry_after_ms", "remaining"
+            "{:<width$} {:<16} {:<9} {:>10} {:>14} {:>9}",
+            "t",
+            "key",
+            "decision",
+            "delay_ms",
+            "retry_after_ms",
+            "remaining",
+            width = self.time_width()
         )?;
         if self.status {
             write!(out, " {:>6} {:>7}", "status", "charged")?;
@@ -454,6 +434,9 @@ impl Columns {
                 "reset_ms": millis(decision.reset_ns),
                 "excess": decision.excess_milli as f64 / 1000.0,
             });
+            if self.wall_clock {
+                object["time"] = json!(rfc3339(request.time_ns));
+            }
             if self.status {
                 object["status"] = json!(request.status);
                 object["charged"] = json!(verdict.charged);
@@ -470,15 +453,20 @@ impl Columns {
             }
             return writeln!(out, "{object}");
         }
+        let time = if self.wall_clock {
+            rfc3339(request.time_ns)
+        } else {
+            request.time_text.clone()
+        };
         write!(
             out,
-            "{:<16} {:<16} {:<9} {:>10} {:>14} {:>9}",
-            request.time_text,
+            "{time:<width$} {:<16} {:<9} {:>10} {:>14} {:>9}",
             request.key,
             verdict.as_str(),
             millis_text(decision.delay_ns),
             retry_text(decision),
-            decision.remaining
+            decision.remaining,
+            width = self.time_width()
         )?;
         if self.status {
             let status = request.status.map_or("-".to_string(), |s| s.to_string());
@@ -619,6 +607,21 @@ fn describe(replay: &Replay) -> String {
         words.push(format!("on_status={on_status}"));
     }
     words.join(" ")
+}
+
+/// A log's time (nanoseconds since the Unix epoch) in RFC 3339, UTC, to the millisecond:
+/// `2026-12-01T18:52:55.250Z`.
+fn rfc3339(time_ns: u64) -> String {
+    let seconds = i64::try_from(time_ns / 1_000_000_000).unwrap_or(i64::MAX);
+    let nanos = (time_ns % 1_000_000_000) as u32;
+    match chrono::DateTime::from_timestamp(seconds, nanos) {
+        Some(time) => time.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        None => format!(
+            "{}.{:03}",
+            time_ns / 1_000_000_000,
+            time_ns / 1_000_000 % 1_000
+        ),
+    }
 }
 
 /// Milliseconds with three decimals (microseconds, rounded down): `1500.000`.

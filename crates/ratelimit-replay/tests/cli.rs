@@ -189,6 +189,7 @@ fn access_log_keys() {
         ]
     );
     assert_eq!(lines[0]["t"], 1_700_000_000.0);
+    assert_eq!(lines[2]["time"], "2023-11-14T22:13:20.200Z");
     assert_eq!(lines[2]["retry_after_ms"], 800.0);
 
     // Keyed by the request path instead: field 8.
@@ -205,9 +206,32 @@ fn access_log_keys() {
     );
     let text = stdout(&output);
     assert!(text.contains("/a"), "{text}");
-    assert!(rows(&text)
-        .iter()
-        .any(|row| row[..3] == ["1700000000.200", "/a", "REJECTED"]));
+    // A log's times in RFC 3339 UTC; with --epoch-times as $msec wrote them.
+    assert!(
+        rows(&text)
+            .iter()
+            .any(|row| row.get(..3) == Some(&["2023-11-14T22:13:20.200Z", "/a", "REJECTED"][..])),
+        "{text}"
+    );
+    let output = replay(
+        &[
+            "--zone",
+            "rate=1r/s",
+            "--format",
+            "access-log",
+            "--key-field",
+            "8",
+            "--epoch-times",
+        ],
+        log,
+    );
+    let text = stdout(&output);
+    assert!(
+        rows(&text)
+            .iter()
+            .any(|row| row.get(..3) == Some(&["1700000000.200", "/a", "REJECTED"][..])),
+        "{text}"
+    );
 }
 
 #[test]
@@ -354,4 +378,30 @@ fn access_log_without_format_is_recognised() {
     let output = replay(&["--zone", "rate=1r/s"], "1 a b\n");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!stderr.contains("--format access-log"), "{stderr}");
+}
+
+/// A zone keyed by `$binary_remote_addr` replays by the client address, shown as the
+/// module's admin API shows such keys: `127.0.0.1`, `::1`.
+#[test]
+fn binary_address_keys_are_shown_as_addresses() {
+    let log = "\
+127.0.0.1 - - [14/Nov/2023:22:13:20 +0000] \"GET /a HTTP/1.1\" 200 5 \"-\" \"curl/8\"
+::1 - - [14/Nov/2023:22:13:20 +0000] \"GET /a HTTP/1.1\" 200 5 \"-\" \"curl/8\"
+";
+    let output = replay(
+        &[
+            "--zone",
+            "rate=1r/s",
+            "--key",
+            "$binary_remote_addr",
+            "--json",
+        ],
+        log,
+    );
+    let lines = json_lines(&output);
+    let keys: Vec<&str> = lines[..2]
+        .iter()
+        .map(|line| line["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["127.0.0.1", "::1"]);
 }

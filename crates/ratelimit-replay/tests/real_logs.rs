@@ -118,6 +118,24 @@ fn a_combined_log_is_read_without_flags() {
         LOGIN_LOG,
     );
     let table = String::from_utf8(output.stdout).unwrap();
+    let second_of = |row: usize| {
+        let line = table.lines().nth(row).unwrap();
+        line.split_whitespace().next().unwrap().to_string()
+    };
+    assert_eq!(second_of(1), "2026-12-01T18:52:55.000Z", "{table}");
+    let placed = format!("2026-12-01T18:52:55.{:03}Z", 1000 / count);
+    assert_eq!(second_of(2), placed, "{table}");
+    let output = replay(
+        &[
+            "--zone",
+            "rate=100r/s",
+            "--format",
+            "combined",
+            "--epoch-times",
+        ],
+        LOGIN_LOG,
+    );
+    let table = String::from_utf8(output.stdout).unwrap();
     assert!(
         table.lines().nth(1).unwrap().starts_with("1796151175.000 "),
         "{table}"
