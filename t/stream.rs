@@ -17,7 +17,8 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{check_config, config, nginx_binary, Config};
+use common::{check_config, config, nginx_binary, send, Config, Nginx, Request};
+use serde_json::Value;
 
 /// A TCP echo server on a free loopback port: every connection gets back what it sends.
 fn tcp_echo() -> u16 {
@@ -438,4 +439,69 @@ fn udp_sessions_are_charged_and_datagrams_inside_one_are_free() {
         .map(|n| datagram(&client, nginx.port_n(4), &format!("datagram {n}")))
         .collect();
     assert_eq!(answered, [true, true, true, false, false]);
+}
+
+/// The admin API's answer to METHOD /ratelimit/PATH on the http server.
+fn admin(nginx: &Nginx, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+    let mut request = Request::new(method, &format!("/ratelimit/{path}"));
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    let response = send(nginx.port(), &request);
+    let value = serde_json::from_slice(&response.body).unwrap_or(Value::Null);
+    (response.status, value)
+}
+
+#[test]
+fn the_admin_api_shows_and_changes_stream_zones_and_a_reload_keeps_them() {
+    let upstream = tcp_echo();
+    let mut nginx = with_stream(&format!(
+        "rate_limit_zone $binary_remote_addr zone=smtp:1m rate=1r/m;\n\
+         server {{ listen 127.0.0.1:%%PORT2%%; rate_limit zone=smtp nodelay;\n\
+         proxy_pass 127.0.0.1:{upstream}; }}"
+    ))
+    .workers(2)
+    .http("rate_limit_zone $http_x_key zone=web:1m rate=1r/m;")
+    .locations("location /ratelimit/ { rate_limit_admin write=on; }")
+    .start();
+    let port = nginx.port_n(2);
+    assert_eq!(passes(port, 2), [true, false]);
+
+    let (status, zones) = admin(&nginx, "GET", "zones", None);
+    assert_eq!(status, 200, "{zones}");
+    assert_eq!(zones["smtp"]["context"], "stream", "{zones}");
+    assert_eq!(zones["smtp"]["key"], "$binary_remote_addr");
+    assert_eq!(
+        (
+            zones["smtp"]["passed"].as_u64(),
+            zones["smtp"]["rejected"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
+    assert!(
+        zones["web"].get("context").is_none(),
+        "an http zone has no context: {zones}"
+    );
+    let (_, top) = admin(&nginx, "GET", "zones/smtp/top?by=rejected", None);
+    assert_eq!(top["keys"].as_array().map(Vec::len), Some(1), "{top}");
+    let response = send(nginx.port(), &Request::get("/ratelimit/metrics"));
+    assert!(
+        response
+            .text()
+            .contains("rate_limit_requests_total{zone=\"smtp\",outcome=\"rejected\"} 1"),
+        "{}",
+        response.text()
+    );
+
+    // PATCH changes the stream zone live, in every worker: a burst of 3 lets 3 more in.
+    let (status, zone) = admin(&nginx, "PATCH", "zones/smtp", Some(r#"{"burst": 3}"#));
+    assert_eq!(status, 200, "{zone}");
+    assert_eq!(zone["burst"], 3);
+    assert_eq!(passes(port, 4), [true, true, true, false]);
+
+    // A reload keeps the zone's state: the key is still over its limit.
+    nginx.reload();
+    assert_eq!(passes(port, 1), [false]);
+    let (_, zone) = admin(&nginx, "GET", "zones/smtp", None);
+    assert_eq!(zone["context"], "stream", "{zone}");
 }
