@@ -505,3 +505,49 @@ fn the_admin_api_shows_and_changes_stream_zones_and_a_reload_keeps_them() {
     let (_, zone) = admin(&nginx, "GET", "zones/smtp", None);
     assert_eq!(zone["context"], "stream", "{zone}");
 }
+
+#[test]
+fn a_sync_stream_zone_is_one_limit_across_the_fleet() {
+    let redis = common::redis::Redis::start();
+    let upstream = tcp_echo();
+    // A sync stream zone needs rate_limit_sync in an http block read before the stream block.
+    let instance = || {
+        let mut config = config();
+        if let Some(path) = stream_module() {
+            config = config.load(&path);
+        }
+        let http = config
+            .http(&format!(
+                "rate_limit_sync redis://127.0.0.1:{};",
+                redis.port
+            ))
+            .locations("location /ratelimit/ { rate_limit_admin; }")
+            .build();
+        Nginx::start(&format!(
+            "{http}stream {{\n\
+             rate_limit_zone $binary_remote_addr zone=fleet:1m rate=1r/m burst=4 sync;\n\
+             server {{ listen 127.0.0.1:%%PORT2%%; rate_limit zone=fleet nodelay;\n\
+             proxy_pass 127.0.0.1:{upstream}; }}\n}}\n"
+        ))
+    };
+    let fleet = [instance(), instance()];
+    redis.wait_instances(2);
+    let (_, zone) = admin(&fleet[0], "GET", "zones/fleet", None);
+    assert_eq!(zone["context"], "stream", "{zone}");
+    assert!(
+        zone["sync"].is_object(),
+        "a sync stream zone shows its sync state: {zone}"
+    );
+    // 30 connections from one address, alternating between the instances, 100 ms apart
+    // (several sync rounds): the fleet admits one key's 1 + burst 4 once, where two
+    // instances on their own would admit 5 each.
+    let mut passed = [0; 2];
+    for n in 0..30 {
+        if echo_once(fleet[n % 2].port_n(2)).is_some() {
+            passed[n % 2] += 1;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    let total = passed[0] + passed[1];
+    assert!((4..=6).contains(&total), "passed per instance: {passed:?}");
+}
