@@ -18,9 +18,8 @@ use core::ptr;
 
 use nginx_sys::{
     ngx_stream_conf_ctx_t, ngx_stream_core_main_conf_t, ngx_stream_handler_pt, ngx_stream_module_t,
-    ngx_stream_phases_NGX_STREAM_PREACCESS_PHASE, NGX_STREAM_MAIN_CONF,
-    NGX_STREAM_MAIN_CONF_OFFSET, NGX_STREAM_MODULE, NGX_STREAM_SRV_CONF,
-    NGX_STREAM_SRV_CONF_OFFSET,
+    ngx_stream_phases_NGX_STREAM_PREACCESS_PHASE, NGX_STREAM_MAIN_CONF, NGX_STREAM_MODULE,
+    NGX_STREAM_SRV_CONF,
 };
 use ngx::core::Status;
 use ngx::ffi::{
@@ -141,6 +140,10 @@ fn stream_main_conf(cycle: &ngx_cycle_t) -> Option<&'static conf::MainConf> {
     }
 }
 
+// nginx-sys defines these only where the stream module is built in; the same offsets here.
+const MAIN_CONF_OFFSET: usize = core::mem::offset_of!(ngx_stream_conf_ctx_t, main_conf);
+const SRV_CONF_OFFSET: usize = core::mem::offset_of!(ngx_stream_conf_ctx_t, srv_conf);
+
 const SRV_ANY: u32 = NGX_STREAM_MAIN_CONF | NGX_STREAM_SRV_CONF;
 
 static mut COMMANDS: [ngx_command_t; 5] = [
@@ -148,7 +151,7 @@ static mut COMMANDS: [ngx_command_t; 5] = [
         name: ngx_string!("rate_limit_zone"),
         type_: (NGX_STREAM_MAIN_CONF | NGX_CONF_1MORE) as ngx_uint_t,
         set: Some(conf::cmd_rate_limit_zone),
-        conf: NGX_STREAM_MAIN_CONF_OFFSET,
+        conf: MAIN_CONF_OFFSET,
         offset: 0,
         post: ptr::null_mut(),
     },
@@ -156,7 +159,7 @@ static mut COMMANDS: [ngx_command_t; 5] = [
         name: ngx_string!("rate_limit"),
         type_: (SRV_ANY | NGX_CONF_1MORE) as ngx_uint_t,
         set: Some(conf::cmd_rate_limit),
-        conf: NGX_STREAM_SRV_CONF_OFFSET,
+        conf: SRV_CONF_OFFSET,
         offset: 0,
         post: ptr::null_mut(),
     },
@@ -164,7 +167,7 @@ static mut COMMANDS: [ngx_command_t; 5] = [
         name: ngx_string!("rate_limit_dry_run"),
         type_: (SRV_ANY | NGX_CONF_FLAG) as ngx_uint_t,
         set: Some(ngx_conf_set_flag_slot),
-        conf: NGX_STREAM_SRV_CONF_OFFSET,
+        conf: SRV_CONF_OFFSET,
         offset: core::mem::offset_of!(conf::SrvConf, dry_run),
         post: ptr::null_mut(),
     },
@@ -172,7 +175,7 @@ static mut COMMANDS: [ngx_command_t; 5] = [
         name: ngx_string!("rate_limit_log_level"),
         type_: (SRV_ANY | NGX_CONF_TAKE1) as ngx_uint_t,
         set: Some(conf::cmd_log_level),
-        conf: NGX_STREAM_SRV_CONF_OFFSET,
+        conf: SRV_CONF_OFFSET,
         offset: 0,
         post: ptr::null_mut(),
     },
