@@ -551,3 +551,77 @@ fn a_sync_stream_zone_is_one_limit_across_the_fleet() {
     let total = passed[0] + passed[1];
     assert!((4..=6).contains(&total), "passed per instance: {passed:?}");
 }
+
+/// Debian's packages load this module before the stream module (modules-enabled/
+/// 50-mod-http-rate-limit.conf sorts before 50-mod-stream.conf): the stream part finds nginx's
+/// stream functions when the stream block is read, so either order works.
+#[test]
+fn the_dynamic_stream_module_may_be_loaded_after_this_one() {
+    let Some(stream) = stream_module() else {
+        common::skip::skipped("this nginx has the stream module built in: no load order");
+        return;
+    };
+    let upstream = tcp_echo();
+    let nginx = config()
+        .load_order(&[common::config::MODULE, &stream])
+        .main(&format!(
+            "stream {{\n\
+             rate_limit_zone $binary_remote_addr zone=late:1m rate=1r/m;\n\
+             server {{ listen 127.0.0.1:%%PORT2%%; rate_limit zone=late nodelay;\n\
+             proxy_pass 127.0.0.1:{upstream}; }}\n}}"
+        ))
+        .start();
+    assert_eq!(passes(nginx.port_n(2), 2), [true, false]);
+}
+
+#[test]
+fn block_and_dry_run_work_in_the_stream_block() {
+    let upstream = tcp_echo();
+    let nginx = with_stream(&format!(
+        "log_format s \"$server_port $rate_limit_status $status\";\n\
+         access_log logs/stream.log s;\n\
+         rate_limit_zone $binary_remote_addr zone=boxed:1m rate=1r/m block=30s;\n\
+         rate_limit_zone $binary_remote_addr zone=dry:1m rate=1r/m;\n\
+         server {{ listen 127.0.0.1:%%PORT2%%; rate_limit zone=boxed nodelay;\n\
+         proxy_pass 127.0.0.1:{upstream}; }}\n\
+         server {{ listen 127.0.0.1:%%PORT3%%; rate_limit zone=dry nodelay;\n\
+         rate_limit_dry_run on; proxy_pass 127.0.0.1:{upstream}; }}"
+    ))
+    .start();
+    assert_eq!(passes(nginx.port_n(2), 3), [true, false, false]);
+    assert_eq!(passes(nginx.port_n(3), 3), [true, true, true]);
+    let log = nginx.prefix().join("logs/stream.log");
+    wait_for("the stream access log", Duration::from_secs(5), || {
+        std::fs::read_to_string(&log).is_ok_and(|text| text.lines().count() >= 6)
+    });
+    let text = std::fs::read_to_string(&log).expect("stream log");
+    let statuses: Vec<String> = text
+        .lines()
+        .map(|line| {
+            line.split_once(' ')
+                .map_or(line, |(_, rest)| rest)
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            "PASSED 200",
+            "REJECTED 503",
+            "BLOCKED 503",
+            "PASSED 200",
+            "REJECTED_DRY_RUN 200",
+            "REJECTED_DRY_RUN 200"
+        ],
+        "{text}"
+    );
+    let errors = nginx.error_log();
+    assert!(
+        errors.contains("blocking the key for 30s, level 0 (block_max 30s), by zone \"boxed\""),
+        "{errors}"
+    );
+    assert!(
+        errors.contains("limiting connections, dry run, excess:"),
+        "{errors}"
+    );
+}

@@ -38,24 +38,8 @@ pub fn module_ptr() -> *mut ngx_module_t {
     ptr::addr_of_mut!(ngx_stream_rate_limit_module)
 }
 
-/// Before the stream block's directives: the stream `$rate_limit_status`.
-unsafe extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
-    // SAFETY: nginx passes a valid configuration context.
-    let cf = unsafe { &mut *cf };
-    let Some(main) = conf::main_conf(cf) else {
-        return Status::NGX_ERROR.into();
-    };
-    match session::add_variables(cf, main) {
-        Ok(()) => Status::NGX_OK.into(),
-        Err(error) => {
-            cf.log(&error);
-            Status::NGX_ERROR.into()
-        }
-    }
-}
-
-/// Once the stream block is read: the references checked, the variable indexed, the
-/// preaccess handler installed.
+/// Once the stream block is read: the references checked, `$rate_limit_status` added and
+/// indexed, the preaccess handler installed.
 unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
     // SAFETY: nginx passes a valid configuration context.
     let cf = unsafe { &mut *cf };
@@ -71,6 +55,12 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
 fn install(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
     conf::postconfiguration(cf)?;
     let main = conf::main_conf(cf).ok_or(ConfError::Logged)?;
+    // Here rather than in a preconfiguration: where this module is loaded before a dynamic
+    // stream module, its preconfiguration runs before the stream core's, which sets up the
+    // variables (ngx_stream_add_variable would crash). Variables added now still resolve the
+    // references the block made (`log_format ... $rate_limit_status`): nginx binds them after
+    // every postconfiguration.
+    session::add_variables(cf, main)?;
     let mut name: ngx_str_t = cf.copy_str(b"rate_limit_status")?;
     // SAFETY: `cf` is valid during configuration; the name is in its pool.
     let index = unsafe { (main.api.get_variable_index)(cf, &mut name) };
@@ -183,7 +173,7 @@ static mut COMMANDS: [ngx_command_t; 5] = [
 ];
 
 static MODULE_CTX: ngx_stream_module_t = ngx_stream_module_t {
-    preconfiguration: Some(preconfiguration),
+    preconfiguration: None,
     postconfiguration: Some(postconfiguration),
     create_main_conf: Some(conf::create_main_conf),
     init_main_conf: None,
