@@ -148,6 +148,11 @@ fn directives_are_checked_as_in_http() {
             "\"burst\" is not used by sliding_window (zone \"a\")",
         ),
         (
+            "rate_limit_zone $binary_remote_addr zone=a:1m algorithm=concurrency limit=2;\n\
+             server { listen 127.0.0.1:%%PORT2%%; rate_limit zone=a burst=3; proxy_pass 127.0.0.1:1; }",
+            "\"burst=\" is not available in the stream block: a session over a concurrency",
+        ),
+        (
             "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s sync;",
             "stream zone \"a\" has \"sync\" but no \"rate_limit_sync\"",
         ),

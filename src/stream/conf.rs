@@ -274,7 +274,14 @@ pub fn postconfiguration(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
             return Err(reference.error(ConfError::UnknownZone(reference.name.clone())));
         };
         // SAFETY: as above; nothing else refers to the zone while configuration is read.
-        conf::check_reference(reference, unsafe { &mut (*zone).conf })?;
+        let zone = unsafe { &mut (*zone).conf };
+        if reference.burst_given && zone.algorithm.counts_in_flight() {
+            return Err(reference.error(ConfError::NotInStream {
+                word: "burst=",
+                why: "a session over a concurrency zone's limit is closed, it does not queue",
+            }));
+        }
+        conf::check_reference(reference, zone)?;
     }
     if let Some(zone) = main.zones().find(|zone| zone.conf.sync) {
         // SAFETY: `cf.cycle` is the cycle being configured.
