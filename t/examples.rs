@@ -252,12 +252,15 @@ fn stream_smtp_conf_admits_ten_new_connections_a_second_per_address() {
         "{admitted} admitted in {took:.2}s (at most {most}): {first:?}"
     );
     assert!(!first[39], "the 40th at once is closed: {first:?}");
-    // A second later, ten more (the rate), and no more than one extra for the time it takes.
+    // A second later, ten more (the rate), and no more than the rate allows for the time
+    // that really passed (a loaded machine oversleeps).
+    let rested = std::time::Instant::now();
     std::thread::sleep(Duration::from_secs(1));
     let later = (0..15).filter(|_| banner()).count();
+    let most = (10.0 * rested.elapsed().as_secs_f64()).ceil() as usize + 1;
     assert!(
-        (10..=12).contains(&later),
-        "{later} admitted a second later"
+        (10..=most).contains(&later),
+        "{later} admitted a second later (at most {most})"
     );
     let zone = get(nginx.port(), "/ratelimit/zones/smtp");
     let zone: serde_json::Value = serde_json::from_slice(&zone.body).expect("JSON");

@@ -401,7 +401,7 @@ fn datagram(socket: &UdpSocket, port: u16, text: &str) -> bool {
 fn udp_socket() -> UdpSocket {
     let socket = UdpSocket::bind("127.0.0.1:0").expect("bind a UDP client");
     socket
-        .set_read_timeout(Some(Duration::from_millis(800)))
+        .set_read_timeout(Some(Duration::from_millis(1500)))
         .expect("read timeout");
     socket
 }
