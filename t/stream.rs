@@ -630,3 +630,38 @@ fn block_and_dry_run_work_in_the_stream_block() {
         "{errors}"
     );
 }
+
+#[test]
+fn the_state_file_keeps_a_stream_zones_changes_across_a_restart() {
+    let dir = std::env::temp_dir().join(format!(
+        "ngx-rate-limit-stream-state-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).expect("state dir");
+    let state = dir.join("state.json");
+    let upstream = tcp_echo();
+    let config = with_stream(&format!(
+        "rate_limit_zone $binary_remote_addr zone=kept:1m rate=1r/m;\n\
+         server {{ listen 127.0.0.1:%%PORT2%%; rate_limit zone=kept nodelay;\n\
+         proxy_pass 127.0.0.1:{upstream}; }}"
+    ))
+    .main("user root;")
+    .http(&format!("rate_limit_state_file {};", state.display()))
+    .locations("location /ratelimit/ { rate_limit_admin write=on; }");
+    let nginx = config.start();
+    let (status, zone) = admin(&nginx, "PATCH", "zones/kept", Some(r#"{"burst": 3}"#));
+    assert_eq!(status, 200, "{zone}");
+    nginx.stop();
+    let saved = std::fs::read_to_string(&state).expect("the state file");
+    assert!(saved.contains("\"kept\""), "{saved}");
+
+    let nginx = config.start();
+    let (_, zone) = admin(&nginx, "GET", "zones/kept", None);
+    assert_eq!(
+        (zone["context"].as_str(), zone["burst"].as_u64()),
+        (Some("stream"), Some(3)),
+        "{zone}"
+    );
+    assert_eq!(passes(nginx.port_n(2), 5), [true, true, true, true, false]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
