@@ -209,6 +209,14 @@ library it names (Debian: libpcre2-dev libssl-dev zlib1g-dev)"
     mv "$out/configure-args.new" "$out/configure-args"
 fi
 rm -f "$out/configure-args.new"
+# The stream part of the module (src/stream/) needs the stream headers for its bindings. A
+# binary with a dynamic stream module (Debian's --with-stream=dynamic, dropped from the
+# arguments above like every dynamic module) gets them added to the includes nginx-sys reads:
+# the module names no stream symbol, and finds them in the loaded stream module at run time.
+if grep -q -- '--with-stream' <<<"$arguments" && ! grep -q '^	-I src/stream ' "$out/objs/Makefile"; then
+    sed -i 's|^ALL_INCS = -I src/core \\$|ALL_INCS = -I src/core \\\n\t-I src/stream \\|' "$out/objs/Makefile"
+    grep -q '^	-I src/stream ' "$out/objs/Makefile" || die "cannot add the stream headers to $out/objs/Makefile"
+fi
 
 say "building the module (cargo build --release --no-default-features --features export-modules)"
 NGINX_SOURCE_DIR=$out/src NGINX_BUILD_DIR=$out/objs CARGO_TARGET_DIR=$out \

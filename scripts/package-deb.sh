@@ -9,7 +9,9 @@
 #   /usr/share/lua/5.1/resty/rate_limit.lua   (the Lua API, where lua-resty-core's modules are)
 #
 # and Depends: on the nginx-abi-<version>-<n> that the installed nginx package provides, so apt
-# refuses to install it next to an nginx it was not built for.
+# refuses to install it next to an nginx it was not built for. The one .so holds the stream part
+# too (docs/stream.md): it needs libnginx-mod-stream only where a stream block uses it, hence
+# Suggests:, not Depends:.
 #
 #   scripts/package-deb.sh [NGINX_BINARY]    NGINX_BINARY defaults to the nginx on PATH
 #
@@ -76,11 +78,14 @@ Maintainer: ngx-rate-limit maintainers <ngx-rate-limit@localhost>
 Section: httpd
 Priority: optional
 Depends: $abi, libc6
+Suggests: libnginx-mod-stream
 Description: rate limiting for nginx (rate_limit_zone, rate_limit)
  Leaky bucket, token bucket, sliding log and sliding window limits in shared
  memory, in limit_req's language, with RateLimit headers, Retry-After and a
  JSON admin API. Built for $nginx_package $(dpkg-query -W -f='${Version}' "$nginx_package").
  Includes ratelimit-replay, which replays an access log through a limit.
+ The same module limits TCP connections and UDP sessions in the stream block
+ when Debian's stream module is loaded too (libnginx-mod-stream).
 EOF
 
 # The maintainer scripts do what dh_nginx writes for Debian's module packages: enable on a

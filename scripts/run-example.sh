@@ -20,6 +20,9 @@
 #                                        scripts/build-for-nginx.sh
 #   MODULE=/path/to/ngx_http_rate_limit_module.so   with NGINX=: a module already built for it
 #   PREFIX=/tmp/example                  another prefix (absolute)
+#   UPSTREAM_PORT=2525 scripts/run-example.sh nginx-conf/stream-smtp.conf
+#                                        the port of the stream examples' upstream (%%PORT3%%,
+#                                        default 8082: the mail server, the resolver)
 #
 # Every run starts without the previous run's admin changes: a config's
 # rate_limit_state_file is removed first, and the script says so. KEEP_STATE=1 keeps it
@@ -127,8 +130,15 @@ mkdir -p "$prefix/logs" "$prefix/html"
 [ -f "$prefix/html/index.html" ] || echo "ok" >"$prefix/html/index.html"
 sed -e "s|%%MODULE%%|$module|g" -e "s|%%PORT%%|$port|g" -e "s|%%PORT1%%|$port|g" \
     -e "s|%%PORT2%%|$admin_port|g" -e "s|%%PREFIX%%|$prefix|g" -e "s|%%REPO%%|$PWD|g" \
-    -e "s|%%REDIS%%|$redis_url|g" \
+    -e "s|%%REDIS%%|$redis_url|g" -e "s|%%PORT3%%|${UPSTREAM_PORT:-8082}|g" \
     "$config" >"$prefix/nginx.conf"
+# The stream examples' commented load_module line, for an nginx whose stream module is a
+# dynamic module (Debian's libnginx-mod-stream): uncommented, from the binary's modules path.
+if "$nginx" -V 2>&1 | grep -q -- '--with-stream=dynamic'; then
+    modules_path=$("$nginx" -V 2>&1 | tr ' ' '\n' | sed -n 's/^--modules-path=//p')
+    sed -i "s|^#load_module modules/ngx_stream_module.so;|load_module ${modules_path:-modules}/ngx_stream_module.so;|" \
+        "$prefix/nginx.conf"
+fi
 if unknown=$(grep -o '%%[A-Z0-9_]*%%' "$prefix/nginx.conf" | head -n1) && [ -n "$unknown" ]; then
     die "$config: unknown placeholder $unknown"
 fi

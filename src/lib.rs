@@ -33,11 +33,14 @@ mod glue;
 mod handler;
 mod lua;
 mod store;
+mod stream;
 mod sync;
 
 use conf::directives;
 use conf::ext::ConfExt;
 use conf::{LocConf, RateLimitModule};
+#[cfg(feature = "export-modules")]
+use stream::ngx_stream_rate_limit_module;
 
 /// Before the `http` block is read: the variable, and what configuration installs on behalf
 /// of the layers above it.
@@ -208,8 +211,30 @@ static MODULE_CTX: ngx_http_module_t = ngx_http_module_t {
     merge_loc_conf: Some(RateLimitModule::merge_loc_conf),
 };
 
+// The table `load_module` reads, as `ngx::ngx_modules!` writes it (whose counting macro takes
+// one module only): the http module and the stream part's module.
 #[cfg(feature = "export-modules")]
-ngx::ngx_modules!(ngx_http_rate_limit_module);
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static mut ngx_modules: [*const ngx_module_t; 3] = [
+    ptr::addr_of!(ngx_http_rate_limit_module),
+    ptr::addr_of!(ngx_stream_rate_limit_module),
+    ptr::null(),
+];
+
+#[cfg(feature = "export-modules")]
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static mut ngx_module_names: [*const core::ffi::c_char; 3] = [
+    c"ngx_http_rate_limit_module".as_ptr(),
+    c"ngx_stream_rate_limit_module".as_ptr(),
+    ptr::null(),
+];
+
+#[cfg(feature = "export-modules")]
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static mut ngx_module_order: [*const core::ffi::c_char; 1] = [ptr::null()];
 
 #[used]
 #[allow(non_upper_case_globals)]
@@ -230,6 +255,7 @@ extern "C" fn init_module(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     // SAFETY: nginx passes the cycle being initialized.
     if let Some(cycle) = unsafe { cycle.as_ref() } {
         conf::key::resolve_query_arg_keys(cycle);
+        stream::init_module(cycle);
     }
     Status::NGX_OK.into()
 }

@@ -19,7 +19,34 @@ fn examples_dir() -> PathBuf {
 
 fn example(name: &str) -> String {
     let path = examples_dir().join(name);
-    fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+    let text =
+        fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    with_dynamic_stream_module(text)
+}
+
+/// The stream examples' `#load_module modules/ngx_stream_module.so;` uncommented, with the
+/// binary's `--modules-path`, when this nginx's stream module is dynamic (Debian's).
+fn with_dynamic_stream_module(config: String) -> String {
+    const LINE: &str = "#load_module modules/ngx_stream_module.so;";
+    if !config.contains(LINE) {
+        return config;
+    }
+    let output = std::process::Command::new(nginx_binary())
+        .arg("-V")
+        .output()
+        .expect("run nginx -V");
+    let info = String::from_utf8_lossy(&output.stderr).into_owned();
+    if !info.contains("--with-stream=dynamic") {
+        return config;
+    }
+    let modules = info
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("--modules-path="))
+        .unwrap_or("modules");
+    config.replace(
+        LINE,
+        &format!("load_module {modules}/ngx_stream_module.so;"),
+    )
 }
 
 /// An example as this test starts it: `%%REDIS%%` (nginx-conf/cluster.conf) is a port where
@@ -231,4 +258,94 @@ fn login_conf_blocks_a_guesser_and_not_a_user() {
     let (_, overrides) = admin("GET", "/ratelimit/zones/login/overrides");
     assert_eq!(overrides["127.0.0.1"]["burst"], 0, "{overrides}");
     assert_eq!(connection.get("/login?password=guess").status, 429);
+}
+
+#[test]
+fn stream_smtp_conf_admits_ten_new_connections_a_second_per_address() {
+    use std::io::{Read, Write};
+    let nginx = Nginx::start(&example("stream-smtp.conf"));
+    // The mail server: a banner for every connection it gets.
+    let mail = TcpListener::bind(("127.0.0.1", nginx.port_n(3))).expect("bind the mail server");
+    std::thread::spawn(move || {
+        for stream in mail.incoming().flatten() {
+            let mut stream = stream;
+            let _ = stream.write_all(b"220 mail.example ESMTP\r\n");
+        }
+    });
+    let banner = || {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", nginx.port_n(2)))
+            .expect("connect to the relay");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("read timeout");
+        let mut line = [0u8; 4];
+        stream.read_exact(&mut line).is_ok() && &line == b"220 "
+    };
+    // As fast as one client can: 1 + burst 20 at once, then 10 a second.
+    let start = std::time::Instant::now();
+    let first: Vec<bool> = (0..40).map(|_| banner()).collect();
+    let took = start.elapsed().as_secs_f64();
+    let admitted = first.iter().filter(|&&ok| ok).count();
+    assert!(first[..21].iter().all(|&ok| ok), "{first:?}");
+    let most = 21 + (10.0 * took).ceil() as usize;
+    assert!(
+        admitted <= most,
+        "{admitted} admitted in {took:.2}s (at most {most}): {first:?}"
+    );
+    assert!(!first[39], "the 40th at once is closed: {first:?}");
+    // A second later, ten more (the rate), and no more than the rate allows for the time
+    // that really passed (a loaded machine oversleeps).
+    let rested = std::time::Instant::now();
+    std::thread::sleep(Duration::from_secs(1));
+    let later = (0..15).filter(|_| banner()).count();
+    let most = (10.0 * rested.elapsed().as_secs_f64()).ceil() as usize + 1;
+    assert!(
+        (10..=most).contains(&later),
+        "{later} admitted a second later (at most {most})"
+    );
+    let zone = get(nginx.port(), "/ratelimit/zones/smtp");
+    let zone: serde_json::Value = serde_json::from_slice(&zone.body).expect("JSON");
+    assert_eq!(zone["context"], "stream", "{zone}");
+    assert_eq!(
+        zone["passed"].as_u64(),
+        Some((admitted + later) as u64),
+        "{zone}"
+    );
+}
+
+#[test]
+fn stream_dns_conf_answers_a_budget_of_queries_per_address() {
+    let nginx = Nginx::start(&example("stream-dns.conf"));
+    // The resolver: every query answered with itself.
+    let resolver =
+        std::net::UdpSocket::bind(("127.0.0.1", nginx.port_n(3))).expect("bind the resolver");
+    std::thread::spawn(move || {
+        let mut buffer = [0u8; 512];
+        while let Ok((n, from)) = resolver.recv_from(&mut buffer) {
+            let _ = resolver.send_to(&buffer[..n], from);
+        }
+    });
+    let client = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind a client");
+    client
+        .set_read_timeout(Some(Duration::from_millis(1500)))
+        .expect("read timeout");
+    // 80 queries from one address and port at once: 1 + burst 40 answered, and 20 a second
+    // for the time the sending took.
+    let start = std::time::Instant::now();
+    for n in 0..80u16 {
+        client
+            .send_to(&n.to_be_bytes(), ("127.0.0.1", nginx.port_n(2)))
+            .expect("send a query");
+    }
+    let took = start.elapsed().as_secs_f64();
+    let mut answered = 0;
+    let mut buffer = [0u8; 16];
+    while client.recv_from(&mut buffer).is_ok() {
+        answered += 1;
+    }
+    let most = 41 + (20.0 * took).ceil() as usize;
+    assert!(
+        (41..=most).contains(&answered),
+        "{answered} of 80 answered (sent in {took:.3}s, at most {most})"
+    );
 }

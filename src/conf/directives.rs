@@ -10,8 +10,8 @@ use core::mem;
 use ngx::core::NGX_CONF_OK;
 use ngx::ffi::{
     ngx_command_t, ngx_conf_post_t, ngx_conf_t, ngx_http_compile_complex_value,
-    ngx_http_compile_complex_value_t, ngx_http_complex_value_t, ngx_int_t, ngx_uint_t, NGX_LOG_ERR,
-    NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
+    ngx_http_compile_complex_value_t, ngx_http_complex_value_t, ngx_int_t, ngx_shm_zone_t,
+    ngx_uint_t, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleServerConf, NgxHttpCoreModule};
 use ratelimit_core::concurrency::ConcurrencySpec;
@@ -49,6 +49,83 @@ pub extern "C" fn cmd_rate_limit_zone(
 
 fn rate_limit_zone(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
     let args = cf.args();
+    let parsed = parse_zone(cf)?;
+
+    // SAFETY: all-zero is a valid (empty) complex value, filled by the compiler below.
+    let mut key: ngx_http_complex_value_t = unsafe { mem::zeroed() };
+    let mut key_arg = args[1];
+    // SAFETY: zeroed is the documented initial state of ngx_http_compile_complex_value_t.
+    let mut ccv: ngx_http_compile_complex_value_t = unsafe { mem::zeroed() };
+    ccv.cf = cf;
+    ccv.value = &mut key_arg;
+    ccv.complex_value = &mut key;
+    // SAFETY: `ccv` points at live values for the duration of the call.
+    if unsafe { ngx_http_compile_complex_value(&mut ccv) } != 0 {
+        return Err(ConfError::Logged);
+    }
+    let key_variable = match single_variable(args[1].as_bytes()) {
+        Some(name) => Some(variable_index(cf, name)?),
+        None => None,
+    };
+
+    let mcf = main_conf(cf).ok_or(ConfError::Logged)?;
+    let name = parsed.name.clone();
+    if super::zones(mcf).any(|zone| zone.name == name) {
+        return Err(ConfError::DuplicateZone(name));
+    }
+    let zone_init = mcf.hooks.zone_init;
+    let shm_zone = add_shared_zone(cf, &name, parsed.size)?;
+    check_unclaimed(shm_zone, &name, false)?;
+    let mut zone_conf = parsed.into_zone_conf(shm_zone, args[1].as_bytes());
+    zone_conf.key = key;
+    zone_conf.key_variable = key_variable;
+    let zone_conf = cf.alloc(zone_conf)?;
+    shm_zone.data = zone_conf.cast();
+    shm_zone.init = zone_init;
+    mcf.zones.push(zone_conf);
+    Ok(())
+}
+
+/// A `rate_limit_zone` line's parameters, checked (the zone's size too), before its key is
+/// compiled in the context (`http` or `stream`) it is declared in.
+pub struct ParsedZone {
+    pub name: String,
+    pub size: u64,
+    spec: ZoneSpec,
+    concurrency: Option<ConcurrencySpec>,
+}
+
+impl ParsedZone {
+    /// The zone's configuration, its key not compiled yet (an empty complex value, no
+    /// variable index): the caller compiles it in its context.
+    pub fn into_zone_conf(self, shm_zone: *mut ngx_shm_zone_t, key_text: &[u8]) -> ZoneConf {
+        ZoneConf {
+            name: self.name,
+            shm_zone,
+            // SAFETY: all-zero is a valid (empty) complex value.
+            key: unsafe { mem::zeroed() },
+            key_variable: None,
+            key_query_arg: None,
+            policy_item: RefCell::new(None),
+            key_text: String::from_utf8_lossy(key_text).into_owned(),
+            key_form: KeyForm::of_key(&String::from_utf8_lossy(key_text)),
+            algorithm: self.spec.algorithm,
+            limits: self.spec.limits(),
+            size: self.size,
+            zone: None,
+            sync: self.spec.sync,
+            bursts: LocationBursts::default(),
+            concurrency: self.concurrency,
+            block: self.spec.block,
+            stream: false,
+        }
+    }
+}
+
+/// Parse and check the words of a `rate_limit_zone` line (`http` or `stream`): the exact test
+/// zone init will make, so that `nginx -t` refuses what could not start, at this line, with
+/// the size that would do.
+pub fn parse_zone(cf: &mut ngx_conf_t) -> Result<ParsedZone, ConfError> {
     let words = cf.words(2)?;
     let spec_error = |error| ConfError::Spec {
         directive: "rate_limit_zone",
@@ -78,8 +155,6 @@ fn rate_limit_zone(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
         .zone
         .clone()
         .ok_or(ConfError::NoZone("rate_limit_zone"))?;
-    // The exact test zone init will make, so that `nginx -t` refuses what could not start,
-    // at this line, with the size that would do.
     // SAFETY: ngx_pagesize is set at startup, before any configuration is read.
     let pagesize = unsafe { nginx_sys::ngx_pagesize };
     let layout = ZoneLayout {
@@ -96,59 +171,38 @@ fn rate_limit_zone(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
         let hint = size_hint(&layout, pagesize);
         return Err(ConfError::ZoneTooSmall { name, hint });
     }
-
-    // SAFETY: all-zero is a valid (empty) complex value, filled by the compiler below.
-    let mut key: ngx_http_complex_value_t = unsafe { mem::zeroed() };
-    let mut key_arg = args[1];
-    // SAFETY: zeroed is the documented initial state of ngx_http_compile_complex_value_t.
-    let mut ccv: ngx_http_compile_complex_value_t = unsafe { mem::zeroed() };
-    ccv.cf = cf;
-    ccv.value = &mut key_arg;
-    ccv.complex_value = &mut key;
-    // SAFETY: `ccv` points at live values for the duration of the call.
-    if unsafe { ngx_http_compile_complex_value(&mut ccv) } != 0 {
-        return Err(ConfError::Logged);
-    }
-    let key_variable = match single_variable(args[1].as_bytes()) {
-        Some(name) => Some(variable_index(cf, name)?),
-        None => None,
-    };
-
-    let mcf = main_conf(cf).ok_or(ConfError::Logged)?;
-    if super::zones(mcf).any(|zone| zone.name == name) {
-        return Err(ConfError::DuplicateZone(name));
-    }
-    let zone_init = mcf.hooks.zone_init;
-    let shm_zone = add_shared_zone(cf, &name, size)?;
-    let zone_conf = cf.alloc(ZoneConf {
-        name: name.clone(),
-        shm_zone,
-        key,
-        key_variable,
-        key_query_arg: None,
-        policy_item: RefCell::new(None),
-        key_text: String::from_utf8_lossy(args[1].as_bytes()).into_owned(),
-        key_form: KeyForm::of_key(&String::from_utf8_lossy(args[1].as_bytes())),
-        algorithm: spec.algorithm,
-        limits: spec.limits(),
+    Ok(ParsedZone {
+        name,
         size,
-        zone: None,
-        sync: spec.sync,
-        bursts: LocationBursts::default(),
+        spec,
         concurrency,
-        block: spec.block,
-    })?;
-    if !shm_zone.data.is_null() {
-        return Err(ConfError::DuplicateZone(name));
+    })
+}
+
+/// A zone's shared memory that no `rate_limit_zone` claimed yet: a zone of the same name
+/// declared in the other context (`http` or `stream`) is refused with the reason, since
+/// the two would share one memory.
+pub fn check_unclaimed(
+    shm_zone: &ngx_shm_zone_t,
+    name: &str,
+    stream: bool,
+) -> Result<(), ConfError> {
+    // SAFETY: a claimed zone's data is the `ZoneConf` (or a stream zone starting with one)
+    // of this cycle's configuration pool.
+    let Some(other) = (unsafe { shm_zone.data.cast::<ZoneConf>().as_ref() }) else {
+        return Ok(());
+    };
+    if other.stream == stream {
+        return Err(ConfError::DuplicateZone(name.to_string()));
     }
-    shm_zone.data = zone_conf.cast();
-    shm_zone.init = zone_init;
-    mcf.zones.push(zone_conf);
-    Ok(())
+    Err(ConfError::ZoneInOtherContext {
+        name: name.to_string(),
+        other: if other.stream { "stream" } else { "http" },
+    })
 }
 
 /// `$name` or `${name}` alone: the variable's name.
-fn single_variable(text: &[u8]) -> Option<&[u8]> {
+pub fn single_variable(text: &[u8]) -> Option<&[u8]> {
     let name = text.strip_prefix(b"$")?;
     let name = match name.strip_prefix(b"{") {
         Some(braced) => braced.strip_suffix(b"}")?,
@@ -176,14 +230,33 @@ pub extern "C" fn cmd_rate_limit(
 }
 
 fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
+    let limits = lcf.limits.get_or_insert_with(Vec::new);
+    let (limit, mut references) = limit_line(cf, limits)?;
+    // The http server the line is written in, for the empty-key warning (`empty_key.rs`).
+    let server: *const _ = NgxHttpCoreModule::server_conf(&*cf).map_or(core::ptr::null(), |s| s);
+    for reference in &mut references {
+        reference.server = server;
+    }
+    let mcf = main_conf(cf).ok_or(ConfError::Logged)?;
+    mcf.on_status_used |= limit.on_status.is_some();
+    mcf.references.extend(references);
+    limits.push(limit);
+    Ok(())
+}
+
+/// The words of a `rate_limit` line (`http` or `stream`): the line, and the zone names it
+/// refers to, checked once the whole block is read ([`super::check_reference`]).
+pub fn limit_line(
+    cf: &mut ngx_conf_t,
+    existing: &[LimitConf],
+) -> Result<(LimitConf, Vec<ZoneReference>), ConfError> {
     let words = cf.words(1)?;
     let spec = LimitSpec::parse_words(&words).map_err(|error| ConfError::Spec {
         directive: "rate_limit",
         error,
     })?;
     let name = spec.zone.clone().ok_or(ConfError::NoZone("rate_limit"))?;
-    let limits = lcf.limits.get_or_insert_with(Vec::new);
-    if limits.iter().any(|limit| limit.name == name) {
+    if existing.iter().any(|limit| limit.name == name) {
         return Err(ConfError::DuplicateLimit(name));
     }
     let shm_zone: *mut _ = add_shared_zone(cf, &name, 0)?;
@@ -192,10 +265,7 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
         None => None,
     };
     let (file, line) = cf.position();
-    let server: *const _ = NgxHttpCoreModule::server_conf(&*cf).map_or(core::ptr::null(), |s| s);
-    let mcf = main_conf(cf).ok_or(ConfError::Logged)?;
-    mcf.on_status_used |= spec.on_status.is_some();
-    mcf.references.push(ZoneReference {
+    let mut references = vec![ZoneReference {
         name: name.clone(),
         global: false,
         local_algorithm_needed: spec.global.is_some().then_some(Algorithm::TokenBucket),
@@ -208,10 +278,10 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
         burst: spec.burst,
         file: file.clone(),
         line,
-        server,
-    });
+        server: core::ptr::null(),
+    }];
     if let Some(global) = &spec.global {
-        mcf.references.push(ZoneReference {
+        references.push(ZoneReference {
             name: global.clone(),
             global: true,
             local_algorithm_needed: Some(Algorithm::TokenBucket),
@@ -220,10 +290,10 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
             burst: spec.burst,
             file,
             line,
-            server,
+            server: core::ptr::null(),
         });
     }
-    limits.push(LimitConf {
+    let limit = LimitConf {
         name,
         shm_zone,
         burst: spec.burst,
@@ -232,8 +302,8 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
         cost: spec.cost.max(1),
         charge_cache: Cell::new((0, None)),
         on_status: spec.on_status,
-    });
-    Ok(())
+    };
+    Ok((limit, references))
 }
 
 /// `rate_limit_status CODE;` is read by `ngx_conf_set_num_slot`; this post handler keeps the
@@ -272,6 +342,12 @@ fn log_level(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
     if lcf.log_level.is_some() {
         return Err(ConfError::Duplicate("rate_limit_log_level"));
     }
+    lcf.log_level = Some(log_level_value(cf)?);
+    Ok(())
+}
+
+/// The level a `rate_limit_log_level` line names (`http` or `stream`).
+pub fn log_level_value(cf: &ngx_conf_t) -> Result<ngx_uint_t, ConfError> {
     let level = match cf.args()[1].as_bytes() {
         b"info" => NGX_LOG_INFO,
         b"notice" => NGX_LOG_NOTICE,
@@ -283,8 +359,7 @@ fn log_level(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
             ))
         }
     };
-    lcf.log_level = Some(level as ngx_uint_t);
-    Ok(())
+    Ok(level as ngx_uint_t)
 }
 
 /// `rate_limit_admin [write=on|off];`

@@ -34,6 +34,26 @@ pub enum ConfError {
     ZoneTooSmall { name: String, hint: String },
     #[error("duplicate zone \"{0}\"")]
     DuplicateZone(String),
+    /// A `rate_limit_zone` of the name in the other context (`http` or `stream`): the two
+    /// would share one memory.
+    #[error(
+        "zone \"{name}\" is already declared in the \"{other}\" block: http and stream zones \
+         share one namespace (nginx's shared memory names), give this one another name"
+    )]
+    ZoneInOtherContext { name: String, other: &'static str },
+    /// A `rate_limit` word that the stream block does not take.
+    #[error("\"{word}\" is not available in the stream block: {why}")]
+    NotInStream {
+        word: &'static str,
+        why: &'static str,
+    },
+    /// A stream zone with `sync`: the fleet's `rate_limit_sync` lives in the `http` block,
+    /// which must be read first.
+    #[error(
+        "stream zone \"{0}\" has \"sync\" but no \"rate_limit_sync\" is configured in an \
+         http block before the stream block"
+    )]
+    StreamSyncNotConfigured(String),
     #[error("duplicate limit \"{0}\"")]
     DuplicateLimit(String),
     #[error("\"{0}\" directive is duplicate")]

@@ -112,7 +112,7 @@ pub struct ZoneReference {
 
 impl ZoneReference {
     /// `error`, placed at the `rate_limit` line it is about.
-    fn error(&self, error: ConfError) -> ConfError {
+    pub fn error(&self, error: ConfError) -> ConfError {
         ConfError::At {
             error: Box::new(error),
             file: self.file.clone(),
@@ -156,6 +156,9 @@ pub struct ZoneConf {
     pub concurrency: Option<ConcurrencySpec>,
     /// `block=` and `block_max=`: a key rejected by the zone is blocked for a while.
     pub block: Option<BlockPolicy>,
+    /// Declared in the `stream` block (`src/stream/`, which keeps the key compiled in its
+    /// context): `key` and `key_variable` are then unused.
+    pub stream: bool,
 }
 
 impl ZoneConf {
@@ -351,51 +354,7 @@ pub fn postconfiguration(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
         };
         // SAFETY: as above; nothing else holds a reference to the zone's configuration while
         // the configuration is being read.
-        let zone = unsafe { &mut *zone };
-        zone.bursts.add(reference.burst);
-        if reference.global && zone.block.is_some() {
-            return Err(reference.error(ConfError::GlobalWithBlock(zone.name.clone())));
-        }
-        if let Some(needed) = reference.local_algorithm_needed {
-            if zone.algorithm != needed {
-                let role = if reference.global {
-                    "global zone"
-                } else {
-                    "zone"
-                };
-                return Err(reference.error(ConfError::GlobalNeedsTokenBucket {
-                    role,
-                    zone: zone.name.clone(),
-                    algorithm: zone.algorithm,
-                }));
-            }
-        }
-        if let (Some(word), true) = (reference.delay_given, zone.algorithm.counts_in_flight()) {
-            return Err(reference.error(ConfError::DelayNotUsed {
-                word,
-                zone: zone.name.clone(),
-            }));
-        }
-        // A concurrency line's `burst=` is its queue's places.
-        let burst_taken = zone.algorithm.takes_burst() || zone.algorithm.counts_in_flight();
-        if reference.burst_given && !burst_taken {
-            return Err(reference.error(ConfError::BurstNotUsed {
-                algorithm: zone.algorithm,
-                zone: zone.name.clone(),
-            }));
-        }
-        // The line's burst at the zone's rate: the largest bucket the rate allows, as the
-        // zone's own burst is checked.
-        if let Some(burst) = reference.burst {
-            let limits = Limits {
-                burst,
-                ..zone.limits
-            };
-            if let Err(error) = limits.check_bucket(zone.algorithm) {
-                let directive = "rate_limit";
-                return Err(reference.error(ConfError::Spec { directive, error }));
-            }
-        }
+        check_reference(reference, unsafe { &mut *zone })?;
     }
     if mcf.sync.is_none() {
         if let Some(zone) = zones(mcf).find(|zone| zone.sync) {
@@ -406,6 +365,56 @@ pub fn postconfiguration(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
     let index = variable_index(cf, b"rate_limit_status")?;
     if let Some(mcf) = main_conf(cf) {
         mcf.status_variable = Some(index);
+    }
+    Ok(())
+}
+
+/// Check a `rate_limit` line's use of its zone (`http` or `stream`), and note its burst in
+/// the zone's.
+pub fn check_reference(reference: &ZoneReference, zone: &mut ZoneConf) -> Result<(), ConfError> {
+    zone.bursts.add(reference.burst);
+    if reference.global && zone.block.is_some() {
+        return Err(reference.error(ConfError::GlobalWithBlock(zone.name.clone())));
+    }
+    if let Some(needed) = reference.local_algorithm_needed {
+        if zone.algorithm != needed {
+            let role = if reference.global {
+                "global zone"
+            } else {
+                "zone"
+            };
+            return Err(reference.error(ConfError::GlobalNeedsTokenBucket {
+                role,
+                zone: zone.name.clone(),
+                algorithm: zone.algorithm,
+            }));
+        }
+    }
+    if let (Some(word), true) = (reference.delay_given, zone.algorithm.counts_in_flight()) {
+        return Err(reference.error(ConfError::DelayNotUsed {
+            word,
+            zone: zone.name.clone(),
+        }));
+    }
+    // A concurrency line's `burst=` is its queue's places.
+    let burst_taken = zone.algorithm.takes_burst() || zone.algorithm.counts_in_flight();
+    if reference.burst_given && !burst_taken {
+        return Err(reference.error(ConfError::BurstNotUsed {
+            algorithm: zone.algorithm,
+            zone: zone.name.clone(),
+        }));
+    }
+    // The line's burst at the zone's rate: the largest bucket the rate allows, as the zone's
+    // own burst is checked.
+    if let Some(burst) = reference.burst {
+        let limits = Limits {
+            burst,
+            ..zone.limits
+        };
+        if let Err(error) = limits.check_bucket(zone.algorithm) {
+            let directive = "rate_limit";
+            return Err(reference.error(ConfError::Spec { directive, error }));
+        }
     }
     Ok(())
 }

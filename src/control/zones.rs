@@ -194,6 +194,7 @@ impl AdminZone for SharedZone<'_> {
         ZoneInfo {
             algorithm: self.zone.algorithm(),
             key: self.conf.key_text.clone(),
+            stream: self.conf.stream,
             size: self.conf.size,
             slots: self.zone.slot_count() as u64,
             keys: self.zone.tracked_keys(self.now_ns),

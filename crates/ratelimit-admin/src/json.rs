@@ -27,6 +27,9 @@ impl From<&Limits> for LimitsJson {
 /// One zone (`GET zones/NAME`, and each value of `GET zones`).
 #[derive(Serialize)]
 pub struct ZoneJson<'a> {
+    /// `"stream"` for a zone of nginx's `stream {}` block; absent for an http zone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context: Option<&'static str>,
     pub algorithm: &'static str,
     pub key: &'a str,
     /// A rate zone's rate and burst (a concurrency zone has its `concurrency` fields instead).
@@ -104,6 +107,7 @@ impl<'a> From<&'a ZoneInfo> for ZoneJson<'a> {
             None => ConfigJson::Rate(LimitsJson::from(&info.config_limits)),
         };
         ZoneJson {
+            context: info.stream.then_some("stream"),
             algorithm: info.algorithm.as_str(),
             key: &info.key,
             rate: concurrency.is_none().then(|| info.limits.rate.to_string()),

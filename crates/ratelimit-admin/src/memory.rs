@@ -104,6 +104,7 @@ impl MemoryZone {
             line_burst: None,
             sync: None,
             concurrency: None,
+            stream: false,
         };
         MemoryZone {
             name: name.to_string(),

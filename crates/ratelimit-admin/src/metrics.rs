@@ -298,6 +298,7 @@ mod tests {
             overrides: 1,
             override_capacity: 512,
             concurrency: None,
+            stream: false,
             line_burst: None,
             sync: Some(SyncInfo {
                 connected: true,

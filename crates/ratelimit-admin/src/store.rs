@@ -61,6 +61,8 @@ pub struct ZoneInfo {
     pub sync: Option<SyncInfo>,
     /// For a concurrency zone: its limits and what is in flight (`limits` is then unused).
     pub concurrency: Option<ConcurrencyInfo>,
+    /// Declared in nginx's `stream {}` block (TCP and UDP sessions), not in `http {}`.
+    pub stream: bool,
 }
 
 /// The sync state of the instance a `sync` zone belongs to.

@@ -1,0 +1,678 @@
+//! `rate_limit_zone` / `rate_limit` in nginx's `stream {}` against a real nginx: a new TCP
+//! connection (or UDP session) is charged in the stream preaccess phase, closed over the
+//! limit, delayed to the rate with `burst` and no `nodelay`; a concurrency zone holds a slot
+//! for the whole session, given back however it ends (a killed worker's by the sweep); the
+//! same `nginx -t` errors as in http; `$rate_limit_status` in the stream log; the admin API
+//! shows and changes stream zones.
+//!
+//! The upstreams are echo servers written here on `std::net` (TCP and UDP, free loopback
+//! ports). Against an nginx whose stream module is dynamic (Debian's), its module is loaded
+//! first, from the binary's `--modules-path`.
+
+mod common;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream, UdpSocket};
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{check_config, config, nginx_binary, send, Config, Nginx, Request};
+use serde_json::Value;
+
+/// A TCP echo server on a free loopback port: every connection gets back what it sends.
+fn tcp_echo() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a TCP echo server");
+    let port = listener.local_addr().expect("echo address").port();
+    thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            thread::spawn(move || {
+                let mut buffer = [0u8; 1024];
+                while let Ok(n) = stream.read(&mut buffer) {
+                    if n == 0 || stream.write_all(&buffer[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// A UDP echo server on a free loopback port: every datagram is sent back.
+fn udp_echo() -> u16 {
+    let socket = UdpSocket::bind("127.0.0.1:0").expect("bind a UDP echo server");
+    let port = socket.local_addr().expect("echo address").port();
+    thread::spawn(move || {
+        let mut buffer = [0u8; 1500];
+        while let Ok((n, from)) = socket.recv_from(&mut buffer) {
+            let _ = socket.send_to(&buffer[..n], from);
+        }
+    });
+    port
+}
+
+/// The `load_module` line the stream module needs first when this nginx has it as a dynamic
+/// module (`--with-stream=dynamic`, Debian's `libnginx-mod-stream`), else `None`.
+fn stream_module() -> Option<String> {
+    let output = Command::new(nginx_binary())
+        .arg("-V")
+        .output()
+        .expect("run nginx -V");
+    let info = String::from_utf8_lossy(&output.stderr).into_owned();
+    if !info.contains("--with-stream=dynamic") {
+        return None;
+    }
+    let modules = info
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("--modules-path="))
+        .unwrap_or("modules");
+    Some(format!("{modules}/ngx_stream_module.so"))
+}
+
+/// `config()` with the stream module loaded first when it is dynamic, and `stream` as the
+/// stream block's body (`%%PORT2%%` and on are free for it; `%%PORT%%` is the http server).
+fn with_stream(stream: &str) -> Config {
+    let mut config = config();
+    if let Some(path) = stream_module() {
+        config = config.load(&path);
+    }
+    config.main(&format!("stream {{\n{stream}\n}}"))
+}
+
+/// Connect, send a line, read its echo: `Some(elapsed)` when it came back, `None` when nginx
+/// closed the connection instead.
+fn echo_once(port: u16) -> Option<Duration> {
+    let start = Instant::now();
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to nginx");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    if stream.write_all(b"ping\n").is_err() {
+        return None;
+    }
+    let mut reply = [0u8; 5];
+    match stream.read_exact(&mut reply) {
+        Ok(()) => {
+            assert_eq!(&reply, b"ping\n", "the echo upstream's reply");
+            Some(start.elapsed())
+        }
+        Err(error)
+            if error.kind() == ErrorKind::WouldBlock || error.kind() == ErrorKind::TimedOut =>
+        {
+            panic!("no reply and no close within 10 s on port {port}")
+        }
+        Err(_) => None,
+    }
+}
+
+/// Whether connections pass (`true`) or are closed, in order.
+fn passes(port: u16, count: usize) -> Vec<bool> {
+    (0..count).map(|_| echo_once(port).is_some()).collect()
+}
+
+fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn directives_are_checked_as_in_http() {
+    let cases = [
+        (
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=fast;",
+            "invalid rate \"rate=fast\"",
+        ),
+        (
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s;\n\
+             server { listen 127.0.0.1:%%PORT2%%; rate_limit zone=b; proxy_pass 127.0.0.1:1; }",
+            "unknown zone \"b\"",
+        ),
+        (
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s;\n\
+             server { listen 127.0.0.1:%%PORT2%%; rate_limit zone=a global=a; proxy_pass 127.0.0.1:1; }",
+            "\"global=\" is not available in the stream block",
+        ),
+        (
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s;\n\
+             rate_limit_zone $server_port zone=a:1m rate=1r/s;",
+            "duplicate zone \"a\"",
+        ),
+        (
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s algorithm=sliding_window;\n\
+             server { listen 127.0.0.1:%%PORT2%%; rate_limit zone=a burst=3; proxy_pass 127.0.0.1:1; }",
+            "\"burst\" is not used by sliding_window (zone \"a\")",
+        ),
+        (
+            "rate_limit_zone $binary_remote_addr zone=a:1m algorithm=concurrency limit=2;\n\
+             server { listen 127.0.0.1:%%PORT2%%; rate_limit zone=a burst=3; proxy_pass 127.0.0.1:1; }",
+            "\"burst=\" is not available in the stream block: a session over a concurrency",
+        ),
+        (
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s sync;",
+            "stream zone \"a\" has \"sync\" but no \"rate_limit_sync\"",
+        ),
+        (
+            "rate_limit_zone $binary_remote_addr zone=a:8k rate=1r/s;",
+            "zone \"a\" is too small",
+        ),
+    ];
+    for (stream, expected) in cases {
+        let (ok, output) = check_config(&with_stream(stream).to_string());
+        assert!(!ok, "nginx -t accepted:\n{stream}");
+        assert!(
+            output.contains(expected),
+            "nginx -t on\n{stream}\nsaid:\n{output}\nexpected: {expected}"
+        );
+    }
+    // A stream zone named like an http zone: refused, with the reason.
+    let clash = with_stream("rate_limit_zone $binary_remote_addr zone=same:1m rate=1r/s;")
+        .http("rate_limit_zone $binary_remote_addr zone=same:1m rate=1r/s;");
+    let (ok, output) = check_config(&clash.to_string());
+    assert!(
+        !ok,
+        "nginx -t accepted a stream and an http zone of one name"
+    );
+    assert!(
+        output.contains("zone \"same\" is already declared in the \"stream\" block"),
+        "{output}"
+    );
+    // Every stream variable may be a key; a good config passes.
+    let good = with_stream(
+        "rate_limit_zone $binary_remote_addr zone=a:1m rate=10r/s;\n\
+         rate_limit_zone $server_port zone=b:1m rate=600r/m algorithm=token_bucket;\n\
+         rate_limit_zone \"$remote_addr:$server_port\" zone=c:1m rate=1r/s burst=5;\n\
+         rate_limit_zone $binary_remote_addr zone=d:1m algorithm=concurrency limit=3;\n\
+         server { listen 127.0.0.1:%%PORT2%%; rate_limit zone=a burst=5 nodelay;\n\
+         rate_limit zone=b; rate_limit zone=c delay=2; rate_limit zone=d;\n\
+         rate_limit_dry_run off; rate_limit_log_level warn; proxy_pass 127.0.0.1:1; }",
+    );
+    let (ok, output) = check_config(&good.to_string());
+    assert!(ok, "nginx -t refused:\n{output}");
+}
+
+#[test]
+fn tcp_connections_over_the_limit_are_closed() {
+    let upstream = tcp_echo();
+    let nginx = with_stream(&format!(
+        "log_format s \"$remote_addr $rate_limit_status $status\";\n\
+         access_log logs/stream.log s;\n\
+         rate_limit_zone $binary_remote_addr zone=tcp:1m rate=1r/m burst=2;\n\
+         server {{ listen 127.0.0.1:%%PORT2%%; rate_limit zone=tcp nodelay;\n\
+         proxy_pass 127.0.0.1:{upstream}; }}\n\
+         server {{ listen 127.0.0.1:%%PORT3%%; proxy_pass 127.0.0.1:{upstream}; }}"
+    ))
+    .start();
+    let port = nginx.port_n(2);
+    // One at once plus a burst of 2, nothing refills within the test (1 a minute).
+    assert_eq!(passes(port, 5), [true, true, true, false, false]);
+    // The server without rate_limit is not limited.
+    assert_eq!(passes(nginx.port_n(3), 3), [true, true, true]);
+    let log = nginx.prefix().join("logs/stream.log");
+    wait_for("the stream access log", Duration::from_secs(5), || {
+        std::fs::read_to_string(&log).is_ok_and(|text| text.lines().count() >= 8)
+    });
+    let text = std::fs::read_to_string(&log).expect("stream log");
+    let lines: Vec<&str> = text.lines().collect();
+    let passed = lines.iter().filter(|l| l.ends_with(" PASSED 200")).count();
+    let rejected = lines
+        .iter()
+        .filter(|l| l.ends_with(" REJECTED 503"))
+        .count();
+    let unlimited = lines.iter().filter(|l| l.ends_with(" - 200")).count();
+    assert_eq!(
+        (passed, rejected, unlimited),
+        (3, 2, 3),
+        "stream log:\n{text}"
+    );
+    let errors = nginx.error_log();
+    assert!(
+        errors.contains("limiting connections, excess: ") && errors.contains(" by zone \"tcp\""),
+        "{errors}"
+    );
+}
+
+#[test]
+fn tcp_delay_paces_connections_and_nodelay_passes_them_at_once() {
+    let upstream = tcp_echo();
+    let nginx = with_stream(&format!(
+        "rate_limit_zone $binary_remote_addr zone=paced:1m rate=2r/s burst=3;\n\
+         rate_limit_zone $binary_remote_addr zone=quick:1m rate=2r/s burst=3;\n\
+         server {{ listen 127.0.0.1:%%PORT2%%; rate_limit zone=paced;\n\
+         proxy_pass 127.0.0.1:{upstream}; }}\n\
+         server {{ listen 127.0.0.1:%%PORT3%%; rate_limit zone=quick nodelay;\n\
+         proxy_pass 127.0.0.1:{upstream}; }}"
+    ))
+    .start();
+    for (port, delayed) in [(nginx.port_n(2), true), (nginx.port_n(3), false)] {
+        let start = Instant::now();
+        let clients: Vec<_> = (0..4)
+            .map(|_| thread::spawn(move || echo_once(port)))
+            .collect();
+        let mut times: Vec<Duration> = clients
+            .into_iter()
+            .map(|client| {
+                client
+                    .join()
+                    .expect("client")
+                    .expect("a connection was closed")
+            })
+            .collect();
+        times.sort();
+        let all = start.elapsed();
+        if delayed {
+            // At 2 a second the fourth waits 1.5 s (three ahead of it in the bucket).
+            assert!(times[0] < Duration::from_millis(700), "{times:?}");
+            assert!(times[3] >= Duration::from_millis(1300), "{times:?}");
+        } else {
+            assert!(all < Duration::from_millis(1000), "nodelay: {times:?}");
+        }
+    }
+    let errors = nginx.error_log();
+    assert!(
+        errors.contains("delaying connection, excess: ") && errors.contains(", by zone \"paced\""),
+        "{errors}"
+    );
+}
+
+/// A connection that got its echo back and stays open (holding whatever it holds).
+fn open(port: u16) -> Option<TcpStream> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to nginx");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    stream.write_all(b"hold\n").ok()?;
+    let mut reply = [0u8; 5];
+    stream.read_exact(&mut reply).ok()?;
+    Some(stream)
+}
+
+/// Close with a reset (SO_LINGER 0): the client aborts, it does not say goodbye.
+fn abort(stream: TcpStream) {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket and a linger value of the size given.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            std::ptr::addr_of!(linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "setsockopt(SO_LINGER)");
+    drop(stream);
+}
+
+#[test]
+fn concurrency_holds_a_slot_for_the_session_however_it_ends() {
+    let upstream = tcp_echo();
+    let nginx = with_stream(&format!(
+        "rate_limit_zone $binary_remote_addr zone=conn:1m algorithm=concurrency limit=2;\n\
+         server {{ listen 127.0.0.1:%%PORT2%%; rate_limit zone=conn;\n\
+         proxy_pass 127.0.0.1:{upstream}; }}"
+    ))
+    .http("rate_limit_zone $binary_remote_addr zone=unused:1m rate=1r/s;")
+    .start();
+    let port = nginx.port_n(2);
+    let first = open(port).expect("the first session passes");
+    let second = open(port).expect("the second session passes");
+    assert!(open(port).is_none(), "a third session at once is closed");
+
+    // A session that ends normally gives its slot back...
+    first
+        .shutdown(Shutdown::Both)
+        .expect("shut the first session down");
+    drop(first);
+    let mut third = None;
+    wait_for(
+        "a slot given back by a closed session",
+        Duration::from_secs(5),
+        || {
+            third = open(port);
+            third.is_some()
+        },
+    );
+    assert!(open(port).is_none(), "two held again");
+    // ... and so does one the client aborts.
+    abort(second);
+    let mut fourth = None;
+    wait_for(
+        "a slot given back by an aborted session",
+        Duration::from_secs(5),
+        || {
+            fourth = open(port);
+            fourth.is_some()
+        },
+    );
+    assert!(open(port).is_none(), "two held again");
+
+    // A worker killed while its sessions hold both slots: its replacement's sweep gives them
+    // back (without it, the key would stay full for good).
+    let old = nginx.kill_workers();
+    nginx.wait_workers_replaced(&old);
+    drop((third, fourth));
+    let mut held = Vec::new();
+    wait_for(
+        "the dead worker's slots swept",
+        Duration::from_secs(5),
+        || {
+            if let Some(stream) = open(port) {
+                held.push(stream);
+            }
+            held.len() == 2
+        },
+    );
+    assert!(open(port).is_none(), "the limit holds after the sweep");
+    let errors = nginx.error_log();
+    assert!(
+        errors.contains("limiting connections, in flight: 2 of 2 by zone \"conn\""),
+        "{errors}"
+    );
+    assert!(
+        errors.contains("gave back 2 slots held by the process"),
+        "{errors}"
+    );
+}
+
+/// Send one datagram from `socket` and wait for its echo.
+fn datagram(socket: &UdpSocket, port: u16, text: &str) -> bool {
+    socket
+        .send_to(text.as_bytes(), ("127.0.0.1", port))
+        .expect("send a datagram");
+    let mut buffer = [0u8; 64];
+    match socket.recv_from(&mut buffer) {
+        Ok((n, _)) => {
+            assert_eq!(&buffer[..n], text.as_bytes(), "the UDP echo's reply");
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+fn udp_socket() -> UdpSocket {
+    let socket = UdpSocket::bind("127.0.0.1:0").expect("bind a UDP client");
+    socket
+        .set_read_timeout(Some(Duration::from_millis(1500)))
+        .expect("read timeout");
+    socket
+}
+
+#[test]
+fn udp_sessions_are_charged_and_datagrams_inside_one_are_free() {
+    let upstream = udp_echo();
+    let nginx = with_stream(&format!(
+        "rate_limit_zone $binary_remote_addr zone=sessions:1m rate=1r/m burst=2;\n\
+         rate_limit_zone $binary_remote_addr zone=one:1m rate=1r/m;\n\
+         rate_limit_zone $binary_remote_addr zone=datagrams:1m rate=1r/m burst=2;\n\
+         server {{ listen 127.0.0.1:%%PORT2%% udp; rate_limit zone=sessions nodelay;\n\
+         proxy_pass 127.0.0.1:{upstream}; proxy_responses 1; }}\n\
+         server {{ listen 127.0.0.1:%%PORT3%% udp; rate_limit zone=one;\n\
+         proxy_pass 127.0.0.1:{upstream}; proxy_timeout 5s; }}\n\
+         server {{ listen 127.0.0.1:%%PORT4%% udp; rate_limit zone=datagrams nodelay;\n\
+         proxy_pass 127.0.0.1:{upstream}; proxy_requests 1; proxy_responses 1; }}"
+    ))
+    .start();
+    // A new session per client address and port: five clients, three pass (1 + burst 2).
+    let answered: Vec<bool> = (0..5)
+        .map(|n| datagram(&udp_socket(), nginx.port_n(2), &format!("client {n}")))
+        .collect();
+    assert_eq!(answered, [true, true, true, false, false]);
+
+    // Datagrams inside one session cost nothing more: five from one client all pass though
+    // the zone admits one session a minute; a second client's session is refused.
+    let client = udp_socket();
+    for n in 0..5 {
+        assert!(
+            datagram(&client, nginx.port_n(3), &format!("datagram {n}")),
+            "datagram {n}"
+        );
+    }
+    assert!(!datagram(&udp_socket(), nginx.port_n(3), "another client"));
+
+    // `proxy_requests 1` makes each datagram a session of its own: a rate per datagram.
+    let client = udp_socket();
+    let answered: Vec<bool> = (0..5)
+        .map(|n| datagram(&client, nginx.port_n(4), &format!("datagram {n}")))
+        .collect();
+    assert_eq!(answered, [true, true, true, false, false]);
+}
+
+/// The admin API's answer to METHOD /ratelimit/PATH on the http server.
+fn admin(nginx: &Nginx, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+    let mut request = Request::new(method, &format!("/ratelimit/{path}"));
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    let response = send(nginx.port(), &request);
+    let value = serde_json::from_slice(&response.body).unwrap_or(Value::Null);
+    (response.status, value)
+}
+
+#[test]
+fn the_admin_api_shows_and_changes_stream_zones_and_a_reload_keeps_them() {
+    let upstream = tcp_echo();
+    let mut nginx = with_stream(&format!(
+        "rate_limit_zone $binary_remote_addr zone=smtp:1m rate=1r/m;\n\
+         server {{ listen 127.0.0.1:%%PORT2%%; rate_limit zone=smtp nodelay;\n\
+         proxy_pass 127.0.0.1:{upstream}; }}"
+    ))
+    .workers(2)
+    .http("rate_limit_zone $http_x_key zone=web:1m rate=1r/m;")
+    .locations("location /ratelimit/ { rate_limit_admin write=on; }")
+    .start();
+    let port = nginx.port_n(2);
+    assert_eq!(passes(port, 2), [true, false]);
+
+    let (status, zones) = admin(&nginx, "GET", "zones", None);
+    assert_eq!(status, 200, "{zones}");
+    assert_eq!(zones["smtp"]["context"], "stream", "{zones}");
+    assert_eq!(zones["smtp"]["key"], "$binary_remote_addr");
+    assert_eq!(
+        (
+            zones["smtp"]["passed"].as_u64(),
+            zones["smtp"]["rejected"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
+    assert!(
+        zones["web"].get("context").is_none(),
+        "an http zone has no context: {zones}"
+    );
+    let (_, top) = admin(&nginx, "GET", "zones/smtp/top?by=rejected", None);
+    assert_eq!(top["keys"].as_array().map(Vec::len), Some(1), "{top}");
+    let response = send(nginx.port(), &Request::get("/ratelimit/metrics"));
+    assert!(
+        response
+            .text()
+            .contains("rate_limit_requests_total{zone=\"smtp\",outcome=\"rejected\"} 1"),
+        "{}",
+        response.text()
+    );
+
+    // PATCH changes the stream zone live, in every worker: a burst of 3 lets 3 more in.
+    let (status, zone) = admin(&nginx, "PATCH", "zones/smtp", Some(r#"{"burst": 3}"#));
+    assert_eq!(status, 200, "{zone}");
+    assert_eq!(zone["burst"], 3);
+    assert_eq!(passes(port, 4), [true, true, true, false]);
+
+    // A reload keeps the zone's state: the key is still over its limit.
+    nginx.reload();
+    assert_eq!(passes(port, 1), [false]);
+    let (_, zone) = admin(&nginx, "GET", "zones/smtp", None);
+    assert_eq!(zone["context"], "stream", "{zone}");
+}
+
+#[test]
+fn a_sync_stream_zone_is_one_limit_across_the_fleet() {
+    let redis = common::redis::Redis::start();
+    let upstream = tcp_echo();
+    // A sync stream zone needs rate_limit_sync in an http block read before the stream block.
+    let instance = || {
+        let mut config = config();
+        if let Some(path) = stream_module() {
+            config = config.load(&path);
+        }
+        let http = config
+            .http(&format!(
+                "rate_limit_sync redis://127.0.0.1:{};",
+                redis.port
+            ))
+            .locations("location /ratelimit/ { rate_limit_admin; }")
+            .build();
+        Nginx::start(&format!(
+            "{http}stream {{\n\
+             rate_limit_zone $binary_remote_addr zone=fleet:1m rate=1r/m burst=4 sync;\n\
+             server {{ listen 127.0.0.1:%%PORT2%%; rate_limit zone=fleet nodelay;\n\
+             proxy_pass 127.0.0.1:{upstream}; }}\n}}\n"
+        ))
+    };
+    let fleet = [instance(), instance()];
+    redis.wait_instances(2);
+    let (_, zone) = admin(&fleet[0], "GET", "zones/fleet", None);
+    assert_eq!(zone["context"], "stream", "{zone}");
+    assert!(
+        zone["sync"].is_object(),
+        "a sync stream zone shows its sync state: {zone}"
+    );
+    // 30 connections from one address, alternating between the instances, 100 ms apart
+    // (several sync rounds): the fleet admits one key's 1 + burst 4 once, where two
+    // instances on their own would admit 5 each.
+    let mut passed = [0; 2];
+    for n in 0..30 {
+        if echo_once(fleet[n % 2].port_n(2)).is_some() {
+            passed[n % 2] += 1;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    let total = passed[0] + passed[1];
+    assert!((4..=6).contains(&total), "passed per instance: {passed:?}");
+}
+
+/// Debian's packages load this module before the stream module (modules-enabled/
+/// 50-mod-http-rate-limit.conf sorts before 50-mod-stream.conf): the stream part finds nginx's
+/// stream functions when the stream block is read, so either order works. An nginx with the
+/// stream module built in (the vendored one) has no order to choose: there the same limit
+/// holds with no stream module loaded at all.
+#[test]
+fn the_dynamic_stream_module_may_be_loaded_after_this_one() {
+    let order: Vec<String> = match stream_module() {
+        Some(stream) => vec![common::config::MODULE.to_string(), stream],
+        None => {
+            let output = Command::new(nginx_binary()).arg("-V").output().unwrap();
+            let info = String::from_utf8_lossy(&output.stderr).into_owned();
+            assert!(
+                info.contains("--with-stream"),
+                "the nginx under test has no stream module, built in or dynamic: {info}"
+            );
+            vec![common::config::MODULE.to_string()]
+        }
+    };
+    let order: Vec<&str> = order.iter().map(String::as_str).collect();
+    let upstream = tcp_echo();
+    let nginx = config()
+        .load_order(&order)
+        .main(&format!(
+            "stream {{\n\
+             rate_limit_zone $binary_remote_addr zone=late:1m rate=1r/m;\n\
+             server {{ listen 127.0.0.1:%%PORT2%%; rate_limit zone=late nodelay;\n\
+             proxy_pass 127.0.0.1:{upstream}; }}\n}}"
+        ))
+        .start();
+    assert_eq!(passes(nginx.port_n(2), 2), [true, false]);
+}
+
+#[test]
+fn block_and_dry_run_work_in_the_stream_block() {
+    let upstream = tcp_echo();
+    let nginx = with_stream(&format!(
+        "log_format s \"$server_port $rate_limit_status $status\";\n\
+         access_log logs/stream.log s;\n\
+         rate_limit_zone $binary_remote_addr zone=boxed:1m rate=1r/m block=30s;\n\
+         rate_limit_zone $binary_remote_addr zone=dry:1m rate=1r/m;\n\
+         server {{ listen 127.0.0.1:%%PORT2%%; rate_limit zone=boxed nodelay;\n\
+         proxy_pass 127.0.0.1:{upstream}; }}\n\
+         server {{ listen 127.0.0.1:%%PORT3%%; rate_limit zone=dry nodelay;\n\
+         rate_limit_dry_run on; proxy_pass 127.0.0.1:{upstream}; }}"
+    ))
+    .start();
+    assert_eq!(passes(nginx.port_n(2), 3), [true, false, false]);
+    assert_eq!(passes(nginx.port_n(3), 3), [true, true, true]);
+    let log = nginx.prefix().join("logs/stream.log");
+    wait_for("the stream access log", Duration::from_secs(5), || {
+        std::fs::read_to_string(&log).is_ok_and(|text| text.lines().count() >= 6)
+    });
+    let text = std::fs::read_to_string(&log).expect("stream log");
+    let statuses: Vec<String> = text
+        .lines()
+        .map(|line| {
+            line.split_once(' ')
+                .map_or(line, |(_, rest)| rest)
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            "PASSED 200",
+            "REJECTED 503",
+            "BLOCKED 503",
+            "PASSED 200",
+            "REJECTED_DRY_RUN 200",
+            "REJECTED_DRY_RUN 200"
+        ],
+        "{text}"
+    );
+    let errors = nginx.error_log();
+    assert!(
+        errors.contains("blocking the key for 30s, level 0 (block_max 30s), by zone \"boxed\""),
+        "{errors}"
+    );
+    assert!(
+        errors.contains("limiting connections, dry run, excess:"),
+        "{errors}"
+    );
+}
+
+#[test]
+fn the_state_file_keeps_a_stream_zones_changes_across_a_restart() {
+    let dir = std::env::temp_dir().join(format!(
+        "ngx-rate-limit-stream-state-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).expect("state dir");
+    let state = dir.join("state.json");
+    let upstream = tcp_echo();
+    let config = with_stream(&format!(
+        "rate_limit_zone $binary_remote_addr zone=kept:1m rate=1r/m;\n\
+         server {{ listen 127.0.0.1:%%PORT2%%; rate_limit zone=kept nodelay;\n\
+         proxy_pass 127.0.0.1:{upstream}; }}"
+    ))
+    .main("user root;")
+    .http(&format!("rate_limit_state_file {};", state.display()))
+    .locations("location /ratelimit/ { rate_limit_admin write=on; }");
+    let nginx = config.start();
+    let (status, zone) = admin(&nginx, "PATCH", "zones/kept", Some(r#"{"burst": 3}"#));
+    assert_eq!(status, 200, "{zone}");
+    nginx.stop();
+    let saved = std::fs::read_to_string(&state).expect("the state file");
+    assert!(saved.contains("\"kept\""), "{saved}");
+
+    let nginx = config.start();
+    let (_, zone) = admin(&nginx, "GET", "zones/kept", None);
+    assert_eq!(
+        (zone["context"].as_str(), zone["burst"].as_u64()),
+        (Some("stream"), Some(3)),
+        "{zone}"
+    );
+    assert_eq!(passes(nginx.port_n(2), 5), [true, true, true, true, false]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
