@@ -973,31 +973,3 @@ fn bounds() {
     assert_eq!((back.limit, back.resume_limit), (100, 8));
     assert_eq!(AdaptiveLimit::unpack(&[0; 5], &narrow), None);
 }
-
-#[test]
-#[ignore]
-fn debug_trace() {
-    let shape = match std::env::var("SHAPE").as_deref() {
-        Ok("fifo") => Shape::FifoPool,
-        Ok("ps") => Shape::ProcessorSharing,
-        _ => Shape::Bimodal,
-    };
-    let mut sim = Simulation::overloaded(shape, 40, 50, 2.0, 11);
-    sim.run_until(70.0);
-    for second in 0..70 {
-        let s = second as f64;
-        let limits: Vec<String> = sim
-            .limits
-            .iter()
-            .filter(|l| l.0 >= s && l.0 < s + 1.0)
-            .map(|l| format!("{}{}", l.1, if l.2 == Phase::Probe { "p" } else { "" }))
-            .collect();
-        let last = sim.limits.iter().rev().find(|l| l.0 < s + 1.0);
-        println!(
-            "{second} {:.0} {} {:?}",
-            sim.goodput(s, s + 1.0, 1e9),
-            limits.join(" "),
-            last.map(|l| (l.3, l.4))
-        );
-    }
-}
