@@ -575,7 +575,7 @@ fn next_limit(limit: u32, ratio: u64, window: &Window, bounds: &AdaptiveBounds) 
     }
     let scaled = u64::from(limit) * gradient / ONE;
     let target = scaled + isqrt(scaled);
-    if ratio < ONE * 9 / 8 || ratio >= 3 * ONE {
+    if !(ONE * 9 / 8..3 * ONE).contains(&ratio) {
         // Nothing waits, or the upstream is far past its capacity: the whole step.
         return bounds.clamp(target);
     }

@@ -22,9 +22,14 @@ const MS: u64 = 1_000_000;
 const SECOND: u64 = 1_000_000_000;
 
 /// A time or work amount ordered for the heaps (never NaN here).
-#[derive(Clone, Copy, PartialEq, PartialOrd)]
+#[derive(Clone, Copy, PartialEq)]
 struct At(f64);
 impl Eq for At {}
+impl PartialOrd for At {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
 impl Ord for At {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         self.0.total_cmp(&other.0)
