@@ -155,7 +155,7 @@ pub fn bucket_position(bucket: usize) -> (usize, u32) {
 ///     words[bucket / 4] = histogram_add(words[bucket / 4], bucket).unwrap();
 /// }
 /// let window = Window::unpack(&words, 3);
-/// assert_eq!((window.samples(), window.buckets[4], window.buckets[14]), (3, 2, 1));
+/// assert_eq!((window.samples(), window.buckets[4], window.buckets[15]), (3, 2, 1));
 /// ```
 pub fn histogram_add(word: u64, bucket: usize) -> Option<u64> {
     let (_, shift) = bucket_position(bucket);
@@ -393,14 +393,16 @@ impl AdaptiveLimit {
     /// let ms = 1_000_000;
     /// let mut limit = AdaptiveLimit::new(&bounds, 0);
     /// limit.seed(20_000); // the first sample: 20 ms
-    /// // The probe: 16 requests at 20 ms, the no-load latency.
+    /// // The probe: 16 requests at 20 ms, the no-load latency (read at the middle of its
+    /// // bucket, [1, 9/8) of the reference: 21.25 ms).
     /// limit.close_window(&bounds, 100 * ms, &Window::of(16, 20_000, limit.no_load_us, 4));
-    /// assert_eq!((limit.phase, limit.no_load_us, limit.provisional), (Phase::Track, 20_000, false));
+    /// assert_eq!((limit.phase, limit.no_load_us, limit.provisional), (Phase::Track, 21_250, false));
     /// // The median at its no-load level with the limit in use: the limit grows.
-    /// limit.close_window(&bounds, 200 * ms, &Window::of(40, 20_000, 20_000, 4));
-    /// assert_eq!(limit.limit, 6); // 4 · 5/4 = 5 (4.6 at the bucket's middle), plus sqrt
-    /// // Twice the no-load latency: it shrinks.
-    /// limit.close_window(&bounds, 300 * ms, &Window::of(40, 40_000, 20_000, 6));
+    /// let no_load = limit.no_load_us;
+    /// limit.close_window(&bounds, 200 * ms, &Window::of(40, no_load.into(), no_load, 4));
+    /// assert_eq!(limit.limit, 6); // 4 · 1.18 = 4.7, plus sqrt
+    /// // Three times the no-load latency: it shrinks.
+    /// limit.close_window(&bounds, 300 * ms, &Window::of(40, 3 * u64::from(no_load), no_load, 6));
     /// assert!(limit.limit < 6);
     /// ```
     pub fn close_window(&mut self, bounds: &AdaptiveBounds, now_ns: u64, window: &Window) {
