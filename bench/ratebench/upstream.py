@@ -7,17 +7,24 @@ completion), so its speed does not depend on the machine's CPU. A request whose 
 away is still worked on until done, as a busy server does not notice: this is what makes an
 unprotected upstream collapse.
 
-    python3 -m ratebench.upstream --port PORT --capacity C --base-ms B
+    python3 -m ratebench.upstream --port PORT --capacity C --base-ms B [--shape SHAPE]
+
+Shapes (`--shape`, issue 27): `ps` (the above, the default); `fifo`, a pool of C workers with
+a FIFO backlog (latency = wait + b); `bimodal`, that pool with cache hits and misses (70% take
+b / 4, 30% take 2.75 b: the mean is b).
 
 `GET /_capacity/N` sets the capacity to N (answers at once, not counted); `GET /_stats`
-answers `in_flight completed capacity`. Every other request is one unit of work, answered
-`200` with a short body. Listens on 127.0.0.1 only.
+answers `in_flight completed capacity`. `GET /slow/...` takes 1-2 s (uniform) without using
+the upstream's capacity: a slow path that waits on something else. Every other request is
+one unit of work, answered `200` with a short body. Listens on 127.0.0.1 only.
 """
 
 import argparse
 import asyncio
+import collections
 import heapq
 import itertools
+import random
 
 
 class ProcessorSharing:
@@ -81,6 +88,62 @@ class ProcessorSharing:
         self.reschedule()
 
 
+class FifoPool:
+    """`capacity` workers (whole ones, at least one) and a FIFO backlog. With `bimodal`, 70%
+    of the requests take base_s / 4 and 30% take 2.75 base_s."""
+
+    def __init__(self, loop, capacity, base_s, bimodal, seed=27):
+        self.loop = loop
+        self.capacity = capacity
+        self.base_s = base_s
+        self.bimodal = bimodal
+        self.rng = random.Random(seed)
+        self.busy = 0
+        self.backlog = collections.deque()
+        self.completed = 0
+
+    @property
+    def heap(self):
+        """What /_stats counts as in flight (named as the processor-sharing upstream's)."""
+        return [None] * (self.busy + len(self.backlog))
+
+    def workers(self):
+        return max(1, int(self.capacity))
+
+    def service_s(self):
+        if not self.bimodal:
+            return self.base_s
+        return self.base_s / 4 if self.rng.random() < 0.7 else self.base_s * 2.75
+
+    async def work(self):
+        service = self.service_s()
+        if self.busy < self.workers() and not self.backlog:
+            self.busy += 1
+        else:
+            turn = self.loop.create_future()
+            self.backlog.append(turn)
+            # The worker is handed over with the future (busy counted by the hand-over).
+            await turn
+        try:
+            await asyncio.sleep(service)
+        finally:
+            self.busy -= 1
+            self.completed += 1
+            self.dispatch()
+
+    def dispatch(self):
+        while self.backlog and self.busy < self.workers():
+            turn = self.backlog.popleft()
+            if turn.done():
+                continue
+            self.busy += 1
+            turn.set_result(None)
+
+    def set_capacity(self, capacity):
+        self.capacity = capacity
+        self.dispatch()
+
+
 async def read_head(reader):
     head = await reader.readuntil(b"\r\n\r\n")
     return head.split(b"\r\n", 1)[0].split(b" ")
@@ -97,6 +160,9 @@ async def serve(upstream, reader, writer):
         if path.startswith("/_capacity/"):
             upstream.set_capacity(float(path.rsplit("/", 1)[1]))
             body = b"ok\n"
+        elif path.startswith("/slow/"):
+            await asyncio.sleep(1.0 + random.random())
+            body = b"slow\n"
         elif path == "/_stats":
             body = f"{len(upstream.heap)} {upstream.completed} {upstream.capacity}\n".encode()
         else:
@@ -112,9 +178,12 @@ async def serve(upstream, reader, writer):
         writer.close()
 
 
-async def main(port, capacity, base_ms):
+async def main(port, capacity, base_ms, shape="ps"):
     loop = asyncio.get_running_loop()
-    upstream = ProcessorSharing(loop, capacity, base_ms / 1000.0)
+    if shape == "ps":
+        upstream = ProcessorSharing(loop, capacity, base_ms / 1000.0)
+    else:
+        upstream = FifoPool(loop, capacity, base_ms / 1000.0, bimodal=shape == "bimodal")
     server = await asyncio.start_server(lambda r, w: serve(upstream, r, w), "127.0.0.1", port,
                                         backlog=4096)
     async with server:
@@ -127,5 +196,6 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--capacity", type=float, required=True)
     parser.add_argument("--base-ms", type=float, required=True)
+    parser.add_argument("--shape", choices=["ps", "fifo", "bimodal"], default="ps")
     args = parser.parse_args()
-    asyncio.run(main(args.port, args.capacity, args.base_ms))
+    asyncio.run(main(args.port, args.capacity, args.base_ms, args.shape))

@@ -18,7 +18,9 @@ use ngx::ffi::{
 };
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_log_error;
-use ratelimit_core::adaptive::{window_add, window_unpack, AdaptiveBounds, AdaptiveLimit, Phase};
+use ratelimit_core::adaptive::{
+    bucket_position, histogram_add, AdaptiveBounds, AdaptiveLimit, Phase, Window,
+};
 use ratelimit_core::concurrency::{
     self as arithmetic, Arrival as Step, ConcurrencyLimit, ConcurrencyLimits, Leave, Turn,
 };
@@ -274,7 +276,7 @@ fn retry_after_ns(words: &KeyWords, limits: &ConcurrencyLimits) -> u64 {
     let latency_ns = match (words.adaptive, bounds_of(limits)) {
         (Some(adaptive), Some(bounds)) => adaptive
             .load(&bounds)
-            .map_or(0, |state| u64::from(state.last_average_us) * 1000),
+            .map_or(0, |state| u64::from(state.last_median_us) * 1000),
         _ => 0,
     };
     arithmetic::retry_after_ns(latency_ns)
@@ -461,7 +463,8 @@ impl Holding {
     }
 }
 
-/// One latency sample for an adaptive key, closing its window when due.
+/// One latency sample for an adaptive key, closing its window when due. A sample of a request
+/// admitted before a probe does not count, but still closes a probe whose time is up.
 fn sample(zone: &Zone, words: &KeyWords, epoch: u16, latency_ns: u64, now_ns: u64) {
     let (Some(adaptive), Some(bounds)) = (
         words.adaptive,
@@ -469,31 +472,36 @@ fn sample(zone: &Zone, words: &KeyWords, epoch: u16, latency_ns: u64, now_ns: u6
     ) else {
         return;
     };
-    let Some(state) = adaptive.load(&bounds) else {
+    let Some(mut state) = adaptive.load(&bounds) else {
         return;
     };
-    if !state.accepts(epoch) {
-        return;
-    }
     let latency_us = latency_ns.div_ceil(1000);
-    let ceiling = state.sample_ceiling_us();
-    let mut current = adaptive.window.load(Ordering::Acquire);
-    let word = loop {
-        let Some(next) = window_add(current, latency_us, ceiling) else {
-            break current;
+    if state.no_load_us == 0 {
+        // A new key's first sample is its histogram's reference: once, under the lock.
+        let _lock = zone.lock();
+        let Some(mut fresh) = adaptive.load(&bounds) else {
+            return;
         };
-        match adaptive.window.compare_exchange_weak(
-            current,
-            next,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => break next,
-            Err(actual) => current = actual,
+        if fresh.seed(latency_us) {
+            adaptive.store(&fresh);
         }
-    };
+        state = fresh;
+    }
+    if state.accepts(epoch) {
+        let bucket = state.bucket(latency_us);
+        let (index, _) = bucket_position(bucket);
+        let word = &adaptive.histogram[index];
+        let mut current = word.load(Ordering::Acquire);
+        // A full count drops the sample; the window is due then.
+        while let Some(next) = histogram_add(current, bucket) {
+            match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(actual) => current = actual,
+            }
+        }
+    }
     let peak = adaptive.peak.load(Ordering::Acquire) as u32;
-    if !state.due(now_ns, &window_unpack(word, peak)) {
+    if !state.due(now_ns, &Window::unpack(&adaptive.histogram_words(), peak)) {
         return;
     }
     // One worker closes the window: under the zone's lock (released by the master if the
@@ -503,16 +511,13 @@ fn sample(zone: &Zone, words: &KeyWords, epoch: u16, latency_ns: u64, now_ns: u6
         return;
     };
     let peak = adaptive.peak.load(Ordering::Acquire) as u32;
-    if !state.due(
-        now_ns,
-        &window_unpack(adaptive.window.load(Ordering::Acquire), peak),
-    ) {
+    if !state.due(now_ns, &Window::unpack(&adaptive.histogram_words(), peak)) {
         return;
     }
-    let word = adaptive.window.swap(0, Ordering::AcqRel);
+    let histogram = adaptive.take_histogram();
     let in_flight = u64::from(words.load().in_flight);
     let peak = adaptive.peak.swap(in_flight, Ordering::AcqRel) as u32;
-    state.close_window(&bounds, now_ns, &window_unpack(word, peak));
+    state.close_window(&bounds, now_ns, &Window::unpack(&histogram, peak));
     adaptive.store(&state);
 }
 

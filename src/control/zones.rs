@@ -107,7 +107,7 @@ fn key_state(zone: &Zone, words: &KeyWords, limits: &ConcurrencyLimits) -> Concu
         adaptive: adaptive.map(|state| AdaptiveKeyState {
             phase: concurrency::phase_name(state.phase),
             no_load_us: state.no_load_us,
-            latency_us: state.last_average_us,
+            latency_us: state.last_median_us,
         }),
     }
 }

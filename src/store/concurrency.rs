@@ -4,11 +4,11 @@
 //! with them is the control layer's.
 //!
 //! A key's slot: `[hash, slots, head_since_ns, lanes × LANE_WORDS, (adaptive state × 5,
-//! window samples, window peak)]`.
+//! window histogram × 4, window peak)]`.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use ratelimit_core::adaptive::{AdaptiveBounds, AdaptiveLimit, ADAPTIVE_WORDS};
+use ratelimit_core::adaptive::{AdaptiveBounds, AdaptiveLimit, ADAPTIVE_WORDS, HISTOGRAM_WORDS};
 use ratelimit_core::concurrency::{ConcurrencyLimits, Lanes, Slots, KEY_WORDS, LANE_WORDS};
 
 use super::{SlotIndex, Zone};
@@ -19,7 +19,7 @@ const HEAD_SINCE: usize = 1;
 const LANES: usize = 2;
 const ADAPTIVE: usize = KEY_WORDS;
 const WINDOW: usize = ADAPTIVE + ADAPTIVE_WORDS;
-const PEAK: usize = WINDOW + 1;
+const PEAK: usize = WINDOW + HISTOGRAM_WORDS;
 
 /// One key's words.
 #[derive(Clone, Copy)]
@@ -37,8 +37,8 @@ pub struct KeyWords<'a> {
 #[derive(Clone, Copy)]
 pub struct AdaptiveWords<'a> {
     state: &'a [AtomicU64],
-    /// The window's samples: `ratelimit_core::adaptive::window_add`'s word.
-    pub window: &'a AtomicU64,
+    /// The window's histogram: `ratelimit_core::adaptive::histogram_add`'s words.
+    pub histogram: &'a [AtomicU64],
     /// The most requests in flight since the window opened.
     pub peak: &'a AtomicU64,
 }
@@ -99,12 +99,33 @@ impl AdaptiveWords<'_> {
         }
     }
 
+    /// The window's histogram words now.
+    pub fn histogram_words(&self) -> [u64; HISTOGRAM_WORDS] {
+        let mut words = [0u64; HISTOGRAM_WORDS];
+        for (word, atomic) in words.iter_mut().zip(self.histogram) {
+            *word = atomic.load(Ordering::Acquire);
+        }
+        words
+    }
+
+    /// Empty the window's histogram, returning what it held (each word swapped on its own: a
+    /// sample added meanwhile lands in one window or the next).
+    pub fn take_histogram(&self) -> [u64; HISTOGRAM_WORDS] {
+        let mut words = [0u64; HISTOGRAM_WORDS];
+        for (word, atomic) in words.iter_mut().zip(self.histogram) {
+            *word = atomic.swap(0, Ordering::AcqRel);
+        }
+        words
+    }
+
     /// Clear the state (a key forgotten).
     pub fn clear(&self) {
         for atomic in self.state {
             atomic.store(0, Ordering::Release);
         }
-        self.window.store(0, Ordering::Release);
+        for atomic in self.histogram {
+            atomic.store(0, Ordering::Release);
+        }
         self.peak.store(0, Ordering::Release);
     }
 }
@@ -165,7 +186,7 @@ impl Zone {
         }
         let adaptive = words.get(ADAPTIVE..=PEAK).map(|_| AdaptiveWords {
             state: &words[ADAPTIVE..WINDOW],
-            window: &words[WINDOW],
+            histogram: &words[WINDOW..PEAK],
             peak: &words[PEAK],
         });
         Some(KeyWords {

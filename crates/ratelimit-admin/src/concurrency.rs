@@ -43,7 +43,7 @@ pub struct AdaptiveKeyState {
     pub phase: &'static str,
     /// The no-load latency learnt, in µs (0 before the first probe ended).
     pub no_load_us: u32,
-    /// The average latency of the last window, in µs.
+    /// The median latency of the last window, in µs.
     pub latency_us: u32,
 }
 

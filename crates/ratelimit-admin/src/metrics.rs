@@ -122,7 +122,7 @@ const FAMILIES: [Family; 22] = [
     Family {
         name: "rate_limit_latency_seconds",
         kind: "gauge",
-        help: "limit=adaptive: the last window's average latency of the key with the most in \
+        help: "limit=adaptive: the last window's median latency of the key with the most in \
                flight.",
     },
     Family {

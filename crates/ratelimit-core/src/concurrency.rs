@@ -58,8 +58,10 @@ pub const DEFAULT_QUEUE_TIMEOUT_NS: u64 = 5 * NANOS_PER_SEC;
 /// Words of a key: its [`Slots`], the time its queue's head last moved, its [`Lanes`].
 pub const KEY_WORDS: usize = 2 + LANE_WORDS;
 /// Words a key of `limit=adaptive` takes on top: its [`crate::adaptive::AdaptiveLimit`], the
-/// window's samples ([`crate::adaptive::window_add`]) and the most in flight in the window.
-pub const ADAPTIVE_KEY_WORDS: usize = crate::adaptive::ADAPTIVE_WORDS + 2;
+/// window's histogram ([`crate::adaptive::histogram_add`]) and the most in flight in the
+/// window.
+pub const ADAPTIVE_KEY_WORDS: usize =
+    crate::adaptive::ADAPTIVE_WORDS + crate::adaptive::HISTOGRAM_WORDS + 1;
 
 /// The `u64` words a key of a concurrency zone takes (after its hash).
 pub fn state_words(adaptive: bool) -> usize {
