@@ -191,6 +191,7 @@ pub fn arrive(
     };
     let mut current = words.slots.load(Ordering::Acquire);
     let mut stale_checked = false;
+    let mut marked = false;
     loop {
         let (step, next) = arithmetic::arrive(current, line.cost, limit, queue_places);
         let Some(next) = next else {
@@ -201,20 +202,29 @@ pub fn arrive(
                 current = words.slots.load(Ordering::Acquire);
                 continue;
             }
-            tickets_settled(line, &words);
+            if marked {
+                tickets_settled(line, &words);
+            }
             return Arrival::Rejected(refusal(current));
         };
         match step {
             Step::Queued { first, .. } => {
                 // Owned before it is taken: whoever sweeps this process's lane empties the
                 // queue.
-                words.mark_tickets(process_slot());
+                if !marked {
+                    words.mark_tickets(process_slot());
+                    marked = true;
+                }
                 if first {
                     // The head's time before the word that makes this ticket the head.
                     words.head_since.store(now_ns, Ordering::Release);
                 }
             }
-            Step::Admitted | Step::Rejected => tickets_settled(line, &words),
+            Step::Admitted | Step::Rejected if marked => {
+                tickets_settled(line, &words);
+                marked = false;
+            }
+            Step::Admitted | Step::Rejected => {}
         }
         match words
             .slots
