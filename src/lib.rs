@@ -271,6 +271,10 @@ extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
 }
 
 /// Runs in each worker when it exits.
-extern "C" fn exit_process(_cycle: *mut ngx_cycle_t) {
+extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
+    // SAFETY: nginx passes the running cycle.
+    if let Some(cycle) = unsafe { cycle.as_ref() } {
+        control::exit_process(cycle);
+    }
     sync::exit_process();
 }

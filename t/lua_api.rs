@@ -935,6 +935,93 @@ location = /set {{
     drop(upstream);
 }
 
+/// Issue 27, point 7: `set_conn(-1)` and `set_burst(-1)` are refused (-1 is the ABI's
+/// "unchanged": they used to answer true and change nothing), a huge number is quoted as Lua
+/// has it (not wrapped to -9223372036854775808), and a Lua `conn` slot followed by `ngx.exec`
+/// into a `rate_limit` line of the same zone is one request: with `limit=1` it used to be
+/// refused by its own slot (or counted twice with more).
+#[test]
+fn conn_refuses_minus_one_and_exec_counts_once() {
+    require_lua!();
+    let upstream = common::upstream::Upstream::start();
+    let http = "rate_limit_zone $arg_k zone=conc:1m algorithm=concurrency limit=1 queue=2;";
+    let locations = format!(
+        r#"
+location = /set {{
+    content_by_lua_block {{
+        local lim = require("resty.rate_limit").conn("conc")
+        local n = tonumber(ngx.var.arg_n)
+        local ok, err
+        if ngx.var.arg_what == "queue" then ok, err = lim:set_burst(n) else ok, err = lim:set_conn(n) end
+        ngx.say(tostring(ok or err))
+    }}
+}}
+location = /lua_then_exec {{
+    access_by_lua_block {{
+        local lim = require("resty.rate_limit").conn("conc")
+        local delay, conn = lim:incoming(ngx.var.arg_k, true)
+        if not delay then return ngx.exit(conn == "rejected" and 429 or 500) end
+        return ngx.exec("/directive", ngx.var.args)
+    }}
+}}
+location = /directive {{
+    rate_limit zone=conc;
+    proxy_pass http://127.0.0.1:{port}/hold/exec;
+}}
+location /admin/ {{ rate_limit_admin; }}
+"#,
+        port = upstream.port()
+    );
+    let nginx = Nginx::start(&config(2, http, &locations));
+    for (query, expected) in [
+        (
+            "n=-1",
+            "invalid limit -1: must be an integer from 1 to 16777215",
+        ),
+        (
+            "what=queue&n=-1",
+            "invalid queue -1: must be an integer from 0 to 32767",
+        ),
+        (
+            "n=1e300",
+            "invalid limit 1e+300: must be an integer from 1 to 16777215",
+        ),
+        (
+            "what=queue&n=1e300",
+            "invalid queue 1e+300: must be an integer from 0 to 32767",
+        ),
+        (
+            "n=16777216",
+            "invalid limit 16777216: must be an integer from 1 to 16777215",
+        ),
+        (
+            "n=1.5",
+            "invalid limit 1.5: must be an integer from 1 to 16777215",
+        ),
+    ] {
+        assert_eq!(
+            body(&nginx, &format!("/set?{query}")).trim(),
+            expected,
+            "{query}"
+        );
+    }
+    let zone: serde_json::Value =
+        serde_json::from_slice(&get(&nginx, "/admin/zones/conc").body).unwrap();
+    assert_eq!(
+        (&zone["limit"], &zone["queue"]),
+        (&1.into(), &2.into()),
+        "{zone}"
+    );
+
+    let held = start_request(nginx.port(), &Request::get("/lua_then_exec?k=a"));
+    upstream.wait_arrivals(1, Duration::from_secs(10));
+    wait_in_flight(&nginx, "a", 1);
+    upstream.release_all();
+    let held = held.finish();
+    assert_eq!(held.status, 200, "{}", held.text());
+    wait_in_flight(&nginx, "a", 0);
+}
+
 /// Wait until key `key` of zone `conc` has `expected` requests in flight (admin API).
 fn wait_in_flight(nginx: &Nginx, key: &str, expected: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);

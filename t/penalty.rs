@@ -530,20 +530,27 @@ fn admin_api_blocks_lists_and_releases_real_keys() {
 }
 
 /// Many distinct keys blocked at once: the table holds them up to its capacity, and a full
-/// table keeps working (the block nearest its end gives way).
+/// table keeps working and keeps its blocks. An attacker blocked first (the block nearest its
+/// end, which the table used to give way) who floods it with fresh keys stays blocked at its
+/// level; the fresh keys beyond the table stay rate-limited and are counted as not recorded.
 #[test]
 fn many_keys_fill_the_table_without_failing() {
     let nginx = config()
-        .http("rate_limit_zone $http_x_key zone=login:64k rate=1r/m block=1h;")
+        .http("rate_limit_zone $http_x_key zone=login:64k rate=1r/m block=1h block_max=4h;")
         .locations(
             "location = /login { rate_limit zone=login nodelay; try_files /index.html =404; }\n\
-             location /ratelimit/ { rate_limit_admin; }",
+             location /ratelimit/ { rate_limit_admin write=on; }",
         )
         .start();
     let (_, list) = get_json(&nginx, "/ratelimit/zones/login/blocked");
     let capacity = list["capacity"].as_u64().unwrap() as usize;
     assert!(capacity >= 64, "{list}");
     let mut connection = Connection::open(nginx.port());
+    let mallory = Request::get("/login").header("X-Key", "mallory");
+    connection.send(&mallory);
+    assert_eq!(connection.send(&mallory).status, 429);
+    let (_, blocked) = get_json(&nginx, "/ratelimit/zones/login/blocked/mallory");
+    assert_eq!(blocked["level"], 0, "{blocked}");
     for key in 0..capacity * 2 {
         for _ in 0..2 {
             let request = Request::get("/login").header("X-Key", &format!("key-{key}"));
@@ -556,7 +563,28 @@ fn many_keys_fill_the_table_without_failing() {
         count <= capacity && count >= capacity / 2,
         "{count} of {capacity}"
     );
-    // The last key blocked is blocked.
+    // The attacker is still blocked, for the whole hour, at its level.
+    let (status, blocked) = get_json(&nginx, "/ratelimit/zones/login/blocked/mallory");
+    assert_eq!(status, 200, "the flood freed the attacker: {blocked}");
+    assert_eq!(blocked["level"], 0, "{blocked}");
+    assert!(
+        blocked["left_ms"].as_u64().unwrap() > 3_500_000,
+        "{blocked}"
+    );
+    // Keys beyond the table are counted, and stay rate-limited.
+    let not_recorded = list["not_recorded"].as_u64().unwrap() as usize;
+    assert!(
+        not_recorded >= capacity * 2 - count,
+        "{not_recorded} not recorded, {count} blocked of {}",
+        capacity * 2
+    );
+    let metrics = send(nginx.port(), &Request::get("/ratelimit/metrics")).text();
+    assert!(
+        metrics.contains(&format!(
+            "rate_limit_blocks_not_recorded_total{{zone=\"login\"}} {not_recorded}"
+        )),
+        "{metrics}"
+    );
     let last = format!("key-{}", capacity * 2 - 1);
     let response = send(nginx.port(), &Request::get("/login").header("X-Key", &last));
     assert_eq!(response.status, 429);

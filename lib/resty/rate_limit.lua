@@ -90,6 +90,9 @@ local MAX_KEY_BYTES = 65535
 -- The largest burst a zone holds (Limits::MAX_BURST); the rate may allow less, which the
 -- module says.
 local MAX_BURST = 4194303
+-- ratelimit_core::adaptive::MAX_LIMIT and ratelimit_core::concurrency::MAX_QUEUE.
+local MAX_CONN_LIMIT = 16777215
+local MAX_QUEUE = 32767
 local RATE_SYNTAX = 'must be a positive number of requests (at most 3 decimals) per s, m, h '
                     .. 'or d, such as "10r/s"'
 -- retry_after_ns of a request no wait lets through (it costs more than the zone admits at
@@ -596,20 +599,36 @@ local function conn_set(self, limit, queue)
     return true
 end
 
+--- A count for conn_set, checked as a Lua number before the int64_t conversion (which
+--- would wrap 1e300 or NaN, and would pass -1, the ABI's "unchanged"): nil and the message
+--- when it is not an integer from `low` to `high`.
+local function conn_count(value, name, low, high)
+    if type(value) ~= "number" then
+        return nil, name .. " must be an integer, got " .. type(value)
+    end
+    if value ~= value or value % 1 ~= 0 or value < low or value > high then
+        return nil, "invalid " .. name .. " " .. tostring(value)
+                    .. ": must be an integer from " .. low .. " to " .. high
+    end
+    return value
+end
+
 --- Change the zone's limit for every worker at once (the admin API's PATCH).
 function conn_mt.set_conn(self, limit)
-    if type(limit) ~= "number" or limit % 1 ~= 0 then
-        return nil, "limit must be an integer"
+    local value, err = conn_count(limit, "limit", 1, MAX_CONN_LIMIT)
+    if not value then
+        return nil, err
     end
-    return conn_set(self, limit, -1)
+    return conn_set(self, value, -1)
 end
 
 --- Change the zone's queue places for every worker at once (the admin API's PATCH).
 function conn_mt.set_burst(self, queue)
-    if type(queue) ~= "number" or queue % 1 ~= 0 then
-        return nil, "queue must be an integer"
+    local value, err = conn_count(queue, "queue", 0, MAX_QUEUE)
+    if not value then
+        return nil, err
     end
-    return conn_set(self, -1, queue)
+    return conn_set(self, -1, value)
 end
 
 return _M

@@ -101,7 +101,7 @@ pub enum HoldState {
 }
 
 /// This process's slot in nginx's process table (its lane in each key).
-fn process_slot() -> usize {
+pub(super) fn process_slot() -> usize {
     // SAFETY: set by the master before fork and never changed in a worker.
     let slot = unsafe { nginx_sys::ngx_process_slot };
     usize::try_from(slot).unwrap_or(usize::MAX)
@@ -192,14 +192,41 @@ pub fn arrive(
         return Arrival::Unlimited;
     };
     let mut current = words.slots.load(Ordering::Acquire);
+    let mut stale_checked = false;
+    let mut marked = false;
     loop {
         let (step, next) = arithmetic::arrive(current, line.cost, limit, queue_places);
         let Some(next) = next else {
+            if !stale_checked && arithmetic::Slots::unpack(current).queued() > 0 {
+                // A queue full of a dead worker's tickets must not refuse the key for ever.
+                stale_checked = true;
+                skip_stale_head(&words, conf.queue_timeout_ns, now_ns);
+                current = words.slots.load(Ordering::Acquire);
+                continue;
+            }
+            if marked {
+                tickets_settled(line, &words);
+            }
             return Arrival::Rejected(refusal(current));
         };
-        if let Step::Queued { first: true, .. } = step {
-            // The head's time before the word that makes this ticket the head.
-            words.head_since.store(now_ns, Ordering::Release);
+        match step {
+            Step::Queued { first, .. } => {
+                // Owned before it is taken: whoever sweeps this process's lane empties the
+                // queue.
+                if !marked {
+                    words.mark_tickets(process_slot());
+                    marked = true;
+                }
+                if first {
+                    // The head's time before the word that makes this ticket the head.
+                    words.head_since.store(now_ns, Ordering::Release);
+                }
+            }
+            Step::Admitted | Step::Rejected if marked => {
+                tickets_settled(line, &words);
+                marked = false;
+            }
+            Step::Admitted | Step::Rejected => {}
         }
         match words
             .slots
@@ -222,6 +249,7 @@ pub fn arrive(
                         let waiter = queue::wait(queue::Waiter::new(
                             *line,
                             ticket,
+                            queue_places,
                             deadline_ns,
                             conf.queue_timeout_ns,
                             holding,
@@ -232,6 +260,59 @@ pub fn arrive(
                     }
                     Step::Rejected => Arrival::Rejected(refusal(current)),
                 };
+            }
+            Err(actual) => current = actual,
+        }
+    }
+}
+
+/// A first ticket of this worker may have been marked for a ticket it did not take: unmark
+/// it unless the worker holds tickets of the key.
+fn tickets_settled(line: &Line, words: &KeyWords) {
+    if !queue::holds_tickets(&line.zone, line.slot, line.hash) {
+        words.unmark_tickets(process_slot());
+    }
+}
+
+/// A waiter whose ticket was skipped (the queue was emptied: a dead worker's tickets were in
+/// it, or the key was forgotten) queues again, keeping its deadline.
+pub(super) enum Requeue {
+    Admitted(u64),
+    Queued(u16),
+    Rejected,
+}
+
+/// Queue again (see [`Requeue`]); the worker's lane is marked already (the waiter's ticket).
+pub(super) fn requeue(
+    words: &KeyWords,
+    zone: &Zone,
+    cost: u64,
+    queue_places: u32,
+    now_ns: u64,
+) -> Requeue {
+    let Some(limits) = zone.concurrency_limits() else {
+        return Requeue::Rejected;
+    };
+    let (limit, _) = key_limit(zone, words, &limits, now_ns);
+    let mut current = words.slots.load(Ordering::Acquire);
+    loop {
+        let (step, next) = arithmetic::arrive(current, cost, limit, queue_places);
+        let Some(next) = next else {
+            return Requeue::Rejected;
+        };
+        if let Step::Queued { first: true, .. } = step {
+            words.head_since.store(now_ns, Ordering::Release);
+        }
+        match words
+            .slots
+            .compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {
+                return match step {
+                    Step::Admitted => Requeue::Admitted(next),
+                    Step::Queued { ticket, .. } => Requeue::Queued(ticket),
+                    Step::Rejected => Requeue::Rejected,
+                }
             }
             Err(actual) => current = actual,
         }
@@ -446,6 +527,13 @@ impl Holding {
         self.admitted(words, now_ns, word);
     }
 
+    /// The queued request queued again with a new ticket.
+    pub(super) fn requeued(&mut self, new_ticket: u16) {
+        if let HoldState::Waiting { ticket, .. } = &mut self.state {
+            *ticket = new_ticket;
+        }
+    }
+
     /// The queued request gave up, or its place was taken from it.
     pub(super) fn left_queue(&mut self) {
         self.state = HoldState::Released;
@@ -597,13 +685,16 @@ pub(super) fn skip_stale_head(words: &KeyWords, queue_timeout_ns: u64, now_ns: u
         .compare_exchange(current, next, Ordering::AcqRel, Ordering::Acquire);
 }
 
-/// In a worker at start: give back the slots the previous holder of this process slot held
-/// when it died (nginx's master starts a crashed worker's replacement in its slot; a worker
-/// that exited normally left its lanes empty).
-pub fn reclaim(cycle: &ngx_cycle_t) {
+/// The owner sweep of this process's lanes. In a worker at start: give back the slots the
+/// previous holder of this process slot held when it died, and empty the queues it held
+/// tickets in (nginx's master starts a crashed worker's replacement in its slot; a worker
+/// that exited normally left its lanes empty). In a worker at exit (`exiting`): the same for
+/// what it leaves behind (requests its exit aborts, after `worker_shutdown_timeout`).
+pub fn reclaim(cycle: &ngx_cycle_t, exiting: bool) {
     if !crate::glue::is_worker_process() {
         return;
     }
+    let now = now_ns();
     let Some(mcf) = RateLimitModule::main_conf(cycle) else {
         return;
     };
@@ -616,8 +707,12 @@ pub fn reclaim(cycle: &ngx_cycle_t) {
             continue;
         };
         let mut given_back = 0;
+        let mut tickets_dropped = 0;
         for (_, words) in zone.concurrency_keys() {
-            let held = words.lane_take(process_slot);
+            let (held, tickets) = words.lane_take(process_slot);
+            if tickets {
+                tickets_dropped += u64::from(words.reset_queue(now));
+            }
             if held == 0 {
                 continue;
             }
@@ -636,19 +731,38 @@ pub fn reclaim(cycle: &ngx_cycle_t) {
                 }
             }
         }
-        if given_back > 0 {
-            log_reclaimed(cycle.log, &zone_conf.name, given_back, process_slot);
+        if given_back > 0 || tickets_dropped > 0 {
+            log_reclaimed(
+                cycle.log,
+                &zone_conf.name,
+                (given_back, tickets_dropped),
+                process_slot,
+                exiting,
+            );
         }
     }
 }
 
-fn log_reclaimed(log: *mut ngx_log_t, zone: &str, slots: u64, process_slot: usize) {
+fn log_reclaimed(
+    log: *mut ngx_log_t,
+    zone: &str,
+    (slots, tickets): (u64, u64),
+    process_slot: usize,
+    exiting: bool,
+) {
     let plural = if slots == 1 { "" } else { "s" };
+    let whose = if exiting {
+        "held by this exiting process".to_string()
+    } else {
+        format!(
+            "held by the process that ran in process slot {process_slot} before this one and died"
+        )
+    };
     ngx_log_error!(
         NGX_LOG_NOTICE,
         log,
-        "rate_limit zone \"{zone}\": gave back {slots} slot{plural} held by the process that \
-         ran in process slot {process_slot} before this one and died"
+        "rate_limit zone \"{zone}\": gave back {slots} slot{plural} and emptied queues of \
+         {tickets} tickets {whose}"
     );
 }
 

@@ -568,6 +568,10 @@ pub fn account(
                     BlockChange::Rejected,
                     policy,
                 );
+                if block.is_none() {
+                    // A full table keeps its blocks: the key stays rate-limited only.
+                    applied.zone.count(Counter::BlockNotRecorded);
+                }
                 if let Some(block) = block.filter(|_| before.blocked_for_ns(now_ns).is_none()) {
                     started = Some(BlockStarted { by, block });
                     if applied.zone.is_sync() {

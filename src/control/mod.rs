@@ -50,9 +50,14 @@ pub fn postconfiguration(cf: &mut ngx_conf_t) {
 /// In each worker at start.
 pub fn init_process(cycle: &ngx_cycle_t) {
     persist::worker_started(cycle);
-    concurrency::reclaim(cycle);
+    concurrency::reclaim(cycle, false);
     // SAFETY: ngx_worker is set by nginx before init_process runs.
     counters::set_counter_stripe(unsafe { nginx_sys::ngx_worker });
+}
+
+/// In each worker as it exits: what it still holds of concurrency keys goes back.
+pub fn exit_process(cycle: &ngx_cycle_t) {
+    concurrency::reclaim(cycle, true);
 }
 
 /// Init callback of a `rate_limit_zone`'s shared memory: lay out (or adopt across a reload)

@@ -4,6 +4,11 @@
 //! place in the queue, until it reaches the head and leaves. Workers share nothing here:
 //! each sees the others' tickets move through the key's word in shared memory.
 //!
+//! Tickets are owned: while this worker holds any of a key, its lane in the key says so, and
+//! the sweep of a dead or exiting worker's lanes empties those queues; a waiter that finds
+//! its ticket gone that way queues again. A worker that exits on a reload waits for its
+//! tickets (the queue's timer is not cancelable).
+//!
 //! Process-local and single-threaded: nginx runs a worker's requests, timers and this queue
 //! on one thread.
 
@@ -12,7 +17,7 @@ use core::ptr;
 
 use ngx::ffi::{ngx_event_t, ngx_http_request_t};
 
-use super::concurrency::{self, Holding, Line, TurnTaken};
+use super::concurrency::{self, Holding, Line, Requeue, TurnTaken};
 use crate::glue::now_ns;
 use crate::store::{SlotIndex, Zone};
 
@@ -58,6 +63,8 @@ pub struct Waiter {
     hash: u64,
     ticket: u16,
     cost: u64,
+    /// The places of its line's queue, to queue again with.
+    queue_places: u32,
     deadline_ns: u64,
     queue_timeout_ns: u64,
     holding: *mut Holding,
@@ -68,6 +75,7 @@ impl Waiter {
     pub fn new(
         line: Line,
         ticket: u16,
+        queue_places: u32,
         deadline_ns: u64,
         queue_timeout_ns: u64,
         holding: *mut Holding,
@@ -80,6 +88,7 @@ impl Waiter {
             hash: line.hash,
             ticket,
             cost: line.cost,
+            queue_places,
             deadline_ns,
             queue_timeout_ns,
             holding,
@@ -105,6 +114,29 @@ pub fn wait(mut waiter: Waiter) -> u64 {
     WAITERS.with(|waiters| waiters.borrow_mut().push(waiter));
     arm(TICK_MS);
     id
+}
+
+/// Whether this worker holds a ticket of the key in `slot` of `zone`.
+pub fn holds_tickets(zone: &Zone, slot: SlotIndex, hash: u64) -> bool {
+    WAITERS.with(|waiters| {
+        waiters
+            .borrow()
+            .iter()
+            .any(|w| w.slot == slot && w.hash == hash && w.zone.is_same(zone))
+    })
+}
+
+/// A ticket left this worker's list: its lane says so once it was the key's last.
+fn removed(waiters: &[Waiter], gone: &Waiter) {
+    let others = waiters
+        .iter()
+        .any(|w| w.slot == gone.slot && w.hash == gone.hash && w.zone.is_same(&gone.zone));
+    if others || gone.zone.hash_at(gone.slot) != gone.hash {
+        return;
+    }
+    if let Some(words) = gone.zone.key_words(gone.slot) {
+        words.unmark_tickets(concurrency::process_slot());
+    }
 }
 
 /// The request of ticket `id` went away or gave up: its place stays until it reaches the
@@ -155,7 +187,8 @@ pub fn lua_turn(id: u64) -> (LuaTurn, (u32, u32)) {
         let (step, keep) = step(waiter, now);
         let standing = concurrency::standing(&waiter.zone, waiter.slot, now);
         if !keep {
-            waiters.remove(index);
+            let gone = waiters.remove(index);
+            removed(&waiters, &gone);
         }
         Some((step, standing))
     });
@@ -217,11 +250,33 @@ fn step(waiter: &mut Waiter, now: u64) -> (Step, bool) {
         }
         TurnTaken::Wait => (Step::Wait, true),
         TurnTaken::Lost => {
-            // SAFETY: as above.
-            if let Some(holding) = unsafe { waiter.holding.as_mut() } {
-                holding.left_queue();
+            // The queue was emptied under it (a dead worker's tickets, a forgotten key):
+            // queue again, within the same deadline.
+            match concurrency::requeue(&words, &waiter.zone, waiter.cost, waiter.queue_places, now)
+            {
+                Requeue::Admitted(word) => {
+                    // SAFETY: as above.
+                    if let Some(holding) = unsafe { waiter.holding.as_mut() } {
+                        holding.turn_taken(&words, now, word);
+                    }
+                    (Step::Admitted, false)
+                }
+                Requeue::Queued(ticket) => {
+                    waiter.ticket = ticket;
+                    // SAFETY: as above.
+                    if let Some(holding) = unsafe { waiter.holding.as_mut() } {
+                        holding.requeued(ticket);
+                    }
+                    (Step::Wait, true)
+                }
+                Requeue::Rejected => {
+                    // SAFETY: as above.
+                    if let Some(holding) = unsafe { waiter.holding.as_mut() } {
+                        holding.left_queue();
+                    }
+                    (Step::Refused, false)
+                }
             }
-            (Step::Refused, false)
         }
     }
 }
@@ -256,7 +311,8 @@ unsafe extern "C" fn tick(_event: *mut ngx_event_t) {
             if keep {
                 index += 1;
             } else {
-                waiters.remove(index);
+                let gone = waiters.remove(index);
+                removed(&waiters, &gone);
             }
         }
         !waiters.is_empty()
@@ -280,8 +336,8 @@ fn timer() -> *mut ngx_event_t {
             event.handler = Some(tick);
             // SAFETY: the running cycle and its log outlive the worker's events.
             event.log = unsafe { (*nginx_sys::ngx_cycle).log };
-            // A worker shutting down does not wait for this timer.
-            event.set_cancelable(1);
+            // Not cancelable: a worker shutting down (a reload) stays until its queued
+            // requests are served or time out, and its tickets have left the queue.
             timer.set(Box::into_raw(event));
         }
         timer.get()

@@ -338,6 +338,7 @@ impl AdminZone for SharedZone<'_> {
             block_max_ns: policy.block_max_ns,
             blocked_requests: self.zone.counter(Counter::Blocked),
             blocked_dry_run_requests: self.zone.counter(Counter::BlockedDryRun),
+            not_recorded: self.zone.counter(Counter::BlockNotRecorded),
             blocked_keys: self.zone.blocked_count(self.now_ns) as u64,
             capacity: self.zone.block_capacity() as u64,
         })

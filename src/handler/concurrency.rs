@@ -160,6 +160,12 @@ fn run_lines(
             cost: limit.cost,
             queue: limit.burst,
         };
+        if holds_slot(r, &line) {
+            // A slot of this key is held for the request already (Lua's `conn`, before an
+            // `ngx.exec` here): one request, counted once.
+            ctx.next += 1;
+            continue;
+        }
         let owner = Owner::Request {
             r: ptr::from_mut(r),
             resume,
@@ -221,6 +227,18 @@ fn run_lines(
         state.set(status);
     }
     rc
+}
+
+/// Whether the request holds a slot of `line`'s key already.
+fn holds_slot(r: &ngx_http_request_t, line: &Line) -> bool {
+    let mut held = false;
+    // SAFETY: the pool of the live request being handled.
+    unsafe {
+        slots::each_holding(r.pool, |holding| {
+            held |= holding.is_held_for(&line.zone, line.slot);
+        });
+    }
+    held
 }
 
 fn log_refusal(

@@ -63,14 +63,52 @@ impl KeyWords<'_> {
         }
     }
 
-    /// Empty the lane of process `process_slot` and return what it held.
-    pub fn lane_take(&self, process_slot: usize) -> u64 {
+    /// Empty the lane of process `process_slot`: the slots it held, and whether it held
+    /// tickets.
+    pub fn lane_take(&self, process_slot: usize) -> (u64, bool) {
         let Some((word, shift)) = Lanes::position(process_slot) else {
-            return 0;
+            return (0, false);
         };
-        let mask = Lanes::delta(u64::from(u32::MAX), shift);
-        let before = self.lanes[word].fetch_and(!mask, Ordering::AcqRel);
-        Lanes::count(before, shift)
+        let before = self.lanes[word].fetch_and(!Lanes::mask(shift), Ordering::AcqRel);
+        (
+            Lanes::count(before, shift),
+            before & Lanes::tickets_flag(shift) != 0,
+        )
+    }
+
+    /// Note that process `process_slot` holds tickets of this key (before it takes one).
+    pub fn mark_tickets(&self, process_slot: usize) {
+        if let Some((word, shift)) = Lanes::position(process_slot) {
+            self.lanes[word].fetch_or(Lanes::tickets_flag(shift), Ordering::AcqRel);
+        }
+    }
+
+    /// Note that process `process_slot` holds no ticket of this key any more.
+    pub fn unmark_tickets(&self, process_slot: usize) {
+        if let Some((word, shift)) = Lanes::position(process_slot) {
+            self.lanes[word].fetch_and(!Lanes::tickets_flag(shift), Ordering::AcqRel);
+        }
+    }
+
+    /// Empty the key's queue (its tickets' holders are gone, or the key is forgotten): live
+    /// holders of tickets find theirs skipped and queue again. Returns the tickets dropped.
+    pub fn reset_queue(&self, now_ns: u64) -> u32 {
+        let mut current = self.slots.load(Ordering::Acquire);
+        loop {
+            let Some(next) = ratelimit_core::concurrency::reset_queue(current) else {
+                return 0;
+            };
+            self.head_since.store(now_ns, Ordering::Release);
+            match self.slots.compare_exchange_weak(
+                current,
+                next,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Slots::unpack(current).queued(),
+                Err(actual) => current = actual,
+            }
+        }
     }
 
     /// Whether nothing is in flight or queued.
@@ -232,15 +270,14 @@ impl Zone {
             .map_or(0, |state| state.next_probe_ns)
     }
 
-    /// Forget an idle concurrency key (its adaptive state); false when it is not tracked or
-    /// requests still hold or wait for its slots.
-    pub(super) fn forget_concurrency(&self, slot: &[AtomicU64]) -> bool {
+    /// Forget a concurrency key: its queue is emptied (live waiters queue again) and its
+    /// adaptive state cleared; the slots held stay, given back by their requests. False when
+    /// there was nothing to forget.
+    pub(super) fn forget_concurrency(&self, slot: &[AtomicU64], now_ns: u64) -> bool {
         let Some(words) = self.words_of(slot) else {
             return false;
         };
-        if !words.is_idle() {
-            return false;
-        }
+        words.reset_queue(now_ns);
         if let Some(adaptive) = words.adaptive {
             adaptive.clear();
         }

@@ -5,7 +5,7 @@ use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use super::Zone;
 
 /// Per-zone decision counters, in the order of [`Counter`].
-pub const COUNTERS: usize = 7;
+pub const COUNTERS: usize = 8;
 /// Counters are kept per worker (modulo this many stripes), each stripe on its own cache
 /// line, so that workers counting requests do not contend for one line.
 pub(super) const COUNTER_STRIPES: usize = 16;
@@ -34,6 +34,9 @@ pub enum Counter {
     /// Refused because the key was blocked (`block=`), charging nothing.
     Blocked = 5,
     BlockedDryRun = 6,
+    /// A rejected key that would have been blocked, but its probe window of the full block
+    /// table holds only blocks that still matter (they are kept).
+    BlockNotRecorded = 7,
 }
 
 impl Zone {

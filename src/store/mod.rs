@@ -264,7 +264,10 @@ impl Zone {
             (*shared).top_offset = AtomicU64::new(top_offset);
             Zone::view(shpool, shared)
         };
-        if !zone.format(layout) {
+        // A new block of a new mapping is zero already (the kernel's pages): the master does
+        // not write it again, which would make the whole zone resident in the master on every
+        // start and every reload that resizes a zone.
+        if !zone.format(layout, true) {
             // SAFETY: allocated above from this pool, under the held mutex.
             unsafe { ngx_slab_free_locked(shpool, block.cast()) };
             return Err(ZoneInitError::TooSmall);
@@ -325,9 +328,10 @@ impl Zone {
         }
     }
 
-    /// Lay the slot table out for `layout` and clear it. False if not even one probe window
-    /// fits.
-    fn format(&self, layout: &ZoneLayout) -> bool {
+    /// Lay the slot table out for `layout` and clear it (`fresh`: memory just allocated from
+    /// a new mapping, cleared only if it is not zero, as with a junk-filling debug
+    /// allocator). False if not even one probe window fits.
+    fn format(&self, layout: &ZoneLayout, fresh: bool) -> bool {
         let header = self.header();
         let slot_words = layout.slot_words();
         let table_bytes = header.table_bytes as usize;
@@ -340,23 +344,40 @@ impl Zone {
         let block_offset = table_bytes - block_bytes;
         // SAFETY: the block table is the last `block_bytes` of the table (8-aligned: both are
         // multiples of 8), inside the zone's block; nobody reads it during (re)formatting.
-        unsafe { ptr::write_bytes(self.table.cast::<u8>().add(block_offset), 0, block_bytes) };
+        // SAFETY: as above; reading the table's first and last word only.
+        let zero = fresh
+            && unsafe {
+                let first = self.table.cast::<u64>().read();
+                let last = self
+                    .table
+                    .cast::<u8>()
+                    .add(table_bytes - 8)
+                    .cast::<u64>()
+                    .read();
+                first == 0 && last == 0
+            };
+        if !zero {
+            // SAFETY: as above.
+            unsafe { ptr::write_bytes(self.table.cast::<u8>().add(block_offset), 0, block_bytes) };
+        }
         header
             .block_records
             .store(block_records as u64, Ordering::Relaxed);
         header
             .block_offset
             .store(block_offset as u64, Ordering::Relaxed);
-        // SAFETY: the table lies inside the block allocated for this zone (table_bytes was
-        // computed from that allocation) and nobody reads it during (re)formatting: this runs
-        // in the master before workers start.
-        unsafe {
-            ptr::write_bytes(
-                self.table.cast::<u8>(),
-                0,
-                buckets * sizing::bucket_bytes(slot_words),
-            )
-        };
+        if !zero {
+            // SAFETY: the table lies inside the block allocated for this zone (table_bytes was
+            // computed from that allocation) and nobody reads it during (re)formatting: this
+            // runs in the master before workers start.
+            unsafe {
+                ptr::write_bytes(
+                    self.table.cast::<u8>(),
+                    0,
+                    buckets * sizing::bucket_bytes(slot_words),
+                )
+            };
+        }
         header
             .slot_words
             .store(slot_words as u64, Ordering::Relaxed);
@@ -382,7 +403,7 @@ impl Zone {
         let header = self.header();
         let same_shape = header.fingerprint.load(Ordering::Relaxed) == layout.fingerprint
             && header.slot_words.load(Ordering::Relaxed) == layout.slot_words() as u64;
-        if !same_shape && !self.format(layout) {
+        if !same_shape && !self.format(layout, false) {
             return Err(ZoneInitError::TooSmall);
         }
         let configured = layout.limits.pack();

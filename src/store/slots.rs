@@ -332,8 +332,9 @@ impl Zone {
         };
         let slot = self.slot(index.0);
         if self.algorithm.counts_in_flight() {
-            // Its counts stay while requests hold or wait for its slots.
-            return self.concurrency_idle_at(slot) > now_ns && self.forget_concurrency(slot);
+            // Its slot counts stay while requests hold them; its queue is emptied.
+            return self.concurrency_idle_at(slot) > now_ns
+                && self.forget_concurrency(slot, now_ns);
         }
         let tracked = self
             .limits()

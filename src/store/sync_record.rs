@@ -107,10 +107,12 @@ pub enum Bad {
     Version = 5,
     /// A reply larger than the exchange allowed (the connection was dropped).
     ReplySize = 6,
+    /// A block record of the fleet's hash that no instance could have written.
+    BlockRecord = 7,
 }
 
 /// Kinds of [`Bad`] values.
-pub const BAD_KINDS: usize = 7;
+pub const BAD_KINDS: usize = 8;
 
 impl Bad {
     pub const ALL: [Bad; BAD_KINDS] = [
@@ -121,6 +123,7 @@ impl Bad {
         Bad::Override,
         Bad::Version,
         Bad::ReplySize,
+        Bad::BlockRecord,
     ];
 }
 

@@ -36,9 +36,17 @@ pub(super) unsafe fn allocate_locked(shpool: *mut ngx_slab_pool_t) -> u64 {
     if region.is_null() {
         return 0;
     }
-    // All-zero bytes are the empty `TopKeys`.
-    // SAFETY: the chunk just allocated is `bytes` long and nobody else knows it yet.
-    unsafe { ptr::write_bytes(region, 0, bytes) };
+    // All-zero bytes are the empty `TopKeys`; a new mapping's are zero already (cleared only
+    // if not, as with a junk-filling debug allocator: the master need not touch every page).
+    // SAFETY: the chunk just allocated is `bytes` long (a multiple of 8, 8-aligned: slab
+    // pages) and nobody else knows it yet.
+    unsafe {
+        let first = region.cast::<u64>().read();
+        let last = region.add(bytes - 8).cast::<u64>().read();
+        if first != 0 || last != 0 {
+            ptr::write_bytes(region, 0, bytes);
+        }
+    }
     region as u64 - shpool as u64
 }
 

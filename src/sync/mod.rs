@@ -537,6 +537,19 @@ fn bad_value_text(kind: Bad, zone: Option<&ZoneConf>, value: u64, bound: u64) ->
             "a reply larger than the exchange allows ({bound} bytes): the connection was \
              dropped"
         ),
+        Bad::BlockRecord => match value {
+            blocks::BLOCK_RECORD_MALFORMED => {
+                "a block record that is not \"1 UNTIL_MS CHANGED_MS LEVEL\" \
+                 (or a key longer than 64 bytes)"
+                    .to_string()
+            }
+            level if level < 64 => {
+                format!("a block record of level {level}, which is out of range (0 to {bound})")
+            }
+            remaining_ms => format!(
+                "a block record of {remaining_ms} ms, which is out of range (at most {bound} ms)"
+            ),
+        },
     }
 }
 

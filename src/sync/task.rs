@@ -615,11 +615,17 @@ impl Task {
             return;
         }
         let timeout = Duration::from_millis(self.spec.timeout_ms);
+        // Replies of its own size: a page per zone, whatever the key sync's exchange left.
+        let bound = 4096 + commands.len() * ratelimit_core::fleet_blocks::PAGE_REPLY_BYTES;
+        link.allow(bound);
         let replies = match tokio::time::timeout(timeout, self.exchange(link, &commands)).await {
             Ok(replies) => replies,
             Err(_) => commands.iter().map(|_| Err(SyncError::Timeout)).collect(),
         };
-        super::blocks::received(&self.zones, &sent, replies);
+        if link.overflowed() {
+            self.sync.note_bad(Bad::ReplySize, 0, 0, bound as u64);
+        }
+        super::blocks::received(&self.zones, &sent, replies, self.sync);
     }
 
     /// Between rounds, after an admin write or a new block: the heartbeat, the zones' limits,

@@ -193,6 +193,8 @@ pub struct BlockedJson<'a> {
     pub blocked_requests: u64,
     /// Requests a dry run let through although their key was blocked.
     pub blocked_dry_run_requests: u64,
+    /// Rejected keys the full table could not block (it keeps the blocks it holds).
+    pub not_recorded: u64,
     pub keys: Vec<BlockJson>,
 }
 
@@ -206,6 +208,7 @@ impl<'a> BlockedJson<'a> {
             capacity: counts.capacity,
             blocked_requests: counts.blocked_requests,
             blocked_dry_run_requests: counts.blocked_dry_run_requests,
+            not_recorded: counts.not_recorded,
             keys,
         }
     }

@@ -1317,7 +1317,7 @@ mod tests {
             list,
             json!({
                 "zone": "login", "block": "15m", "block_max": "1d", "count": 1, "capacity": 64,
-                "blocked_requests": 53, "blocked_dry_run_requests": 0,
+                "blocked_requests": 53, "blocked_dry_run_requests": 0, "not_recorded": 0,
                 "keys": [{"key": "203.0.113.9", "truncated": false, "since": 1_796_150_153.0,
                           "until": 1_796_151_053.0, "level": 0, "left_ms": 900_000}]
             })

@@ -396,6 +396,7 @@ impl AdminZone for MemoryZone {
             block_max_ns: blocks.policy.block_max_ns,
             blocked_requests: blocks.blocked_requests.load(Ordering::Relaxed),
             blocked_dry_run_requests: 0,
+            not_recorded: 0,
             blocked_keys: table.blocked_count(blocks.now()) as u64,
             capacity: table.capacity() as u64,
         })

@@ -17,7 +17,7 @@ struct Family {
     help: &'static str,
 }
 
-const FAMILIES: [Family; 22] = [
+const FAMILIES: [Family; 23] = [
     Family {
         name: "rate_limit_requests_total",
         kind: "counter",
@@ -67,6 +67,12 @@ const FAMILIES: [Family; 22] = [
         name: "rate_limit_blocked_keys",
         kind: "gauge",
         help: "Keys blocked now (zones with block= only).",
+    },
+    Family {
+        name: "rate_limit_blocks_not_recorded_total",
+        kind: "counter",
+        help: "Rejected keys a full block table could not block: it keeps the blocks it \
+               holds (zones with block= only).",
     },
     Family {
         name: "rate_limit_sync_round_trips_total",
@@ -171,6 +177,11 @@ pub fn render_with_blocks(zones: &[(String, ZoneInfo)], blocks: &[Option<BlockCo
                 "rate_limit_blocked_keys" => {
                     if let Some(block) = block {
                         sample("", &block.blocked_keys.to_string());
+                    }
+                }
+                "rate_limit_blocks_not_recorded_total" => {
+                    if let Some(block) = block {
+                        sample("", &block.not_recorded.to_string());
                     }
                 }
                 "rate_limit_keys" => sample("", &info.keys.to_string()),
@@ -370,8 +381,9 @@ mod tests {
             .collect();
         let mut deduped = families.clone();
         deduped.dedup();
-        // Every family but rate_limit_blocked_keys (zones with block= only).
-        assert_eq!(deduped.len(), FAMILIES.len() - 1);
+        // Every family but rate_limit_blocked_keys and rate_limit_blocks_not_recorded_total
+        // (zones with block= only).
+        assert_eq!(deduped.len(), FAMILIES.len() - 2);
         assert!(text.ends_with('\n'));
         // A concurrency zone has no rate nor burst.
         assert!(!text.contains("rate_limit_burst{zone=\"app\"}"), "{text}");

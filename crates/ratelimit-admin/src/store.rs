@@ -140,6 +140,8 @@ pub struct BlockCounts {
     pub blocked_requests: u64,
     /// Requests a dry run let through although their key was blocked.
     pub blocked_dry_run_requests: u64,
+    /// Rejected keys a full table could not block (it keeps the blocks it holds).
+    pub not_recorded: u64,
     /// Keys blocked now.
     pub blocked_keys: u64,
     /// Blocked keys the zone's table holds at most.

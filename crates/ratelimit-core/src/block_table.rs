@@ -21,11 +21,14 @@
 //! and publishes the hash last (Release), so a worker killed mid-claim leaves an empty record
 //! or a complete one.
 //!
-//! A full probe window evicts, in order of preference: a record whose block is spent (ended
-//! more than `block_max` ago), then the one whose block ends first (the block nearest its
-//! end, which loses the least). Like the zone's slots, one race is accepted: a worker that read
-//! a hash just before that record was given to another key may apply the new key's block word
-//! to one request of the old key.
+//! A full probe window never gives way while its blocks matter: a new key takes an empty
+//! record or one whose block is spent (ended more than `block_max` ago, so its escalation
+//! level no longer counts either), else it gets no record (`None`: the caller counts it as
+//! not recorded; the key stays rate-limited, just not blocked). No rule that evicts a block
+//! in force is safe: whoever picks the keys (an attacker with fresh keys) picks which block
+//! ends early, their own included. Like the zone's slots, one race is accepted: a worker that
+//! read a hash just before a spent record was given to another key may apply the new key's
+//! block word to one request of the old key.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -129,7 +132,8 @@ impl<'a> BlockTable<'a> {
 
     /// Block the key `key` (whose hash is `hash`) at `now_ns`; `lock` is called, and its guard
     /// held, only when the key needs a record. Returns the block now in force, or `None` when
-    /// the table has no record at all.
+    /// the key has no record and its probe window no free or spent one (a full table keeps
+    /// its blocks).
     ///
     /// ```
     /// use std::sync::atomic::AtomicU64;
@@ -226,24 +230,21 @@ impl<'a> BlockTable<'a> {
         }
     }
 
-    /// The record a new key takes: empty, else spent, else the block ending first.
+    /// The record a new key takes: empty, else spent; none while every block of the window
+    /// (or its level) still matters.
     fn victim(&self, hash: u64, now_ns: u64, policy: &BlockPolicy) -> Option<usize> {
-        let mut best: Option<(usize, (u8, u64))> = None;
+        let mut spent = None;
         for index in self.window(hash) {
             let record = self.record(index);
+            if record[0].load(Ordering::Acquire) == 0 {
+                return Some(index);
+            }
             let word = BlockWord(record[1].load(Ordering::Acquire));
-            let rank = if record[0].load(Ordering::Acquire) == 0 {
-                (0, 0)
-            } else if word.is_spent(now_ns, policy) {
-                (1, 0)
-            } else {
-                (2, word.until_ms())
-            };
-            if best.is_none_or(|(_, best_rank)| rank < best_rank) {
-                best = Some((index, rank));
+            if spent.is_none() && word.is_spent(now_ns, policy) {
+                spent = Some(index);
             }
         }
-        best.map(|(index, _)| index)
+        spent
     }
 
     /// End the key's block now (admin API, Lua); `false` when it was not blocked. No lock.
@@ -473,9 +474,9 @@ mod tests {
         assert_eq!(table.blocked_key(8, 120 * S), None);
     }
 
-    /// A full window evicts a spent record first, then the block ending first.
+    /// A full window keeps its blocks: a newcomer gets no record until one is spent.
     #[test]
-    fn a_full_window_evicts_the_block_nearest_its_end() {
+    fn a_full_window_keeps_its_blocks() {
         let words = words(PROBE_RECORDS);
         let table = BlockTable::new(&words);
         let lock = Mutex::new(());
@@ -495,20 +496,31 @@ mod tests {
         }
         assert_eq!(table.blocked_count(9 * S), PROBE_RECORDS);
         let newcomer = 1000 * capacity;
-        table
-            .block(
+        let refused = table.block(
+            newcomer,
+            b"new",
+            9 * S,
+            BlockChange::Rejected,
+            &policy(),
+            || lock.lock(),
+        );
+        assert_eq!(refused, None);
+        // Every block stays, the oldest (ending first) too; the newcomer is not blocked.
+        assert!(table.blocked_for_ns(0, 9 * S).is_some());
+        assert!(table.blocked_for_ns(capacity, 9 * S).is_some());
+        assert_eq!(table.blocked_for_ns(newcomer, 9 * S), None);
+        // Ended but not spent: the level still counts, the record stays.
+        assert_eq!(
+            table.block(
                 newcomer,
                 b"new",
-                9 * S,
+                20 * S,
                 BlockChange::Rejected,
                 &policy(),
-                || lock.lock(),
-            )
-            .unwrap();
-        // The first key's block (ending at 10 s) was the one nearest its end.
-        assert_eq!(table.blocked_for_ns(0, 9 * S), None);
-        assert!(table.blocked_for_ns(capacity, 9 * S).is_some());
-        assert!(table.blocked_for_ns(newcomer, 9 * S).is_some());
+                || { lock.lock() }
+            ),
+            None
+        );
         // Much later every record is spent: any of them is taken, the count stays bounded.
         table
             .block(

@@ -26,6 +26,11 @@
 //! Slots held by a worker that died are given back from per-process counts kept next to the
 //! key ([`Lanes`]): each process adds what it holds to its own lane, and the process that
 //! takes over a dead one's slot in nginx's process table subtracts the lane from `in_flight`.
+//! Tickets are owned the same way: a lane's top bit says that its process holds tickets of
+//! the key, and whoever sweeps a dead (or exiting) process's lane empties the key's queue
+//! ([`reset_queue`]). Tickets cannot be taken out of the middle of the queue, so the live
+//! holders of the other tickets find theirs skipped and queue again ([`arrive`]): they keep
+//! their deadlines but not their order.
 
 use std::fmt;
 
@@ -280,6 +285,20 @@ pub fn skip_head(word: u64) -> Option<u64> {
     })
 }
 
+/// The word with its queue emptied (head moved to the tail), slots untouched; `None` when the
+/// queue is empty already. The caller writes the head's time before storing.
+#[inline]
+pub fn reset_queue(word: u64) -> Option<u64> {
+    let slots = Slots::unpack(word);
+    (slots.queued() > 0).then(|| {
+        Slots {
+            head: slots.tail,
+            ..slots
+        }
+        .pack()
+    })
+}
+
 /// The `Retry-After` of a rejected request: when a slot is likely to be free again, at least
 /// one second (the header's unit). `latency_ns` is the key's latency estimate (0 when none).
 #[inline]
@@ -298,6 +317,8 @@ pub struct Lanes;
 pub const LANES: usize = 16;
 /// Words the lanes of one key take.
 pub const LANE_WORDS: usize = LANES / 2;
+/// The slot count's bits of a lane.
+const LANE_COUNT_MASK: u64 = (1 << 31) - 1;
 
 impl Lanes {
     /// The word and the bit shift of process `process_slot`'s lane, if it has one.
@@ -307,16 +328,29 @@ impl Lanes {
     }
 
     /// What to add to (or subtract from) a lane word for `cost` slots at `shift`. Counts stay
-    /// below 2^32: a process never holds more slots of a key than the limit allows.
+    /// below 2^31 (the lane's top bit is [`Lanes::tickets_flag`]): a process never holds more
+    /// slots of a key than the limit (at most 2^24) allows.
     #[inline]
     pub fn delta(cost: u64, shift: u32) -> u64 {
-        (cost & u64::from(u32::MAX)) << shift
+        (cost & LANE_COUNT_MASK) << shift
     }
 
     /// The count of the lane at `shift` in `word`.
     #[inline]
     pub fn count(word: u64, shift: u32) -> u64 {
-        (word >> shift) & u64::from(u32::MAX)
+        (word >> shift) & LANE_COUNT_MASK
+    }
+
+    /// The bit of the lane at `shift` that says its process holds tickets of the key.
+    #[inline]
+    pub fn tickets_flag(shift: u32) -> u64 {
+        1 << (shift + 31)
+    }
+
+    /// The whole lane at `shift` (count and flag), to empty it.
+    #[inline]
+    pub fn mask(shift: u32) -> u64 {
+        u64::from(u32::MAX) << shift
     }
 }
 
@@ -786,6 +820,14 @@ mod tests {
         assert_eq!(leave(word(2, 5, 8), 7), Leave::NotYet);
         assert_eq!(leave(word(2, 5, 8), 8), Leave::Gone);
 
+        // A reset empties the queue, keeps the slots, and every old ticket is then skipped.
+        assert_eq!(reset_queue(word(2, 5, 8)), Some(word(2, 8, 8)));
+        assert_eq!(reset_queue(word(2, 8, 8)), None);
+        for ticket in 5..8 {
+            assert_eq!(take_turn(word(0, 8, 9), ticket, 1, 2), Turn::Skipped);
+            assert_eq!(leave(word(0, 8, 9), ticket), Leave::Gone);
+        }
+
         assert_eq!(release(word(3, 1, 2), 2), word(1, 1, 2));
         assert_eq!(release(word(1, 1, 2), 5), word(0, 1, 2));
 
@@ -816,5 +858,12 @@ mod tests {
         assert_eq!((Lanes::count(word, 0), Lanes::count(word, 32)), (5, 3));
         word -= Lanes::delta(5, 0);
         assert_eq!((Lanes::count(word, 0), Lanes::count(word, 32)), (0, 3));
+        word |= Lanes::tickets_flag(32);
+        assert_eq!((Lanes::count(word, 0), Lanes::count(word, 32)), (0, 3));
+        assert_eq!(
+            word & Lanes::mask(32),
+            Lanes::delta(3, 32) | Lanes::tickets_flag(32)
+        );
+        assert_eq!(word & Lanes::mask(0), 0);
     }
 }

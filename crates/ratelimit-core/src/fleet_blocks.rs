@@ -13,12 +13,55 @@
 //! ([`crate::block_table::BlockTable::changed_since`]) and applies the fleet's newer ones
 //! ([`crate::block_table::BlockChange::Fleet`]), so a block or a release made anywhere is
 //! enforced everywhere within two rounds, and a restarted instance gets the blocks in force
-//! on its first round. Records spent for `block_max` can be deleted by any instance.
+//! on its first round.
+//!
+//! The hash is bounded: at most [`MAX_RECORDS`] records per zone, the same bound for every
+//! instance (a record is not added to a full hash; the instance keeps its own block). A
+//! record is deleted once its block has ended (a release is kept [`KEEP_RELEASED_MS`] after
+//! it was written, so that every instance reads it). Readers take the hash incrementally: the
+//! records written since their last cut, in pages of [`PAGE_RECORDS`] (the whole hash, paged,
+//! for a new instance), so a reply is always small. Every record read is checked
+//! ([`FleetBlock::check`]) before it touches shared memory.
 
 use std::fmt;
 
-use crate::penalty::BlockWord;
+use crate::penalty::{BlockPolicy, BlockWord};
 
+/// Most records a zone's fleet hash holds: writers add none beyond it, and readers trim a
+/// hash grown past it (by hand) to it, dropping the blocks that end first.
+pub const MAX_RECORDS: usize = 10_000;
+/// Most records one reply carries.
+pub const PAGE_RECORDS: usize = 500;
+/// How long a released (or ended) record stays after it was written, so that every instance
+/// reads the release before it is deleted.
+pub const KEEP_RELEASED_MS: u64 = 60_000;
+/// Bytes a reply of one zone's page may take, framing included: each record a key of at most
+/// 64 bytes and a value of at most 80.
+pub const PAGE_REPLY_BYTES: usize = 4096 + PAGE_RECORDS * (64 + 80 + 32);
+
+/// Why a well-formed record from the fleet is not believed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RecordRefusal {
+    /// It blocks for longer than any instance could have: more than the admin API's longest
+    /// block (365 days, [`BlockPolicy::MAX_NS`], which bounds `block_max=` too) from its
+    /// change or from now. (A hand block may be longer than `block_max`, so `block_max`
+    /// alone cannot bound a record; it bounds the level.)
+    #[error("a block of {remaining_ms} ms, which is out of range (at most {bound_ms} ms)")]
+    TooLong {
+        /// From now to its end.
+        remaining_ms: u64,
+        /// The longest block.
+        bound_ms: u64,
+    },
+    /// A level above the zone's top level (`block_max` reached).
+    #[error("a block level {level}, which is out of range (0 to {top})")]
+    Level {
+        /// Its level.
+        level: u8,
+        /// The policy's top level.
+        top: u8,
+    },
+}
 /// One key's block as the fleet keeps it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FleetBlock {
@@ -114,6 +157,49 @@ impl FleetBlock {
         })
     }
 
+    /// This record as an instance may take it at `now_unix_ms` under `policy`: a change in the
+    /// future is clamped to now; a block longer than the admin API allows, or a level above
+    /// the policy's top level, is refused.
+    ///
+    /// ```
+    /// use ratelimit_core::fleet_blocks::{FleetBlock, RecordRefusal};
+    /// use ratelimit_core::penalty::BlockPolicy;
+    ///
+    /// let policy = BlockPolicy { block_ns: 60_000_000_000, block_max_ns: 3_600_000_000_000 };
+    /// let now = 1_800_000_000_000;
+    /// let forged = FleetBlock { until_unix_ms: 9_999_999_999_999, changed_unix_ms: now, level: 0 };
+    /// assert!(matches!(forged.check(now, &policy), Err(RecordRefusal::TooLong { .. })));
+    /// let ahead = FleetBlock { until_unix_ms: now + 60_000, changed_unix_ms: now + 5_000, level: 0 };
+    /// assert_eq!(ahead.check(now, &policy).unwrap().changed_unix_ms, now);
+    /// ```
+    pub fn check(
+        &self,
+        now_unix_ms: u64,
+        policy: &BlockPolicy,
+    ) -> Result<FleetBlock, RecordRefusal> {
+        let top = policy.top_level();
+        if self.level > top {
+            return Err(RecordRefusal::Level {
+                level: self.level,
+                top,
+            });
+        }
+        let changed_unix_ms = self.changed_unix_ms.min(now_unix_ms);
+        let bound_ms = (BlockPolicy::MAX_NS / 1_000_000).max(policy.block_max_ns / 1_000_000);
+        let length_ms = self.until_unix_ms.saturating_sub(changed_unix_ms);
+        let remaining_ms = self.until_unix_ms.saturating_sub(now_unix_ms);
+        if length_ms.max(remaining_ms) > bound_ms {
+            return Err(RecordRefusal::TooLong {
+                remaining_ms,
+                bound_ms,
+            });
+        }
+        Ok(FleetBlock {
+            changed_unix_ms,
+            ..*self
+        })
+    }
+
     /// Whether this record replaces `other` (the same key's): the later change wins; on equal
     /// times the longer block, then the higher level, so that every instance picks the same.
     pub fn newer_than(&self, other: &FleetBlock) -> bool {
@@ -146,7 +232,6 @@ fn shift(ms: u64, by: i64) -> u64 {
 mod tests {
     use super::*;
     use crate::block_table::{BlockChange, BlockTable, RECORD_WORDS};
-    use crate::penalty::BlockPolicy;
     use std::sync::atomic::AtomicU64;
     use std::sync::Mutex;
 
@@ -182,6 +267,55 @@ mod tests {
         let error = FleetBlock::decode(&long).unwrap_err();
         assert_eq!(error.0.len(), 67);
         assert_eq!(FleetBlock::redis_key("rl:", "login"), "rl:login:blocks");
+    }
+
+    #[test]
+    fn records_are_checked() {
+        let policy = BlockPolicy {
+            block_ns: 60 * S,
+            block_max_ns: 3600 * S,
+        };
+        let now = 1_800_000_000_000;
+        let block = |until, changed, level| FleetBlock {
+            until_unix_ms: until,
+            changed_unix_ms: changed,
+            level,
+        };
+        let day = 86_400_000;
+        // A block, a hand block of 365 days, a release: taken as they are.
+        for fine in [
+            block(now + 60_000, now, 0),
+            block(now + 365 * day, now, 0),
+            block(now, now, 6),
+        ] {
+            assert_eq!(fine.check(now, &policy), Ok(fine));
+        }
+        // The issue's forged record: 139 years.
+        assert_eq!(
+            block(9_999_999_999_999, now, 0).check(now, &policy),
+            Err(RecordRefusal::TooLong {
+                remaining_ms: 9_999_999_999_999 - now,
+                bound_ms: 365 * day
+            })
+        );
+        assert!(block(now + 365 * day + 1, now, 0)
+            .check(now, &policy)
+            .is_err());
+        // A change in the future is now; a block from the future is measured from now.
+        assert_eq!(
+            block(now + 60_000, now + 10_000, 0).check(now, &policy),
+            Ok(block(now + 60_000, now, 0))
+        );
+        assert!(block(now + 400 * day, now + 300 * day, 0)
+            .check(now, &policy)
+            .is_err());
+        // Level 63, above this policy's top (60 s doubled reaches 1 h at level 6).
+        assert_eq!(policy.top_level(), 6);
+        assert_eq!(
+            block(now + 60_000, now, 63).check(now, &policy),
+            Err(RecordRefusal::Level { level: 63, top: 6 })
+        );
+        assert!(block(now + 60_000, now, 7).check(now, &policy).is_err());
     }
 
     #[test]
