@@ -327,6 +327,13 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_parse_opts(
             unsafe { write_error(err, err_len, message) };
             return Err(Status::Refused);
         }
+        if spec.usage.is_some() || spec.cost_variable.is_some() {
+            let message = "invalid parameter: usage=, reserve= and cost=$variable are for \
+                           rate_limit lines; in Lua, pass the cost as a number";
+            // SAFETY: the caller's contract.
+            unsafe { write_error(err, err_len, message) };
+            return Err(Status::Refused);
+        }
         let (delay_mode, delay) = match spec.delay {
             DelayMode::Delay => (DELAY_ALL, 0),
             DelayMode::NoDelay => (NO_DELAY, 0),

@@ -108,7 +108,7 @@ fn whole_transcripts() {
     for transcript in transcripts() {
         let len = transcript.body.len();
         assert_eq!(
-            read(&transcript, [0..len]),
+            read(&transcript, std::iter::once(0..len)),
             Some(transcript.usage),
             "{}",
             transcript.name
@@ -150,7 +150,7 @@ fn an_unfinished_first_event_counts_nothing() {
             .windows(2)
             .position(|w| w == b"\n\n" || w == b"\r\n")
             .unwrap();
-        let found = read(transcript, [0..first_event_end]);
+        let found = read(transcript, std::iter::once(0..first_event_end));
         assert_eq!(found, None, "{}", transcript.name);
     }
 }
