@@ -83,6 +83,11 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
     let concurrency = conf::main_conf(cf)
         .is_some_and(|mcf| conf::zones(mcf).any(|zone| zone.algorithm.counts_in_flight()));
     let on_status = conf::main_conf(cf).is_some_and(|mcf| mcf.on_status_used);
+    // Usage-based lines: the body reader's filters, and the settlement at the log phase.
+    let usage = conf::main_conf(cf).is_some_and(|mcf| mcf.usage_used);
+    if usage {
+        handler::usage::install_filters();
+    }
     let Some(cmcf) = NgxHttpCoreModule::main_conf_mut(cf) else {
         return Status::NGX_ERROR.into();
     };
@@ -100,6 +105,12 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
         phases.push((
             ngx_http_phases_NGX_HTTP_LOG_PHASE,
             handler::charge_log_handler,
+        ));
+    }
+    if usage {
+        phases.push((
+            ngx_http_phases_NGX_HTTP_LOG_PHASE,
+            handler::usage_log_handler,
         ));
     }
     for (phase, handler) in phases {

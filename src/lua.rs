@@ -153,6 +153,8 @@ impl LuaOptions {
             cost: self.cost,
             charge_cache: Default::default(),
             on_status: None,
+            cost_variable: None,
+            usage: None,
         })
     }
 }

@@ -15,12 +15,13 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleServerConf, NgxHttpCoreModule};
 use ratelimit_core::concurrency::ConcurrencySpec;
-use ratelimit_core::{Algorithm, DelayMode, LimitSpec, Rate, RateUnit, ZoneSpec};
+use ratelimit_core::usage::{Amount, UsageSource, UsageSpec};
+use ratelimit_core::{Algorithm, DelayMode, LimitSpec, Rate, RateUnit, SpecError, ZoneSpec};
 
 use super::ext::ConfExt;
 use super::{
-    add_shared_zone, main_conf, variable_index, AdminConf, ConfError, LimitConf, LocConf,
-    LocationBursts, ZoneConf, ZoneReference,
+    add_shared_zone, main_conf, variable_index, AdminConf, AmountConf, ConfError, LimitConf,
+    LocConf, LocationBursts, UsageConf, UsageSourceConf, ZoneConf, ZoneReference,
 };
 use crate::store::sizing::{size_hint, zone_size_fits};
 use crate::store::ZoneLayout;
@@ -180,8 +181,7 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
         error,
     })?;
     let name = spec.zone.clone().ok_or(ConfError::NoZone("rate_limit"))?;
-    let limits = lcf.limits.get_or_insert_with(Vec::new);
-    if limits.iter().any(|limit| limit.name == name) {
+    if lcf.limits().iter().any(|limit| limit.name == name) {
         return Err(ConfError::DuplicateLimit(name));
     }
     let shm_zone: *mut _ = add_shared_zone(cf, &name, 0)?;
@@ -189,9 +189,38 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
         Some(global) => Some(add_shared_zone(cf, global, 0)? as *mut _),
         None => None,
     };
+    let cost_variable = match &spec.cost_variable {
+        Some(name) => Some(variable_index(cf, name.as_bytes())?),
+        None => None,
+    };
+    let usage = match &spec.usage {
+        Some(usage) => Some(usage_conf(cf, usage, spec.global.is_some())?),
+        None => None,
+    };
+    if let (Some(UsageSourceConf::Reader(provider)), Some(limits)) =
+        (usage.map(|usage| usage.source), lcf.limits.as_ref())
+    {
+        let other = limits.iter().find_map(|limit| match limit.usage?.source {
+            UsageSourceConf::Reader(other) if other != provider => Some(other),
+            _ => None,
+        });
+        if let Some(other) = other {
+            return Err(ConfError::Spec {
+                directive: "rate_limit",
+                error: SpecError::Conflict(format!(
+                    "\"usage={}\" and \"usage={}\" in one location: the response is read \
+                     for one provider",
+                    provider.as_str(),
+                    other.as_str()
+                )),
+            });
+        }
+    }
+    let limits = lcf.limits.get_or_insert_with(Vec::new);
     let (file, line) = cf.position();
     let mcf = main_conf(cf).ok_or(ConfError::Logged)?;
     mcf.on_status_used |= spec.on_status.is_some();
+    mcf.usage_used |= usage.is_some();
     mcf.references.push(ZoneReference {
         name: name.clone(),
         global: false,
@@ -203,6 +232,7 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
             DelayMode::Threshold(_) => Some("delay"),
         },
         burst: spec.burst,
+        usage_given: usage.is_some(),
         file: file.clone(),
         line,
     });
@@ -214,6 +244,7 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
             burst_given: false,
             delay_given: None,
             burst: spec.burst,
+            usage_given: false,
             file,
             line,
         });
@@ -227,8 +258,45 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
         cost: spec.cost.max(1),
         charge_cache: Cell::new((0, None)),
         on_status: spec.on_status,
+        cost_variable,
+        usage,
     });
     Ok(())
+}
+
+/// `usage=` and its words, with their variables indexed.
+fn usage_conf(
+    cf: &mut ngx_conf_t,
+    usage: &UsageSpec,
+    global: bool,
+) -> Result<UsageConf, ConfError> {
+    if global {
+        return Err(ConfError::Spec {
+            directive: "rate_limit",
+            error: SpecError::Conflict(
+                "\"usage\" and \"global\" cannot be used together: a settlement is charged \
+                 to the key's own bucket"
+                    .into(),
+            ),
+        });
+    }
+    let source = match &usage.source {
+        UsageSource::Reader(provider) => UsageSourceConf::Reader(*provider),
+        UsageSource::Variable(name) => {
+            UsageSourceConf::Variable(variable_index(cf, name.as_bytes())?)
+        }
+    };
+    let reserve = match &usage.reserve {
+        Amount::Fixed(tokens) => AmountConf::Fixed(*tokens),
+        Amount::Variable(name) => AmountConf::Variable(variable_index(cf, name.as_bytes())?),
+    };
+    Ok(UsageConf {
+        source,
+        reserve,
+        debt: usage.debt,
+        on_missing: usage.on_missing,
+        weights: usage.weights,
+    })
 }
 
 /// `rate_limit_status CODE;` is read by `ngx_conf_set_num_slot`; this post handler keeps the
