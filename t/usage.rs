@@ -437,3 +437,64 @@ fn nginx_t_names_the_bad_word() {
     );
     assert!(ok, "{output}");
 }
+
+#[test]
+fn openai_headers_and_429_body() {
+    let llm = FakeLlm::start();
+    let port = llm.port();
+    let nginx = nginx_with(
+        "rate_limit_zone $http_authorization zone=tpm:1m rate=100r/d burst=1000 \
+         algorithm=token_bucket;
+         rate_limit_zone $http_authorization zone=rpm:1m rate=1r/d burst=3 \
+         algorithm=token_bucket;",
+        &format!(
+            "location /v1/ {{ rate_limit_openai_headers on;
+                 rate_limit zone=rpm;
+                 rate_limit zone=tpm usage=openai reserve=100;
+                 proxy_pass http://127.0.0.1:{port}; }}"
+        ),
+    );
+    let first = send(
+        &nginx,
+        "/v1/chat/completions?prompt=1500&completion=500",
+        "Bearer a",
+    );
+    assert_eq!(first.status, 200);
+    let header = |response: &Response, name: &str| response.header(name).unwrap_or("-").to_string();
+    assert_eq!(header(&first, "x-ratelimit-limit-tokens"), "1000");
+    assert_eq!(header(&first, "x-ratelimit-remaining-tokens"), "900");
+    assert_eq!(header(&first, "x-ratelimit-limit-requests"), "3");
+    assert_eq!(header(&first, "x-ratelimit-remaining-requests"), "2");
+    // 100 tokens a day: 100 used take 86400 s to come back.
+    assert_eq!(header(&first, "x-ratelimit-reset-tokens"), "24h0m0s");
+    // 2000 used: the key is in debt; the next is refused in OpenAI's words.
+    let refused = send(&nginx, "/v1/chat/completions", "Bearer a");
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header("Content-Type"), Some("application/json"));
+    let body: serde_json::Value = serde_json::from_str(&refused.text()).unwrap();
+    assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
+    assert_eq!(body["error"]["type"], "tokens", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(
+            "Rate limit reached for tokens in zone \"tpm\": limit 1000, used 1000, requested 100."
+        ),
+        "{message}"
+    );
+    assert_eq!(header(&refused, "x-ratelimit-remaining-tokens"), "0");
+    assert!(refused.header("Retry-After").is_some());
+    // Requests: three a day.
+    for _ in 0..2 {
+        assert_eq!(send(&nginx, "/v1/models", "Bearer b").status, 200);
+    }
+    let third = send(&nginx, "/v1/models", "Bearer b");
+    assert_eq!(header(&third, "x-ratelimit-remaining-requests"), "0");
+    let refused = send(&nginx, "/v1/models", "Bearer b");
+    assert_eq!(refused.status, 429);
+    let body: serde_json::Value = serde_json::from_str(&refused.text()).unwrap();
+    assert_eq!(body["error"]["type"], "requests", "{body}");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("in zone \"rpm\": limit 3, used 3, requested 1."));
+}

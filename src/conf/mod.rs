@@ -269,6 +269,9 @@ pub struct LocConf {
     pub dry_run: ngx_flag_t,
     pub log_level: Option<ngx_uint_t>,
     pub headers: ngx_flag_t,
+    /// `rate_limit_openai_headers on`: `x-ratelimit-*-tokens` / `-requests` headers and an
+    /// OpenAI-shaped 429 body.
+    pub openai_headers: ngx_flag_t,
     pub admin: Option<AdminConf>,
     /// Set on a server's own configuration when one of its locations has `rate_limit_admin`:
     /// a request refused before a location is matched (414) is answered in JSON. Not merged.
@@ -286,6 +289,7 @@ impl Default for LocConf {
             dry_run: UNSET,
             log_level: None,
             headers: UNSET,
+            openai_headers: UNSET,
             admin: None,
             admin_server: false,
             concurrency_lines: Cell::new(None),
@@ -321,6 +325,10 @@ impl LocConf {
         self.headers != 0
     }
     #[inline]
+    pub fn openai_headers(&self) -> bool {
+        self.openai_headers == 1
+    }
+    #[inline]
     pub fn limits(&self) -> &[LimitConf] {
         self.limits.as_deref().unwrap_or(&[])
     }
@@ -339,6 +347,7 @@ impl Merge for LocConf {
         merge(&mut self.status, prev.status);
         merge(&mut self.dry_run, prev.dry_run);
         merge(&mut self.headers, prev.headers);
+        merge(&mut self.openai_headers, prev.openai_headers);
         self.log_level = self.log_level.or(prev.log_level);
         Ok(())
     }

@@ -121,7 +121,7 @@ fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf, state: RequestState)
     // The common case, one limit without `global=`: no collection, one compare-and-swap,
     // and a request that passes without headers to add is done right here.
     if let [limit] = lcf.limits() {
-        if limit.global.is_none() && !limit.cost_per_request() {
+        if limit.global.is_none() && !limit.cost_per_request() && !lcf.openai_headers() {
             return limit_one(r, lcf, state, limit, now);
         }
     }
@@ -172,7 +172,15 @@ fn limit_lines<'l>(
         charge::give_back_unless_status(r, &applied);
         usage::keep(r, &applied, &confs);
     }
-    finish(r, lcf, state, &mut applied, &verdict, now)
+    let rc = finish(r, lcf, state, &mut applied, &verdict, now);
+    if !lcf.openai_headers() {
+        return rc;
+    }
+    usage::add_openai_headers(r, &applied, &confs);
+    if verdict.outcome == Outcome::Rejected && rc == lcf.status() as ngx_int_t {
+        return usage::reject_in_openai_json(r, &applied, &confs, &verdict, rc);
+    }
+    rc
 }
 
 /// One `rate_limit` without `global=`: the common configuration, kept short.
