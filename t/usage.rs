@@ -203,8 +203,13 @@ fn every_end_has_its_charge() {
         &format!(
             "location /slow/ {{ rate_limit zone=tpm usage=openai reserve=100;
                  proxy_pass http://127.0.0.1:{}/; proxy_buffering off;
-                 proxy_read_timeout 300ms; }}",
-            llm.port()
+                 proxy_read_timeout 300ms; }}
+             location /down/ {{ rate_limit zone=tpm usage=openai reserve=100;
+                 proxy_pass http://127.0.0.1:{}/; error_page 502 = @down; }}
+             location @down {{ default_type application/json;
+                 return 503 '{{\"error\":{{\"message\":\"upstream down\"}}}}'; }}",
+            llm.port(),
+            common::nginx::free_port()
         ),
     );
     // (what, path, charged)
@@ -256,8 +261,19 @@ fn every_end_has_its_charge() {
 #[test]
 fn a_client_gone_mid_stream_keeps_the_reservation() {
     let llm = FakeLlm::start();
-    let nginx = start(&llm, "");
+    let nginx = start(
+        &llm,
+        &format!(
+            "location /ignoring/ {{ rate_limit zone=tpm usage=openai reserve=100;
+                 proxy_pass http://127.0.0.1:{}/; proxy_buffering off;
+                 proxy_ignore_client_abort on; }}",
+            llm.port()
+        ),
+    );
     for (key, path, charged) in [
+        // With proxy_ignore_client_abort the upstream is read to its end, but what comes
+        // after the client left is not passed to the filters: the same charge.
+        ("Bearer gone-ignoring", "/ignoring/v1/chat/completions?stream=1&chunks=10&delay_ms=100&prompt=900&completion=900", 100),
         // OpenAI reports usage only at the end: nothing seen, the reservation stays.
         (
             "Bearer gone-openai",

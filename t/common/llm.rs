@@ -13,7 +13,7 @@
 //! | `.../models` | a model list: no usage |
 //!
 //! Query parameters: `prompt`, `completion`, `cached` (tokens), `chunks` (content events),
-//! `delay_ms` (before each event), `status` (an OpenAI-shaped error with that status),
+//! `delay_ms` (before each event, or before a plain answer), `status` (an OpenAI-shaped error with that status),
 //! `cut=1` (close the connection before the stream's usage and its end), `usage_header=1`
 //! (an `X-Usage-Tokens: TOTAL` header).
 
@@ -176,6 +176,7 @@ fn serve(stream: TcpStream) {
         return;
     };
     if !ask.stream {
+        thread::sleep(ask.delay);
         let _ = write_json(&mut out, 200, &shape.document(&ask), header);
         return;
     }
