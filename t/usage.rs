@@ -514,3 +514,31 @@ fn openai_headers_and_429_body() {
         .unwrap()
         .contains("in zone \"rpm\": limit 3, used 3, requested 1."));
 }
+
+#[test]
+fn a_reservation_from_a_variable() {
+    let llm = FakeLlm::start();
+    let nginx = start(
+        &llm,
+        &format!(
+            "location /reserve/ {{ rate_limit zone=tpm usage=openai reserve=$http_x_reserve;
+                 proxy_pass http://127.0.0.1:{}/; }}",
+            llm.port()
+        ),
+    );
+    let path = "/reserve/v1/chat/completions?prompt=2&completion=3";
+    let with = |key: &str, reserve: &str| {
+        common::send(nginx.port(), &post(path, key).header("X-Reserve", reserve))
+    };
+    // The door's RateLimit field shows the reservation; the settlement leaves the usage.
+    let response = with("Bearer r1", "700");
+    assert_eq!(remaining_of(&response), CAPACITY - 700);
+    assert_eq!(used(&nginx, "Bearer r1", 0), 5);
+    // More than the bucket holds: the whole bucket is reserved, and the request passes.
+    let response = with("Bearer r2", "99999999");
+    assert_eq!((response.status, remaining_of(&response)), (200, 0));
+    assert_eq!(used(&nginx, "Bearer r2", 0), 5);
+    // Not a number: 1.
+    let response = with("Bearer r3", "many");
+    assert_eq!(remaining_of(&response), CAPACITY - 1);
+}
