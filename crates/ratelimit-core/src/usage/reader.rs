@@ -65,7 +65,6 @@ impl Capped {
         }
     }
 
-    #[cfg(test)]
     pub(crate) fn bytes(&self) -> &[u8] {
         &self.bytes
     }
@@ -110,6 +109,23 @@ impl Capped {
         }
         None
     }
+}
+
+/// Whether an event's data names the provider's usage key with a value other than `null`:
+/// only such events are parsed. (A key inside a string is escaped, `\"usage\"`, and does not
+/// match; one that does only costs a parse.)
+fn may_carry_usage(data: &[u8], provider: Provider) -> bool {
+    let needle = match provider {
+        Provider::OpenAi | Provider::Anthropic => &b"\"usage\""[..],
+        Provider::Gemini => &b"\"usageMetadata\""[..],
+    };
+    memchr::memmem::find_iter(data, needle).any(|at| {
+        let rest = trim_start(&data[at + needle.len()..]);
+        let Some(value) = rest.strip_prefix(b":") else {
+            return true;
+        };
+        !trim_start(value).starts_with(b"null")
+    })
 }
 
 fn trim_start(bytes: &[u8]) -> &[u8] {
@@ -210,6 +226,11 @@ impl Reader {
             Some(events) => {
                 let (provider, counts, found) = (self.provider, &mut self.counts, &mut self.found);
                 events.feed(bytes, &mut |event, data| {
+                    // Most events carry no usage (content deltas, or `"usage":null`): they
+                    // are not parsed at all.
+                    if !may_carry_usage(data.bytes(), provider) {
+                        return;
+                    }
                     if let Some(value) = data.values(provider) {
                         *found |= read_event(provider, event, &value, counts);
                     }
@@ -410,6 +431,29 @@ mod tests {
         ];
         for (provider, body, expected) in rows {
             assert_eq!(&read(*provider, Json, body.as_bytes()), expected, "{body}");
+        }
+    }
+
+    #[test]
+    fn events_without_usage_are_not_parsed() {
+        use Provider::*;
+        #[rustfmt::skip]
+        let rows: &[(Provider, &str, bool)] = &[
+            (OpenAi, r#"{"choices":[{"delta":{"content":"hi"}}],"usage":null}"#, false),
+            (OpenAi, r#"{"choices":[],"usage" : null , "x": 1}"#, false),
+            (OpenAi, r#"{"choices":[],"usage":{"prompt_tokens":1}}"#, true),
+            (OpenAi, r#"{"delta":"a \"usage\": {"}"#, false),
+            (Anthropic, r#"{"type":"content_block_delta","delta":{"text":"x"}}"#, false),
+            (Anthropic, r#"{"type":"message_delta","usage":{"output_tokens":3}}"#, true),
+            (Gemini, r#"{"usageMetadata":{"promptTokenCount":1}}"#, true),
+            (Gemini, r#"{"usage":{"promptTokenCount":1}}"#, false),
+        ];
+        for (provider, data, expected) in rows {
+            assert_eq!(
+                may_carry_usage(data.as_bytes(), *provider),
+                *expected,
+                "{data}"
+            );
         }
     }
 
