@@ -86,6 +86,11 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
     let concurrency = conf::main_conf(cf)
         .is_some_and(|mcf| conf::zones(mcf).any(|zone| zone.algorithm.counts_in_flight()));
     let on_status = conf::main_conf(cf).is_some_and(|mcf| mcf.on_status_used);
+    // Usage-based lines: the body reader's filters, and the settlement at the log phase.
+    let usage = conf::main_conf(cf).is_some_and(|mcf| mcf.usage_used);
+    if usage {
+        handler::usage::install_filters();
+    }
     let Some(cmcf) = NgxHttpCoreModule::main_conf_mut(cf) else {
         return Status::NGX_ERROR.into();
     };
@@ -103,6 +108,12 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
         phases.push((
             ngx_http_phases_NGX_HTTP_LOG_PHASE,
             handler::charge_log_handler,
+        ));
+    }
+    if usage {
+        phases.push((
+            ngx_http_phases_NGX_HTTP_LOG_PHASE,
+            handler::usage_log_handler,
         ));
     }
     for (phase, handler) in phases {
@@ -124,7 +135,7 @@ type Handler = unsafe extern "C" fn(*mut ngx_http_request_t) -> ngx_int_t;
 
 const LOC_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 
-static mut COMMANDS: [ngx_command_t; 10] = [
+static mut COMMANDS: [ngx_command_t; 11] = [
     ngx_command_t {
         name: ngx_string!("rate_limit_zone"),
         type_: (NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE) as ngx_uint_t,
@@ -171,6 +182,14 @@ static mut COMMANDS: [ngx_command_t; 10] = [
         set: Some(ngx_conf_set_flag_slot),
         conf: NGX_HTTP_LOC_CONF_OFFSET,
         offset: offset_of!(LocConf, headers),
+        post: ptr::null_mut(),
+    },
+    ngx_command_t {
+        name: ngx_string!("rate_limit_openai_headers"),
+        type_: (LOC_ANY | NGX_CONF_TAKE1) as ngx_uint_t,
+        set: Some(ngx_conf_set_flag_slot),
+        conf: NGX_HTTP_LOC_CONF_OFFSET,
+        offset: offset_of!(LocConf, openai_headers),
         post: ptr::null_mut(),
     },
     ngx_command_t {

@@ -154,6 +154,8 @@ impl LuaOptions {
             cost: self.cost,
             charge_cache: Default::default(),
             on_status: None,
+            cost_variable: None,
+            usage: None,
         })
     }
 }
@@ -326,6 +328,13 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_parse_opts(
         if spec.on_status.is_some() {
             let message = "invalid parameter \"on_status\": in Lua, call incoming(key, false) \
                            at access and charge(key) at log when the status matches";
+            // SAFETY: the caller's contract.
+            unsafe { write_error(err, err_len, message) };
+            return Err(Status::Refused);
+        }
+        if spec.usage.is_some() || spec.cost_variable.is_some() {
+            let message = "invalid parameter: usage=, reserve= and cost=$variable are for \
+                           rate_limit lines; in Lua, pass the cost as a number";
             // SAFETY: the caller's contract.
             unsafe { write_error(err, err_len, message) };
             return Err(Status::Refused);

@@ -348,7 +348,8 @@ fn nginx_t_errors_say_what_is_valid() {
         (
             limited("rate_limit zone=a rate=1r/s;"),
             "invalid parameter \"rate=1r/s\": it must be zone=, burst=, nodelay, delay=, \
-             global=, cost= or on_status= in ",
+             global=, cost=, on_status=, usage=, reserve=, debt=, on_missing= or \
+             usage_weights= in ",
         ),
         (
             limited("rate_limit_admin wirte=on;"),

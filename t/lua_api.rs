@@ -583,7 +583,7 @@ fn bad_use_gets_an_error_and_no_worker_crashes() {
         "nil | invalid burst value \"burst=-1\"",
         "nil | burst must be a number, got string",
         "nil | \"nodelay\" and \"delay\" cannot be used together",
-        "nil | invalid cost value \"cost=0\"",
+        "nil | invalid cost value \"cost=0\": it must be a number from 1 up, or a $variable",
         "nil | unknown option \"speed\"",
         "nil | options must be a table",
         "nil | zone name must be a non-empty string",

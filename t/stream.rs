@@ -139,6 +139,16 @@ fn directives_are_checked_as_in_http() {
         ),
         (
             "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s;\n\
+             server { listen 127.0.0.1:%%PORT2%%; rate_limit zone=a usage=openai; proxy_pass 127.0.0.1:1; }",
+            "\"usage=\" is not available in the stream block",
+        ),
+        (
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s;\n\
+             server { listen 127.0.0.1:%%PORT2%%; rate_limit zone=a cost=$server_port; proxy_pass 127.0.0.1:1; }",
+            "\"cost=$variable\" is not available in the stream block",
+        ),
+        (
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s;\n\
              rate_limit_zone $server_port zone=a:1m rate=1r/s;",
             "duplicate zone \"a\"",
         ),
@@ -378,7 +388,7 @@ fn concurrency_holds_a_slot_for_the_session_however_it_ends() {
         "{errors}"
     );
     assert!(
-        errors.contains("gave back 2 slots held by the process"),
+        errors.contains("gave back 2 slots and emptied queues of 0 tickets held by the process"),
         "{errors}"
     );
 }

@@ -16,12 +16,13 @@ use ngx::ffi::{
 use ngx::http::{HttpModuleLocationConf, HttpModuleServerConf, NgxHttpCoreModule};
 use ratelimit_core::concurrency::ConcurrencySpec;
 use ratelimit_core::key_form::KeyForm;
-use ratelimit_core::{Algorithm, DelayMode, LimitSpec, Rate, RateUnit, ZoneSpec};
+use ratelimit_core::usage::{Amount, UsageSource, UsageSpec};
+use ratelimit_core::{Algorithm, DelayMode, LimitSpec, Rate, RateUnit, SpecError, ZoneSpec};
 
 use super::ext::ConfExt;
 use super::{
-    add_shared_zone, main_conf, variable_index, AdminConf, ConfError, LimitConf, LocConf,
-    LocationBursts, ZoneConf, ZoneReference,
+    add_shared_zone, main_conf, variable_index, AdminConf, AmountConf, ConfError, LimitConf,
+    LocConf, LocationBursts, UsageConf, UsageSourceConf, ZoneConf, ZoneReference,
 };
 use crate::store::sizing::{size_hint, zone_size_fits};
 use crate::store::ZoneLayout;
@@ -231,7 +232,7 @@ pub extern "C" fn cmd_rate_limit(
 
 fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
     let limits = lcf.limits.get_or_insert_with(Vec::new);
-    let (limit, mut references) = limit_line(cf, limits)?;
+    let (limit, mut references) = limit_line(cf, limits, LineContext::Http)?;
     // The http server the line is written in, for the empty-key warning (`empty_key.rs`).
     let server: *const _ = NgxHttpCoreModule::server_conf(&*cf).map_or(core::ptr::null(), |s| s);
     for reference in &mut references {
@@ -239,6 +240,7 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
     }
     let mcf = main_conf(cf).ok_or(ConfError::Logged)?;
     mcf.on_status_used |= limit.on_status.is_some();
+    mcf.usage_used |= limit.usage.is_some();
     mcf.references.extend(references);
     limits.push(limit);
     Ok(())
@@ -249,6 +251,7 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
 pub fn limit_line(
     cf: &mut ngx_conf_t,
     existing: &[LimitConf],
+    context: LineContext,
 ) -> Result<(LimitConf, Vec<ZoneReference>), ConfError> {
     let words = cf.words(1)?;
     let spec = LimitSpec::parse_words(&words).map_err(|error| ConfError::Spec {
@@ -264,6 +267,46 @@ pub fn limit_line(
         Some(global) => Some(add_shared_zone(cf, global, 0)? as *mut _),
         None => None,
     };
+    // The words that read http variables: their indexes are the http module's.
+    if context == LineContext::Stream {
+        if spec.cost_variable.is_some() {
+            return Err(ConfError::NotInStream {
+                word: "cost=$variable",
+                why: "a session's cost is fixed (cost=N)",
+            });
+        }
+        if spec.usage.is_some() {
+            return Err(ConfError::NotInStream {
+                word: "usage=",
+                why: "a session has no response whose usage could settle it",
+            });
+        }
+    }
+    let cost_variable = match &spec.cost_variable {
+        Some(name) => Some(variable_index(cf, name.as_bytes())?),
+        None => None,
+    };
+    let usage = match &spec.usage {
+        Some(usage) => Some(usage_conf(cf, usage, spec.global.is_some())?),
+        None => None,
+    };
+    if let Some(UsageSourceConf::Reader(provider)) = usage.map(|usage| usage.source) {
+        let other = existing.iter().find_map(|limit| match limit.usage?.source {
+            UsageSourceConf::Reader(other) if other != provider => Some(other),
+            _ => None,
+        });
+        if let Some(other) = other {
+            return Err(ConfError::Spec {
+                directive: "rate_limit",
+                error: SpecError::Conflict(format!(
+                    "\"usage={}\" and \"usage={}\" in one location: the response is read \
+                     for one provider",
+                    provider.as_str(),
+                    other.as_str()
+                )),
+            });
+        }
+    }
     let (file, line) = cf.position();
     let mut references = vec![ZoneReference {
         name: name.clone(),
@@ -276,6 +319,7 @@ pub fn limit_line(
             DelayMode::Threshold(_) => Some("delay"),
         },
         burst: spec.burst,
+        usage_given: usage.is_some(),
         file: file.clone(),
         line,
         server: core::ptr::null(),
@@ -288,6 +332,7 @@ pub fn limit_line(
             burst_given: false,
             delay_given: None,
             burst: spec.burst,
+            usage_given: false,
             file,
             line,
             server: core::ptr::null(),
@@ -302,8 +347,53 @@ pub fn limit_line(
         cost: spec.cost.max(1),
         charge_cache: Cell::new((0, None)),
         on_status: spec.on_status,
+        cost_variable,
+        usage,
     };
     Ok((limit, references))
+}
+
+/// Where a `rate_limit` line is read: the words that read variables at the end of a request
+/// are the http module's.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum LineContext {
+    Http,
+    Stream,
+}
+
+/// `usage=` and its words, with their variables indexed.
+fn usage_conf(
+    cf: &mut ngx_conf_t,
+    usage: &UsageSpec,
+    global: bool,
+) -> Result<UsageConf, ConfError> {
+    if global {
+        return Err(ConfError::Spec {
+            directive: "rate_limit",
+            error: SpecError::Conflict(
+                "\"usage\" and \"global\" cannot be used together: a settlement is charged \
+                 to the key's own bucket"
+                    .into(),
+            ),
+        });
+    }
+    let source = match &usage.source {
+        UsageSource::Reader(provider) => UsageSourceConf::Reader(*provider),
+        UsageSource::Variable(name) => {
+            UsageSourceConf::Variable(variable_index(cf, name.as_bytes())?)
+        }
+    };
+    let reserve = match &usage.reserve {
+        Amount::Fixed(tokens) => AmountConf::Fixed(*tokens),
+        Amount::Variable(name) => AmountConf::Variable(variable_index(cf, name.as_bytes())?),
+    };
+    Ok(UsageConf {
+        source,
+        reserve,
+        debt: usage.debt,
+        on_missing: usage.on_missing,
+        weights: usage.weights,
+    })
 }
 
 /// `rate_limit_status CODE;` is read by `ngx_conf_set_num_slot`; this post handler keeps the

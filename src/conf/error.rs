@@ -28,6 +28,13 @@ pub enum ConfError {
     Sync(#[from] SyncSpecError),
     #[error("{0}")]
     Tls(#[from] TlsFileError),
+    /// A usage-based line (`usage=`) on a zone that cannot carry it.
+    #[error("\"usage\" {reason}: zone \"{zone}\" {what}")]
+    Usage {
+        reason: &'static str,
+        zone: String,
+        what: String,
+    },
     #[error("\"{0}\" must have \"zone\" parameter")]
     NoZone(&'static str),
     #[error("zone \"{name}\" is too small{hint}")]

@@ -26,6 +26,7 @@ use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Merge, M
 use ratelimit_core::concurrency::ConcurrencySpec;
 use ratelimit_core::key_form::KeyForm;
 use ratelimit_core::penalty::{BlockPolicy, StatusMatcher};
+use ratelimit_core::usage::{OnMissing, Provider, Weights};
 use ratelimit_core::{Algorithm, BucketCharge, DelayMode, Limits, Rate};
 
 use crate::store::sync_record::name_seed;
@@ -78,6 +79,9 @@ pub struct MainConf {
     pub sync: Option<SyncConf>,
     /// Some `rate_limit` line has `on_status=`: the log-phase handler is installed.
     pub on_status_used: bool,
+    /// Some `rate_limit` line has `usage=`: the body reader's filters and the settling
+    /// log-phase handler are installed.
+    pub usage_used: bool,
     pub hooks: Hooks,
 }
 
@@ -101,6 +105,8 @@ pub struct ZoneReference {
     pub delay_given: Option<&'static str>,
     /// `burst=` of the `rate_limit` line, which applies to its zone and its `global=` zone.
     pub burst: Option<u64>,
+    /// The line has `usage=`: its zone must be a bucket, not synced.
+    pub usage_given: bool,
     /// The configuration file and line of the `rate_limit` directive: the references are
     /// checked after the whole `http` block is read, when nginx's own position is its `}`.
     pub file: String,
@@ -221,6 +227,44 @@ pub struct LimitConf {
     /// `on_status=CODES`: a request is charged at the door and given back after the response
     /// unless its final status matches.
     pub on_status: Option<StatusMatcher>,
+    /// `cost=$name`: the variable's index (a value that is not a number costs `cost`).
+    pub cost_variable: Option<ngx_uint_t>,
+    /// `usage=` and its words: reserved at the door, settled after the response.
+    pub usage: Option<UsageConf>,
+}
+
+impl LimitConf {
+    /// Whether the request's cost is known only per request (`cost=$var`, `usage=`).
+    #[inline]
+    pub fn cost_per_request(&self) -> bool {
+        self.cost_variable.is_some() || self.usage.is_some()
+    }
+}
+
+/// `usage=` and its words on a `rate_limit` line, with variables indexed.
+#[derive(Clone, Copy, Debug)]
+pub struct UsageConf {
+    pub source: UsageSourceConf,
+    pub reserve: AmountConf,
+    /// `debt=`; `None`: one capacity of the zone's bucket.
+    pub debt: Option<u64>,
+    pub on_missing: OnMissing,
+    pub weights: Weights,
+}
+
+/// Where the cost after the response comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UsageSourceConf {
+    Reader(Provider),
+    /// A variable (its index) read in the log phase.
+    Variable(ngx_uint_t),
+}
+
+/// A number of tokens, fixed or read from a variable (its index) per request.
+#[derive(Clone, Copy, Debug)]
+pub enum AmountConf {
+    Fixed(u64),
+    Variable(ngx_uint_t),
 }
 
 /// `rate_limit_admin [write=on]`.
@@ -237,6 +281,9 @@ pub struct LocConf {
     pub dry_run: ngx_flag_t,
     pub log_level: Option<ngx_uint_t>,
     pub headers: ngx_flag_t,
+    /// `rate_limit_openai_headers on`: `x-ratelimit-*-tokens` / `-requests` headers and an
+    /// OpenAI-shaped 429 body.
+    pub openai_headers: ngx_flag_t,
     pub admin: Option<AdminConf>,
     /// Set on a server's own configuration when one of its locations has `rate_limit_admin`:
     /// a request refused before a location is matched (414) is answered in JSON. Not merged.
@@ -254,6 +301,7 @@ impl Default for LocConf {
             dry_run: UNSET,
             log_level: None,
             headers: UNSET,
+            openai_headers: UNSET,
             admin: None,
             admin_server: false,
             concurrency_lines: Cell::new(None),
@@ -289,6 +337,10 @@ impl LocConf {
         self.headers != 0
     }
     #[inline]
+    pub fn openai_headers(&self) -> bool {
+        self.openai_headers == 1
+    }
+    #[inline]
     pub fn limits(&self) -> &[LimitConf] {
         self.limits.as_deref().unwrap_or(&[])
     }
@@ -307,6 +359,7 @@ impl Merge for LocConf {
         merge(&mut self.status, prev.status);
         merge(&mut self.dry_run, prev.dry_run);
         merge(&mut self.headers, prev.headers);
+        merge(&mut self.openai_headers, prev.openai_headers);
         self.log_level = self.log_level.or(prev.log_level);
         Ok(())
     }
@@ -376,6 +429,9 @@ pub fn check_reference(reference: &ZoneReference, zone: &mut ZoneConf) -> Result
     if reference.global && zone.block.is_some() {
         return Err(reference.error(ConfError::GlobalWithBlock(zone.name.clone())));
     }
+    if reference.usage_given {
+        check_usage_zone(zone).map_err(|error| reference.error(error))?;
+    }
     if let Some(needed) = reference.local_algorithm_needed {
         if zone.algorithm != needed {
             let role = if reference.global {
@@ -415,6 +471,29 @@ pub fn check_reference(reference: &ZoneReference, zone: &mut ZoneConf) -> Result
             let directive = "rate_limit";
             return Err(reference.error(ConfError::Spec { directive, error }));
         }
+    }
+    Ok(())
+}
+
+/// A zone a `usage=` line can settle in: a leaky or token bucket (whose state can carry a
+/// debt), not synced (the fleet's grants count requests at the door only).
+fn check_usage_zone(zone: &ZoneConf) -> Result<(), ConfError> {
+    if !matches!(
+        zone.algorithm,
+        Algorithm::LeakyBucket | Algorithm::TokenBucket
+    ) {
+        return Err(ConfError::Usage {
+            reason: "needs a leaky_bucket or token_bucket zone",
+            zone: zone.name.clone(),
+            what: format!("is {}", zone.algorithm),
+        });
+    }
+    if zone.sync {
+        return Err(ConfError::Usage {
+            reason: "is not supported with \"sync\" yet",
+            zone: zone.name.clone(),
+            what: "is synced (rate_limit_sync)".into(),
+        });
     }
     Ok(())
 }

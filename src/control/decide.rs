@@ -168,6 +168,27 @@ impl Charged {
     pub fn give_back(&self, now_ns: u64) {
         give_back(&self.zone, self.slot, &self.policy, now_ns);
     }
+
+    /// Give back `tokens` of what was charged (a usage-based line's settlement, when the
+    /// request used less than it reserved).
+    pub fn give_back_tokens(&self, tokens: u64, now_ns: u64) {
+        let policy = Policy {
+            cost: tokens,
+            ..self.policy
+        };
+        give_back(&self.zone, self.slot, &policy, now_ns);
+    }
+
+    /// Charge `tokens` more than the door did, into debt up to `debt` tokens past the
+    /// bucket's capacity (`None`: one capacity); returns the tokens the bound forgave.
+    pub fn charge_into_debt(&self, tokens: u64, debt: Option<u64>, now_ns: u64) -> u64 {
+        let Some(bucket) = ratelimit_core::usage::settle::Bucket::of(&self.policy) else {
+            return 0;
+        };
+        let debt = debt.unwrap_or_else(|| ratelimit_core::usage::settle::default_debt(&bucket));
+        self.zone
+            .charge_into_debt(self.slot, now_ns, &self.policy, tokens, debt)
+    }
 }
 
 /// Give back a request charged to the key in `slot`, the fleet's grant too.

@@ -7,6 +7,7 @@ mod delay;
 mod headers;
 mod key;
 mod status;
+pub mod usage;
 
 use core::ptr;
 
@@ -30,8 +31,8 @@ pub use charge::log_handler as charge_log_handler;
 pub use concurrency::log_handler as concurrency_log_handler;
 use headers::add_rate_limit_headers;
 use key::evaluate_key;
-pub use status::add_variables;
 use status::{LimitStatus, RequestState};
+pub use usage::log_handler as usage_log_handler;
 
 fn zone_conf_of(shm_zone: *mut ngx_shm_zone_t) -> Option<&'static ZoneConf> {
     // SAFETY: `shm_zone` was returned by ngx_shared_memory_add for this cycle; its `data` is a
@@ -79,6 +80,12 @@ fn resolve<'a>(
     Applied::new(find_key(r, shm_zone, now_ns)?, limit)
 }
 
+/// Register the module's variables: `$rate_limit_status`, `$rate_limit_usage_*`.
+pub fn add_variables(cf: &mut ngx::ffi::ngx_conf_t) -> Result<(), crate::conf::ConfError> {
+    status::add_variables(cf)?;
+    usage::add_variables(cf)
+}
+
 /// The preaccess phase handler.
 pub unsafe extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx calls phase handlers with the live request.
@@ -114,7 +121,7 @@ fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf, state: RequestState)
     // The common case, one limit without `global=`: no collection, one compare-and-swap,
     // and a request that passes without headers to add is done right here.
     if let [limit] = lcf.limits() {
-        if limit.global.is_none() {
+        if limit.global.is_none() && !limit.cost_per_request() && !lcf.openai_headers() {
             return limit_one(r, lcf, state, limit, now);
         }
     }
@@ -141,16 +148,21 @@ fn limit_lines<'l>(
 ) -> ngx_int_t {
     // Inline storage: the common configurations (one or two limits) never touch the heap.
     let mut applied: SmallVec<[AppliedLimit; 2]> = SmallVec::new();
+    let mut confs: SmallVec<[&LimitConf; 2]> = SmallVec::new();
     for limit in lines {
-        let Some(own) = resolve(r, limit.shm_zone, limit, now) else {
+        let Some(mut own) = resolve(r, limit.shm_zone, limit, now) else {
             continue;
         };
+        if limit.cost_per_request() {
+            usage::set_cost(r, limit, &mut own);
+        }
         let global = limit
             .global
             .and_then(|global| resolve(r, global, limit, now));
         let mut applied_limit = AppliedLimit::new(own, global);
         applied_limit.on_status = limit.on_status;
         applied.push(applied_limit);
+        confs.push(limit);
     }
     if applied.is_empty() {
         return Status::NGX_DECLINED.into();
@@ -158,8 +170,17 @@ fn limit_lines<'l>(
     let verdict = decide::decide(&mut applied, now, Charge::Now);
     if verdict.outcome != Outcome::Rejected {
         charge::give_back_unless_status(r, &applied);
+        usage::keep(r, &applied, &confs);
     }
-    finish(r, lcf, state, &mut applied, &verdict, now)
+    let rc = finish(r, lcf, state, &mut applied, &verdict, now);
+    if !lcf.openai_headers() {
+        return rc;
+    }
+    usage::add_openai_headers(r, &applied, &confs);
+    if verdict.outcome == Outcome::Rejected && rc == lcf.status() as ngx_int_t {
+        return usage::reject_in_openai_json(r, &applied, &confs, &verdict, rc);
+    }
+    rc
 }
 
 /// One `rate_limit` without `global=`: the common configuration, kept short.

@@ -271,6 +271,28 @@ impl Zone {
         });
     }
 
+    /// Charge `tokens` more to the bucket of the key in `index`, whether they fit or not, up
+    /// to `debt` tokens past its capacity (a usage-based line's settlement): returns the
+    /// tokens the bound forgave. Buckets only (configuration refuses `usage=` elsewhere).
+    pub fn charge_into_debt(
+        &self,
+        index: SlotIndex,
+        now_ns: u64,
+        policy: &Policy,
+        tokens: u64,
+        debt: u64,
+    ) -> u64 {
+        let Some(bucket) = ratelimit_core::usage::settle::Bucket::of(policy) else {
+            return 0;
+        };
+        update_word(self.state_word(index), |state| {
+            let (next, forgiven) = ratelimit_core::usage::settle::charge_into_debt(
+                state, now_ns, &bucket, tokens, debt,
+            );
+            (forgiven, (next != state).then_some(next))
+        })
+    }
+
     /// Charge a request to a single-word state and return only its outcome, with the state
     /// it was decided on. The decision's other fields (divisions) are not computed: a caller
     /// that needs them gets the identical decision from

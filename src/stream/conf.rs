@@ -14,7 +14,7 @@ use ngx::ngx_conf_log_error;
 
 use super::api::StreamApi;
 use crate::conf::directives::{
-    check_unclaimed, limit_line, log_level_value, parse_zone, single_variable,
+    check_unclaimed, limit_line, log_level_value, parse_zone, single_variable, LineContext,
 };
 use crate::conf::ext::ConfExt;
 use crate::conf::{self, ConfError, LimitConf, ZoneConf, ZoneReference, UNSET};
@@ -210,7 +210,7 @@ pub unsafe extern "C" fn cmd_rate_limit(
 
 fn rate_limit(cf: &mut ngx_conf_t, srv: &mut SrvConf) -> Result<(), ConfError> {
     let limits = srv.limits.get_or_insert_with(Vec::new);
-    let (limit, references) = limit_line(cf, limits)?;
+    let (limit, references) = limit_line(cf, limits, LineContext::Stream)?;
     if limit.global.is_some() {
         return Err(ConfError::NotInStream {
             word: "global=",

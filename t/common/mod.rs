@@ -21,6 +21,7 @@ pub mod config;
 pub mod fake_redis;
 pub mod fleet;
 pub mod http;
+pub mod llm;
 pub mod nginx;
 pub mod redis;
 pub mod skip;

@@ -45,6 +45,7 @@ pub mod sync_spec;
 pub mod token_bucket;
 pub mod top;
 pub mod uncommit;
+pub mod usage;
 
 pub use bucket_charge::BucketCharge;
 pub use decision::{Decision, Outcome};

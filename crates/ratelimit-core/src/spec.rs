@@ -18,8 +18,8 @@ pub enum SpecError {
     /// `invalid delay value "delay=x"`
     #[error("invalid delay value \"{0}\"")]
     InvalidDelay(String),
-    /// `invalid cost value "cost=0"`
-    #[error("invalid cost value \"{0}\"")]
+    /// `invalid cost value "cost=0": ...` (what is valid follows)
+    #[error("invalid cost value \"{0}\": it must be a number from 1 up, or a $variable")]
     InvalidCost(String),
     /// `invalid block value "block=x": ...` (what is valid follows)
     #[error(
@@ -106,6 +106,11 @@ pub const LIMIT_PARAMETERS: &[&str] = &[
     "global=",
     "cost=",
     "on_status=",
+    "usage=",
+    "reserve=",
+    "debt=",
+    "on_missing=",
+    "usage_weights=",
 ];
 
 impl SpecError {
@@ -525,6 +530,11 @@ pub struct LimitSpec {
     pub global: Option<String>,
     /// `cost=N`: how many requests each request counts as (default 1).
     pub cost: u64,
+    /// `cost=$name`: the cost read from a variable at the door (the name, without `$`);
+    /// `cost` is then the cost of a request whose value is not a number (1).
+    pub cost_variable: Option<String>,
+    /// `usage=` and its words: a cost reserved at the door and settled after the response.
+    pub usage: Option<crate::usage::UsageSpec>,
     /// `on_status=CODES`: charge only requests whose final status matches, after the response.
     pub on_status: Option<StatusMatcher>,
 }
@@ -556,10 +566,14 @@ impl LimitSpec {
             delay: DelayMode::Delay,
             global: None,
             cost: 1,
+            cost_variable: None,
             on_status: None,
+            usage: None,
         };
         let mut nodelay = false;
         let mut delay = None;
+        let mut usage = crate::usage::UsageWords::default();
+        let mut cost_given = None;
 
         for &word in words {
             if let Some(name) = word.strip_prefix("zone=") {
@@ -580,9 +594,15 @@ impl LimitSpec {
                 }
                 spec.global = Some(name.to_string());
             } else if let Some(value) = word.strip_prefix("cost=") {
-                spec.cost = parse_integer(value)
-                    .filter(|&cost| cost >= 1)
-                    .ok_or_else(|| SpecError::InvalidCost(word.into()))?;
+                cost_given = Some(word);
+                if let Some(name) = crate::usage::variable_name(value) {
+                    spec.cost_variable = Some(name);
+                } else {
+                    spec.cost = parse_integer(value)
+                        .filter(|&cost| cost >= 1)
+                        .ok_or_else(|| SpecError::InvalidCost(word.into()))?;
+                }
+            } else if usage.take(word)? {
             } else if let Some(value) = word.strip_prefix("on_status=") {
                 spec.on_status = Some(StatusMatcher::parse(word, value)?);
             } else {
@@ -600,6 +620,7 @@ impl LimitSpec {
             (false, Some(threshold)) => DelayMode::Threshold(threshold),
             (false, None) => DelayMode::Delay,
         };
+        spec.usage = usage.finish(cost_given)?;
         Ok(spec)
     }
 }
@@ -619,7 +640,7 @@ fn parse_burst(word: &str, value: &str) -> Result<u64, SpecError> {
 }
 
 /// A non-negative decimal integer, digits only (no sign, no spaces), like nginx's `ngx_atoi`.
-fn parse_integer(text: &str) -> Option<u64> {
+pub(crate) fn parse_integer(text: &str) -> Option<u64> {
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -744,6 +765,80 @@ mod tests {
     }
 
     #[test]
+    fn usage_words() {
+        use crate::usage::{Amount, OnMissing, Provider, UsageSource, Weights};
+        let spec = limit(
+            "zone=tpm usage=openai reserve=500 debt=2000 on_missing=keep \
+                          usage_weights=output:4,cached:0",
+        )
+        .unwrap();
+        let usage = spec.usage.unwrap();
+        assert_eq!(usage.source, UsageSource::Reader(Provider::OpenAi));
+        assert_eq!(usage.reserve, Amount::Fixed(500));
+        assert_eq!(
+            (usage.debt, usage.on_missing),
+            (Some(2000), OnMissing::Keep)
+        );
+        assert_eq!(
+            usage.weights,
+            Weights {
+                input_milli: 1000,
+                output_milli: 4000,
+                cached_milli: 0
+            }
+        );
+        let usage = limit("usage=$upstream_http_x_tokens reserve=$reserve")
+            .unwrap()
+            .usage;
+        let usage = usage.unwrap();
+        assert_eq!(
+            usage.source,
+            UsageSource::Variable("upstream_http_x_tokens".into())
+        );
+        assert_eq!(usage.reserve, Amount::Variable("reserve".into()));
+        assert_eq!((usage.debt, usage.on_missing), (None, OnMissing::Refund));
+        let usage = limit("usage=anthropic").unwrap().usage.unwrap();
+        assert_eq!(usage.reserve, Amount::Fixed(1));
+        let spec = limit("cost=$cost").unwrap();
+        assert_eq!((spec.cost, spec.cost_variable), (1, Some("cost".into())));
+        assert!(spec.usage.is_none());
+
+        #[rustfmt::skip]
+        let errors = [
+            ("usage=claude", "invalid usage value \"usage=claude\": it must be openai, \
+              anthropic, gemini or a $variable"),
+            ("usage=$", "invalid usage value \"usage=$\": it must be openai, anthropic, \
+              gemini or a $variable"),
+            ("usage=openai reserve=0", "invalid reserve value \"reserve=0\": it must be a \
+              number of tokens from 1 to 4194303, or a $variable"),
+            ("usage=openai reserve=ten", "invalid reserve value \"reserve=ten\": it must be \
+              a number of tokens from 1 to 4194303, or a $variable"),
+            ("usage=openai debt=-1", "invalid debt value \"debt=-1\": it must be a number of \
+              tokens from 0 to 4194303"),
+            ("usage=openai on_missing=charge", "invalid on_missing value \
+              \"on_missing=charge\": it must be refund or keep"),
+            ("usage=openai usage_weights=output:x", "invalid usage_weights value \
+              \"usage_weights=output:x\": give input:W, output:W and/or cached:W separated \
+              by commas, each W a number from 0 to 1000 with up to three decimals, as in \
+              usage_weights=input:1,output:4,cached:0"),
+            ("reserve=100", "\"reserve\" needs \"usage\": usage=openai|anthropic|gemini|\
+              $variable says where the cost known after the response comes from"),
+            ("usage=openai cost=5", "\"cost=5\" and \"usage\" cannot be used together: with \
+              usage=, reserve= is what is charged at the door"),
+            ("usage=$x usage_weights=output:2", "\"usage_weights\" apply to a built-in reader \
+              (openai, anthropic, gemini): the value of \"$x\" is the cost itself"),
+            ("cost=$", "invalid cost value \"cost=$\": it must be a number from 1 up, or a \
+              $variable"),
+            ("usage_weight=output:4", "invalid parameter \"usage_weight=output:4\", did you \
+              mean \"usage_weights=\"?"),
+            ("reserv=4", "invalid parameter \"reserv=4\", did you mean \"reserve=\"?"),
+        ];
+        for (words, message) in errors {
+            assert_eq!(limit(words).unwrap_err(), message, "{words}");
+        }
+    }
+
+    #[test]
     fn limit_words() {
         let spec = limit("zone=one burst=5 nodelay global=all cost=3").unwrap();
         assert_eq!(
@@ -754,7 +849,9 @@ mod tests {
                 delay: DelayMode::NoDelay,
                 global: Some("all".into()),
                 cost: 3,
+                cost_variable: None,
                 on_status: None,
+                usage: None,
             }
         );
         let spec = limit("").unwrap();
@@ -768,11 +865,12 @@ mod tests {
         let rows = [
             ("nodelay delay=2", "\"nodelay\" and \"delay\" cannot be used together"),
             ("delay=x", "invalid delay value \"delay=x\""),
-            ("cost=0", "invalid cost value \"cost=0\""),
+            ("cost=0", "invalid cost value \"cost=0\": it must be a number from 1 up, or a $variable"),
             ("burst=1.5", "invalid burst value \"burst=1.5\""),
             ("zone=", "invalid zone name \"zone=\""),
             ("rate=1r/s", "invalid parameter \"rate=1r/s\": it must be zone=, burst=, \
-              nodelay, delay=, global=, cost= or on_status="),
+              nodelay, delay=, global=, cost=, on_status=, usage=, reserve=, debt=, on_missing= \
+              or usage_weights="),
             ("nodealy", "invalid parameter \"nodealy\", did you mean \"nodelay\"?"),
             ("burst", "invalid parameter \"burst\", did you mean \"burst=\"?"),
             ("zones=a", "invalid parameter \"zones=a\", did you mean \"zone=\"?"),

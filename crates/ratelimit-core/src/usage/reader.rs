@@ -1,0 +1,496 @@
+//! The response-body reader: fed every buffer of a response as it passes (never holding
+//! one back), it finds the usage the provider reports, in plain JSON or in a stream of
+//! server-sent events, for any split of the bytes into chunks.
+//!
+//! | provider | plain JSON | streamed (SSE) |
+//! |---|---|---|
+//! | `openai` | `usage` (Chat Completions: `prompt_tokens`, `completion_tokens`, `total_tokens`, `prompt_tokens_details.cached_tokens`; Responses: `input_tokens`, `output_tokens`, `total_tokens`, `input_tokens_details.cached_tokens`) | a chunk's `usage` (the last chunk, when the request set `stream_options.include_usage`); `response.usage` of `response.completed` (also `.incomplete`, `.failed`) |
+//! | `anthropic` | `usage` (`input_tokens`, `output_tokens`, `cache_read_input_tokens`, `cache_creation_input_tokens`) | `message_start`'s `message.usage`, then each `message_delta`'s `usage` (cumulative) |
+//! | `gemini` | `usageMetadata` (`promptTokenCount`, `candidatesTokenCount`, `thoughtsTokenCount`, `totalTokenCount`, `cachedContentTokenCount`), also in each element of a JSON array | each chunk's `usageMetadata` (cumulative; the last wins) |
+//!
+//! Later reports replace earlier ones field by field (the providers' counts are cumulative).
+//! Memory is bounded: a plain body is kept whole up to [`JSON_WHOLE_MAX`] bytes, an event's
+//! data up to [`EVENT_WHOLE_MAX`]; past that only the last [`TAIL_MAX`] bytes are kept and
+//! the usage object is looked for in them (the providers write it last). A body must reach
+//! the reader uncompressed.
+
+use serde_json::{Map, Value};
+
+use super::sse::EventStream;
+use super::{Provider, Usage};
+
+/// The largest plain JSON body kept whole.
+pub const JSON_WHOLE_MAX: usize = 256 << 10;
+/// The largest event data kept whole.
+pub const EVENT_WHOLE_MAX: usize = 64 << 10;
+/// What is kept of the end of a longer body or event.
+pub const TAIL_MAX: usize = 64 << 10;
+
+/// Bytes kept whole up to a size, then only their end.
+pub(crate) struct Capped {
+    bytes: Vec<u8>,
+    whole_max: usize,
+    tail_max: usize,
+    truncated: bool,
+}
+
+impl Capped {
+    pub(crate) fn new(whole_max: usize, tail_max: usize) -> Capped {
+        Capped {
+            bytes: Vec::new(),
+            whole_max,
+            tail_max,
+            truncated: false,
+        }
+    }
+
+    pub(crate) fn extend(&mut self, more: &[u8]) {
+        if !self.truncated && self.bytes.len() + more.len() <= self.whole_max {
+            self.bytes.extend_from_slice(more);
+            return;
+        }
+        self.truncated = true;
+        if more.len() >= self.tail_max {
+            self.bytes.clear();
+            self.bytes
+                .extend_from_slice(&more[more.len() - self.tail_max..]);
+            return;
+        }
+        self.bytes.extend_from_slice(more);
+        // Cut back to the tail only once it doubled: each byte is moved a bounded number of
+        // times.
+        if self.bytes.len() > 2 * self.tail_max {
+            let cut = self.bytes.len() - self.tail_max;
+            self.bytes.drain(..cut);
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.bytes.is_empty() && !self.truncated
+    }
+
+    pub(crate) fn strip_last_newline(&mut self) {
+        if self.bytes.last() == Some(&b'\n') {
+            self.bytes.pop();
+        }
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.bytes.clear();
+        self.truncated = false;
+    }
+
+    /// The JSON values in it: the whole value when it was kept whole; else the usage object
+    /// found nearest the end of the tail, under its key (`{"usage": {...}}`).
+    fn values(&self, provider: Provider) -> Option<Value> {
+        if !self.truncated {
+            return serde_json::from_slice(&self.bytes).ok();
+        }
+        let key = usage_key(provider);
+        let needle = format!("\"{key}\"");
+        let mut end = self.bytes.len();
+        while let Some(at) = memchr::memmem::rfind(&self.bytes[..end], needle.as_bytes()) {
+            end = at;
+            let rest = &self.bytes[at + needle.len()..];
+            let rest = trim_start(rest);
+            let Some(rest) = rest.strip_prefix(b":") else {
+                continue;
+            };
+            let mut values = serde_json::Deserializer::from_slice(rest).into_iter::<Value>();
+            if let Some(Ok(value @ Value::Object(_))) = values.next() {
+                let mut top = Map::new();
+                top.insert(key.to_string(), value);
+                return Some(Value::Object(top));
+            }
+        }
+        None
+    }
+}
+
+/// Whether an event's data names the provider's usage key with a value other than `null`:
+/// only such events are parsed. (A key inside a string is escaped, `\"usage\"`, and does not
+/// match; one that does only costs a parse.)
+fn may_carry_usage(data: &[u8], provider: Provider) -> bool {
+    let needle = match provider {
+        Provider::OpenAi | Provider::Anthropic => &b"\"usage\""[..],
+        Provider::Gemini => &b"\"usageMetadata\""[..],
+    };
+    memchr::memmem::find_iter(data, needle).any(|at| {
+        let rest = trim_start(&data[at + needle.len()..]);
+        let Some(value) = rest.strip_prefix(b":") else {
+            return true;
+        };
+        !trim_start(value).starts_with(b"null")
+    })
+}
+
+fn trim_start(bytes: &[u8]) -> &[u8] {
+    let start = bytes
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(bytes.len());
+    &bytes[start..]
+}
+
+fn usage_key(provider: Provider) -> &'static str {
+    match provider {
+        Provider::OpenAi | Provider::Anthropic => "usage",
+        Provider::Gemini => "usageMetadata",
+    }
+}
+
+/// How the body is framed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// One JSON document (or, for Gemini's `streamGenerateContent` without `alt=sse`, a JSON
+    /// array of them).
+    Json,
+    /// `text/event-stream`.
+    EventStream,
+}
+
+impl Format {
+    /// From the response's `Content-Type`: `text/event-stream` (any parameters), else JSON.
+    ///
+    /// ```
+    /// use ratelimit_core::usage::reader::Format;
+    ///
+    /// assert_eq!(Format::of_content_type(b"text/event-stream; charset=utf-8"), Format::EventStream);
+    /// assert_eq!(Format::of_content_type(b"application/json"), Format::Json);
+    /// ```
+    pub fn of_content_type(content_type: &[u8]) -> Format {
+        let essence = content_type
+            .split(|&b| b == b';')
+            .next()
+            .unwrap_or_default();
+        if trim_start(essence)
+            .to_ascii_lowercase()
+            .starts_with(b"text/event-stream")
+        {
+            Format::EventStream
+        } else {
+            Format::Json
+        }
+    }
+}
+
+/// The counts reported so far, each as the provider names it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Counts {
+    input: Option<u64>,
+    output: Option<u64>,
+    total: Option<u64>,
+    cached: Option<u64>,
+    /// Anthropic's `cache_creation_input_tokens` (input, written to the cache).
+    cache_creation: Option<u64>,
+    /// Gemini's `thoughtsTokenCount` (output).
+    thoughts: Option<u64>,
+}
+
+/// The reader of one response body.
+pub struct Reader {
+    provider: Provider,
+    format: Format,
+    body: Capped,
+    events: Option<EventStream>,
+    counts: Counts,
+    found: bool,
+}
+
+impl Reader {
+    /// A reader for a body of `format` from `provider`.
+    pub fn new(provider: Provider, format: Format) -> Reader {
+        let events = (format == Format::EventStream)
+            .then(|| EventStream::new(Capped::new(EVENT_WHOLE_MAX, TAIL_MAX)));
+        let body = match format {
+            Format::Json => Capped::new(JSON_WHOLE_MAX, TAIL_MAX),
+            Format::EventStream => Capped::new(0, 0),
+        };
+        Reader {
+            provider,
+            format,
+            body,
+            events,
+            counts: Counts::default(),
+            found: false,
+        }
+    }
+
+    /// The next bytes of the body.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        match &mut self.events {
+            Some(events) => {
+                let (provider, counts, found) = (self.provider, &mut self.counts, &mut self.found);
+                events.feed(bytes, &mut |event, data| {
+                    // Most events carry no usage (content deltas, or `"usage":null`): they
+                    // are not parsed at all.
+                    if !may_carry_usage(data.bytes(), provider) {
+                        return;
+                    }
+                    if let Some(value) = data.values(provider) {
+                        *found |= read_event(provider, event, &value, counts);
+                    }
+                });
+            }
+            None => self.body.extend(bytes),
+        }
+    }
+
+    /// The body ended: a plain body is read now. (An event the stream left unfinished is
+    /// dropped, as the standard says.)
+    pub fn finish(&mut self) {
+        if self.format == Format::Json {
+            if let Some(value) = self.body.values(self.provider) {
+                self.found |= read_document(self.provider, &value, &mut self.counts);
+            }
+            self.body.clear();
+        }
+    }
+
+    /// The usage found so far, `None` when none was.
+    pub fn usage(&self) -> Option<Usage> {
+        self.found.then(|| self.normalised())
+    }
+
+    fn normalised(&self) -> Usage {
+        let c = &self.counts;
+        let value = |field: Option<u64>| field.unwrap_or(0);
+        let (prompt, completion, cached) = match self.provider {
+            Provider::OpenAi => (value(c.input), value(c.output), value(c.cached)),
+            // Anthropic's input_tokens leaves out what was read from or written to a cache.
+            Provider::Anthropic => (
+                value(c.input)
+                    .saturating_add(value(c.cached))
+                    .saturating_add(value(c.cache_creation)),
+                value(c.output),
+                value(c.cached),
+            ),
+            Provider::Gemini => (
+                value(c.input),
+                value(c.output).saturating_add(value(c.thoughts)),
+                value(c.cached),
+            ),
+        };
+        let total = match (self.provider, c.total) {
+            (Provider::Anthropic, _) | (_, None) => prompt.saturating_add(completion),
+            (_, Some(total)) => total,
+        };
+        Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            cached_tokens: cached,
+            total_tokens: total,
+        }
+    }
+}
+
+/// One event's JSON: whether it carried usage.
+fn read_event(provider: Provider, event: &[u8], value: &Value, counts: &mut Counts) -> bool {
+    match provider {
+        Provider::OpenAi => {
+            // Responses API: response.completed (and .incomplete, .failed) carries
+            // response.usage; Chat Completions: the last chunk's usage.
+            if let Some(usage) = value.get("response").and_then(|r| r.get("usage")) {
+                return read_openai(usage, counts);
+            }
+            value
+                .get("usage")
+                .is_some_and(|usage| read_openai(usage, counts))
+        }
+        Provider::Anthropic => {
+            let kind = value.get("type").and_then(Value::as_str);
+            let is_start = kind == Some("message_start") || event == b"message_start";
+            if is_start {
+                if let Some(usage) = value.get("message").and_then(|m| m.get("usage")) {
+                    return read_anthropic(usage, counts);
+                }
+            }
+            value
+                .get("usage")
+                .is_some_and(|usage| read_anthropic(usage, counts))
+        }
+        Provider::Gemini => read_document(provider, value, counts),
+    }
+}
+
+/// A whole JSON body: whether it carried usage.
+fn read_document(provider: Provider, value: &Value, counts: &mut Counts) -> bool {
+    match provider {
+        Provider::OpenAi => value.get("usage").is_some_and(|u| read_openai(u, counts)),
+        Provider::Anthropic => value
+            .get("usage")
+            .is_some_and(|u| read_anthropic(u, counts)),
+        Provider::Gemini => match value {
+            // streamGenerateContent without alt=sse: an array of chunks.
+            Value::Array(chunks) => chunks.iter().fold(false, |found, chunk| {
+                read_document(provider, chunk, counts) | found
+            }),
+            _ => value
+                .get("usageMetadata")
+                .is_some_and(|u| read_gemini(u, counts)),
+        },
+    }
+}
+
+/// A count: a non-negative integer (a float or a string is no count).
+fn count(object: &Value, name: &str) -> Option<u64> {
+    object.get(name).and_then(Value::as_u64)
+}
+
+fn replace(slot: &mut Option<u64>, value: Option<u64>) -> bool {
+    if value.is_some() {
+        *slot = value;
+    }
+    value.is_some()
+}
+
+fn read_openai(usage: &Value, counts: &mut Counts) -> bool {
+    if !usage.is_object() {
+        return false;
+    }
+    let input = count(usage, "prompt_tokens").or_else(|| count(usage, "input_tokens"));
+    let output = count(usage, "completion_tokens").or_else(|| count(usage, "output_tokens"));
+    let details = usage
+        .get("prompt_tokens_details")
+        .or_else(|| usage.get("input_tokens_details"));
+    let cached = details.and_then(|d| count(d, "cached_tokens"));
+    let mut any = replace(&mut counts.input, input);
+    any |= replace(&mut counts.output, output);
+    any |= replace(&mut counts.total, count(usage, "total_tokens"));
+    replace(&mut counts.cached, cached);
+    any
+}
+
+fn read_anthropic(usage: &Value, counts: &mut Counts) -> bool {
+    if !usage.is_object() {
+        return false;
+    }
+    let mut any = replace(&mut counts.input, count(usage, "input_tokens"));
+    any |= replace(&mut counts.output, count(usage, "output_tokens"));
+    replace(&mut counts.cached, count(usage, "cache_read_input_tokens"));
+    replace(
+        &mut counts.cache_creation,
+        count(usage, "cache_creation_input_tokens"),
+    );
+    any
+}
+
+fn read_gemini(usage: &Value, counts: &mut Counts) -> bool {
+    if !usage.is_object() {
+        return false;
+    }
+    let mut any = replace(&mut counts.input, count(usage, "promptTokenCount"));
+    any |= replace(&mut counts.output, count(usage, "candidatesTokenCount"));
+    any |= replace(&mut counts.total, count(usage, "totalTokenCount"));
+    replace(&mut counts.cached, count(usage, "cachedContentTokenCount"));
+    replace(&mut counts.thoughts, count(usage, "thoughtsTokenCount"));
+    any
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(provider: Provider, format: Format, body: &[u8]) -> Option<Usage> {
+        let mut reader = Reader::new(provider, format);
+        reader.feed(body);
+        reader.finish();
+        reader.usage()
+    }
+
+    fn usage(prompt: u64, completion: u64, cached: u64, total: u64) -> Option<Usage> {
+        Some(Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            cached_tokens: cached,
+            total_tokens: total,
+        })
+    }
+
+    #[test]
+    fn plain_bodies() {
+        use Format::Json;
+        use Provider::*;
+        #[rustfmt::skip]
+        let rows: &[(Provider, &str, Option<Usage>)] = &[
+            (OpenAi, r#"{"object":"chat.completion","usage":{"prompt_tokens":12,"completion_tokens":30,"total_tokens":42,"prompt_tokens_details":{"cached_tokens":4}}}"#, usage(12, 30, 4, 42)),
+            (OpenAi, r#"{"object":"response","usage":{"input_tokens":7,"output_tokens":9,"total_tokens":16,"input_tokens_details":{"cached_tokens":0}}}"#, usage(7, 9, 0, 16)),
+            (OpenAi, r#"{"object":"list","data":[{"id":"gpt"}]}"#, None),
+            (OpenAi, r#"{"error":{"message":"bad","type":"invalid_request_error"}}"#, None),
+            (OpenAi, r#"{"usage":null}"#, None),
+            (OpenAi, r#"{"usage":{"prompt_tokens":-1}}"#, None),
+            (OpenAi, "not json", None),
+            (Anthropic, r#"{"type":"message","usage":{"input_tokens":10,"cache_read_input_tokens":5,"cache_creation_input_tokens":2,"output_tokens":20}}"#, usage(17, 20, 5, 37)),
+            (Gemini, r#"{"candidates":[],"usageMetadata":{"promptTokenCount":8,"candidatesTokenCount":3,"totalTokenCount":11,"cachedContentTokenCount":2}}"#, usage(8, 3, 2, 11)),
+            (Gemini, r#"[{"usageMetadata":{"promptTokenCount":8,"candidatesTokenCount":1,"totalTokenCount":9}},{"usageMetadata":{"promptTokenCount":8,"candidatesTokenCount":5,"totalTokenCount":13}}]"#, usage(8, 5, 0, 13)),
+            (Gemini, r#"{"usageMetadata":{"promptTokenCount":8,"candidatesTokenCount":3,"thoughtsTokenCount":4,"totalTokenCount":15}}"#, usage(8, 7, 0, 15)),
+        ];
+        for (provider, body, expected) in rows {
+            assert_eq!(&read(*provider, Json, body.as_bytes()), expected, "{body}");
+        }
+    }
+
+    #[test]
+    fn events_without_usage_are_not_parsed() {
+        use Provider::*;
+        #[rustfmt::skip]
+        let rows: &[(Provider, &str, bool)] = &[
+            (OpenAi, r#"{"choices":[{"delta":{"content":"hi"}}],"usage":null}"#, false),
+            (OpenAi, r#"{"choices":[],"usage" : null , "x": 1}"#, false),
+            (OpenAi, r#"{"choices":[],"usage":{"prompt_tokens":1}}"#, true),
+            (OpenAi, r#"{"delta":"a \"usage\": {"}"#, false),
+            (Anthropic, r#"{"type":"content_block_delta","delta":{"text":"x"}}"#, false),
+            (Anthropic, r#"{"type":"message_delta","usage":{"output_tokens":3}}"#, true),
+            (Gemini, r#"{"usageMetadata":{"promptTokenCount":1}}"#, true),
+            (Gemini, r#"{"usage":{"promptTokenCount":1}}"#, false),
+        ];
+        for (provider, data, expected) in rows {
+            assert_eq!(
+                may_carry_usage(data.as_bytes(), *provider),
+                *expected,
+                "{data}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_long_body_is_read_from_its_tail() {
+        let content = "x".repeat(JSON_WHOLE_MAX * 3);
+        let body = format!(
+            r#"{{"choices":[{{"message":{{"content":"{content} \"usage\": 1"}}}}],"usage":{{"prompt_tokens":5,"completion_tokens":900,"total_tokens":905}}}}"#
+        );
+        let mut reader = Reader::new(Provider::OpenAi, Format::Json);
+        for chunk in body.as_bytes().chunks(4096) {
+            reader.feed(chunk);
+            assert!(reader.body.bytes().len() <= JSON_WHOLE_MAX.max(2 * TAIL_MAX + 4096));
+        }
+        reader.finish();
+        assert_eq!(reader.usage(), usage(5, 900, 0, 905));
+    }
+
+    #[test]
+    fn streams() {
+        use Format::EventStream;
+        use Provider::*;
+        #[rustfmt::skip]
+        let rows: &[(Provider, &str, Option<Usage>)] = &[
+            (OpenAi, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2,\"total_tokens\":5}}\n\ndata: [DONE]\n\n", usage(3, 2, 0, 5)),
+            // Without stream_options.include_usage: no usage.
+            (OpenAi, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n", None),
+            (OpenAi, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"usage\":null}}\n\nevent: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":4,\"output_tokens\":6,\"total_tokens\":10,\"input_tokens_details\":{\"cached_tokens\":1}}}}\n\n", usage(4, 6, 1, 10)),
+            (Anthropic, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"cache_read_input_tokens\":5,\"output_tokens\":1}}}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", usage(30, 15, 5, 45)),
+            (Gemini, "data: {\"usageMetadata\":{\"promptTokenCount\":6,\"candidatesTokenCount\":1,\"totalTokenCount\":7}}\r\n\r\ndata: {\"usageMetadata\":{\"promptTokenCount\":6,\"candidatesTokenCount\":9,\"totalTokenCount\":15}}\r\n\r\n", usage(6, 9, 0, 15)),
+        ];
+        for (provider, body, expected) in rows {
+            assert_eq!(
+                &read(*provider, EventStream, body.as_bytes()),
+                expected,
+                "{body}"
+            );
+        }
+    }
+}

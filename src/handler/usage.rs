@@ -1,0 +1,535 @@
+//! Usage-based lines (`usage=`) on the request path: the reservation at the door, the body
+//! reader (a header filter and a body filter that pass every buffer on at once), the
+//! settlement in the log phase, and the `$rate_limit_usage_*` variables.
+//!
+//! What a request must settle is kept in a cleanup of the request's pool (it survives
+//! internal redirects, which clear module contexts, and is freed with the request), found
+//! there by its handler. The module's context slot is the concurrency lines'.
+//!
+//! How each end of a request is charged is `ratelimit_core::usage::settle::charged_tokens`:
+//! the body's last buffer passed (complete) or not (cut: the client went away, the upstream
+//! timed out or closed mid-body), with the usage found or none.
+
+use core::ffi::c_void;
+use core::ptr;
+
+use ngx::core::Status;
+use ngx::ffi::{
+    ngx_chain_t, ngx_conf_t, ngx_create_temp_buf, ngx_http_add_variable,
+    ngx_http_discard_request_body, ngx_http_finalize_request, ngx_http_output_body_filter_pt,
+    ngx_http_output_filter, ngx_http_output_header_filter_pt, ngx_http_request_t,
+    ngx_http_send_header, ngx_http_top_body_filter, ngx_http_top_header_filter,
+    ngx_http_variable_value_t, ngx_int_t, ngx_pnalloc, ngx_pool_cleanup_add, ngx_str_t, ngx_uint_t,
+    NGX_HTTP_VAR_NOCACHEABLE,
+};
+use ratelimit_core::usage::reader::{Format, Reader};
+use ratelimit_core::usage::settle::{self, End, Settlement};
+use ratelimit_core::usage::{parse_tokens, Provider, Usage};
+use ratelimit_core::Outcome;
+
+use crate::conf::{AmountConf, ConfError, LimitConf, UsageConf, UsageSourceConf};
+use crate::control::decide::{Applied, AppliedLimit, Charged, Verdict};
+use crate::glue::response::add_header;
+use crate::glue::{now_ns, value_bits};
+
+const NGX_ERROR: ngx_int_t = -1;
+const NGX_OK: ngx_int_t = 0;
+
+// The next filters of each chain, set once in postconfiguration (in the master, before any
+// request) and only read afterwards.
+static mut NEXT_HEADER_FILTER: ngx_http_output_header_filter_pt = None;
+static mut NEXT_BODY_FILTER: ngx_http_output_body_filter_pt = None;
+
+/// The handler of the cleanup that keeps a request's usage state, read from here both when
+/// it is set and when it is looked for, so that the two compare equal.
+static DROP_STATE: unsafe extern "C" fn(*mut c_void) = drop_state;
+
+/// One usage-based line a request was charged by.
+struct Line {
+    charged: Charged,
+    usage: UsageConf,
+    /// The reservation charged at the door.
+    reserved: u64,
+}
+
+/// What a request with usage-based lines keeps until it ends.
+struct UsageState {
+    lines: Vec<Line>,
+    /// The provider whose body the reader reads (the lines with `usage=$var` read none).
+    provider: Option<Provider>,
+    /// Set by the header filter when there is a body to read.
+    reader: Option<Reader>,
+    /// The body's last buffer passed.
+    ended: bool,
+    /// The body could not be read (compressed, or in a file): its usage is unknown.
+    unreadable: bool,
+    settled: bool,
+}
+
+/// The cost of `limit` for this request, before the zone's limits: `usage=`'s reservation
+/// or `cost=$var`'s value (a value that is not a number costs the line's `cost`, 1).
+pub fn request_cost(r: &mut ngx_http_request_t, limit: &LimitConf) -> u64 {
+    if let Some(usage) = &limit.usage {
+        return match usage.reserve {
+            AmountConf::Fixed(tokens) => tokens,
+            AmountConf::Variable(index) => number(r, index).unwrap_or(1).max(1),
+        };
+    }
+    match limit.cost_variable {
+        Some(index) => number(r, index)
+            .filter(|&cost| cost >= 1)
+            .unwrap_or(limit.cost),
+        None => limit.cost,
+    }
+}
+
+/// Set the cost of `applied` for this request. A reservation larger than the bucket is
+/// reserved as the whole bucket (it could never pass otherwise; the settlement charges the
+/// rest); a `cost=$var` larger than it never passes, as `cost=N` would not.
+pub fn set_cost(r: &mut ngx_http_request_t, limit: &LimitConf, applied: &mut Applied) {
+    let cost = request_cost(r, limit);
+    applied.policy.cost = if limit.usage.is_some() {
+        cost.clamp(1, applied.policy.max_cost().max(1))
+    } else {
+        cost
+    };
+}
+
+/// A variable's value as a number of tokens.
+fn number(r: &mut ngx_http_request_t, index: ngx_uint_t) -> Option<u64> {
+    // SAFETY: `r` is the live request and `index` a variable index of this configuration.
+    let value = unsafe { ngx::ffi::ngx_http_get_flushed_variable(r, index) };
+    // SAFETY: a non-null result is a live variable value of the request.
+    let value = unsafe { value.as_ref() }?;
+    let bits = value_bits::read(value);
+    let len = (bits & value_bits::LEN) as usize;
+    if bits & value_bits::NOT_FOUND != 0 || value.data.is_null() {
+        return None;
+    }
+    // SAFETY: a found variable value holds `len` bytes at `data`.
+    parse_tokens(unsafe { core::slice::from_raw_parts(value.data, len) })
+}
+
+/// Keep what the usage-based lines among `applied` (a request they let through; `lines`
+/// are their configurations, in the same order) charged, to settle after the response.
+pub fn keep(r: &mut ngx_http_request_t, applied: &[AppliedLimit], lines: &[&LimitConf]) {
+    let mut kept = Vec::new();
+    for (limit, conf) in applied.iter().zip(lines) {
+        let Some(usage) = conf.usage else {
+            continue;
+        };
+        if limit.own.decision.outcome == Outcome::Rejected {
+            continue;
+        }
+        kept.push(Line {
+            charged: limit.own.charged(),
+            usage,
+            reserved: limit.own.policy.cost,
+        });
+    }
+    if kept.is_empty() {
+        return;
+    }
+    let provider = kept.iter().find_map(|line| match line.usage.source {
+        UsageSourceConf::Reader(provider) => Some(provider),
+        UsageSourceConf::Variable(_) => None,
+    });
+    // SAFETY: the request's pool lives as long as the request.
+    let cleanup = unsafe { ngx_pool_cleanup_add(r.pool, 0) };
+    // SAFETY: a non-null cleanup is a fresh element of the pool's list.
+    let Some(cleanup) = (unsafe { cleanup.as_mut() }) else {
+        // No memory: the reservations stand, which errs on the strict side.
+        return;
+    };
+    let state = UsageState {
+        lines: kept,
+        provider,
+        reader: None,
+        ended: false,
+        unreadable: false,
+        settled: false,
+    };
+    cleanup.handler = Some(DROP_STATE);
+    cleanup.data = Box::into_raw(Box::new(state)).cast::<c_void>();
+}
+
+/// Frees what [`keep`] left, with the request's pool. A request that never reached the log
+/// phase keeps its reservations (a cut response with no usage found).
+unsafe extern "C" fn drop_state(data: *mut c_void) {
+    if !data.is_null() {
+        // SAFETY: `data` is the box `keep` leaked for this cleanup, dropped only here.
+        drop(unsafe { Box::from_raw(data.cast::<UsageState>()) });
+    }
+}
+
+/// The usage state of the main request of `r`, if it has one.
+fn state_of(r: &ngx_http_request_t) -> Option<&'static mut UsageState> {
+    // SAFETY: a live request's main request is live, with its pool.
+    let main = unsafe { r.main.as_ref() }?;
+    // SAFETY: the cleanups form a null-terminated list, each live until the pool goes.
+    let mut cleanup = unsafe { (*main.pool).cleanup };
+    // SAFETY: as above.
+    while let Some(element) = unsafe { cleanup.as_ref() } {
+        let ours = element
+            .handler
+            .is_some_and(|handler| ptr::fn_addr_eq(handler, DROP_STATE));
+        if ours {
+            // SAFETY: `data` is the box `keep` leaked, alive until the pool's cleanup; nginx
+            // runs one request's handlers one at a time.
+            return unsafe { element.data.cast::<UsageState>().as_mut() };
+        }
+        cleanup = element.next;
+    }
+    None
+}
+
+/// Put the reader's two filters on top of nginx's header and body filter chains.
+pub fn install_filters() {
+    // SAFETY: postconfiguration runs single-threaded in the master, before any request;
+    // the chain heads are nginx's globals, meant to be replaced this way by filter modules.
+    unsafe {
+        NEXT_HEADER_FILTER = ngx_http_top_header_filter;
+        ngx_http_top_header_filter = Some(header_filter);
+        NEXT_BODY_FILTER = ngx_http_top_body_filter;
+        ngx_http_top_body_filter = Some(body_filter);
+    }
+}
+
+/// The response's header: a reader for its body, unless the body is compressed.
+unsafe extern "C" fn header_filter(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: nginx passes the live request whose header is being sent.
+    if let Some(request) = unsafe { r.as_ref() } {
+        if ptr::eq(request.main, r) {
+            if let Some(state) = state_of(request) {
+                start_reading(request, state);
+            }
+        }
+    }
+    // SAFETY: read once the filter was installed; the next filter is nginx's, called as
+    // every header filter calls the next one.
+    match unsafe { NEXT_HEADER_FILTER } {
+        Some(next) => unsafe { next(r) },
+        None => NGX_ERROR,
+    }
+}
+
+fn start_reading(r: &ngx_http_request_t, state: &mut UsageState) {
+    let Some(provider) = state.provider else {
+        return;
+    };
+    let out = &r.headers_out;
+    // SAFETY: a set Content-Encoding header is a live element of headers_out.headers.
+    if let Some(encoding) = unsafe { out.content_encoding.as_ref() } {
+        if encoding.hash != 0 && !encoding.value.as_bytes().eq_ignore_ascii_case(b"identity") {
+            state.unreadable = true;
+            return;
+        }
+    }
+    let format = Format::of_content_type(out.content_type.as_bytes());
+    state.reader = Some(Reader::new(provider, format));
+}
+
+/// Every buffer of the body, read as it passes and passed on at once, unchanged.
+unsafe extern "C" fn body_filter(r: *mut ngx_http_request_t, chain: *mut ngx_chain_t) -> ngx_int_t {
+    // SAFETY: read once the filter was installed.
+    let Some(next) = (unsafe { NEXT_BODY_FILTER }) else {
+        return NGX_ERROR;
+    };
+    // SAFETY: nginx passes the live request whose body is being sent.
+    if let Some(request) = unsafe { r.as_ref() } {
+        if ptr::eq(request.main, r) {
+            if let Some(state) = state_of(request) {
+                read_chain(state, chain);
+            }
+        }
+    }
+    // SAFETY: passing the chain on unchanged, as every body filter does.
+    unsafe { next(r, chain) }
+}
+
+fn read_chain(state: &mut UsageState, chain: *mut ngx_chain_t) {
+    let mut link = chain;
+    // SAFETY: `chain` is a well-formed list of links with valid buffers.
+    while let Some(current) = unsafe { link.as_ref() } {
+        // SAFETY: as above.
+        if let Some(buf) = unsafe { current.buf.as_ref() } {
+            let in_memory = buf.temporary() != 0 || buf.memory() != 0 || buf.mmap() != 0;
+            if in_memory && !buf.pos.is_null() && buf.last > buf.pos {
+                if let (Some(reader), false) = (state.reader.as_mut(), state.unreadable) {
+                    // SAFETY: a buffer in memory holds the bytes from `pos` to `last`.
+                    let bytes = unsafe {
+                        core::slice::from_raw_parts(buf.pos, buf.last.offset_from(buf.pos) as usize)
+                    };
+                    reader.feed(bytes);
+                }
+            } else if buf.in_file() != 0 && buf.file_last > buf.file_pos {
+                // Bytes nginx wrote to a temporary file pass without being read here.
+                state.unreadable = true;
+            }
+            if buf.last_buf() != 0 {
+                state.ended = true;
+                if let Some(reader) = state.reader.as_mut() {
+                    reader.finish();
+                }
+            }
+        }
+        link = current.next;
+    }
+}
+
+impl UsageState {
+    fn usage(&self) -> Option<Usage> {
+        if self.unreadable {
+            return None;
+        }
+        self.reader.as_ref()?.usage()
+    }
+
+    /// The tokens `line` owes as the request ends now.
+    fn owed(&self, r: &mut ngx_http_request_t, line: &Line) -> u64 {
+        let found = match line.usage.source {
+            UsageSourceConf::Reader(_) => self.usage().map(|usage| line.usage.weights.cost(&usage)),
+            UsageSourceConf::Variable(index) => number(r, index),
+        };
+        settle::charged_tokens(line.reserved, found, self.end(r), line.usage.on_missing)
+    }
+
+    fn end(&self, r: &ngx_http_request_t) -> End {
+        // SAFETY: a live request has its connection.
+        let client_gone = unsafe { (*r.connection).error() } != 0;
+        let unread = self.unreadable && self.provider.is_some();
+        if self.ended && !client_gone && !unread {
+            End::Complete
+        } else {
+            End::Cut
+        }
+    }
+}
+
+/// The log-phase handler: settle every usage-based line the request was charged by.
+pub unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: nginx calls phase handlers with the live request.
+    let r = unsafe { &mut *r };
+    if !ptr::eq(r.main, r) {
+        return Status::NGX_OK.into();
+    }
+    let Some(state) = state_of(r) else {
+        return Status::NGX_OK.into();
+    };
+    if state.settled {
+        return Status::NGX_OK.into();
+    }
+    state.settled = true;
+    let now = now_ns();
+    for line in &state.lines {
+        let owed = state.owed(r, line);
+        match settle::settlement(line.reserved, owed) {
+            Settlement::Refund(tokens) => line.charged.give_back_tokens(tokens, now),
+            Settlement::Charge(tokens) => {
+                line.charged.charge_into_debt(tokens, line.usage.debt, now);
+            }
+            Settlement::Even => {}
+        }
+    }
+    Status::NGX_OK.into()
+}
+
+/// The `$rate_limit_usage_*` variables, by the value their handler's `data` selects.
+const VARIABLES: [(&str, usize); 5] = [
+    ("rate_limit_usage_prompt_tokens", 0),
+    ("rate_limit_usage_completion_tokens", 1),
+    ("rate_limit_usage_cached_tokens", 2),
+    ("rate_limit_usage_total_tokens", 3),
+    ("rate_limit_usage_cost", 4),
+];
+
+/// Register the `$rate_limit_usage_*` variables.
+pub fn add_variables(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
+    for (name, which) in VARIABLES {
+        let mut name = ngx_str_t {
+            len: name.len(),
+            data: name.as_ptr().cast_mut(),
+        };
+        // SAFETY: `cf` is valid; the name is static.
+        let var =
+            unsafe { ngx_http_add_variable(cf, &mut name, NGX_HTTP_VAR_NOCACHEABLE as ngx_uint_t) };
+        // SAFETY: a non-null result is a live variable definition.
+        let var = unsafe { var.as_mut() }.ok_or(ConfError::Logged)?;
+        var.get_handler = Some(usage_variable);
+        var.data = which;
+    }
+    Ok(())
+}
+
+/// `$rate_limit_usage_*`: the tokens the response reported (not found when it reported
+/// none), and `_cost`: what the first usage-based line charges for the request.
+unsafe extern "C" fn usage_variable(
+    r: *mut ngx_http_request_t,
+    v: *mut ngx_http_variable_value_t,
+    data: usize,
+) -> ngx_int_t {
+    // SAFETY: nginx passes the live request and the value to fill.
+    let Some(r) = (unsafe { r.as_mut() }) else {
+        return NGX_ERROR;
+    };
+    let value = state_of(r).and_then(|state| {
+        if data == 4 {
+            let line = state.lines.first()?;
+            return Some(state.owed(r, line));
+        }
+        let usage = state.usage()?;
+        Some(match data {
+            0 => usage.prompt_tokens,
+            1 => usage.completion_tokens,
+            2 => usage.cached_tokens,
+            _ => usage.total_tokens,
+        })
+    });
+    let Some(value) = value else {
+        value_bits::write(v, value_bits::NOT_FOUND);
+        return Status::NGX_OK.into();
+    };
+    let mut digits = itoa::Buffer::new();
+    let text = digits.format(value).as_bytes();
+    // SAFETY: the request's pool is live; the copy stays within the allocation.
+    unsafe {
+        let at = ngx_pnalloc(r.pool, text.len()).cast::<u8>();
+        if at.is_null() {
+            return NGX_ERROR;
+        }
+        ptr::copy_nonoverlapping(text.as_ptr(), at, text.len());
+        (*v).data = at;
+    }
+    value_bits::write(
+        v,
+        text.len() as u32 | value_bits::VALID | value_bits::NO_CACHEABLE,
+    );
+    Status::NGX_OK.into()
+}
+
+/// The line of each kind that is nearest its limit: `(line, kind)` for the tokens
+/// (usage-based lines) and the requests (the others).
+fn tightest<'a, 'b>(
+    applied: &'b [AppliedLimit<'a>],
+    confs: &[&LimitConf],
+    tokens: bool,
+) -> Option<&'b Applied<'a>> {
+    applied
+        .iter()
+        .zip(confs)
+        .filter(|(_, conf)| conf.usage.is_some() == tokens)
+        .map(|(limit, _)| &limit.own)
+        .min_by_key(|own| own.decision.remaining)
+}
+
+/// `rate_limit_openai_headers on`: `x-ratelimit-{limit,remaining,reset}-tokens` for the
+/// usage-based line nearest its limit, `-requests` for the other lines'.
+pub fn add_openai_headers(
+    r: &mut ngx_http_request_t,
+    applied: &[AppliedLimit],
+    confs: &[&LimitConf],
+) {
+    type Names = [&'static str; 3];
+    const TOKENS: Names = [
+        "x-ratelimit-limit-tokens",
+        "x-ratelimit-remaining-tokens",
+        "x-ratelimit-reset-tokens",
+    ];
+    const REQUESTS: Names = [
+        "x-ratelimit-limit-requests",
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-reset-requests",
+    ];
+    for (tokens, names) in [(false, REQUESTS), (true, TOKENS)] {
+        let Some(own) = tightest(applied, confs, tokens) else {
+            continue;
+        };
+        let limit = own.policy.max_cost();
+        let mut digits = itoa::Buffer::new();
+        add_header(r, names[0], digits.format(limit).as_bytes());
+        add_header(
+            r,
+            names[1],
+            digits.format(own.decision.remaining).as_bytes(),
+        );
+        let reset = ratelimit_core::usage::openai::reset_text(own.decision.reset_ns);
+        add_header(r, names[2], reset.as_bytes());
+    }
+}
+
+/// A refusal answered with OpenAI's 429 body (`error.code` `rate_limit_exceeded`, a message
+/// with the limit, what is used and what was asked); `status` is the refusal's status, the
+/// answer when the body cannot be sent.
+pub fn reject_in_openai_json(
+    r: &mut ngx_http_request_t,
+    applied: &[AppliedLimit],
+    confs: &[&LimitConf],
+    verdict: &Verdict,
+    status: ngx_int_t,
+) -> ngx_int_t {
+    use ratelimit_core::usage::openai::{error_body, Kind};
+    let Some((limit, conf)) = verdict.by.and_then(|by| applied.get(by).zip(confs.get(by))) else {
+        return status;
+    };
+    let own = &limit.own;
+    let kind = if conf.usage.is_some() {
+        Kind::Tokens
+    } else {
+        Kind::Requests
+    };
+    let capacity = own.policy.max_cost();
+    let used = capacity.saturating_sub(verdict.decision.remaining);
+    let body = error_body(
+        kind,
+        &own.zone_conf.name,
+        capacity,
+        used,
+        own.policy.cost,
+        verdict.decision.retry_after_ns,
+    );
+    send_json(r, status, body.as_bytes())
+}
+
+/// Send `body` as the request's whole answer with `status`, from a phase handler.
+fn send_json(r: &mut ngx_http_request_t, status: ngx_int_t, body: &[u8]) -> ngx_int_t {
+    const JSON: &[u8] = b"application/json";
+    // SAFETY: `r` is the live request; its body, if any, is read and dropped as nginx's own
+    // error pages do.
+    if unsafe { ngx_http_discard_request_body(r) } != NGX_OK {
+        return status;
+    }
+    r.headers_out.status = status as ngx_uint_t;
+    r.headers_out.content_type_len = JSON.len();
+    r.headers_out.content_type = ngx_str_t {
+        len: JSON.len(),
+        data: JSON.as_ptr().cast_mut(),
+    };
+    r.headers_out.content_length_n = body.len() as i64;
+    // SAFETY: `r` is the live request with its headers set.
+    let rc = unsafe { ngx_http_send_header(r) };
+    let rc = if rc == NGX_ERROR || rc > NGX_OK || r.header_only() != 0 {
+        rc
+    } else {
+        // SAFETY: the request pool is live; the buffer gets exactly the body's bytes.
+        unsafe {
+            let buf = ngx_create_temp_buf(r.pool, body.len());
+            if buf.is_null() {
+                NGX_ERROR
+            } else {
+                ptr::copy_nonoverlapping(body.as_ptr(), (*buf).pos, body.len());
+                (*buf).last = (*buf).pos.add(body.len());
+                (*buf).set_last_buf(1);
+                (*buf).set_last_in_chain(1);
+                let mut out = ngx_chain_t {
+                    buf,
+                    next: ptr::null_mut(),
+                };
+                ngx_http_output_filter(r, &mut out)
+            }
+        }
+    };
+    // The answer is sent from the preaccess phase: the request ends here.
+    // SAFETY: `r` is the live request; nginx finalizes it as after a content handler.
+    unsafe { ngx_http_finalize_request(r, rc) };
+    Status::NGX_DONE.into()
+}
