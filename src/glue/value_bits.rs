@@ -16,6 +16,26 @@ pub fn read(value: *const ngx_variable_value_t) -> u32 {
     unsafe { value.cast::<u32>().read() }
 }
 
+/// The bytes of a variable value nginx returned: `None` when there is no value (a null
+/// pointer, `not_found`, or no data), its `len` bytes otherwise.
+///
+/// # Safety
+/// `value` is null or a live variable value whose `data` holds `len` bytes that live for
+/// `'a` (the request's or session's pool).
+pub unsafe fn found<'a>(value: *const ngx_variable_value_t) -> Option<&'a [u8]> {
+    if value.is_null() {
+        return None;
+    }
+    let bits = read(value);
+    // SAFETY: `value` is live (the caller's promise).
+    let data = unsafe { (*value).data };
+    if bits & NOT_FOUND != 0 || data.is_null() {
+        return None;
+    }
+    // SAFETY: a found value holds `len` bytes at `data`, living for `'a`.
+    Some(unsafe { core::slice::from_raw_parts(data, (bits & LEN) as usize) })
+}
+
 /// Replace `len` and the three flags, keeping `escape`.
 pub fn write(value: *mut ngx_variable_value_t, bits: u32) {
     let escape = read(value) & !(LEN | VALID | NO_CACHEABLE | NOT_FOUND);

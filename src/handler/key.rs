@@ -27,18 +27,8 @@ pub fn evaluate_key<'r>(r: &'r mut ngx_http_request_t, zone_conf: &ZoneConf) -> 
         }
         // SAFETY: `r` is the live request and `index` a variable index of this configuration.
         let value = unsafe { ngx::ffi::ngx_http_get_flushed_variable(r, index) };
-        if value.is_null() {
-            return Some(&[]);
-        }
-        let bits = value_bits::read(value);
-        let len = (bits & value_bits::LEN) as usize;
-        // SAFETY: `value` is a live variable value of this request.
-        let data = unsafe { (*value).data };
-        if bits & value_bits::NOT_FOUND != 0 || len == 0 || data.is_null() {
-            return Some(&[]);
-        }
-        // SAFETY: a found variable value holds `len` bytes at `data`, in the request pool.
-        return Some(unsafe { core::slice::from_raw_parts(data, len) });
+        // SAFETY: a non-null result is a live variable value of the request, in its pool.
+        return Some(unsafe { value_bits::found(value) }.unwrap_or(&[]));
     }
     let mut key = ngx_str_t {
         len: 0,

@@ -99,15 +99,8 @@ pub fn set_cost(r: &mut ngx_http_request_t, limit: &LimitConf, applied: &mut App
 fn number(r: &mut ngx_http_request_t, index: ngx_uint_t) -> Option<u64> {
     // SAFETY: `r` is the live request and `index` a variable index of this configuration.
     let value = unsafe { ngx::ffi::ngx_http_get_flushed_variable(r, index) };
-    // SAFETY: a non-null result is a live variable value of the request.
-    let value = unsafe { value.as_ref() }?;
-    let bits = value_bits::read(value);
-    let len = (bits & value_bits::LEN) as usize;
-    if bits & value_bits::NOT_FOUND != 0 || value.data.is_null() {
-        return None;
-    }
-    // SAFETY: a found variable value holds `len` bytes at `data`.
-    parse_tokens(unsafe { core::slice::from_raw_parts(value.data, len) })
+    // SAFETY: a non-null result is a live variable value of the request, in its pool.
+    parse_tokens(unsafe { value_bits::found(value) }?)
 }
 
 /// Keep what the usage-based lines among `applied` (a request they let through; `lines`

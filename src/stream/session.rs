@@ -147,18 +147,8 @@ fn evaluate_key<'s>(
         // SAFETY: `s` is the live session and `index` a stream variable index of this
         // configuration.
         let value = unsafe { (main.api.get_flushed_variable)(s, index) };
-        if value.is_null() {
-            return Some(&[]);
-        }
-        let bits = value_bits::read(value);
-        let len = (bits & value_bits::LEN) as usize;
-        // SAFETY: `value` is a live variable value of this session.
-        let data = unsafe { (*value).data };
-        if bits & value_bits::NOT_FOUND != 0 || len == 0 || data.is_null() {
-            return Some(&[]);
-        }
-        // SAFETY: a found variable value holds `len` bytes at `data`, in the session's pool.
-        return Some(unsafe { core::slice::from_raw_parts(data, len) });
+        // SAFETY: a non-null result is a live variable value of the session, in its pool.
+        return Some(unsafe { value_bits::found(value) }.unwrap_or(&[]));
     }
     let mut key = ngx_str_t {
         len: 0,
