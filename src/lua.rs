@@ -690,7 +690,7 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_conn_turn(
         // SAFETY: a non-null `out` is writable (the caller's contract).
         let out = unsafe { out.as_mut() }.ok_or(Status::BadArgument)?;
         if give_up != 0 {
-            queue::abandon_lua(r.pool, ticket);
+            slots::abandon_lua(r.pool, ticket);
             *out = LuaConn {
                 outcome: CONN_REJECTED,
                 ..LuaConn::default()

@@ -22,11 +22,12 @@ use ratelimit_core::adaptive::{
     bucket_position, histogram_add, AdaptiveBounds, AdaptiveLimit, Phase, Window,
 };
 use ratelimit_core::concurrency::{
-    self as arithmetic, Arrival as Step, ConcurrencyLimit, ConcurrencyLimits, Leave, Turn,
+    self as arithmetic, Arrival as Step, ConcurrencyLimit, ConcurrencyLimits,
 };
 use ratelimit_core::NANOS_PER_SEC;
 
 use super::queue;
+use super::tickets::{key_limit, process_slot, skip_stale_head};
 use crate::conf::{self, RateLimitModule, ZoneConf};
 use crate::glue::now_ns;
 use crate::store::concurrency::KeyWords;
@@ -98,35 +99,6 @@ pub enum HoldState {
     },
     Held,
     Released,
-}
-
-/// This process's slot in nginx's process table (its lane in each key).
-pub(super) fn process_slot() -> usize {
-    // SAFETY: set by the master before fork and never changed in a worker.
-    let slot = unsafe { nginx_sys::ngx_process_slot };
-    usize::try_from(slot).unwrap_or(usize::MAX)
-}
-
-/// The limits a key gets now: the zone's fixed limit, or the key's adaptive limit (set up at
-/// `min` for a key seen for the first time), with the adaptive epoch.
-fn key_limit(zone: &Zone, words: &KeyWords, limits: &ConcurrencyLimits, now_ns: u64) -> (u32, u16) {
-    let bounds = match limits.limit {
-        ConcurrencyLimit::Fixed(limit) => return (limit, 0),
-        ConcurrencyLimit::Adaptive(bounds) => bounds,
-    };
-    let Some(adaptive) = words.adaptive else {
-        return (bounds.min, 0);
-    };
-    if let Some(state) = adaptive.load(&bounds) {
-        return (state.limit, state.epoch);
-    }
-    let _lock = zone.lock();
-    let state = adaptive.load(&bounds).unwrap_or_else(|| {
-        let state = AdaptiveLimit::new(&bounds, now_ns);
-        adaptive.store(&state);
-        state
-    });
-    (state.limit, state.epoch)
 }
 
 /// The adaptive bounds of a zone's limits, if adaptive.
@@ -247,7 +219,12 @@ pub fn arrive(
                     Step::Queued { ticket, .. } => {
                         let deadline_ns = now_ns.saturating_add(conf.queue_timeout_ns);
                         let waiter = queue::wait(queue::Waiter::new(
-                            *line,
+                            queue::Key {
+                                zone: line.zone,
+                                slot: line.slot,
+                                hash: line.hash,
+                                cost: line.cost,
+                            },
                             ticket,
                             queue_places,
                             deadline_ns,
@@ -271,51 +248,6 @@ pub fn arrive(
 fn tickets_settled(line: &Line, words: &KeyWords) {
     if !queue::holds_tickets(&line.zone, line.slot, line.hash) {
         words.unmark_tickets(process_slot());
-    }
-}
-
-/// A waiter whose ticket was skipped (the queue was emptied: a dead worker's tickets were in
-/// it, or the key was forgotten) queues again, keeping its deadline.
-pub(super) enum Requeue {
-    Admitted(u64),
-    Queued(u16),
-    Rejected,
-}
-
-/// Queue again (see [`Requeue`]); the worker's lane is marked already (the waiter's ticket).
-pub(super) fn requeue(
-    words: &KeyWords,
-    zone: &Zone,
-    cost: u64,
-    queue_places: u32,
-    now_ns: u64,
-) -> Requeue {
-    let Some(limits) = zone.concurrency_limits() else {
-        return Requeue::Rejected;
-    };
-    let (limit, _) = key_limit(zone, words, &limits, now_ns);
-    let mut current = words.slots.load(Ordering::Acquire);
-    loop {
-        let (step, next) = arithmetic::arrive(current, cost, limit, queue_places);
-        let Some(next) = next else {
-            return Requeue::Rejected;
-        };
-        if let Step::Queued { first: true, .. } = step {
-            words.head_since.store(now_ns, Ordering::Release);
-        }
-        match words
-            .slots
-            .compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => {
-                return match step {
-                    Step::Admitted => Requeue::Admitted(next),
-                    Step::Queued { ticket, .. } => Requeue::Queued(ticket),
-                    Step::Rejected => Requeue::Rejected,
-                }
-            }
-            Err(actual) => current = actual,
-        }
     }
 }
 
@@ -519,26 +451,6 @@ impl Holding {
         arithmetic::Slots::unpack(after).in_flight
     }
 
-    /// The queued request's turn came (the queue admitted it): it holds its slots now.
-    pub(super) fn turn_taken(&mut self, words: &KeyWords, now_ns: u64, word: u64) {
-        if let Some(limits) = self.zone.concurrency_limits() {
-            self.epoch = key_limit(&self.zone, words, &limits, now_ns).1;
-        }
-        self.admitted(words, now_ns, word);
-    }
-
-    /// The queued request queued again with a new ticket.
-    pub(super) fn requeued(&mut self, new_ticket: u16) {
-        if let HoldState::Waiting { ticket, .. } = &mut self.state {
-            *ticket = new_ticket;
-        }
-    }
-
-    /// The queued request gave up, or its place was taken from it.
-    pub(super) fn left_queue(&mut self) {
-        self.state = HoldState::Released;
-    }
-
     /// If this record waits with ticket `waiter`, stop waiting (the ticket stays as a place in
     /// the queue until it reaches the head).
     pub(super) fn abandon_ticket(&mut self, waiter: u64) {
@@ -548,6 +460,28 @@ impl Holding {
                 self.state = HoldState::Released;
             }
         }
+    }
+}
+
+impl queue::Record for Holding {
+    /// The queued request's turn came (the queue admitted it): it holds its slots now.
+    fn turn_taken(&mut self, words: &KeyWords, now_ns: u64, word: u64) {
+        if let Some(limits) = self.zone.concurrency_limits() {
+            self.epoch = key_limit(&self.zone, words, &limits, now_ns).1;
+        }
+        self.admitted(words, now_ns, word);
+    }
+
+    /// The queued request queued again with a new ticket.
+    fn requeued(&mut self, new_ticket: u16) {
+        if let HoldState::Waiting { ticket, .. } = &mut self.state {
+            *ticket = new_ticket;
+        }
+    }
+
+    /// The queued request gave up, or its place was taken from it.
+    fn left_queue(&mut self) {
+        self.state = HoldState::Released;
     }
 }
 
@@ -607,82 +541,6 @@ fn sample(zone: &Zone, words: &KeyWords, epoch: u16, latency_ns: u64, now_ns: u6
     let peak = adaptive.peak.swap(in_flight, Ordering::AcqRel) as u32;
     state.close_window(&bounds, now_ns, &Window::unpack(&histogram, peak));
     adaptive.store(&state);
-}
-
-/// A queued ticket's chance at its slots; see `queue`.
-pub(super) fn take_turn(
-    words: &KeyWords,
-    zone: &Zone,
-    ticket: u16,
-    cost: u64,
-    now_ns: u64,
-) -> TurnTaken {
-    let Some(limits) = zone.concurrency_limits() else {
-        return TurnTaken::Lost;
-    };
-    let (limit, _) = key_limit(zone, words, &limits, now_ns);
-    let mut current = words.slots.load(Ordering::Acquire);
-    loop {
-        let next = match arithmetic::take_turn(current, ticket, cost, limit) {
-            Turn::Admitted(next) => next,
-            Turn::Wait => return TurnTaken::Wait,
-            Turn::Skipped => return TurnTaken::Lost,
-        };
-        words.head_since.store(now_ns, Ordering::Release);
-        match words
-            .slots
-            .compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => return TurnTaken::Admitted(next),
-            Err(actual) => current = actual,
-        }
-    }
-}
-
-/// What [`take_turn`] says.
-pub(super) enum TurnTaken {
-    Admitted(u64),
-    Wait,
-    /// The ticket is no longer queued (skipped as stale): the request lost its place.
-    Lost,
-}
-
-/// A ticket gives up its place; true once it is out of the queue (it was the head, or it was
-/// skipped already), false while tickets ahead of it are still queued.
-pub(super) fn leave(words: &KeyWords, ticket: u16, now_ns: u64) -> bool {
-    let mut current = words.slots.load(Ordering::Acquire);
-    loop {
-        let next = match arithmetic::leave(current, ticket) {
-            Leave::Left(next) => next,
-            Leave::NotYet => return false,
-            Leave::Gone => return true,
-        };
-        words.head_since.store(now_ns, Ordering::Release);
-        match words
-            .slots
-            .compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => return true,
-            Err(actual) => current = actual,
-        }
-    }
-}
-
-/// Skip the head of a key's queue if it has stood still for longer than any live holder of a
-/// ticket waits (its worker died).
-pub(super) fn skip_stale_head(words: &KeyWords, queue_timeout_ns: u64, now_ns: u64) {
-    let current = words.slots.load(Ordering::Acquire);
-    let head_since = words.head_since.load(Ordering::Acquire);
-    if !arithmetic::head_is_stale(head_since, now_ns, queue_timeout_ns) {
-        return;
-    }
-    let Some(next) = arithmetic::skip_head(current) else {
-        return;
-    };
-    words.head_since.store(now_ns, Ordering::Release);
-    let _ = words
-        .slots
-        .compare_exchange(current, next, Ordering::AcqRel, Ordering::Acquire);
 }
 
 /// The owner sweep of this process's lanes. In a worker at start: give back the slots the
@@ -807,15 +665,13 @@ pub unsafe fn each_holding(pool: *mut ngx_pool_t, mut each: impl FnMut(&mut Hold
     }
 }
 
-/// A key's requests in flight and its limit now.
-pub(super) fn standing(zone: &Zone, slot: SlotIndex, now_ns: u64) -> (u32, u32) {
-    let (Some(words), Some(limits)) = (zone.key_words(slot), zone.concurrency_limits()) else {
-        return (0, 0);
-    };
-    (
-        words.load().in_flight,
-        key_limit(zone, &words, &limits, now_ns).0,
-    )
+/// A Lua call stops waiting for ticket `id` (it cannot wait where it runs, or gave up): its
+/// record in the request's `pool` is released and the ticket leaves the queue at the head.
+pub fn abandon_lua(pool: *mut ngx::ffi::ngx_pool_t, id: u64) {
+    // SAFETY: the pool of the live request making the call.
+    unsafe {
+        each_holding(pool, |holding| holding.abandon_ticket(id));
+    }
 }
 
 /// The adaptive view of a key for the admin API: limit, phase, no-load and last latencies.

@@ -6,7 +6,9 @@
 //! * [`zones`]: the zones as the admin API sees them, and every change to them;
 //! * [`persist`]: the state file (`rate_limit_state_file`);
 //! * [`concurrency`] and [`queue`]: slots held by requests in flight, and this worker's
-//!   requests waiting in a key's queue.
+//!   requests waiting in a key's queue; both use `tickets` (a key's limit now and a ticket's
+//!   moves on its words), and the queue tells a waiting request's record through
+//!   [`queue::Record`], so the slots use the queue and never the other way.
 
 pub mod blocks;
 pub mod concurrency;
@@ -14,6 +16,7 @@ pub mod decide;
 mod fleet;
 pub mod persist;
 pub mod queue;
+mod tickets;
 pub mod zones;
 
 use core::ffi::c_void;

@@ -17,8 +17,9 @@ use core::ptr;
 
 use ngx::ffi::{ngx_event_t, ngx_http_request_t};
 
-use super::concurrency::{self, Holding, Line, Requeue, TurnTaken};
+use super::tickets::{self, Requeue, TurnTaken};
 use crate::glue::now_ns;
+use crate::store::concurrency::KeyWords;
 use crate::store::{SlotIndex, Zone};
 
 /// How often the queue is looked at while it has tickets, in ms.
@@ -48,6 +49,26 @@ pub enum Owner {
     Lua,
 }
 
+/// The record of a waiting request, which its queue keeps up to date: its owner (the slots'
+/// code) implements it, so that the queue needs nothing of the owner's.
+pub trait Record {
+    /// The request's turn came (the queue admitted it): it holds its slots now.
+    fn turn_taken(&mut self, words: &KeyWords, now_ns: u64, word: u64);
+    /// The request queued again with a new ticket.
+    fn requeued(&mut self, new_ticket: u16);
+    /// The request gave up, or its place was taken from it.
+    fn left_queue(&mut self);
+}
+
+/// The key a ticket is of, and what its request asks.
+#[derive(Clone, Copy)]
+pub struct Key {
+    pub zone: Zone,
+    pub slot: SlotIndex,
+    pub hash: u64,
+    pub cost: u64,
+}
+
 #[derive(Clone, Copy)]
 enum Held {
     By(Owner),
@@ -67,31 +88,31 @@ pub struct Waiter {
     queue_places: u32,
     deadline_ns: u64,
     queue_timeout_ns: u64,
-    holding: *mut Holding,
+    holding: Option<*mut dyn Record>,
     held: Held,
 }
 
 impl Waiter {
     pub fn new(
-        line: Line,
+        key: Key,
         ticket: u16,
         queue_places: u32,
         deadline_ns: u64,
         queue_timeout_ns: u64,
-        holding: *mut Holding,
+        holding: *mut dyn Record,
         owner: Owner,
     ) -> Waiter {
         Waiter {
             id: 0,
-            zone: line.zone,
-            slot: line.slot,
-            hash: line.hash,
+            zone: key.zone,
+            slot: key.slot,
+            hash: key.hash,
             ticket,
-            cost: line.cost,
+            cost: key.cost,
             queue_places,
             deadline_ns,
             queue_timeout_ns,
-            holding,
+            holding: Some(holding),
             held: Held::By(owner),
         }
     }
@@ -135,7 +156,7 @@ fn removed(waiters: &[Waiter], gone: &Waiter) {
         return;
     }
     if let Some(words) = gone.zone.key_words(gone.slot) {
-        words.unmark_tickets(concurrency::process_slot());
+        words.unmark_tickets(tickets::process_slot());
     }
 }
 
@@ -145,7 +166,7 @@ pub fn abandon(id: u64) {
     WAITERS.with(|waiters| {
         if let Some(waiter) = waiters.borrow_mut().iter_mut().find(|w| w.id == id) {
             waiter.held = Held::Gone;
-            waiter.holding = ptr::null_mut();
+            waiter.holding = None;
         }
     });
 }
@@ -185,7 +206,7 @@ pub fn lua_turn(id: u64) -> (LuaTurn, (u32, u32)) {
             .position(|w| w.id == id && matches!(w.held, Held::By(Owner::Lua)))?;
         let waiter = &mut waiters[index];
         let (step, keep) = step(waiter, now);
-        let standing = concurrency::standing(&waiter.zone, waiter.slot, now);
+        let standing = tickets::standing(&waiter.zone, waiter.slot, now);
         if !keep {
             let gone = waiters.remove(index);
             removed(&waiters, &gone);
@@ -197,15 +218,6 @@ pub fn lua_turn(id: u64) -> (LuaTurn, (u32, u32)) {
         Some((Step::Wait, standing)) => (LuaTurn::Wait, standing),
         Some((Step::Refused, standing)) => (LuaTurn::Refused, standing),
         None => (LuaTurn::Refused, (0, 0)),
-    }
-}
-
-/// A Lua call stops waiting for ticket `id` (it cannot wait where it runs, or gave up): its
-/// record in the request's `pool` is released and the ticket leaves the queue at the head.
-pub fn abandon_lua(pool: *mut ngx::ffi::ngx_pool_t, id: u64) {
-    // SAFETY: the pool of the live request making the call.
-    unsafe {
-        concurrency::each_holding(pool, |holding| holding.abandon_ticket(id));
     }
 }
 
@@ -225,25 +237,31 @@ fn step(waiter: &mut Waiter, now: u64) -> (Step, bool) {
         // A key with tickets out is never evicted; nothing to leave if it was.
         return (Step::Refused, false);
     }
-    concurrency::skip_stale_head(&words, waiter.queue_timeout_ns, now);
+    tickets::skip_stale_head(&words, waiter.queue_timeout_ns, now);
     let Held::By(_) = waiter.held else {
-        let left = concurrency::leave(&words, waiter.ticket, now);
+        let left = tickets::leave(&words, waiter.ticket, now);
         return (Step::Refused, !left);
     };
     if now >= waiter.deadline_ns {
-        let left = concurrency::leave(&words, waiter.ticket, now);
+        let left = tickets::leave(&words, waiter.ticket, now);
         // SAFETY: a waiter held by its request points to the request's live holding.
-        if let Some(holding) = unsafe { waiter.holding.as_mut() } {
+        if let Some(holding) = waiter
+            .holding
+            .and_then(|holding| unsafe { holding.as_mut() })
+        {
             holding.left_queue();
         }
         waiter.held = Held::Gone;
-        waiter.holding = ptr::null_mut();
+        waiter.holding = None;
         return (Step::Refused, !left);
     }
-    match concurrency::take_turn(&words, &waiter.zone, waiter.ticket, waiter.cost, now) {
+    match tickets::take_turn(&words, &waiter.zone, waiter.ticket, waiter.cost, now) {
         TurnTaken::Admitted(word) => {
             // SAFETY: as above.
-            if let Some(holding) = unsafe { waiter.holding.as_mut() } {
+            if let Some(holding) = waiter
+                .holding
+                .and_then(|holding| unsafe { holding.as_mut() })
+            {
                 holding.turn_taken(&words, now, word);
             }
             (Step::Admitted, false)
@@ -252,11 +270,13 @@ fn step(waiter: &mut Waiter, now: u64) -> (Step, bool) {
         TurnTaken::Lost => {
             // The queue was emptied under it (a dead worker's tickets, a forgotten key):
             // queue again, within the same deadline.
-            match concurrency::requeue(&words, &waiter.zone, waiter.cost, waiter.queue_places, now)
-            {
+            match tickets::requeue(&words, &waiter.zone, waiter.cost, waiter.queue_places, now) {
                 Requeue::Admitted(word) => {
                     // SAFETY: as above.
-                    if let Some(holding) = unsafe { waiter.holding.as_mut() } {
+                    if let Some(holding) = waiter
+                        .holding
+                        .and_then(|holding| unsafe { holding.as_mut() })
+                    {
                         holding.turn_taken(&words, now, word);
                     }
                     (Step::Admitted, false)
@@ -264,14 +284,20 @@ fn step(waiter: &mut Waiter, now: u64) -> (Step, bool) {
                 Requeue::Queued(ticket) => {
                     waiter.ticket = ticket;
                     // SAFETY: as above.
-                    if let Some(holding) = unsafe { waiter.holding.as_mut() } {
+                    if let Some(holding) = waiter
+                        .holding
+                        .and_then(|holding| unsafe { holding.as_mut() })
+                    {
                         holding.requeued(ticket);
                     }
                     (Step::Wait, true)
                 }
                 Requeue::Rejected => {
                     // SAFETY: as above.
-                    if let Some(holding) = unsafe { waiter.holding.as_mut() } {
+                    if let Some(holding) = waiter
+                        .holding
+                        .and_then(|holding| unsafe { holding.as_mut() })
+                    {
                         holding.left_queue();
                     }
                     (Step::Refused, false)
@@ -294,7 +320,7 @@ unsafe extern "C" fn tick(_event: *mut ngx_event_t) {
             // Lua asks itself; a dead worker's head is skipped for it here too.
             if let Held::By(Owner::Lua) = waiter.held {
                 if let Some(words) = waiter.zone.key_words(waiter.slot) {
-                    concurrency::skip_stale_head(&words, waiter.queue_timeout_ns, now);
+                    tickets::skip_stale_head(&words, waiter.queue_timeout_ns, now);
                 }
                 index += 1;
                 continue;
