@@ -22,6 +22,7 @@ use ratelimit_core::{BucketCharge, Decision, Limits, Outcome, Policy};
 
 use super::fleet;
 use crate::conf::{LimitConf, ZoneConf};
+use crate::store::slots::Placed;
 use crate::store::{Counter, SlotIndex, Zone};
 
 /// A key found in a zone: its slot, claimed if the key is new.
@@ -30,11 +31,14 @@ pub struct Found<'a> {
     pub zone: &'a Zone,
     pub hash: u64,
     pub slot: SlotIndex,
+    /// The key got no slot: every slot of its window is busy (requests in flight or queued).
+    /// A concurrency zone refuses it; a rate zone decides it as a fresh key, storing nothing.
+    pub busy: bool,
 }
 
 /// The zone's slot for `key` (1 to `MAX_KEY_BYTES` bytes), claiming one for a new key, and
-/// whether another key was evicted for it (the caller says so with
-/// [`Found::log_zone_full`]).
+/// whether the zone has something to say in its log (another key was evicted for it, or its
+/// window was busy: [`Found::log_zone_full`]).
 #[inline(always)]
 pub fn find<'a>(
     zone_conf: &'a ZoneConf,
@@ -46,20 +50,51 @@ pub fn find<'a>(
     // each second (nothing but a load and compare in the other requests).
     zone.record_second(now_ns);
     let hash = zone.hash_key(key);
-    let (slot, evicted) = zone.find_or_claim(hash, now_ns);
+    let (slot, evicted, busy) = match zone.find_or_claim(hash, now_ns) {
+        Placed::Slot { slot, evicted } => (slot, evicted, false),
+        Placed::Busy => (zone.no_slot_for(hash), false, true),
+    };
     let found = Found {
         zone_conf,
         zone,
         hash,
         slot,
+        busy,
     };
-    (found, evicted)
+    (found, evicted || busy)
+}
+
+/// The zone's slot for `key` if the key has one, claiming none (a give-back, Lua's
+/// `uncommit` and `leaving`: they must never evict another key to find nothing to give back).
+/// A key without a slot gets a reference that no pin accepts.
+pub fn find_existing<'a>(zone_conf: &'a ZoneConf, zone: &'a Zone, key: &[u8]) -> Found<'a> {
+    let hash = zone.hash_key(key);
+    let slot = zone.find(hash).unwrap_or_else(|| zone.no_slot_for(hash));
+    Found {
+        zone_conf,
+        zone,
+        hash,
+        slot,
+        busy: false,
+    }
 }
 
 impl Found<'_> {
-    /// After an eviction: say that the zone is full, once a second at most.
+    /// After an eviction or a busy window: say so, once a second at most.
     #[cold]
     pub fn log_zone_full(&self, now_ns: u64, log: *mut ngx_log_t) {
+        if self.busy {
+            if self.zone.should_log_no_slot(now_ns) {
+                ngx_log_error!(
+                    NGX_LOG_WARN,
+                    log,
+                    "rate_limit zone \"{}\" is full: every slot a new key may take holds \
+                     requests in flight or queued, key refused",
+                    self.zone_conf.name
+                );
+            }
+            return;
+        }
         if self.zone.should_log_full(now_ns) {
             ngx_log_error!(
                 NGX_LOG_WARN,
@@ -173,9 +208,10 @@ impl Charged {
 /// Give back a request charged to the key in `slot`, the fleet's grant too.
 fn give_back(zone: &Zone, slot: SlotIndex, policy: &Policy, now_ns: u64) {
     if zone.is_sync() {
-        fleet::uncommit(zone, slot, policy);
+        fleet::uncommit(zone, slot, now_ns, policy);
+    } else {
+        zone.uncommit(slot, now_ns, policy);
     }
-    zone.uncommit(slot, now_ns, policy);
 }
 
 /// One zone's decision for the key in `slot`: a peek changes nothing, a charge of a sync zone
