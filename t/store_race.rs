@@ -252,3 +252,86 @@ fn a_concurrency_zone_leaks_no_slot() {
         &refused[..refused.len().min(10)]
     );
 }
+
+/// Issue 26 (and 27, 5): a key with requests in flight is never evicted. A concurrency zone of
+/// 40 slots, and 100 keys each with a request the upstream holds: the keys whose window is
+/// full of busy keys are refused at once (the zone's status), counted as `no_slot` and
+/// logged; the zone's in-flight count is exactly what the upstream holds. Before, the 41st
+/// key evicted a busy one: the zone said 40 in flight while the upstream held 100, and the
+/// evicted keys were admitted again.
+#[test]
+fn a_busy_key_is_never_evicted() {
+    let upstream = common::upstream::Upstream::start();
+    let nginx = common::config()
+        .workers(2)
+        .reuseport()
+        .error_log("warn")
+        .http("rate_limit_zone $arg_k zone=conc:32k algorithm=concurrency limit=1;")
+        .locations(&format!(
+            "location /hold/ {{ rate_limit zone=conc; proxy_pass http://127.0.0.1:{}; }}
+             location /ratelimit/ {{ rate_limit_admin; }}",
+            upstream.port()
+        ))
+        .start();
+    let keys = 100;
+    let slots = zone_json(&nginx, "conc")["slots"].as_u64().unwrap_or(0);
+    assert!(slots < keys, "the zone holds {slots} keys");
+    let pending: Vec<_> = (0..keys)
+        .map(|n| {
+            common::start_request(
+                nginx.port(),
+                &common::Request::get(&format!("/hold/b{n}?k=b{n}")),
+            )
+        })
+        .collect();
+    // Every request decided: admitted (held upstream) or refused.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let zone = loop {
+        let zone = zone_json(&nginx, "conc");
+        let decided = zone["passed"].as_u64().unwrap_or(0) + zone["rejected"].as_u64().unwrap_or(0);
+        if decided == keys && zone["in_flight"].as_u64() == Some(upstream.in_flight() as u64) {
+            break zone;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{decided} of {keys} decided, upstream holds {}: {zone}",
+            upstream.in_flight()
+        );
+        thread::sleep(Duration::from_millis(50));
+    };
+    let admitted = zone["in_flight"].as_u64().unwrap_or(0);
+    assert!(
+        admitted <= slots,
+        "{admitted} in flight in {slots} slots: {zone}"
+    );
+    assert_eq!(
+        zone["no_slot"].as_u64(),
+        Some(keys - admitted),
+        "every key refused found its window busy: {zone}"
+    );
+    assert!(
+        nginx.error_log().contains(
+            "every slot a new key may take holds requests in flight or queued, key refused"
+        ),
+        "{}",
+        nginx.error_log()
+    );
+    upstream.release_all();
+    let statuses: Vec<u16> = pending.into_iter().map(|p| p.finish().status).collect();
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 200).count() as u64,
+        admitted,
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.iter().all(|&s| s == 200 || s == 429),
+        "{statuses:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while zone_json(&nginx, "conc")["in_flight"] != 0 {
+        assert!(Instant::now() < deadline, "requests left in flight");
+        thread::sleep(Duration::from_millis(50));
+    }
+    // The busy keys gave their slots back: a new key gets one.
+    assert_eq!(common::get(nginx.port(), "/hold/free?k=after").status, 200);
+}
