@@ -176,7 +176,7 @@ impl Zone {
         // `end` never changes afterwards.
         let end = unsafe { (*self.shpool).end } as usize;
         let chunk = (self.shared as usize).wrapping_add(offset as usize);
-        if chunk < start || chunk.checked_add(8)? > end || chunk % 8 != 0 {
+        if chunk < start || chunk.checked_add(8)? > end || !chunk.is_multiple_of(8) {
             return None;
         }
         // SAFETY: `chunk..chunk + 8` lies inside the mapping and is 8-aligned (checked above).
