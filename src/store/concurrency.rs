@@ -205,16 +205,14 @@ impl Zone {
         })
     }
 
-    /// Every key in use (hash, words), for the admin API's totals and a new worker's
-    /// reclaiming of a dead one's lane. A full scan, lock-free.
-    pub fn concurrency_keys(&self) -> impl Iterator<Item = (u64, KeyWords<'_>)> {
+    /// Every key in use (hash, words, each pinned while its item lives), for the admin API's
+    /// totals and a new worker's reclaiming of a dead one's lane. A full scan, lock-free.
+    pub fn concurrency_keys(&self) -> impl Iterator<Item = (u64, PinnedKeyWords<'_>)> {
         let table = self.table();
-        (0..self.slot_count()).filter_map(move |index| {
-            let hash = table.id_at(index);
-            if hash == 0 {
-                return None;
-            }
-            Some((hash, self.words_of(&table.slot(index)[1..])?))
+        table.occupied().filter_map(move |slot| {
+            let pin = table.pin(slot)?;
+            let words = self.words_of(pin.state())?;
+            Some((slot.id, PinnedKeyWords { words, pin }))
         })
     }
 

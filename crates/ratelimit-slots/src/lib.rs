@@ -403,7 +403,7 @@ impl<'a, W: Word> Table<'a, W> {
     }
 
     /// Every occupied slot (index and id), a full scan.
-    pub fn occupied(&self) -> impl Iterator<Item = SlotRef> + '_ {
+    pub fn occupied(self) -> impl Iterator<Item = SlotRef> + 'a {
         (0..self.slots).filter_map(move |index| match self.id_at(index) {
             0 | TOMBSTONE => None,
             id => Some(SlotRef { index, id }),
