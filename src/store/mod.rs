@@ -1,17 +1,19 @@
 //! The store: a zone's shared memory (slot table, override table, counters, top-keys region)
-//! and the instance's sync record. Imports only glue and `ratelimit-core`; it keeps data and
-//! makes no decision of the request path's or the sync loop's.
+//! and the instance's sync record. Imports only glue, `ratelimit-core` and `ratelimit-slots`
+//! (the slot table's protocol); it keeps data and makes no decision of the request path's or
+//! the sync loop's.
 //!
 //! Layout of the block a zone allocates from its slab pool (one allocation, page aligned):
 //!
 //! ```text
 //! ZoneShared header | padding to 64 bytes | slot table | block table (zones with block=)
-//! slot table = buckets of SLOTS_PER_BUCKET slots; slot = [hash: u64, state: u64 × slot_words]
+//! slot table = buckets of SLOTS_PER_BUCKET slots; slot = [id | pins: u64, state: u64 × slot_words]
 //! block table = records of ratelimit_core::block_table (96 bytes a blocked key)
 //! ```
 //!
-//! A key is identified by a 64-bit foldhash (`foldhash::quality`) of its bytes under a random
-//! per-zone seed; the key bytes themselves are not stored, so every key costs the same
+//! A key is identified by the top 52 bits of a 64-bit foldhash (`foldhash::quality`) of its
+//! bytes under a random per-zone seed (the low 12 bits of the id word count pins); the key
+//! bytes themselves are not stored, so every key costs the same
 //! whatever its length (16 bytes for the single-word algorithms). A key lives in one of the
 //! `PROBE_BUCKETS × SLOTS_PER_BUCKET` slots starting at its home bucket.
 //!
