@@ -168,6 +168,9 @@ pub struct Zone {
     shpool: *mut ngx_slab_pool_t,
     shared: *mut ZoneShared,
     table: *mut AtomicU64,
+    /// The slot table over those words, as `ratelimit_slots` sees it (built once: the request
+    /// path computes nothing to find it). `'static` stands for the cycle's lifetime.
+    slot_table: ratelimit_slots::Table<'static, AtomicU64>,
     /// `u64` words per slot: the hash, then the state.
     stride: usize,
     slots: usize,
@@ -309,10 +312,16 @@ impl Zone {
                     .cast::<AtomicU64>()
             }
         };
+        let slot_count = buckets as usize * slots::SLOTS_PER_BUCKET;
+        // SAFETY: `format` laid out `slot_count * stride` words from `table`, 8-aligned, inside
+        // the zone's mapping, which outlives every view of this cycle; AtomicU64 accepts any
+        // bit pattern.
+        let words = unsafe { core::slice::from_raw_parts(table, slot_count * stride) };
         Zone {
             shpool,
             shared,
             table,
+            slot_table: ratelimit_slots::Table::new(words, stride),
             blocks,
             block_words: ratelimit_core::block_table::BlockTable::words_for(block_records),
             stride,

@@ -69,11 +69,7 @@ impl Zone {
     /// The table, as `ratelimit_slots` sees it.
     #[inline(always)]
     pub(super) fn table(&self) -> Table<'_, AtomicU64> {
-        // SAFETY: the table is `slots * stride` words inside the zone's mapping (laid out by
-        // `format`), 8-byte aligned; AtomicU64 accepts any bit pattern, and the mapping
-        // outlives every view.
-        let words = unsafe { core::slice::from_raw_parts(self.table, self.slots * self.stride) };
-        Table::new(words, self.stride)
+        self.slot_table
     }
 
     /// The slot holding `hash`, if the key has one. Lock-free.
@@ -172,17 +168,24 @@ impl Zone {
     #[cold]
     #[inline(never)]
     fn pin_again(&self, hash: u64, now_ns: u64) -> Option<Pin<'_>> {
-        let table = self.table();
-        if let Some(pin) = table
-            .find_or_claim_empty(hash)
-            .and_then(|slot| table.pin(slot))
-        {
-            return Some(pin);
-        }
-        let _lock = self.lock();
-        match self.claim_locked(hash, now_ns) {
-            Placed::Slot { slot, .. } => table.pin(slot),
-            Placed::Busy => None,
+        let limits = self.limits();
+        let acquired = self.table().claim_and_pin(
+            hash,
+            || self.lock(),
+            |state| limits.map_or(0, |limits| self.idle_at_ns(state, &limits, now_ns)),
+            |victim, state| self.orphan(victim.id, state),
+        );
+        match acquired {
+            Some((pin, evicted)) => {
+                if evicted.is_some_and(|idle_at| idle_at > now_ns) {
+                    self.header().evictions.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(pin)
+            }
+            None => {
+                self.header().no_slot.fetch_add(1, Ordering::Relaxed);
+                None
+            }
         }
     }
 
@@ -266,7 +269,7 @@ impl Zone {
             let words = state_words_mut(pin.state());
             return ratelimit_core::decide_words(words, now_ns, policy, commit);
         }
-        let state = &pin.state()[0];
+        let state = pin.first_state();
         // One loop per algorithm, so each compiles to that algorithm's arithmetic alone.
         match policy.algorithm {
             Algorithm::LeakyBucket => {
@@ -319,8 +322,9 @@ impl Zone {
     #[inline]
     pub fn charge(&self, index: SlotIndex, now_ns: u64, policy: &Policy) -> (Outcome, u64) {
         let pin = self.pin_to_charge(index, now_ns);
+        // A key whose window is busy is charged nowhere (decided as a fresh key).
         let scratch = AtomicU64::new(0);
-        let state = pin.as_ref().map_or(&scratch, |pin| &pin.state()[0]);
+        let state = pin.as_ref().map_or(&scratch, |pin| pin.first_state());
         match policy.algorithm {
             Algorithm::LeakyBucket => charge_word(state, |s| {
                 outcome_of(leaky_bucket::decide(s, now_ns, policy))
@@ -348,7 +352,7 @@ impl Zone {
         let pin = self.pin_to_charge(index, now_ns);
         // A key whose window is busy is charged nowhere (decided as a fresh key).
         let scratch = AtomicU64::new(0);
-        let state = pin.as_ref().map_or(&scratch, |pin| &pin.state()[0]);
+        let state = pin.as_ref().map_or(&scratch, |pin| pin.first_state());
         charge_word(state, |state| {
             charge
                 .charge(state, now_ns)

@@ -95,6 +95,7 @@ pub const BUSY: u64 = u64::MAX;
 /// A pinned slot: while it lives, the slot stays its key's. Dropping it releases the pin.
 pub struct Pin<'a, W: Word> {
     id_word: &'a W,
+    first: &'a W,
     state: &'a [W],
     slot: SlotRef,
 }
@@ -104,6 +105,12 @@ impl<'a, W: Word> Pin<'a, W> {
     #[inline(always)]
     pub fn state(&self) -> &'a [W] {
         self.state
+    }
+
+    /// The slot's first state word (every slot has one).
+    #[inline(always)]
+    pub fn first_state(&self) -> &'a W {
+        self.first
     }
 
     /// Which slot and key.
@@ -249,11 +256,13 @@ impl<'a, W: Word> Table<'a, W> {
         if let Some(pin) = self.find_first(id).and_then(|slot| self.pin(slot)) {
             return Some((pin, None));
         }
-        self.acquire_slow(id, lock, idle_at, on_evict)
+        self.claim_and_pin(id, lock, idle_at, on_evict)
     }
 
+    /// [`Table::acquire`] past its first look (a key that lost the slot it was found in
+    /// starts here).
     #[inline(never)]
-    fn acquire_slow<G>(
+    pub fn claim_and_pin<G>(
         &self,
         id: u64,
         lock: impl FnOnce() -> G,
@@ -380,11 +389,17 @@ impl<'a, W: Word> Table<'a, W> {
     #[inline(always)]
     fn try_pin(&self, slot: SlotRef) -> Result<Pin<'a, W>, u64> {
         let words = self.slot(slot.index);
-        let id_word = &words[0];
+        let Some((id_word, state)) = words.split_first() else {
+            return Err(0);
+        };
+        let Some(first) = state.first() else {
+            return Err(0);
+        };
         let before = id_word.fetch_add(PIN, Ordering::Acquire);
         let pin = Pin {
             id_word,
-            state: &words[1..],
+            first,
+            state,
             slot,
         };
         if before >> PIN_BITS == slot.id {
