@@ -11,9 +11,9 @@
 //! block table = records of ratelimit_core::block_table (96 bytes a blocked key)
 //! ```
 //!
-//! A key is identified by the top 52 bits of a 64-bit foldhash (`foldhash::quality`) of its
-//! bytes under a random per-zone seed (the low 12 bits of the id word count pins); the key
-//! bytes themselves are not stored, so every key costs the same
+//! A key is identified by 51 bits (the top 52, the lowest set) of a 64-bit foldhash
+//! (`foldhash::quality`) of its bytes under a random per-zone seed (the low 12 bits of the id
+//! word count pins); the key bytes themselves are not stored, so every key costs the same
 //! whatever its length (16 bytes for the single-word algorithms). A key lives in one of the
 //! `PROBE_BUCKETS × SLOTS_PER_BUCKET` slots starting at its home bucket.
 //!

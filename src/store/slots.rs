@@ -321,10 +321,11 @@ impl Zone {
     /// `ratelimit_core::decide_word(previous, now_ns, policy)`.
     #[inline]
     pub fn charge(&self, index: SlotIndex, now_ns: u64, policy: &Policy) -> (Outcome, u64) {
-        let pin = self.pin_to_charge(index, now_ns);
-        // A key whose window is busy is charged nowhere (decided as a fresh key).
-        let scratch = AtomicU64::new(0);
-        let state = pin.as_ref().map_or(&scratch, |pin| pin.first_state());
+        let Some(pin) = self.pin_to_charge(index, now_ns) else {
+            // A key whose window is busy is charged nowhere (decided as a fresh key).
+            return charge_fresh(|s| outcome_of(ratelimit_core::decide_word(s, now_ns, policy)));
+        };
+        let state = pin.first_state();
         match policy.algorithm {
             Algorithm::LeakyBucket => charge_word(state, |s| {
                 outcome_of(leaky_bucket::decide(s, now_ns, policy))
@@ -349,11 +350,15 @@ impl Zone {
         charge: &BucketCharge,
         fallback: impl Fn(u64) -> (Decision, Option<u64>),
     ) -> (Outcome, u64) {
-        let pin = self.pin_to_charge(index, now_ns);
-        // A key whose window is busy is charged nowhere (decided as a fresh key).
-        let scratch = AtomicU64::new(0);
-        let state = pin.as_ref().map_or(&scratch, |pin| pin.first_state());
-        charge_word(state, |state| {
+        let Some(pin) = self.pin_to_charge(index, now_ns) else {
+            // A key whose window is busy is charged nowhere (decided as a fresh key).
+            return charge_fresh(|state| {
+                charge
+                    .charge(state, now_ns)
+                    .unwrap_or_else(|| outcome_of(fallback(state)))
+            });
+        };
+        charge_word(pin.first_state(), |state| {
             charge
                 .charge(state, now_ns)
                 .unwrap_or_else(|| outcome_of(fallback(state)))
@@ -544,6 +549,13 @@ fn charge_word(
         let (outcome, next) = decide(current);
         ((outcome, current), next)
     })
+}
+
+/// A charge of a key that has no slot: decided on a fresh state, stored nowhere.
+#[cold]
+#[inline(never)]
+fn charge_fresh(decide: impl Fn(u64) -> (Outcome, Option<u64>)) -> (Outcome, u64) {
+    (decide(0).0, 0)
 }
 
 /// A decision reduced to what [`charge_word`] needs.

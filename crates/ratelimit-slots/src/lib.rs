@@ -45,17 +45,14 @@ pub const WINDOW_SLOTS: usize = PROBE_BUCKETS * SLOTS_PER_BUCKET;
 /// that can hold one at once (each holds at most one per slot, for a few instructions).
 pub const PIN_BITS: u32 = 12;
 const PIN: u64 = 1;
-/// The id a slot holds while it changes owner (never a key's).
-const TOMBSTONE: u64 = u64::MAX >> PIN_BITS;
+/// The id a slot holds while it changes owner: even, so never a key's.
+const TOMBSTONE: u64 = (u64::MAX >> PIN_BITS) & !1;
 
-/// A key's id from a 64-bit hash: its high `64 - PIN_BITS` bits, never 0 (an empty slot) nor
-/// the tombstone.
-#[inline]
+/// A key's id from a 64-bit hash: its high `64 - PIN_BITS` bits with the lowest set, so never
+/// 0 (an empty slot) nor the tombstone.
+#[inline(always)]
 pub fn key_id(hash: u64) -> u64 {
-    match hash >> PIN_BITS {
-        0 | TOMBSTONE => 1,
-        id => id,
-    }
+    (hash >> PIN_BITS) | 1
 }
 
 /// Where a key's state is: its slot, and the id of the key that owned it when it was found.
@@ -388,8 +385,12 @@ impl<'a, W: Word> Table<'a, W> {
     /// Pin the key's slot, or say which id it held instead.
     #[inline(always)]
     fn try_pin(&self, slot: SlotRef) -> Result<Pin<'a, W>, u64> {
-        let words = self.slot(slot.index);
-        let Some((id_word, state)) = words.split_first() else {
+        // An index outside the table (a reference that names no slot) pins nothing.
+        let start = slot.index.wrapping_mul(self.stride);
+        let Some(id_word) = self.words.get(start) else {
+            return Err(0);
+        };
+        let Some(state) = self.words.get(start + 1..start + self.stride) else {
             return Err(0);
         };
         let Some(first) = state.first() else {
@@ -497,7 +498,8 @@ mod tests {
     #[test]
     fn ids_are_never_empty_or_tombstone() {
         assert_eq!(key_id(0), 1);
-        assert_eq!(key_id(u64::MAX), 1);
+        assert_ne!(key_id(u64::MAX), TOMBSTONE);
         assert_eq!(key_id(5 << PIN_BITS), 5);
+        assert_eq!(key_id(4 << PIN_BITS), 5);
     }
 }
