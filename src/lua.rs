@@ -604,7 +604,7 @@ unsafe fn conn_line<'r>(
         zone_conf,
         zone: *zone,
         slot: found.slot,
-        hash: found.hash,
+        hash: found.hash(),
         cost,
         queue: None,
     })

@@ -142,6 +142,11 @@ impl Zone {
         }
     }
 
+    /// Whether `slot` is a [`Zone::no_slot_for`] reference.
+    pub fn names_no_slot(slot: SlotIndex) -> bool {
+        slot.index == NO_SLOT
+    }
+
     /// The reference a key gets when its window is busy: no slot is its own (a pin of it
     /// fails, and a charge looks for a slot again).
     pub fn no_slot_for(&self, hash: u64) -> SlotIndex {
