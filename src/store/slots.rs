@@ -93,9 +93,14 @@ impl Zone {
     /// lock to evict, and never a key with requests in flight or queued.
     #[inline]
     pub fn find_or_claim(&self, hash: u64, now_ns: u64) -> Placed {
-        if let Some(slot) = self.table().find_first(hash) {
+        // A key seen before is most often in the first slot of its window.
+        let index = self.table().window_start(hash);
+        // SAFETY: a window's first slot is inside the table (its home bucket is below the
+        // table's home buckets); slots are `stride` words from `table`.
+        let id_word = unsafe { &*self.table.add(index * self.stride) };
+        if id_word.load(Ordering::Acquire) >> ratelimit_slots::PIN_BITS == hash {
             return Placed::Slot {
-                slot,
+                slot: SlotIndex { index, id: hash },
                 evicted: false,
             };
         }
@@ -160,8 +165,20 @@ impl Zone {
     /// the one it finds or claims now. `None` only when the key's window is busy.
     #[inline(always)]
     pub fn pin_to_charge(&self, slot: SlotIndex, now_ns: u64) -> Option<Pin<'_>> {
-        if let Some(pin) = self.table().pin(slot) {
-            return Some(pin);
+        if slot.index < self.slots {
+            let start = slot.index * self.stride;
+            // SAFETY: the slot is inside the table (checked), `stride` (at least 2) words from
+            // `table`, in the zone's mapping that outlives this view.
+            let words = unsafe {
+                (
+                    &*self.table.add(start),
+                    &*self.table.add(start + 1),
+                    core::slice::from_raw_parts(self.table.add(start + 1), self.stride - 1),
+                )
+            };
+            if let Some(pin) = Table::pin_words(words, slot) {
+                return Some(pin);
+            }
         }
         if slot.index == NO_SLOT {
             // The window was busy when the key was found: counted and logged then.

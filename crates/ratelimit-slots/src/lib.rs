@@ -382,6 +382,22 @@ impl<'a, W: Word> Table<'a, W> {
         self.try_pin(slot).ok()
     }
 
+    /// Pin a slot whose words the caller found itself (`words`: the id word, then the state,
+    /// at least one word): the request path's own view of the table, without bounds checks
+    /// of its index. `None` when the slot is not `slot.id`'s.
+    #[inline(always)]
+    pub fn pin_words(words: (&'a W, &'a W, &'a [W]), slot: SlotRef) -> Option<Pin<'a, W>> {
+        let (id_word, first, state) = words;
+        let before = id_word.fetch_add(PIN, Ordering::Acquire);
+        let pin = Pin {
+            id_word,
+            first,
+            state,
+            slot,
+        };
+        (before >> PIN_BITS == slot.id).then_some(pin)
+    }
+
     /// Pin the key's slot, or say which id it held instead.
     #[inline(always)]
     fn try_pin(&self, slot: SlotRef) -> Result<Pin<'a, W>, u64> {
