@@ -22,7 +22,6 @@ use ratelimit_core::{BucketCharge, Decision, Limits, Outcome, Policy};
 
 use super::fleet;
 use crate::conf::{LimitConf, ZoneConf};
-use crate::store::slots::Placed;
 use crate::store::{Counter, SlotIndex, Zone};
 
 /// A key found in a zone: its slot, claimed if the key is new.
@@ -47,10 +46,7 @@ pub fn find<'a>(
     // each second (nothing but a load and compare in the other requests).
     zone.record_second(now_ns);
     let hash = zone.hash_key(key);
-    let (slot, note) = match zone.find_or_claim(hash, now_ns) {
-        Placed::Slot { slot, evicted } => (slot, evicted),
-        Placed::Busy => (zone.no_slot_for(hash), true),
-    };
+    let (slot, note) = zone.find_or_claim(hash, now_ns);
     (
         Found {
             zone_conf,

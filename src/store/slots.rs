@@ -86,25 +86,27 @@ impl Zone {
         (self.idle_at_ns(pin.state(), &limits, now_ns) > now_ns).then_some(slot)
     }
 
-    /// The slot for `hash`, claiming one for a new key (see [`Placed`]).
+    /// The slot for `hash`, claiming one for a new key, and whether the zone has something to
+    /// log: another key evicted for it, or its window busy (then the slot is
+    /// [`Zone::no_slot_for`] the key).
     ///
     /// The common cases take no lock: a tracked key is found, and a new key takes the first
     /// empty slot of its window with a compare-and-swap. Only a full window takes the zone
     /// lock to evict, and never a key with requests in flight or queued.
     #[inline]
-    pub fn find_or_claim(&self, hash: u64, now_ns: u64) -> Placed {
+    pub fn find_or_claim(&self, hash: u64, now_ns: u64) -> (SlotIndex, bool) {
         // A key seen before is most often in the first slot of its window.
         let index = self.table().window_start(hash);
         // SAFETY: a window's first slot is inside the table (its home bucket is below the
         // table's home buckets); slots are `stride` words from `table`.
         let id_word = unsafe { &*self.table.add(index * self.stride) };
         if id_word.load(Ordering::Acquire) >> ratelimit_slots::PIN_BITS == hash {
-            return Placed::Slot {
-                slot: SlotIndex { index, id: hash },
-                evicted: false,
-            };
+            return (SlotIndex { index, id: hash }, false);
         }
-        self.find_or_claim_slow(hash, now_ns)
+        match self.find_or_claim_slow(hash, now_ns) {
+            Placed::Slot { slot, evicted } => (slot, evicted),
+            Placed::Busy => (self.no_slot_for(hash), true),
+        }
     }
 
     #[inline(never)]
