@@ -248,6 +248,7 @@ unsafe fn target<'r>(
     key: (*const u8, usize),
     opts: *const LuaOptions,
     out: Option<&mut LuaDecision>,
+    claim: bool,
 ) -> Result<Target<'r>, Status> {
     let r = request(r)?;
     // SAFETY: the caller's contract.
@@ -273,10 +274,15 @@ unsafe fn target<'r>(
         }
     })?;
     let now_ns = now_ns();
-    let (found, evicted) = decide::find(zone_conf, zone, &key, now_ns);
-    if evicted {
-        found.log_zone_full(now_ns, connection_log(r));
-    }
+    let found = if claim {
+        let (found, evicted) = decide::find(zone_conf, zone, &key, now_ns);
+        if evicted {
+            found.log_zone_full(now_ns, connection_log(r));
+        }
+        found
+    } else {
+        decide::find_existing(zone_conf, zone, &key)
+    };
     let applied = Applied::new(found, &limit).ok_or(Status::Internal)?;
     Ok(Target {
         applied,
@@ -383,7 +389,7 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_incoming(
         // SAFETY: a non-null `out` is writable (the caller's contract).
         let out = unsafe { out.as_mut() }.ok_or(Status::BadArgument)?;
         // SAFETY: the caller's contract.
-        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts, Some(out)) }?;
+        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts, Some(out), true) }?;
         let charge = if commit != 0 {
             Charge::Now
         } else {
@@ -425,7 +431,7 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_uncommit(
 ) -> c_int {
     guarded(|| {
         // SAFETY: the caller's contract.
-        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts, None) }?;
+        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts, None, false) }?;
         target.applied.uncommit(target.now_ns);
         Ok(())
     })
@@ -450,7 +456,7 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_state(
         // SAFETY: a non-null `out` is writable (the caller's contract).
         let out = unsafe { out.as_mut() }.ok_or(Status::BadArgument)?;
         // SAFETY: the caller's contract.
-        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts, Some(out)) }?;
+        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts, Some(out), true) }?;
         let Target {
             mut applied,
             now_ns,
@@ -577,6 +583,7 @@ unsafe fn conn_line<'r>(
     zone: (*const u8, usize),
     key: (*const u8, usize),
     cost: u64,
+    claim: bool,
 ) -> Result<Line<'r>, Status> {
     // SAFETY: the caller's contract.
     let name = unsafe { bytes(zone.0, zone.1) }.ok_or(Status::BadArgument)?;
@@ -597,15 +604,20 @@ unsafe fn conn_line<'r>(
     }
     let key = zone_conf.key_form.parse(key);
     let now_ns = now_ns();
-    let (found, evicted) = decide::find(zone_conf, zone, &key, now_ns);
-    if evicted {
-        found.log_zone_full(now_ns, connection_log(r));
-    }
+    let found = if claim {
+        let (found, evicted) = decide::find(zone_conf, zone, &key, now_ns);
+        if evicted {
+            found.log_zone_full(now_ns, connection_log(r));
+        }
+        found
+    } else {
+        decide::find_existing(zone_conf, zone, &key)
+    };
     Ok(Line {
         zone_conf,
         zone: *zone,
         slot: found.slot,
-        hash: found.hash,
+        hash: found.hash(),
         cost,
         queue: None,
     })
@@ -634,7 +646,7 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_conn_incoming(
     guarded(|| {
         let r = request(r)?;
         // SAFETY: the caller's contract.
-        let line = unsafe { conn_line(r, (zone, zone_len), (key, key_len), cost) }?;
+        let line = unsafe { conn_line(r, (zone, zone_len), (key, key_len), cost, true) }?;
         // SAFETY: a non-null `out` is writable (the caller's contract).
         let out = unsafe { out.as_mut() }.ok_or(Status::BadArgument)?;
         let now = now_ns();
@@ -734,7 +746,7 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_conn_leaving(
     guarded(|| {
         let r = request(r)?;
         // SAFETY: the caller's contract.
-        let line = unsafe { conn_line(r, (zone, zone_len), (key, key_len), 1) }?;
+        let line = unsafe { conn_line(r, (zone, zone_len), (key, key_len), 1, false) }?;
         // SAFETY: a non-null `out` is writable (the caller's contract).
         let out = unsafe { out.as_mut() }.ok_or(Status::BadArgument)?;
         let now = now_ns();

@@ -137,6 +137,7 @@ fn get_zones_and_one_zone_show_configuration_and_counters() {
         ("delayed_dry_run", json!(0)),
         ("rejected_dry_run", json!(0)),
         ("evictions", json!(0)),
+        ("no_slot", json!(0)),
         ("overrides", json!(0)),
         ("config", json!({"rate": "1r/m", "burst": 0})),
     ] {
@@ -842,6 +843,7 @@ fn metrics_read_by_a_prometheus_parser() {
         "rate_limit_zone_size_bytes",
         "rate_limit_zone_fullness",
         "rate_limit_evictions_total",
+        "rate_limit_no_slot_total",
         "rate_limit_overrides",
         "rate_limit_rate_per_second",
         "rate_limit_burst",

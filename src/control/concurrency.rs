@@ -118,11 +118,22 @@ pub fn arrive(
     dry_run: bool,
     owner: queue::Owner,
 ) -> Arrival {
-    let (Some(words), Some(limits)) = (
-        line.zone.key_words(line.slot),
-        line.zone.concurrency_limits(),
-    ) else {
+    let Some(limits) = line.zone.concurrency_limits() else {
         return Arrival::Unlimited;
+    };
+    // The key's slot pinned while it arrives (found again if the key lost it since it was
+    // found); none when every slot of its window holds requests: refused.
+    let Some(words) = line.zone.key_words_to_charge(line.slot, now_ns) else {
+        return Arrival::Rejected(Refusal {
+            in_flight: 0,
+            queued: 0,
+            limit: 0,
+            retry_after_ns: arithmetic::retry_after_ns(0),
+        });
+    };
+    let line = &Line {
+        slot: words.slot(),
+        ..*line
     };
     let Some(conf) = line.zone_conf.concurrency.as_ref() else {
         return Arrival::Unlimited;

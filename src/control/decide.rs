@@ -28,13 +28,13 @@ use crate::store::{Counter, SlotIndex, Zone};
 pub struct Found<'a> {
     pub zone_conf: &'a ZoneConf,
     pub zone: &'a Zone,
-    pub hash: u64,
+    /// The key's slot and id (its hash).
     pub slot: SlotIndex,
 }
 
 /// The zone's slot for `key` (1 to `MAX_KEY_BYTES` bytes), claiming one for a new key, and
-/// whether another key was evicted for it (the caller says so with
-/// [`Found::log_zone_full`]).
+/// whether the zone has something to say in its log (another key was evicted for it, or its
+/// window was busy: [`Found::log_zone_full`]).
 #[inline(always)]
 pub fn find<'a>(
     zone_conf: &'a ZoneConf,
@@ -46,20 +46,58 @@ pub fn find<'a>(
     // each second (nothing but a load and compare in the other requests).
     zone.record_second(now_ns);
     let hash = zone.hash_key(key);
-    let (slot, evicted) = zone.find_or_claim(hash, now_ns);
-    let found = Found {
+    let (slot, note) = zone.find_or_claim(hash, now_ns);
+    (
+        Found {
+            zone_conf,
+            zone,
+            slot,
+        },
+        note,
+    )
+}
+
+/// The zone's slot for `key` if the key has one, claiming none (a give-back, Lua's
+/// `uncommit` and `leaving`: they must never evict another key to find nothing to give back).
+/// A key without a slot gets a reference that no pin accepts.
+pub fn find_existing<'a>(zone_conf: &'a ZoneConf, zone: &'a Zone, key: &[u8]) -> Found<'a> {
+    let hash = zone.hash_key(key);
+    let slot = zone.find(hash).unwrap_or_else(|| zone.no_slot_for(hash));
+    Found {
         zone_conf,
         zone,
-        hash,
         slot,
-    };
-    (found, evicted)
+    }
 }
 
 impl Found<'_> {
-    /// After an eviction: say that the zone is full, once a second at most.
+    /// The key's id (its hash in the zone).
+    #[inline(always)]
+    pub fn hash(&self) -> u64 {
+        self.slot.id
+    }
+
+    /// The key got no slot: every slot of its window is busy (requests in flight or queued).
+    /// A concurrency zone refuses it; a rate zone decides it as a fresh key, storing nothing.
+    pub fn busy(&self) -> bool {
+        Zone::names_no_slot(self.slot)
+    }
+
+    /// After an eviction or a busy window: say so, once a second at most.
     #[cold]
     pub fn log_zone_full(&self, now_ns: u64, log: *mut ngx_log_t) {
+        if self.busy() {
+            if self.zone.should_log_no_slot(now_ns) {
+                ngx_log_error!(
+                    NGX_LOG_WARN,
+                    log,
+                    "rate_limit zone \"{}\" is full: every slot a new key may take holds \
+                     requests in flight or queued, key refused",
+                    self.zone_conf.name
+                );
+            }
+            return;
+        }
         if self.zone.should_log_full(now_ns) {
             ngx_log_error!(
                 NGX_LOG_WARN,
@@ -94,16 +132,22 @@ pub fn effective_policy(zone: &Zone, limit: &LimitConf, hash: u64) -> Option<Pol
 pub struct Applied<'a> {
     pub zone_conf: &'a ZoneConf,
     pub zone: &'a Zone,
-    pub hash: u64,
+    /// The key's slot and id (its hash).
     pub slot: SlotIndex,
     pub policy: Policy,
     pub decision: Decision,
 }
 
 impl<'a> Applied<'a> {
+    /// The key's id (its hash in the zone).
+    #[inline(always)]
+    pub fn hash(&self) -> u64 {
+        self.slot.id
+    }
+
     /// The key found, under the limits of `limit`; `None` when the zone has no limits.
     pub fn new(found: Found<'a>, limit: &LimitConf) -> Option<Applied<'a>> {
-        let policy = effective_policy(found.zone, limit, found.hash)?;
+        let policy = effective_policy(found.zone, limit, found.hash())?;
         Some(Applied::decided(found, policy, Decision::rejected(0, 0, 0)))
     }
 
@@ -111,7 +155,6 @@ impl<'a> Applied<'a> {
         Applied {
             zone_conf: found.zone_conf,
             zone: found.zone,
-            hash: found.hash,
             slot: found.slot,
             policy,
             decision,
@@ -136,7 +179,7 @@ impl<'a> Applied<'a> {
     #[inline]
     pub fn blocked_for_ns(&self, now_ns: u64) -> Option<u64> {
         self.zone_conf.block?;
-        self.zone.blocked_for_ns(self.hash, now_ns)
+        self.zone.blocked_for_ns(self.hash(), now_ns)
     }
 
     /// Give back a request charged to the key (Lua's `uncommit`, `on_status=`), the fleet's
@@ -194,9 +237,10 @@ impl Charged {
 /// Give back a request charged to the key in `slot`, the fleet's grant too.
 fn give_back(zone: &Zone, slot: SlotIndex, policy: &Policy, now_ns: u64) {
     if zone.is_sync() {
-        fleet::uncommit(zone, slot, policy);
+        fleet::uncommit(zone, slot, now_ns, policy);
+    } else {
+        zone.uncommit(slot, now_ns, policy);
     }
-    zone.uncommit(slot, now_ns, policy);
 }
 
 /// One zone's decision for the key in `slot`: a peek changes nothing, a charge of a sync zone
@@ -439,7 +483,7 @@ pub enum One<'a> {
 /// fields, and the policy is computed only when the request does not pass.
 #[inline(always)]
 pub fn decide_one<'a>(found: Found<'a>, limit: &LimitConf, now_ns: u64, report: bool) -> One<'a> {
-    let (zone, hash, slot) = (found.zone, found.hash, found.slot);
+    let (zone, hash, slot) = (found.zone, found.hash(), found.slot);
     if found.zone_conf.block.is_some() {
         if let Some(left_ns) = zone.blocked_for_ns(hash, now_ns) {
             return match Applied::new(found, limit) {
@@ -581,9 +625,9 @@ pub fn account(
                         == Outcome::Rejected
             };
             if let Some(policy) = applied.zone_conf.block.as_ref().filter(|_| over_limit()) {
-                let before = applied.zone.block_word(applied.hash);
+                let before = applied.zone.block_word(applied.hash());
                 let block = applied.zone.change_block(
-                    applied.hash,
+                    applied.hash(),
                     &key,
                     now_ns,
                     BlockChange::Rejected,

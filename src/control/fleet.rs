@@ -8,6 +8,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use ratelimit_core::fleet::{self, FleetShape, ASKED};
 use ratelimit_core::{Decision, Outcome, Policy};
 
+use crate::store::slots::Pin;
 use crate::store::sync_record::{self, Mode, SyncShared};
 use crate::store::{SlotIndex, Zone};
 
@@ -15,18 +16,22 @@ use crate::store::{SlotIndex, Zone};
 /// zone's own algorithm; a request the algorithm rejects gives its grant back, one it charges
 /// is added to the key's pending delta for the loop.
 pub(super) fn decide(zone: &Zone, index: SlotIndex, now_ns: u64, policy: &Policy) -> Decision {
-    let decide_local = || zone.decide(index, now_ns, policy, true);
+    // One pin covers the grant, the charge and the pending add: all land on this key.
+    let Some(pin) = zone.pin_to_charge(index, now_ns) else {
+        return zone.decide(index, now_ns, policy, true);
+    };
+    let decide_local = || zone.decide_pinned(&pin, now_ns, policy, true);
     let Some(sync) = sync_record::shared() else {
         return decide_local();
     };
-    let Some(words) = zone.sync_words(index) else {
+    let Some(words) = zone.sync_words(&pin) else {
         return decide_local();
     };
     let mode = sync.mode();
     if mode == Mode::Closed {
         return refused(
             zone,
-            index,
+            &pin,
             now_ns,
             policy,
             sync.interval_ns().max(1_000_000_000),
@@ -36,7 +41,7 @@ pub(super) fn decide(zone: &Zone, index: SlotIndex, now_ns: u64, policy: &Policy
     let granted = mode == Mode::Open || take_grant(words.grant, sync, policy, cost);
     if !granted {
         words.pending.fetch_or(ASKED, Ordering::Relaxed);
-        return refused(zone, index, now_ns, policy, sync.interval_ns());
+        return refused(zone, &pin, now_ns, policy, sync.interval_ns());
     }
     let decision = decide_local();
     if decision.outcome == Outcome::Rejected {
@@ -54,26 +59,30 @@ pub(super) fn decide(zone: &Zone, index: SlotIndex, now_ns: u64, policy: &Policy
 }
 
 /// A request of a sync zone given back (Lua's `uncommit`): its charge leaves the key's pending
-/// delta and its grant returns. A delta the loop already sent stays charged to the fleet
-/// (it errs on the strict side, by at most the requests given back within one interval).
-pub(super) fn uncommit(zone: &Zone, index: SlotIndex, policy: &Policy) {
-    let (Some(sync), Some(words)) = (sync_record::shared(), zone.sync_words(index)) else {
+/// delta and its grant returns, and the zone's own state gives it back. A delta the loop
+/// already sent stays charged to the fleet (it errs on the strict side, by at most the
+/// requests given back within one interval). Nothing when the key lost its slot since.
+pub(super) fn uncommit(zone: &Zone, index: SlotIndex, now_ns: u64, policy: &Policy) {
+    let Some(pin) = zone.pin_own(index) else {
         return;
     };
-    let cost = policy.cost.max(1);
-    let _ = words
-        .pending
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
-            let charged = word & !ASKED;
-            (charged > 0).then(|| (word & ASKED) | charged.saturating_sub(cost))
-        });
-    if sync.mode() != Mode::Open {
+    if let (Some(sync), Some(words)) = (sync_record::shared(), zone.sync_words(&pin)) {
+        let cost = policy.cost.max(1);
         let _ = words
-            .grant
+            .pending
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
-                Some(fleet::return_grant(word, cost))
+                let charged = word & !ASKED;
+                (charged > 0).then(|| (word & ASKED) | charged.saturating_sub(cost))
             });
+        if sync.mode() != Mode::Open {
+            let _ = words
+                .grant
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+                    Some(fleet::return_grant(word, cost))
+                });
+        }
     }
+    zone.uncommit_pinned(&pin, now_ns, policy);
 }
 
 fn take_grant(grant: &AtomicU64, sync: &SyncShared, policy: &Policy, cost: u64) -> bool {
@@ -95,9 +104,9 @@ fn take_grant(grant: &AtomicU64, sync: &SyncShared, policy: &Policy, cost: u64) 
 
 /// A rejection for want of a grant (or in `closed` mode): where the key stands, retried after
 /// `retry_ns` (the next sync, or a second when closed).
-fn refused(zone: &Zone, index: SlotIndex, now_ns: u64, policy: &Policy, retry_ns: u64) -> Decision {
+fn refused(zone: &Zone, pin: &Pin, now_ns: u64, policy: &Policy, retry_ns: u64) -> Decision {
     // What the zone alone would say, charging nothing (a peek never takes a grant).
-    let alone = zone.decide(index, now_ns, policy, false);
+    let alone = zone.decide_pinned(pin, now_ns, policy, false);
     Decision {
         remaining: 0,
         ..Decision::rejected(

@@ -208,6 +208,7 @@ impl AdminZone for SharedZone<'_> {
                 rejected_dry_run: count(Counter::RejectedDryRun),
             },
             evictions: self.zone.evictions(),
+            no_slot: self.zone.no_slot(),
             overrides: self.zone.override_count(),
             override_capacity: OVERRIDE_CAPACITY as u64,
             line_burst: self.conf.bursts.largest_given,

@@ -156,7 +156,7 @@ fn run_lines(
             zone_conf,
             zone: *found.zone,
             slot: found.slot,
-            hash: found.hash,
+            hash: found.hash(),
             cost: limit.cost,
             queue: limit.burst,
         };

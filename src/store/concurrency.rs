@@ -11,7 +11,29 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use ratelimit_core::adaptive::{AdaptiveBounds, AdaptiveLimit, ADAPTIVE_WORDS, HISTOGRAM_WORDS};
 use ratelimit_core::concurrency::{ConcurrencyLimits, Lanes, Slots, KEY_WORDS, LANE_WORDS};
 
+use super::slots::Pin;
 use super::{SlotIndex, Zone};
+
+/// A key's words with its slot pinned: the key keeps its slot while this lives. Held for the
+/// few instructions of one update, never across a request's lifetime.
+pub struct PinnedKeyWords<'a> {
+    words: KeyWords<'a>,
+    pin: Pin<'a>,
+}
+
+impl PinnedKeyWords<'_> {
+    /// The key's slot.
+    pub fn slot(&self) -> SlotIndex {
+        self.pin.slot()
+    }
+}
+
+impl<'a> core::ops::Deref for PinnedKeyWords<'a> {
+    type Target = KeyWords<'a>;
+    fn deref(&self) -> &KeyWords<'a> {
+        &self.words
+    }
+}
 
 /// Offsets in a key's state words (after its hash).
 const SLOTS: usize = 0;
@@ -198,27 +220,34 @@ impl Zone {
             .map_err(ConcurrencyLimits::unpack)
     }
 
-    /// The words of the key in `index`; `None` for a zone whose slots are not a concurrency
-    /// key's.
+    /// The words of the key in `index`, pinned while they live (see [`PinnedKeyWords`]);
+    /// `None` for a zone whose slots are not a concurrency key's, or when the key lost its
+    /// slot (a key holding or waiting for slots never does).
     #[inline]
-    pub fn key_words(&self, index: SlotIndex) -> Option<KeyWords<'_>> {
-        self.key_words_at(index.0)
+    pub fn key_words(&self, index: SlotIndex) -> Option<PinnedKeyWords<'_>> {
+        let pin = self.pin_own(index)?;
+        let words = self.words_of(pin.state())?;
+        Some(PinnedKeyWords { words, pin })
+    }
+
+    /// The words of the key in `index` for a request arriving at it: its slot pinned, found
+    /// or claimed again if the key lost it since it was found. `None` when its window is
+    /// busy (or the zone is not a concurrency zone).
+    pub fn key_words_to_charge(&self, index: SlotIndex, now_ns: u64) -> Option<PinnedKeyWords<'_>> {
+        let pin = self.pin_to_charge(index, now_ns)?;
+        let words = self.words_of(pin.state())?;
+        Some(PinnedKeyWords { words, pin })
     }
 
     /// The hash of the key in `index` now (another key's, once it was evicted: callers that
     /// kept an index across time check it).
     #[inline]
     pub fn hash_at(&self, index: SlotIndex) -> u64 {
-        self.slot(index.0)[0].load(Ordering::Acquire)
+        self.table().id_at(index.index)
     }
 
-    fn key_words_at(&self, index: usize) -> Option<KeyWords<'_>> {
-        self.words_of(self.slot(index))
-    }
-
-    /// The key words of a slot (hash first).
-    fn words_of<'a>(&self, slot: &'a [AtomicU64]) -> Option<KeyWords<'a>> {
-        let words = slot.get(1..)?;
+    /// The key words of a slot's state (the words after its id).
+    fn words_of<'a>(&self, words: &'a [AtomicU64]) -> Option<KeyWords<'a>> {
         if !self.algorithm.counts_in_flight() || words.len() < KEY_WORDS {
             return None;
         }
@@ -235,27 +264,26 @@ impl Zone {
         })
     }
 
-    /// Every key in use (hash, words), for the admin API's totals and a new worker's
-    /// reclaiming of a dead one's lane. A full scan, lock-free.
-    pub fn concurrency_keys(&self) -> impl Iterator<Item = (u64, KeyWords<'_>)> {
-        (0..self.slot_count()).filter_map(move |index| {
-            let hash = self.slot(index)[0].load(Ordering::Acquire);
-            if hash == 0 {
-                return None;
-            }
-            Some((hash, self.key_words_at(index)?))
+    /// Every key in use (hash, words, each pinned while its item lives), for the admin API's
+    /// totals and a new worker's reclaiming of a dead one's lane. A full scan, lock-free.
+    pub fn concurrency_keys(&self) -> impl Iterator<Item = (u64, PinnedKeyWords<'_>)> {
+        let table = self.table();
+        table.occupied().filter_map(move |slot| {
+            let pin = table.pin(slot)?;
+            let words = self.words_of(pin.state())?;
+            Some((slot.id, PinnedKeyWords { words, pin }))
         })
     }
 
     /// When a concurrency key's state becomes a fresh key's: never while requests hold or wait
     /// for its slots (its counts must stay where its requests will give them back); an idle
     /// key's adaptive state when it would be measured again anyway; else at once.
-    pub(super) fn concurrency_idle_at(&self, slot: &[AtomicU64]) -> u64 {
-        let Some(words) = self.words_of(slot) else {
+    pub(super) fn concurrency_idle_at(&self, state: &[AtomicU64]) -> u64 {
+        let Some(words) = self.words_of(state) else {
             return 0;
         };
         if !words.is_idle() {
-            return u64::MAX;
+            return ratelimit_slots::BUSY;
         }
         let Some(adaptive) = words.adaptive else {
             return 0;
@@ -273,8 +301,8 @@ impl Zone {
     /// Forget a concurrency key: its queue is emptied (live waiters queue again) and its
     /// adaptive state cleared; the slots held stay, given back by their requests. False when
     /// there was nothing to forget.
-    pub(super) fn forget_concurrency(&self, slot: &[AtomicU64], now_ns: u64) -> bool {
-        let Some(words) = self.words_of(slot) else {
+    pub(super) fn forget_concurrency(&self, state: &[AtomicU64], now_ns: u64) -> bool {
+        let Some(words) = self.words_of(state) else {
             return false;
         };
         words.reset_queue(now_ns);

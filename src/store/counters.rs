@@ -61,14 +61,29 @@ impl Zone {
         self.header().evictions.load(Ordering::Relaxed)
     }
 
+    /// New keys refused a slot because their whole window was busy.
+    pub fn no_slot(&self) -> u64 {
+        self.header().no_slot.load(Ordering::Relaxed)
+    }
+
+    /// True at most once a second (per zone, across workers): when to log that a new key
+    /// found its window busy.
+    pub fn should_log_no_slot(&self, now_ns: u64) -> bool {
+        once_a_second(&self.header().no_slot_logged_sec, now_ns)
+    }
+
     /// True at most once a second (per zone, across workers): when to log that it is full.
     pub fn should_log_full(&self, now_ns: u64) -> bool {
-        let second = now_ns / 1_000_000_000;
-        let full_logged_sec = &self.header().full_logged_sec;
-        let last = full_logged_sec.load(Ordering::Relaxed);
-        last != second
-            && full_logged_sec
-                .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
+        once_a_second(&self.header().full_logged_sec, now_ns)
     }
+}
+
+/// True for the first caller of each second that `logged_sec` has not seen.
+fn once_a_second(logged_sec: &AtomicU64, now_ns: u64) -> bool {
+    let second = now_ns / 1_000_000_000;
+    let last = logged_sec.load(Ordering::Relaxed);
+    last != second
+        && logged_sec
+            .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
 }

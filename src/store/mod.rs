@@ -1,31 +1,31 @@
 //! The store: a zone's shared memory (slot table, override table, counters, top-keys region)
-//! and the instance's sync record. Imports only glue and `ratelimit-core`; it keeps data and
-//! makes no decision of the request path's or the sync loop's.
+//! and the instance's sync record. Imports only glue, `ratelimit-core` and `ratelimit-slots`
+//! (the slot table's protocol); it keeps data and makes no decision of the request path's or
+//! the sync loop's.
 //!
 //! Layout of the block a zone allocates from its slab pool (one allocation, page aligned):
 //!
 //! ```text
 //! ZoneShared header | padding to 64 bytes | slot table | block table (zones with block=)
-//! slot table = buckets of SLOTS_PER_BUCKET slots; slot = [hash: u64, state: u64 × slot_words]
+//! slot table = buckets of SLOTS_PER_BUCKET slots; slot = [id | pins: u64, state: u64 × slot_words]
 //! block table = records of ratelimit_core::block_table (96 bytes a blocked key)
 //! ```
 //!
-//! A key is identified by a 64-bit foldhash (`foldhash::quality`) of its bytes under a random
-//! per-zone seed; the key bytes themselves are not stored, so every key costs the same
+//! A key is identified by 51 bits (the top 52, the lowest set) of a 64-bit foldhash
+//! (`foldhash::quality`) of its bytes under a random per-zone seed (the low 12 bits of the id
+//! word count pins); the key bytes themselves are not stored, so every key costs the same
 //! whatever its length (16 bytes for the single-word algorithms). A key lives in one of the
 //! `PROBE_BUCKETS × SLOTS_PER_BUCKET` slots starting at its home bucket.
 //!
 //! Concurrency: every worker maps the same memory. The single-word algorithms update a slot's
 //! state by compare-and-swap and never lock. The zone's slab mutex (which the master releases
-//! when a worker dies holding it) is taken only to claim a slot for a new key, to evict, for
-//! the algorithms that keep several words per key, and for admin writes. A slot is published
-//! by storing its hash last (Release), after its state was reset, so a worker killed
-//! mid-claim leaves either an empty slot or a complete one.
-//!
-//! One race is accepted: a worker that found a key's slot just before another worker evicted
-//! that key (window full, under the lock) charges its request to the slot's new key. It needs
-//! an eviction and a request for the evicted key within the same microseconds, and costs one
-//! request of accounting; closing it would need a lock or a tag on every update.
+//! when a worker dies holding it) is taken only to claim a slot for a new key when its window
+//! is full, to evict, for the algorithms that keep several words per key, and for admin
+//! writes. A key's requests never land on another key's state: every access to a slot's
+//! words pins it (`ratelimit_slots`: the key's id and a count of pins share one word, and an
+//! eviction exchanges "victim, no pins" for a tombstone before it resets anything), so a key
+//! keeps its slot while a request uses it, and a key with requests in flight or queued is
+//! never evicted. See docs/architecture.md, "The slot table's ownership rule".
 //!
 //! * [`slots`]: the slot table (find, claim, evict, decide, charge, forget);
 //! * [`overrides`]: the per-key override table;
@@ -66,7 +66,7 @@ pub use overrides::{OverrideError, OVERRIDE_CAPACITY};
 pub use slots::SlotIndex;
 
 /// Identifies the layout below; a zone inherited over a reload with another magic is reformatted.
-const MAGIC: u64 = 0x726c_7a6f_6e65_0007;
+const MAGIC: u64 = 0x726c_7a6f_6e65_0008;
 
 /// The longest key a zone accepts, in bytes (limit_req's limit).
 pub const MAX_KEY_BYTES: usize = 65535;
@@ -92,6 +92,10 @@ pub struct ZoneShared {
     evictions: AtomicU64,
     /// Seconds (monotonic) of the last "zone is full" log line, to log it once a second.
     full_logged_sec: AtomicU64,
+    /// New keys refused a slot because every slot of their window was busy (requests in
+    /// flight or queued), and the second of the last log line saying so.
+    no_slot: AtomicU64,
+    no_slot_logged_sec: AtomicU64,
     override_count: AtomicU64,
     overrides: [OverrideSlot; OVERRIDE_CAPACITY],
     /// 1 for a `sync` zone: each slot has two more words (see [`slots::SyncWords`]).
@@ -164,11 +168,11 @@ pub struct Zone {
     shpool: *mut ngx_slab_pool_t,
     shared: *mut ZoneShared,
     table: *mut AtomicU64,
+    /// The slot table over those words, as `ratelimit_slots` sees it (built once: the request
+    /// path computes nothing to find it). `'static` stands for the cycle's lifetime.
+    slot_table: ratelimit_slots::Table<'static, AtomicU64>,
     /// `u64` words per slot: the hash, then the state.
     stride: usize,
-    /// Buckets a key's probe window may start at; the table has `PROBE_BUCKETS - 1` more at
-    /// its end so that no window wraps around.
-    home_buckets: u64,
     slots: usize,
     algorithm: Algorithm,
     seed: [u64; 2],
@@ -311,16 +315,19 @@ impl Zone {
                     .cast::<AtomicU64>()
             }
         };
+        let slot_count = buckets as usize * slots::SLOTS_PER_BUCKET;
+        // SAFETY: `format` laid out `slot_count * stride` words from `table`, 8-aligned, inside
+        // the zone's mapping, which outlives every view of this cycle; AtomicU64 accepts any
+        // bit pattern.
+        let words = unsafe { core::slice::from_raw_parts(table, slot_count * stride) };
         Zone {
             shpool,
             shared,
             table,
+            slot_table: ratelimit_slots::Table::new(words, stride),
             blocks,
             block_words: ratelimit_core::block_table::BlockTable::words_for(block_records),
             stride,
-            home_buckets: buckets
-                .saturating_sub(slots::PROBE_BUCKETS as u64 - 1)
-                .max(1),
             slots: buckets as usize * slots::SLOTS_PER_BUCKET,
             algorithm: Algorithm::from_code(header.algorithm.load(Ordering::Relaxed)),
             seed: header.seed,
@@ -494,14 +501,15 @@ impl Zone {
             .map(|_| self.rescale_backlogs(&current, &new, now_ns))
     }
 
-    /// Hash a key with the zone's secret seed; never 0 (0 marks an empty slot). foldhash's
-    /// quality variant: a few multiplications for a short key, and without the seed a client
-    /// cannot choose keys that collide.
+    /// A key's id: its hash with the zone's secret seed, reduced to the 52 bits a slot's id
+    /// word keeps beside its pin count (`ratelimit_slots::key_id`); never 0 (an empty slot).
+    /// foldhash's quality variant: a few multiplications for a short key, and without the
+    /// seed a client cannot choose keys that collide.
     #[inline]
     pub fn hash_key(&self, key: &[u8]) -> u64 {
-        foldhash::quality::FixedState::with_seed(self.seed[0])
-            .hash_one(key)
-            .max(1)
+        ratelimit_slots::key_id(
+            foldhash::quality::FixedState::with_seed(self.seed[0]).hash_one(key),
+        )
     }
 
     /// Take the zone's slab mutex (released when the guard drops).

@@ -1,8 +1,7 @@
 //! The zone's per-key overrides: a fixed table in the header (open addressing, linear
 //! probing) whose keys' bytes live in slab chunks, so that the admin API can list them.
 
-use core::ptr;
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 use nginx_sys::{ngx_slab_alloc_locked, ngx_slab_free_locked};
 use ratelimit_core::Limits;
@@ -177,22 +176,23 @@ impl Zone {
         // `end` never changes afterwards.
         let end = unsafe { (*self.shpool).end } as usize;
         let chunk = (self.shared as usize).wrapping_add(offset as usize);
-        if chunk < start || chunk.checked_add(8)? > end {
+        if chunk < start || chunk.checked_add(8)? > end || !chunk.is_multiple_of(8) {
             return None;
         }
-        // SAFETY: `chunk..chunk + 8` lies inside the mapping (checked above). The bytes may be
-        // rewritten by a worker at any time: they are read volatile, and the caller only
-        // trusts them when they hash to the slot's hash.
-        let len = unsafe { ptr::read_volatile(chunk as *const [u8; 8]) };
-        let len = u64::from_ne_bytes(len) as usize;
+        // SAFETY: `chunk..chunk + 8` lies inside the mapping and is 8-aligned (checked above).
+        // The words may be rewritten by a worker at any time: they are read as atomics (as
+        // `store_key_locked` writes them), and the caller only trusts bytes that hash to the
+        // slot's hash.
+        let len = unsafe { AtomicU64::from_ptr(chunk as *mut u64) }.load(Ordering::Relaxed);
+        let len = len as usize;
         if len > MAX_KEY_BYTES || len > end - chunk - 8 {
             return None;
         }
-        let bytes = (chunk + 8) as *const u8;
-        // SAFETY: `bytes..bytes + len` lies inside the mapping (checked above).
+        let bytes = (chunk + 8) as *mut u8;
         Some(
             (0..len)
-                .map(|i| unsafe { ptr::read_volatile(bytes.add(i)) })
+                // SAFETY: `bytes..bytes + len` lies inside the mapping (checked above).
+                .map(|i| unsafe { AtomicU8::from_ptr(bytes.add(i)) }.load(Ordering::Relaxed))
                 .collect(),
         )
     }
@@ -204,10 +204,15 @@ impl Zone {
         if chunk.is_null() {
             return None;
         }
-        // SAFETY: `chunk` has room for the length word and the key bytes.
-        unsafe {
-            chunk.cast::<u64>().write_unaligned(key.len() as u64);
-            ptr::copy_nonoverlapping(key.as_ptr(), chunk.add(8), key.len());
+        // Written as atomics: the sync thread reads chunks without the lock
+        // (`key_at_unlocked`), and may read one that is being reused.
+        // SAFETY: `chunk` has room for the length word and the key bytes; slab chunks of 8
+        // bytes or more are aligned to their size class, so the length word is 8-aligned.
+        unsafe { AtomicU64::from_ptr(chunk.cast::<u64>()) }
+            .store(key.len() as u64, Ordering::Relaxed);
+        for (i, &byte) in key.iter().enumerate() {
+            // SAFETY: inside the chunk (8 + key.len() bytes).
+            unsafe { AtomicU8::from_ptr(chunk.add(8 + i)) }.store(byte, Ordering::Relaxed);
         }
         Some(chunk as u64 - self.shared as u64)
     }

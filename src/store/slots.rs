@@ -1,23 +1,35 @@
 //! The slot table: where each key's state lives, how a key finds or claims its slot, and the
 //! updates of a state (decide, charge, give back, forget, rescale).
+//!
+//! Finding, claiming and evicting are `ratelimit_slots`'s (model-checked with loom); every
+//! access to a key's words here goes through its [`Pin`]: a charge pins the key's slot (and
+//! finds or claims it again if the key lost it), a give-back pins the slot it charged and
+//! gives nothing back when the key lost it (its state went with it).
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use ratelimit_core::{
     leaky_bucket, token_bucket, Algorithm, BucketCharge, Decision, Limits, Outcome, Policy,
 };
+use ratelimit_slots::{Claim, Table};
 
 use super::Zone;
 
-pub const SLOTS_PER_BUCKET: usize = 4;
-pub const PROBE_BUCKETS: usize = 2;
+pub use ratelimit_slots::{PROBE_BUCKETS, SLOTS_PER_BUCKET};
 /// State words of a `sync` zone's slot: the state, the pending delta, the grant (see
 /// `ratelimit_core::fleet`).
 pub const SYNC_STATE_WORDS: usize = 3;
 
-/// Where a key's state is: the index of its slot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SlotIndex(pub(super) usize);
+/// Where a key's state is: its slot and the key's id (its hash), so that a reference kept
+/// across time (a give-back, a queued request, the sync loop) never reaches another key.
+pub type SlotIndex = ratelimit_slots::SlotRef;
+
+/// The index of [`Zone::no_slot_for`]'s references (the table clamps it to its last slot,
+/// which a pin accepts only if the key is really there).
+const NO_SLOT: usize = usize::MAX;
+
+/// A pinned slot of the zone: the key keeps it while this lives (a few instructions).
+pub type Pin<'a> = ratelimit_slots::Pin<'a, AtomicU64>;
 
 /// A sync zone's per-key words besides the state, as data: what the key charged since the
 /// last sync (`pending`) and what the fleet lets it charge (`grant`).
@@ -26,209 +38,228 @@ pub struct SyncWords<'a> {
     pub grant: &'a AtomicU64,
 }
 
+/// A sync zone's key pinned for the sync loop: its state, pending and grant words.
+pub struct SyncPin<'a> {
+    pin: Pin<'a>,
+}
+
+impl<'a> SyncPin<'a> {
+    /// The key's words: state, pending delta, grant.
+    pub fn words(&self) -> [&'a AtomicU64; 3] {
+        let state = self.pin.state();
+        [&state[0], &state[1], &state[2]]
+    }
+}
+
+/// Where [`Zone::find_or_claim`] put a key.
+#[derive(Clone, Copy, Debug)]
+pub enum Placed {
+    /// In this slot; `evicted` when another key's state that still mattered was dropped.
+    Slot { slot: SlotIndex, evicted: bool },
+    /// Nowhere: every slot of its window is busy (requests in flight or queued).
+    Busy,
+}
+
 impl Zone {
     /// Slots in the table, overflow buckets included.
     pub fn slot_count(&self) -> usize {
         self.slots
     }
 
-    /// The words of slot `index`: `[0]` is the key hash, the rest its state.
-    pub(super) fn slot(&self, index: usize) -> &[AtomicU64] {
-        let index = index.min(self.slots.saturating_sub(1));
-        // SAFETY: `index` is clamped to the table, whose slots are `stride` u64 each, 8-byte
-        // aligned inside the zone's mapping; AtomicU64 accepts any bit pattern.
-        unsafe { core::slice::from_raw_parts(self.table.add(index * self.stride), self.stride) }
-    }
-
-    /// The hash word of slot `index` (< `slots`).
-    #[inline]
-    fn hash_word(&self, index: usize) -> &AtomicU64 {
-        debug_assert!(index < self.slots);
-        // SAFETY: callers pass indexes of a probe window, which lies inside the table (the
-        // home bucket is below `home_buckets` and the table has PROBE_BUCKETS - 1 more).
-        unsafe { &*self.table.add(index * self.stride) }
-    }
-
-    /// The first state word of the slot `index` (a `SlotIndex` is always inside the table).
-    #[inline]
-    fn state_word(&self, index: SlotIndex) -> &AtomicU64 {
-        debug_assert!(index.0 < self.slots);
-        // SAFETY: slot indexes are only made by `find`/`claim` from probe windows, which lie
-        // inside the table; every slot has at least one state word after its hash.
-        unsafe { &*self.table.add(index.0 * self.stride + 1) }
-    }
-
-    /// The first slot of the key's probe window; the window is the next
-    /// `PROBE_BUCKETS * SLOTS_PER_BUCKET` slots.
-    #[inline]
-    fn window_start(&self, hash: u64) -> usize {
-        // Multiply-shift maps the hash onto the home buckets without a division.
-        let home = ((u128::from(hash) * u128::from(self.home_buckets)) >> 64) as usize;
-        home * SLOTS_PER_BUCKET
-    }
-
-    fn probe_window(&self, hash: u64) -> core::ops::Range<usize> {
-        let first = self.window_start(hash);
-        first..first + PROBE_BUCKETS * SLOTS_PER_BUCKET
+    /// The table, as `ratelimit_slots` sees it.
+    #[inline(always)]
+    pub(super) fn table(&self) -> Table<'_, AtomicU64> {
+        self.slot_table
     }
 
     /// The slot holding `hash`, if the key has one. Lock-free.
-    ///
-    /// Slots never become empty again (a forgotten key keeps its slot with a fresh state, an
-    /// evicted one hands it over), and a new key takes the first empty slot of its window, so
-    /// a key is never behind an empty slot of its window: the scan stops at the first one.
     pub fn find(&self, hash: u64) -> Option<SlotIndex> {
-        for index in self.probe_window(hash) {
-            match self.hash_word(index).load(Ordering::Acquire) {
-                h if h == hash => return Some(SlotIndex(index)),
-                0 => return None,
-                _ => {}
-            }
-        }
-        None
+        self.table().find(hash)
     }
 
     /// The slot holding `hash` if its state differs from a fresh key's at `now_ns`.
     pub fn find_tracked(&self, hash: u64, now_ns: u64) -> Option<SlotIndex> {
-        let index = self.find(hash)?;
+        let slot = self.find(hash)?;
         let limits = self.limits()?;
         let _lock = self.algorithm.needs_lock().then(|| self.lock());
-        (self.idle_at_ns(self.slot(index.0), &limits, now_ns) > now_ns).then_some(index)
+        let pin = self.table().pin(slot)?;
+        (self.idle_at_ns(pin.state(), &limits, now_ns) > now_ns).then_some(slot)
     }
 
-    /// The slot for `hash`, claiming one for a new key. Returns the index and whether another
-    /// key was evicted for it.
+    /// The slot for `hash`, claiming one for a new key, and whether the zone has something to
+    /// log: another key evicted for it, or its window busy (then the slot is
+    /// [`Zone::no_slot_for`] the key).
     ///
     /// The common cases take no lock: a tracked key is found, and a new key takes the first
-    /// empty slot of its window with a compare-and-swap of the hash word (an empty slot's
-    /// state is already a fresh key's). Only a full window takes the zone lock to evict.
+    /// empty slot of its window with a compare-and-swap. Only a full window takes the zone
+    /// lock to evict, and never a key with requests in flight or queued.
     #[inline]
     pub fn find_or_claim(&self, hash: u64, now_ns: u64) -> (SlotIndex, bool) {
         // A key seen before is most often in the first slot of its window.
-        let first = self.window_start(hash);
-        if self.hash_word(first).load(Ordering::Acquire) == hash {
-            return (SlotIndex(first), false);
+        let index = self.table().window_start(hash);
+        // SAFETY: a window's first slot is inside the table (its home bucket is below the
+        // table's home buckets); slots are `stride` words from `table`.
+        let id_word = unsafe { &*self.table.add(index * self.stride) };
+        if id_word.load(Ordering::Acquire) >> ratelimit_slots::PIN_BITS == hash {
+            return (SlotIndex { index, id: hash }, false);
         }
-        self.find_or_claim_slow(hash, now_ns)
+        match self.find_or_claim_slow(hash, now_ns) {
+            Placed::Slot { slot, evicted } => (slot, evicted),
+            Placed::Busy => (self.no_slot_for(hash), true),
+        }
     }
 
     #[inline(never)]
-    fn find_or_claim_slow(&self, hash: u64, now_ns: u64) -> (SlotIndex, bool) {
-        let mut empty = None;
-        for index in self.probe_window(hash) {
-            match self.hash_word(index).load(Ordering::Acquire) {
-                h if h == hash => return (SlotIndex(index), false),
-                0 => {
-                    // No key of this window lies beyond its first empty slot (see `find`).
-                    empty = Some(index);
-                    break;
-                }
-                _ => {}
-            }
-        }
-        if let Some(index) = empty.filter(|&index| self.claim_empty(index, hash)) {
-            return (SlotIndex(index), false);
+    fn find_or_claim_slow(&self, hash: u64, now_ns: u64) -> Placed {
+        if let Some(slot) = self.table().find_or_claim_empty(hash) {
+            return Placed::Slot {
+                slot,
+                evicted: false,
+            };
         }
         let _lock = self.lock();
         self.claim_locked(hash, now_ns)
     }
 
-    /// Take an empty slot for `hash`; false if another worker took it first.
-    #[inline]
-    fn claim_empty(&self, index: usize, hash: u64) -> bool {
-        self.hash_word(index)
-            .compare_exchange(0, hash, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-    }
-
-    /// As `find_or_claim`, with the zone lock held: rescans (another worker may have claimed
-    /// the key meanwhile), takes an empty slot, else evicts the slot nearest to its fresh
-    /// state (an idle one first: evicting it changes no decision).
-    fn claim_locked(&self, hash: u64, now_ns: u64) -> (SlotIndex, bool) {
+    /// As `find_or_claim`, with the zone lock held: the table rescans, takes an empty slot,
+    /// else evicts the idle key nearest to its fresh state.
+    fn claim_locked(&self, hash: u64, now_ns: u64) -> Placed {
         let limits = self.limits();
-        loop {
-            let mut empty = None;
-            let mut victim = self.window_start(hash);
-            let mut victim_idle_at = u64::MAX;
-            for index in self.probe_window(hash) {
-                match self.hash_word(index).load(Ordering::Acquire) {
-                    h if h == hash => return (SlotIndex(index), false),
-                    0 => {
-                        empty = empty.or(Some(index));
-                    }
-                    _ => {
-                        let idle_at = limits.map_or(0, |limits| {
-                            self.idle_at_ns(self.slot(index), &limits, now_ns)
-                        });
-                        if idle_at < victim_idle_at {
-                            victim = index;
-                            victim_idle_at = idle_at;
-                        }
-                    }
+        let claim = self.table().claim_locked(
+            hash,
+            |state| limits.map_or(0, |limits| self.idle_at_ns(state, &limits, now_ns)),
+            |victim, state| self.orphan(victim.id, state),
+        );
+        match claim {
+            Claim::Found(slot) | Claim::Claimed(slot) => Placed::Slot {
+                slot,
+                evicted: false,
+            },
+            Claim::Evicted { slot, idle_at } => {
+                let evicted = idle_at > now_ns;
+                if evicted {
+                    self.header().evictions.fetch_add(1, Ordering::Relaxed);
                 }
+                Placed::Slot { slot, evicted }
             }
-            // Lock-free claimers only ever take empty slots, so an empty slot is still raced
-            // for with compare-and-swap; an occupied one changes only under this lock.
-            if let Some(index) = empty {
-                if self.claim_empty(index, hash) {
-                    return (SlotIndex(index), false);
-                }
-                continue;
+            Claim::Busy => {
+                self.header().no_slot.fetch_add(1, Ordering::Relaxed);
+                Placed::Busy
             }
-            let slot = self.slot(victim);
-            self.orphan(slot);
-            for word in &slot[1..] {
-                word.store(0, Ordering::Relaxed);
-            }
-            slot[0].store(hash, Ordering::Release);
-            let evicted = victim_idle_at > now_ns;
-            if evicted {
-                self.header().evictions.fetch_add(1, Ordering::Relaxed);
-            }
-            return (SlotIndex(victim), evicted);
         }
     }
 
-    /// Before a sync zone's slot is given to another key: hand its pending delta (requests
-    /// admitted but not yet sent to the fleet) to the sync loop through the orphan ring of
-    /// the instance's sync record, so that eviction loses no charge the fleet needs. Under
-    /// the zone's lock; the swap takes the delta from a loop that would take it meanwhile.
-    fn orphan(&self, slot: &[AtomicU64]) {
-        if !self.sync || slot.len() != 1 + SYNC_STATE_WORDS {
+    /// Whether `slot` is a [`Zone::no_slot_for`] reference.
+    pub fn names_no_slot(slot: SlotIndex) -> bool {
+        slot.index == NO_SLOT
+    }
+
+    /// The reference a key gets when its window is busy: no slot is its own (a pin of it
+    /// fails, and a charge looks for a slot again).
+    pub fn no_slot_for(&self, hash: u64) -> SlotIndex {
+        SlotIndex {
+            index: NO_SLOT,
+            id: hash,
+        }
+    }
+
+    /// Pin the key's slot to charge it: its own, or (when the key lost it since it was found)
+    /// the one it finds or claims now. `None` only when the key's window is busy.
+    #[inline(always)]
+    pub fn pin_to_charge(&self, slot: SlotIndex, now_ns: u64) -> Option<Pin<'_>> {
+        if slot.index < self.slots {
+            let start = slot.index * self.stride;
+            // SAFETY: the slot is inside the table (checked), `stride` (at least 2) words from
+            // `table`, in the zone's mapping that outlives this view.
+            let words = unsafe {
+                (
+                    &*self.table.add(start),
+                    &*self.table.add(start + 1),
+                    core::slice::from_raw_parts(self.table.add(start + 1), self.stride - 1),
+                )
+            };
+            if let Some(pin) = Table::pin_words(words, slot) {
+                return Some(pin);
+            }
+        }
+        if slot.index == NO_SLOT {
+            // The window was busy when the key was found: counted and logged then.
+            return None;
+        }
+        self.pin_again(slot.id, now_ns)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn pin_again(&self, hash: u64, now_ns: u64) -> Option<Pin<'_>> {
+        let limits = self.limits();
+        let acquired = self.table().claim_and_pin(
+            hash,
+            || self.lock(),
+            |state| limits.map_or(0, |limits| self.idle_at_ns(state, &limits, now_ns)),
+            |victim, state| self.orphan(victim.id, state),
+        );
+        match acquired {
+            Some((pin, evicted)) => {
+                if evicted.is_some_and(|idle_at| idle_at > now_ns) {
+                    self.header().evictions.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(pin)
+            }
+            None => {
+                self.header().no_slot.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Pin the slot a key was charged in (to give back, or to release what it holds): `None`
+    /// when the key lost it (its state went with it).
+    #[inline]
+    pub fn pin_own(&self, slot: SlotIndex) -> Option<Pin<'_>> {
+        self.table().pin_or_wait(slot, || self.lock())
+    }
+
+    /// Before a sync zone's slot is given to another key, or forgotten: hand its pending
+    /// delta (requests admitted but not yet sent to the fleet) to the sync loop through the
+    /// orphan ring of the instance's sync record, so that no charge the fleet needs is lost.
+    /// The swap takes the delta from a loop that would take it meanwhile.
+    fn orphan(&self, hash: u64, state: &[AtomicU64]) {
+        if !self.sync || state.len() != SYNC_STATE_WORDS {
             return;
         }
-        let pending = slot[2].swap(0, Ordering::AcqRel);
+        let pending = state[1].swap(0, Ordering::AcqRel);
         if pending & !ratelimit_core::fleet::ASKED == 0 {
             return;
         }
         if let Some(sync) = super::sync_record::shared() {
-            let hash = slot[0].load(Ordering::Relaxed);
             if !sync.orphans.push(self.seed[0], hash, pending) {
                 sync.orphans_dropped.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
 
-    /// When a slot's state becomes equivalent to a fresh key's (0 for an empty slot). An
-    /// algorithm that needs the lock is read under it, which callers hold.
-    fn idle_at_ns(&self, slot: &[AtomicU64], limits: &Limits, now_ns: u64) -> u64 {
+    /// When a key's state (its words after the id) becomes equivalent to a fresh key's (0
+    /// for an empty slot); `ratelimit_slots::BUSY` (never) while requests hold or wait for
+    /// a concurrency key's slots. An algorithm that needs the lock is read under it, which
+    /// callers hold.
+    fn idle_at_ns(&self, state: &[AtomicU64], limits: &Limits, now_ns: u64) -> u64 {
         let algorithm = self.algorithm;
         if algorithm.counts_in_flight() {
-            return self.concurrency_idle_at(slot);
+            return self.concurrency_idle_at(state);
         }
-        if algorithm.needs_lock() {
-            return ratelimit_core::words_idle_at_ns(
-                state_words_mut(&slot[1..]),
+        let at = if algorithm.needs_lock() {
+            ratelimit_core::words_idle_at_ns(state_words_mut(state), limits, algorithm)
+        } else {
+            ratelimit_core::word_idle_at_ns_near(
+                state[0].load(Ordering::Relaxed),
                 limits,
                 algorithm,
-            );
-        }
-        ratelimit_core::word_idle_at_ns_near(
-            slot[1].load(Ordering::Relaxed),
-            limits,
-            algorithm,
-            now_ns,
-        )
+                now_ns,
+            )
+        };
+        // A rate key is always evictable.
+        at.min(ratelimit_slots::BUSY - 1)
     }
 
     /// Decide a request for the key in `index` from its local state. With `commit`, a
@@ -236,12 +267,33 @@ impl Zone {
     /// for the others); without it nothing changes. A rejected request never changes the
     /// state. A sync zone's fleet grant is not taken here: the caller composes it.
     pub fn decide(&self, index: SlotIndex, now_ns: u64, policy: &Policy, commit: bool) -> Decision {
+        let pin = if commit {
+            self.pin_to_charge(index, now_ns)
+        } else {
+            self.table().pin(index)
+        };
+        match pin {
+            Some(pin) => self.decide_pinned(&pin, now_ns, policy, commit),
+            // A key without a slot (lost since it was found, or a busy window) stands as
+            // a fresh key, and nothing is stored for it.
+            None => self.decide_fresh(now_ns, policy),
+        }
+    }
+
+    /// [`Zone::decide`] on a slot pinned by the caller.
+    pub fn decide_pinned(
+        &self,
+        pin: &Pin<'_>,
+        now_ns: u64,
+        policy: &Policy,
+        commit: bool,
+    ) -> Decision {
         if policy.algorithm.needs_lock() {
             let _lock = self.lock();
-            let words = state_words_mut(&self.slot(index.0)[1..]);
+            let words = state_words_mut(pin.state());
             return ratelimit_core::decide_words(words, now_ns, policy, commit);
         }
-        let state = self.state_word(index);
+        let state = pin.first_state();
         // One loop per algorithm, so each compiles to that algorithm's arithmetic alone.
         match policy.algorithm {
             Algorithm::LeakyBucket => {
@@ -256,16 +308,32 @@ impl Zone {
         }
     }
 
+    #[cold]
+    fn decide_fresh(&self, now_ns: u64, policy: &Policy) -> Decision {
+        if policy.algorithm.needs_lock() {
+            let mut words = vec![0u64; self.stride - 1];
+            return ratelimit_core::decide_words(&mut words, now_ns, policy, false);
+        }
+        ratelimit_core::decide_word(0, now_ns, policy).0
+    }
+
     /// Give back `policy.cost` requests charged to the key in `index` from its local state
-    /// (lua-resty-limit-traffic's `uncommit`).
+    /// (lua-resty-limit-traffic's `uncommit`). Nothing when the key lost its slot since.
     pub fn uncommit(&self, index: SlotIndex, now_ns: u64, policy: &Policy) {
+        if let Some(pin) = self.pin_own(index) {
+            self.uncommit_pinned(&pin, now_ns, policy);
+        }
+    }
+
+    /// [`Zone::uncommit`] on a slot pinned by the caller.
+    pub fn uncommit_pinned(&self, pin: &Pin<'_>, now_ns: u64, policy: &Policy) {
         if policy.algorithm.needs_lock() {
             let _lock = self.lock();
-            let words = state_words_mut(&self.slot(index.0)[1..]);
+            let words = state_words_mut(pin.state());
             ratelimit_core::uncommit::uncommit_words(words, policy);
             return;
         }
-        update_word(self.state_word(index), |state| {
+        update_word(&pin.state()[0], |state| {
             let next = ratelimit_core::uncommit::uncommit_word(state, now_ns, policy);
             ((), (next != state).then_some(next))
         });
@@ -285,7 +353,12 @@ impl Zone {
         let Some(bucket) = ratelimit_core::usage::settle::Bucket::of(policy) else {
             return 0;
         };
-        update_word(self.state_word(index), |state| {
+        // A key that lost its slot since its reservation lost its state with it: there is no
+        // bucket left to charge, the whole amount is forgiven (as a give-back gives nothing).
+        let Some(pin) = self.pin_own(index) else {
+            return tokens;
+        };
+        update_word(&pin.state()[0], |state| {
             let (next, forgiven) = ratelimit_core::usage::settle::charge_into_debt(
                 state, now_ns, &bucket, tokens, debt,
             );
@@ -299,7 +372,11 @@ impl Zone {
     /// `ratelimit_core::decide_word(previous, now_ns, policy)`.
     #[inline]
     pub fn charge(&self, index: SlotIndex, now_ns: u64, policy: &Policy) -> (Outcome, u64) {
-        let state = self.state_word(index);
+        let Some(pin) = self.pin_to_charge(index, now_ns) else {
+            // A key whose window is busy is charged nowhere (decided as a fresh key).
+            return charge_fresh(|s| outcome_of(ratelimit_core::decide_word(s, now_ns, policy)));
+        };
+        let state = pin.first_state();
         match policy.algorithm {
             Algorithm::LeakyBucket => charge_word(state, |s| {
                 outcome_of(leaky_bucket::decide(s, now_ns, policy))
@@ -324,7 +401,15 @@ impl Zone {
         charge: &BucketCharge,
         fallback: impl Fn(u64) -> (Decision, Option<u64>),
     ) -> (Outcome, u64) {
-        charge_word(self.state_word(index), |state| {
+        let Some(pin) = self.pin_to_charge(index, now_ns) else {
+            // A key whose window is busy is charged nowhere (decided as a fresh key).
+            return charge_fresh(|state| {
+                charge
+                    .charge(state, now_ns)
+                    .unwrap_or_else(|| outcome_of(fallback(state)))
+            });
+        };
+        charge_word(pin.first_state(), |state| {
             charge
                 .charge(state, now_ns)
                 .unwrap_or_else(|| outcome_of(fallback(state)))
@@ -346,22 +431,24 @@ impl Zone {
     ///
     /// The key keeps its slot with a fresh key's state (all zeros), which decides exactly like
     /// no state at all and keeps the table free of holes (see `find`); the slot goes first
-    /// when its window needs room.
+    /// when its window needs room. A sync zone's pending delta goes to the orphan ring first:
+    /// the fleet still gets the requests admitted.
     pub fn forget(&self, hash: u64, now_ns: u64) -> bool {
         let _lock = self.lock();
-        let Some(index) = self.find(hash) else {
+        let Some(pin) = self.find(hash).and_then(|slot| self.table().pin(slot)) else {
             return false;
         };
-        let slot = self.slot(index.0);
+        let state = pin.state();
         if self.algorithm.counts_in_flight() {
             // Its slot counts stay while requests hold them; its queue is emptied.
-            return self.concurrency_idle_at(slot) > now_ns
-                && self.forget_concurrency(slot, now_ns);
+            return self.concurrency_idle_at(state) > now_ns
+                && self.forget_concurrency(state, now_ns);
         }
         let tracked = self
             .limits()
-            .is_some_and(|limits| self.idle_at_ns(slot, &limits, now_ns) > now_ns);
-        for word in &slot[1..] {
+            .is_some_and(|limits| self.idle_at_ns(state, &limits, now_ns) > now_ns);
+        self.orphan(hash, state);
+        for word in state {
             word.store(0, Ordering::Relaxed);
         }
         tracked
@@ -375,81 +462,99 @@ impl Zone {
         // Only the states of an algorithm that needs the lock are read under it; the others
         // are single atomics.
         let _lock = self.algorithm.needs_lock().then(|| self.lock());
-        (0..self.slot_count())
-            .map(|index| self.slot(index))
-            .filter(|slot| slot[0].load(Ordering::Relaxed) != 0)
-            .filter(|slot| self.idle_at_ns(slot, &limits, now_ns) > now_ns)
+        let table = self.table();
+        table
+            .occupied()
+            .filter_map(|slot| table.pin(slot))
+            .filter(|pin| self.idle_at_ns(pin.state(), &limits, now_ns) > now_ns)
             .count() as u64
     }
 
     /// Nanoseconds from `now_ns` until the key in `index` is back to a fresh key's state under
     /// `limits` (0 when it already is): `GET zones/NAME/keys/KEY` shows it as `reset_ms`.
     pub fn time_to_fresh_ns(&self, index: SlotIndex, limits: &Limits, now_ns: u64) -> u64 {
-        let slot = self.slot(index.0);
         let _lock = self.algorithm.needs_lock().then(|| self.lock());
-        self.idle_at_ns(slot, limits, now_ns).saturating_sub(now_ns)
+        let Some(pin) = self.table().pin(index) else {
+            return 0;
+        };
+        self.idle_at_ns(pin.state(), limits, now_ns)
+            .saturating_sub(now_ns)
     }
 
     /// After the zone's rate changed from `old` to `new`: re-express each bucket's backlog at
     /// the new rate, as limit_req's excess (kept in requests) would drain at a reloaded rate.
-    /// Keys with their own override keep theirs. A full scan; lock-free (compare-and-swap).
+    /// Keys with their own override keep theirs. A full scan; lock-free (each key pinned).
     pub fn rescale_backlogs(&self, old: &Limits, new: &Limits, now_ns: u64) {
         let algorithm = self.algorithm;
         if old.rate == new.rate || !algorithm.keeps_time_at_rate() {
             return;
         }
-        for index in 0..self.slot_count() {
-            let slot = self.slot(index);
-            let hash = slot[0].load(Ordering::Acquire);
-            if hash == 0 || self.override_for(hash).is_some() {
+        let table = self.table();
+        for slot in table.occupied() {
+            if self.override_for(slot.id).is_some() {
                 continue;
             }
-            self.rescale_slot(slot, old, new, now_ns);
+            if let Some(pin) = table.pin(slot) {
+                self.rescale_pinned(&pin, old, new, now_ns);
+            }
         }
     }
 
     /// Re-express one key's backlog after its own limits changed (an override set or removed).
     pub fn rescale_key(&self, hash: u64, old: &Limits, new: &Limits, now_ns: u64) {
-        if let Some(index) = self.find(hash) {
-            self.rescale_slot(self.slot(index.0), old, new, now_ns);
+        if let Some(pin) = self.find(hash).and_then(|slot| self.pin_own(slot)) {
+            self.rescale_pinned(&pin, old, new, now_ns);
         }
     }
 
-    fn rescale_slot(&self, slot: &[AtomicU64], old: &Limits, new: &Limits, now_ns: u64) {
+    fn rescale_pinned(&self, pin: &Pin<'_>, old: &Limits, new: &Limits, now_ns: u64) {
         let algorithm = self.algorithm;
         if old.rate == new.rate || algorithm.needs_lock() {
             return;
         }
-        update_word(&slot[1], |state| {
+        update_word(&pin.state()[0], |state| {
             let next = ratelimit_core::rescale_word(state, now_ns, algorithm, &old.rate, &new.rate);
             ((), Some(next))
         });
     }
 
-    /// A sync zone's words of the key in `index` (`None` if the slots have no room for them,
-    /// which a sync zone's layout never allows).
-    pub fn sync_words(&self, index: SlotIndex) -> Option<SyncWords<'_>> {
-        let slot = self.slot(index.0);
+    /// A sync zone's words of a pinned key (`None` if the slots have no room for them, which
+    /// a sync zone's layout never allows).
+    pub fn sync_words<'a>(&self, pin: &Pin<'a>) -> Option<SyncWords<'a>> {
+        let state = pin.state();
         Some(SyncWords {
-            pending: slot.get(2)?,
-            grant: slot.get(3)?,
+            pending: state.get(1)?,
+            grant: state.get(2)?,
         })
     }
 
-    /// A sync zone's slot `index` for the loop: its hash (0: empty), state, pending and
-    /// grant words. `None` for a zone that is not (or no longer) a sync zone.
-    pub fn sync_slot(&self, index: usize) -> Option<(u64, [&AtomicU64; 3])> {
-        if !self.sync
-            || self.header().sync.load(Ordering::Relaxed) == 0
-            || self.stride != 1 + SYNC_STATE_WORDS
-        {
+    /// Whether the sync loop may read this zone's slots as a sync zone's.
+    fn is_sync_layout(&self) -> bool {
+        self.sync
+            && self.header().sync.load(Ordering::Relaxed) != 0
+            && self.stride == 1 + SYNC_STATE_WORDS
+    }
+
+    /// A sync zone's slot `index` for the loop's scan: its key (0: empty) and pending delta,
+    /// read without a pin (the loop pins the keys it then takes, [`Zone::sync_pin`]). `None`
+    /// for a zone that is not (or no longer) a sync zone.
+    pub fn sync_slot(&self, index: usize) -> Option<(u64, u64)> {
+        if !self.is_sync_layout() {
             return None;
         }
-        let slot = self.slot(index);
-        Some((
-            slot[0].load(Ordering::Acquire),
-            [&slot[1], &slot[2], &slot[3]],
-        ))
+        let table = self.table();
+        let slot = table.slot(index);
+        Some((table.id_at(index), slot[2].load(Ordering::Relaxed)))
+    }
+
+    /// The sync loop's key in slot `index`, pinned: `None` when the slot is no longer the
+    /// key's (its pending delta then went to the orphan ring) or the zone not a sync zone.
+    pub fn sync_pin(&self, index: usize, hash: u64) -> Option<SyncPin<'_>> {
+        if !self.is_sync_layout() || index >= self.slots {
+            return None;
+        }
+        let pin = self.table().pin(SlotIndex { index, id: hash })?;
+        Some(SyncPin { pin })
     }
 }
 
@@ -496,6 +601,13 @@ fn charge_word(
         let (outcome, next) = decide(current);
         ((outcome, current), next)
     })
+}
+
+/// A charge of a key that has no slot: decided on a fresh state, stored nowhere.
+#[cold]
+#[inline(never)]
+fn charge_fresh(decide: impl Fn(u64) -> (Outcome, Option<u64>)) -> (Outcome, u64) {
+    (decide(0).0, 0)
 }
 
 /// A decision reduced to what [`charge_word`] needs.

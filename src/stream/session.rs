@@ -286,7 +286,7 @@ fn take_slots(
             zone_conf: &zone.conf,
             zone: *found.zone,
             slot: found.slot,
-            hash: found.hash,
+            hash: found.hash(),
             cost: limit.cost,
             queue: Some(0),
         };

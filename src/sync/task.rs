@@ -668,10 +668,9 @@ impl Task {
             // The `budget` most urgent keys of the zone: a min-heap of the best so far.
             let mut best: BinaryHeap<std::cmp::Reverse<Candidate>> = BinaryHeap::new();
             for slot in 0..zone.slot_count() {
-                let Some((hash, [_, pending, _])) = zone.sync_slot(slot) else {
+                let Some((hash, word)) = zone.sync_slot(slot) else {
                     break;
                 };
-                let word = pending.load(Ordering::Relaxed);
                 if hash == 0 || word == 0 {
                     continue;
                 }
@@ -717,16 +716,17 @@ impl Task {
     fn take(&self, candidates: &[Candidate], entries: &mut Vec<Entry>, state: &LoopState) {
         for candidate in candidates {
             let synced = &self.zones[candidate.zone];
-            let Some((hash, [_, pending, _])) = synced.zone.sync_slot(candidate.slot) else {
+            // Evicted meanwhile: its delta went to the orphan ring.
+            let Some(pinned) = synced.zone.sync_pin(candidate.slot, candidate.hash) else {
                 continue;
             };
-            if hash != candidate.hash {
-                continue; // evicted meanwhile: its delta went to the orphan ring.
-            }
+            let hash = candidate.hash;
+            let [_, pending, _] = pinned.words();
             let Some(shape) = synced.shape(hash) else {
                 continue;
             };
             let word = pending.swap(0, Ordering::AcqRel);
+            drop(pinned);
             entries.push(Entry {
                 zone: candidate.zone,
                 slot: Some(candidate.slot),
@@ -1122,12 +1122,12 @@ impl Task {
             let Some(slot) = entry.slot else {
                 continue; // evicted: nothing left here to grant.
             };
-            let Some((hash, [local, pending, grant])) = zone.zone.sync_slot(slot) else {
+            // Evicted meanwhile: the new key starts from a fresh grant.
+            let Some(pinned) = zone.zone.sync_pin(slot, entry.hash) else {
                 continue;
             };
-            if hash != entry.hash {
-                continue; // evicted meanwhile: the new key starts from a fresh grant.
-            }
+            let hash = entry.hash;
+            let [local, pending, grant] = pinned.words();
             if zone.shape(hash) != Some(entry.shape) {
                 grant.store(0, Ordering::Release);
                 continue;
@@ -1183,15 +1183,14 @@ impl Task {
                 }
                 sends.push((send, entry.delta));
             }
-            let slot = entry.slot.and_then(|slot| {
-                zone.zone
-                    .sync_slot(slot)
-                    .filter(|(hash, _)| *hash == entry.hash)
-            });
-            let Some((_, [_, pending, grant])) = slot else {
+            let pinned = entry
+                .slot
+                .and_then(|slot| zone.zone.sync_pin(slot, entry.hash));
+            let Some(pinned) = pinned else {
                 self.sync.orphans.push(zone.id, entry.hash, entry.delta);
                 continue;
             };
+            let [_, pending, grant] = pinned.words();
             pending.fetch_add(entry.delta, Ordering::AcqRel);
             self.grant_from_share(
                 grant,
@@ -1209,10 +1208,11 @@ impl Task {
     fn grant_locally(&self, candidates: &[Candidate], round: u64, mode: Mode, state: &LoopState) {
         for candidate in candidates {
             let zone = &self.zones[candidate.zone];
-            let Some((hash, [_, _, grant])) = zone.zone.sync_slot(candidate.slot) else {
+            let Some(pinned) = zone.zone.sync_pin(candidate.slot, candidate.hash) else {
                 continue;
             };
-            let Some(shape) = zone.shape(hash).filter(|_| hash == candidate.hash) else {
+            let (hash, [_, _, grant]) = (candidate.hash, pinned.words());
+            let Some(shape) = zone.shape(hash) else {
                 continue;
             };
             self.grant_from_share(grant, candidate.zone, hash, &shape, round, mode, state);

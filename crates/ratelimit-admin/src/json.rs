@@ -48,6 +48,7 @@ pub struct ZoneJson<'a> {
     pub delayed_dry_run: u64,
     pub rejected_dry_run: u64,
     pub evictions: u64,
+    pub no_slot: u64,
     pub overrides: u64,
     /// What the configuration file says, for comparison with `rate` and `burst` (or `limit`
     /// and `queue`).
@@ -122,6 +123,7 @@ impl<'a> From<&'a ZoneInfo> for ZoneJson<'a> {
             delayed_dry_run: info.counters.delayed_dry_run,
             rejected_dry_run: info.counters.rejected_dry_run,
             evictions: info.evictions,
+            no_slot: info.no_slot,
             overrides: info.overrides,
             config,
             sync: info.sync.as_ref().map(SyncJson::from),

@@ -736,7 +736,7 @@ mod tests {
                 "algorithm": "leaky_bucket", "key": "$binary_remote_addr", "rate": "10r/s",
                 "burst": 5, "size": 1048576, "slots": 1024, "keys": 1, "passed": 3,
                 "delayed": 0, "rejected": 1, "delayed_dry_run": 0, "rejected_dry_run": 0,
-                "evictions": 0, "overrides": 0, "config": {"rate": "10r/s", "burst": 5}
+                "evictions": 0, "no_slot": 0, "overrides": 0, "config": {"rate": "10r/s", "burst": 5}
             })
         );
         assert_eq!(call(&zones, "GET", "zones/two", "").0, 404);
@@ -1195,7 +1195,7 @@ mod tests {
                 "algorithm": "concurrency", "key": "$binary_remote_addr", "limit": 2,
                 "queue": 0, "queue_timeout_ms": 5000, "in_flight": 1, "queued": 0,
                 "size": 1048576, "slots": 1024, "keys": 1, "passed": 0, "delayed": 0,
-                "rejected": 0, "delayed_dry_run": 0, "rejected_dry_run": 0, "evictions": 0,
+                "rejected": 0, "delayed_dry_run": 0, "rejected_dry_run": 0, "evictions": 0, "no_slot": 0,
                 "overrides": 0, "config": {"limit": 2, "queue": 0}
             })
         );

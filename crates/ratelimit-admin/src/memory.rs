@@ -99,6 +99,7 @@ impl MemoryZone {
             config_limits: limits,
             counters: Counters::default(),
             evictions: 0,
+            no_slot: 0,
             overrides: 0,
             override_capacity: 4,
             line_burst: None,

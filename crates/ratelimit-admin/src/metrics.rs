@@ -17,7 +17,7 @@ struct Family {
     help: &'static str,
 }
 
-const FAMILIES: [Family; 23] = [
+const FAMILIES: [Family; 24] = [
     Family {
         name: "rate_limit_requests_total",
         kind: "counter",
@@ -47,6 +47,12 @@ const FAMILIES: [Family; 23] = [
         name: "rate_limit_evictions_total",
         kind: "counter",
         help: "Keys dropped to make room for new ones while their state still mattered.",
+    },
+    Family {
+        name: "rate_limit_no_slot_total",
+        kind: "counter",
+        help:
+            "New keys refused because every slot of their window held requests in flight or queued.",
     },
     Family {
         name: "rate_limit_overrides",
@@ -189,6 +195,7 @@ pub fn render_with_blocks(zones: &[(String, ZoneInfo)], blocks: &[Option<BlockCo
                 "rate_limit_zone_size_bytes" => sample("", &info.size.to_string()),
                 "rate_limit_zone_fullness" => sample("", &fullness(info)),
                 "rate_limit_evictions_total" => sample("", &info.evictions.to_string()),
+                "rate_limit_no_slot_total" => sample("", &info.no_slot.to_string()),
                 "rate_limit_overrides" => sample("", &info.overrides.to_string()),
                 "rate_limit_rate_per_second" | "rate_limit_burst" if info.concurrency.is_some() => {
                 }
@@ -306,6 +313,7 @@ mod tests {
                 rejected_dry_run: 3,
             },
             evictions: 5,
+            no_slot: 0,
             overrides: 1,
             override_capacity: 512,
             concurrency: None,

@@ -52,6 +52,9 @@ pub struct ZoneInfo {
     pub counters: Counters,
     /// Keys dropped to make room for new ones while their state still mattered.
     pub evictions: u64,
+    /// New keys refused a slot because every slot of their window held requests in flight
+    /// or queued (a concurrency zone: busy keys are never evicted).
+    pub no_slot: u64,
     pub overrides: u64,
     pub override_capacity: u64,
     /// The largest `burst=` a `rate_limit` line using the zone gives (in place of the zone's
