@@ -626,6 +626,46 @@ fn lua_example_config() -> String {
     )
 }
 
+/// `config` (lua.conf) with `/conn_state/`: what `/conn/`'s key would get now, charging
+/// nothing (resty.rate_limit's `incoming(key, false)`): "rejected" (both slots and the queue's
+/// place taken), or "admitted N" / "queued N" with its requests in flight.
+fn with_conn_state(config: &str) -> String {
+    let end = config
+        .rfind("    }\n}")
+        .expect("lua.conf ends its server and http blocks");
+    let location = r#"
+        location /conn_state/ {
+            content_by_lua_block {
+                local lim = require("resty.rate_limit").conn("my_limit_conn_store")
+                local delay, in_flight = lim:incoming(ngx.var.binary_remote_addr, false)
+                if not delay then
+                    ngx.print(in_flight)
+                else
+                    ngx.print(delay > 0 and "queued " or "admitted ", in_flight)
+                end
+            }
+        }
+"#;
+    format!("{}{location}{}", &config[..end], &config[end..])
+}
+
+/// Polls `/conn_state/` until it says `want`, for at most 5 s.
+fn wait_conn_state(nginx: &Nginx, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let response = get(nginx, "/conn_state/");
+        let said = String::from_utf8_lossy(&response.body).into_owned();
+        if response.status == 200 && said == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/conn_state/ says {said:?}, not {want:?}"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// The statuses of GETs of `paths`, one after the other, each on a new connection.
 fn path_statuses(nginx: &Nginx, paths: &[&str]) -> Vec<u16> {
     paths.iter().map(|path| get(nginx, path).status).collect()
@@ -637,7 +677,7 @@ fn path_statuses(nginx: &Nginx, paths: &[&str]) -> Vec<u16> {
 #[test]
 fn lua_conf_examples_run() {
     require_lua!();
-    let nginx = Nginx::start(&lua_example_config());
+    let nginx = Nginx::start(&with_conn_state(&lua_example_config()));
 
     // resty.limit.req: four at once at 1r/s with burst=2: one at once, two delayed 1 s and
     // 2 s (ngx.sleep), the fourth refused.
@@ -723,19 +763,15 @@ fn lua_conf_examples_run() {
 
     // resty.limit.conn: two slots and one queue place: two served at once (0.5 s of work
     // each), one after waiting its turn, a fourth refused at once.
+    // The fourth is sent once the three are in (two slots and the queue's place taken): the
+    // three connections may reach nginx's two workers in any order, and a fourth that came
+    // first would take a place of theirs.
     let pending: Vec<_> = (0..3)
         .map(|_| start_request(nginx.port(), &Request::get("/conn/")))
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let refused = loop {
-        let response = get(&nginx, "/conn/");
-        if response.status == 503 {
-            break response;
-        }
-        // The three were not all in yet: this one took a place; keep it.
-        assert!(Instant::now() < deadline, "the fourth was never refused");
-        assert_eq!(response.status, 200);
-    };
+    wait_conn_state(&nginx, "rejected");
+    let refused = get(&nginx, "/conn/");
+    assert_eq!(refused.status, 503);
     assert!(
         refused.elapsed < Duration::from_millis(400),
         "{:?}",
@@ -751,7 +787,9 @@ fn lua_conf_examples_run() {
         "all three done {:?} after the refusal",
         started.elapsed()
     );
-    // Every slot and place came back: three at once again all get through.
+    // Every slot and place came back (each in its request's log phase, which may run just
+    // after the client has read the response): three at once again all get through.
+    wait_conn_state(&nginx, "admitted 0");
     let again: Vec<_> = (0..3)
         .map(|_| start_request(nginx.port(), &Request::get("/conn/")))
         .collect();
