@@ -500,7 +500,9 @@ fn adaptive_limit_learns_and_grows() {
     let state = key_state(&nginx, "auto", "k").unwrap();
     assert_eq!(state["phase"], "track", "{state}");
     let no_load = state["no_load_latency_ms"].as_f64().unwrap();
-    assert!((95.0..400.0).contains(&no_load), "{state}");
+    // The upstream sleeps 100 ms; the estimate is a median read at its histogram bucket's
+    // middle (issue 27), so it may land a few ms under: 94.9 was seen.
+    assert!((80.0..400.0).contains(&no_load), "{state}");
     let limit = state["limit"].as_u64().unwrap();
     assert!(limit >= 8, "the limit grew to fit eight clients: {state}");
     assert!(
