@@ -13,7 +13,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::upstream::Upstream;
-use common::{get, send, start_request, Connection, Nginx, PendingRequest, Request, Response};
+use common::workers::{key_state, keyed, standing, start_on_worker, wait_until, PATIENCE};
+use common::{get, send, start_request, Nginx, Request, Response};
 use serde_json::Value;
 
 const TEMPLATE: &str = r#"
@@ -96,10 +97,6 @@ http {
 }
 "#;
 
-/// How long any wait for a condition may take before the test fails: far longer than
-/// anything here needs, even on a loaded machine.
-const PATIENCE: Duration = Duration::from_secs(10);
-
 fn start(upstream: &Upstream) -> Nginx {
     start_with(upstream, "")
 }
@@ -112,66 +109,22 @@ fn start_with(upstream: &Upstream, http: &str) -> Nginx {
     )
 }
 
-fn keyed(path: &str, key: &str) -> Request {
-    Request::get(path).header("X-Key", key)
-}
-
-/// The key's state through the admin API; `None` when the zone does not track it.
-fn key_state(nginx: &Nginx, zone: &str, key: &str) -> Option<Value> {
-    let response = get(nginx.port(), &format!("/admin/zones/{zone}/keys/{key}"));
-    match response.status {
-        200 => Some(serde_json::from_slice(&response.body).expect("key JSON")),
-        404 if response.text().contains("is not tracked in zone") => None,
-        status => panic!("GET key: {status} {}", response.text()),
-    }
-}
-
 /// Requests of `key` in flight now (0 for an untracked key).
 fn in_flight(nginx: &Nginx, zone: &str, key: &str) -> u64 {
-    key_state(nginx, zone, key).map_or(0, |state| state["in_flight"].as_u64().unwrap())
+    standing(nginx, zone, key).0
 }
 
 fn queued(nginx: &Nginx, zone: &str, key: &str) -> u64 {
-    key_state(nginx, zone, key).map_or(0, |state| state["queued"].as_u64().unwrap())
-}
-
-/// Wait until `read` returns `expected`; panics with the last value after [`PATIENCE`].
-fn wait_for(what: &str, expected: u64, mut read: impl FnMut() -> u64) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let value = read();
-        if value == expected {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: still {value} after {PATIENCE:?}, expected {expected}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    standing(nginx, zone, key).1
 }
 
 fn wait_in_flight(nginx: &Nginx, zone: &str, key: &str, expected: u64) {
-    wait_for(&format!("in flight of {zone}/{key}"), expected, || {
-        in_flight(nginx, zone, key)
-    });
-}
-
-/// A request sent on a connection that worker `pid` holds (found by asking `/pid` on new
-/// connections until that worker answers), so that the test knows who serves it.
-fn start_on_worker(port: u16, pid: u32, request: &Request) -> PendingRequest {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let mut connection = Connection::open(port);
-        let response = connection.get("/pid");
-        if response.text().trim() == pid.to_string() {
-            return connection.start(request);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "worker {pid} accepted no connection"
-        );
-    }
+    wait_until(
+        nginx,
+        &format!("in flight of {zone}/{key}"),
+        expected,
+        || in_flight(nginx, zone, key),
+    );
 }
 
 fn admin_patch(nginx: &Nginx, zone: &str, body: &str) -> Response {
@@ -325,7 +278,9 @@ fn queue_is_first_in_first_out_across_workers() {
         let request = keyed(&format!("/fifo/hold/w{i}"), "k");
         waiting.push(start_on_worker(nginx.port(), worker, &request));
         // Queued before the next one is sent: the order of the queue is the order here.
-        wait_for("queued", i as u64 + 1, || queued(&nginx, "fifo", "k"));
+        wait_until(&nginx, "queued", i as u64 + 1, || {
+            queued(&nginx, "fifo", "k")
+        });
     }
     assert_eq!(upstream.arrivals().len(), 1, "nothing passed the holder");
 
@@ -356,7 +311,7 @@ fn queue_timeout_rejects() {
     let holder = start_request(nginx.port(), &keyed("/short/hold/h", "k"));
     upstream.wait_arrivals(1, PATIENCE);
     let mut waiter = start_request(nginx.port(), &keyed("/short/hold/w", "k"));
-    wait_for("queued", 1, || queued(&nginx, "short", "k"));
+    wait_until(&nginx, "queued", 1, || queued(&nginx, "short", "k"));
     let full = send(nginx.port(), &keyed("/short/hold/x", "k"));
     assert_eq!(full.status, 429);
     assert!(
@@ -392,9 +347,9 @@ fn queued_client_gone_gives_its_place_up() {
     let holder = start_request(nginx.port(), &keyed("/fifo/hold/h", "k"));
     upstream.wait_arrivals(1, PATIENCE);
     let leaving = start_request(nginx.port(), &keyed("/fifo/hold/leaving", "k"));
-    wait_for("queued", 1, || queued(&nginx, "fifo", "k"));
+    wait_until(&nginx, "queued", 1, || queued(&nginx, "fifo", "k"));
     let staying = start_request(nginx.port(), &keyed("/fifo/hold/staying", "k"));
-    wait_for("queued", 2, || queued(&nginx, "fifo", "k"));
+    wait_until(&nginx, "queued", 2, || queued(&nginx, "fifo", "k"));
     leaving.abandon();
     upstream.release("h");
     assert_eq!(holder.finish().status, 200);
@@ -403,7 +358,7 @@ fn queued_client_gone_gives_its_place_up() {
     assert_eq!(staying.finish().status, 200);
     assert_eq!(upstream.arrivals(), ["/hold/h", "/hold/staying"]);
     wait_in_flight(&nginx, "fifo", "k", 0);
-    wait_for("queued", 0, || queued(&nginx, "fifo", "k"));
+    wait_until(&nginx, "queued", 0, || queued(&nginx, "fifo", "k"));
 }
 
 /// `PATCH` changes the limit and the queue in every worker at once.
@@ -435,7 +390,7 @@ fn patch_changes_limit_and_queue_live() {
         200
     );
     let mut waiter = start_request(nginx.port(), &keyed("/app/hold/c", "k"));
-    wait_for("queued", 1, || queued(&nginx, "app", "k"));
+    wait_until(&nginx, "queued", 1, || queued(&nginx, "app", "k"));
     assert!(!waiter.answered_within(Duration::from_millis(100)));
     upstream.release("a");
     assert_eq!(held.finish().status, 200);
@@ -564,7 +519,7 @@ fn lines_of_a_location_work_together() {
 
     // burst=1 on a line of a zone without a queue: one waits there.
     let mut waiting = start_request(nginx.port(), &keyed("/line_queue/plain", "c"));
-    wait_for("queued", 1, || queued(&nginx, "app", "c"));
+    wait_until(&nginx, "queued", 1, || queued(&nginx, "app", "c"));
     assert!(!waiting.answered_within(Duration::from_millis(100)));
     assert_eq!(
         send(nginx.port(), &keyed("/line_queue/plain", "c")).status,
@@ -612,12 +567,12 @@ fn a_dead_worker_ticket_is_skipped() {
     let holder = start_on_worker(nginx.port(), workers[1], &keyed("/slow/hold/h", "k"));
     upstream.wait_arrivals(1, PATIENCE);
     let doomed = start_on_worker(nginx.port(), workers[0], &keyed("/slow/hold/d", "k"));
-    wait_for("queued", 1, || queued(&nginx, "slow", "k"));
+    wait_until(&nginx, "queued", 1, || queued(&nginx, "slow", "k"));
     let queued_at = Instant::now();
     // SAFETY: plain kill(2) on a pid of this test's nginx.
     assert_eq!(unsafe { libc::kill(workers[0] as i32, libc::SIGKILL) }, 0);
     drop(doomed);
-    wait_for("queued", 0, || queued(&nginx, "slow", "k"));
+    wait_until(&nginx, "queued", 0, || queued(&nginx, "slow", "k"));
     let behind = start_request(nginx.port(), &keyed("/slow/plain", "k"));
     upstream.release("h");
     assert_eq!(holder.finish().status, 200);

@@ -19,8 +19,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::upstream::Upstream;
-use common::{get, send, start_request, Connection, Nginx, PendingRequest, Request};
-use serde_json::Value;
+use common::workers::{keyed, start_on_worker, wait_standing, PATIENCE};
+use common::{send, start_request, Nginx, Request};
 
 const TEMPLATE: &str = r#"
 load_module %%MODULE%%;
@@ -53,64 +53,8 @@ http {
 }
 "#;
 
-/// Far longer than anything here needs, and far shorter than the 60 s a dead ticket of
-/// `full` would stand at the head before the stale-head rule skipped it.
-const PATIENCE: Duration = Duration::from_secs(10);
-
 fn start(upstream: &Upstream) -> Nginx {
     Nginx::start(&TEMPLATE.replace("@UPSTREAM@", &upstream.port().to_string()))
-}
-
-fn keyed(path: &str, key: &str) -> Request {
-    Request::get(path).header("X-Key", key)
-}
-
-/// `(in_flight, queued)` of a key; `(0, 0)` when it is not tracked.
-fn standing(nginx: &Nginx, zone: &str, key: &str) -> (u64, u64) {
-    let response = get(nginx.port(), &format!("/admin/zones/{zone}/keys/{key}"));
-    match response.status {
-        200 => {
-            let state: Value = serde_json::from_slice(&response.body).expect("key JSON");
-            (
-                state["in_flight"].as_u64().unwrap(),
-                state["queued"].as_u64().unwrap(),
-            )
-        }
-        404 => (0, 0),
-        status => panic!("GET key: {status} {}", response.text()),
-    }
-}
-
-fn wait_standing(nginx: &Nginx, zone: &str, key: &str, expected: (u64, u64)) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let now = standing(nginx, zone, key);
-        if now == expected {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{zone}/{key}: (in_flight, queued) still {now:?} after {PATIENCE:?}, expected \
-             {expected:?}\nerror.log:\n{}",
-            nginx.error_log()
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A request sent on a connection that worker `pid` holds.
-fn start_on_worker(port: u16, pid: u32, request: &Request) -> PendingRequest {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let mut connection = Connection::open(port);
-        if connection.get("/pid").text().trim() == pid.to_string() {
-            return connection.start(request);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "worker {pid} accepted no connection"
-        );
-    }
 }
 
 fn kill(pid: u32) {

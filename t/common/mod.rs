@@ -27,6 +27,7 @@ pub mod redis;
 pub mod skip;
 pub mod timeline;
 pub mod upstream;
+pub mod workers;
 
 #[allow(unused_imports)]
 pub use config::{config, Config};
