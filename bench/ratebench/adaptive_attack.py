@@ -18,18 +18,15 @@ import argparse
 import asyncio
 import datetime
 import json
-import math
 import os
-import random
-import subprocess
 import sys
-import time
 import traceback
 import urllib.request
 
 from . import openloop
 from .__main__ import machine
 from .nginx import Binaries, Nginx, free_port
+from .upstream import UpstreamProcess
 from .protect import quantile
 
 ADAPTIVE = "limit=adaptive min=4 max=500"
@@ -78,36 +75,6 @@ def http_body(limit, upstream_port, admin_port):
 """
 
 
-class Upstream:
-    """bench/ratebench/upstream.py in a process of its own, of one shape."""
-
-    def __init__(self, root, directory, shape, capacity, base_ms):
-        self.port = free_port()
-        self.log = open(os.path.join(directory, "upstream.log"), "w")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "ratebench.upstream", "--port", str(self.port),
-             "--capacity", str(capacity), "--base-ms", str(base_ms), "--shape", shape],
-            cwd=os.path.join(root, "bench"), stdout=self.log, stderr=self.log)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                self.get("/_stats")
-                return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("the synthetic upstream did not start")
-
-    def get(self, path):
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as answer:
-            return answer.read().decode()
-
-    def stop(self):
-        self.process.terminate()
-        self.process.wait()
-        self.log.close()
-
-
 def admin_key(port):
     """The zone's busiest key's adaptive state (limit, phase, latencies), or None."""
     try:
@@ -125,37 +92,10 @@ def admin_key(port):
 async def mixed_load(port, rate_per_s, slow_share, duration_s, seed, events=()):
     """Open-loop Poisson arrivals; each is slow (`/slow/`) with probability `slow_share`.
     Returns (start time, [(is_slow, Result)])."""
-    loop = asyncio.get_running_loop()
-    rng = random.Random(seed)
-    tagged = []
-    tasks = set()
-    started = loop.time()
-    pending = sorted(events, key=lambda event: event[0])
-    next_start = started
-
-    async def one(slow):
-        results = []
-        path = "/slow/x" if slow else "/work"
-        timeout = SLOW_TIMEOUT_S if slow else LEGIT_TIMEOUT_S
-        await openloop.one_request(port, path, timeout, results)
-        tagged.append((slow, results[0]))
-
-    while next_start < started + duration_s:
-        while pending and pending[0][0] + started <= next_start:
-            _, action = pending.pop(0)
-            task = loop.create_task(action())
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        delay = next_start - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        task = loop.create_task(one(rng.random() < slow_share))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        next_start += rng.expovariate(rate_per_s)
-    if tasks:
-        await asyncio.gather(*tasks)
-    return started, tagged
+    def pick(rng):
+        slow = rng.random() < slow_share
+        return ("/slow/x", SLOW_TIMEOUT_S, True) if slow else ("/work", LEGIT_TIMEOUT_S, False)
+    return await openloop.run_mixed(port, rate_per_s, duration_s, seed, pick, events)
 
 
 def watcher(admin_port, duration_s, samples):
@@ -187,7 +127,7 @@ def per_second(started, tagged, total_s, timeout_s, legit_only):
 
 def run_attack(binaries, root, directory, column, limit, seed):
     os.makedirs(directory, exist_ok=True)
-    upstream = Upstream(root, directory, "ps", 40, 20)
+    upstream = UpstreamProcess(root, directory, 40, 20, shape="ps")
     admin_port = free_port()
     samples = []
     try:
@@ -223,7 +163,7 @@ def run_attack(binaries, root, directory, column, limit, seed):
 
 def run_shape(binaries, root, directory, shape, seed):
     os.makedirs(directory, exist_ok=True)
-    upstream = Upstream(root, directory, shape, SHAPE_WORKERS, SHAPE_BASE_MS)
+    upstream = UpstreamProcess(root, directory, SHAPE_WORKERS, SHAPE_BASE_MS, shape=shape)
     admin_port = free_port()
     samples = []
     total_s = 3 * SHAPE_PHASE_S

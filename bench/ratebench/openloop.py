@@ -56,13 +56,28 @@ async def run(port, path, rate_per_s, duration_s, timeout_s, seed, events=()):
     """Offer `rate_per_s` requests a second for `duration_s`; `events` are (seconds after the
     start, coroutine function) run at those times. Returns (start time, results); every
     request has ended (answered or timed out) when it returns."""
+    started, tagged = await run_mixed(
+        port, rate_per_s, duration_s, seed, lambda _rng: (path, timeout_s, None), events)
+    return started, [result for _, result in tagged]
+
+
+async def run_mixed(port, rate_per_s, duration_s, seed, pick, events=()):
+    """As `run`, with each request's `(path, timeout_s, tag)` chosen by `pick(rng)` at its
+    start (the same seeded generator draws the arrival times). Returns (start time,
+    [(tag, Result)])."""
     loop = asyncio.get_running_loop()
     rng = random.Random(seed)
-    results = []
+    tagged = []
     tasks = set()
     started = loop.time()
     pending_events = sorted(events, key=lambda event: event[0])
     next_start = started
+
+    async def one(path, timeout_s, tag):
+        results = []
+        await one_request(port, path, timeout_s, results)
+        tagged.append((tag, results[0]))
+
     while next_start < started + duration_s:
         while pending_events and pending_events[0][0] + started <= next_start:
             _, action = pending_events.pop(0)
@@ -72,10 +87,10 @@ async def run(port, path, rate_per_s, duration_s, timeout_s, seed, events=()):
         delay = next_start - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        task = loop.create_task(one_request(port, path, timeout_s, results))
+        task = loop.create_task(one(*pick(rng)))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         next_start += rng.expovariate(rate_per_s)
     if tasks:
         await asyncio.gather(*tasks)
-    return started, results
+    return started, tagged

@@ -15,15 +15,14 @@ import datetime
 import json
 import math
 import os
-import subprocess
 import sys
-import time
 import traceback
 import urllib.request
 
 from . import openloop
 from .__main__ import machine
 from .nginx import Binaries, Nginx, free_port
+from .upstream import UpstreamProcess
 
 # The upstream: CAPACITY requests at once in BASE_MS each, processor sharing beyond.
 CAPACITY = 10
@@ -102,36 +101,6 @@ def http_body(column, upstream_port, admin_port):
 {admin}"""
 
 
-class Upstream:
-    """The synthetic upstream (ratebench/upstream.py) in a process of its own."""
-
-    def __init__(self, root, directory, capacity, base_ms):
-        self.port = free_port()
-        self.log = open(os.path.join(directory, "upstream.log"), "w")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "ratebench.upstream", "--port", str(self.port),
-             "--capacity", str(capacity), "--base-ms", str(base_ms)],
-            cwd=os.path.join(root, "bench"), stdout=self.log, stderr=self.log)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                self.get("/_stats")
-                return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("the synthetic upstream did not start")
-
-    def get(self, path):
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as answer:
-            return answer.read().decode()
-
-    def stop(self):
-        self.process.terminate()
-        self.process.wait()
-        self.log.close()
-
-
 def admin_sample(port):
     """The adaptive zone as the admin API shows it (its busiest key in `adaptive`), or None."""
     try:
@@ -144,7 +113,7 @@ def admin_sample(port):
 
 def run_column(binaries, root, directory, column, seed):
     os.makedirs(directory, exist_ok=True)
-    upstream = Upstream(root, directory, CAPACITY, BASE_MS)
+    upstream = UpstreamProcess(root, directory, CAPACITY, BASE_MS)
     admin_port = free_port()
     samples = []
     try:

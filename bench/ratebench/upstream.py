@@ -24,7 +24,12 @@ import asyncio
 import collections
 import heapq
 import itertools
+import os
 import random
+import subprocess
+import sys
+import time
+import urllib.request
 
 
 class ProcessorSharing:
@@ -188,6 +193,40 @@ async def main(port, capacity, base_ms, shape="ps"):
                                         backlog=4096)
     async with server:
         await server.serve_forever()
+
+
+class UpstreamProcess:
+    """This upstream in a process of its own, on a free port, for the benches that drive it;
+    its output goes to `upstream.log` in `directory`."""
+
+    def __init__(self, root, directory, capacity, base_ms, shape=None):
+        from .nginx import free_port
+        self.port = free_port()
+        self.log = open(os.path.join(directory, "upstream.log"), "w")
+        command = [sys.executable, "-m", "ratebench.upstream", "--port", str(self.port),
+                   "--capacity", str(capacity), "--base-ms", str(base_ms)]
+        if shape is not None:
+            command += ["--shape", shape]
+        self.process = subprocess.Popen(command, cwd=os.path.join(root, "bench"),
+                                        stdout=self.log, stderr=self.log)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                self.get("/_stats")
+                return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("the synthetic upstream did not start")
+
+    def get(self, path):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as answer:
+            return answer.read().decode()
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait()
+        self.log.close()
 
 
 if __name__ == "__main__":
