@@ -10,7 +10,12 @@
    at the upstream), through the reader and through a location without it.
 3. cpu: nginx's worker CPU time for the same fast streams with and without the reader.
 
+4. with --sync: part 1 on two instances sharing the zone through a redis-server started here
+   (`rate_limit_sync`, `sync` zone), the 50 clients alternating between them; the results are
+   appended to OUT.md as a section of their own.
+
 Usage: flock /tmp/bench.lock python3 bench/usage/run.py NGINX MODULE OUT.md
+       flock /tmp/bench.lock python3 bench/usage/run.py --sync NGINX MODULE OUT.md
 """
 import http.server
 import os
@@ -135,7 +140,9 @@ def request(port, path, key):
 
 
 def tokens_run(port, path, seconds, key):
-    """50 clients on one key: the tokens of every completion let through."""
+    """50 clients on one key: the tokens of every completion let through. `port` may be a
+    list: client i sends to port i modulo its length."""
+    ports = port if isinstance(port, list) else [port]
     admitted, refused, lock = [0, 0], [0], threading.Lock()
     stop = time.time() + seconds
 
@@ -143,7 +150,8 @@ def tokens_run(port, path, seconds, key):
         rng = random.Random(seed)
         while time.time() < stop:
             completion = rng.randint(280, 480)
-            status, _, _ = request(port, f"{path}v1/chat/completions?prompt=20&completion="
+            status, _, _ = request(ports[seed % len(ports)],
+                                   f"{path}v1/chat/completions?prompt=20&completion="
                                    f"{completion}&chunks=10&delay_ms=20", key)
             with lock:
                 if status == 200:
@@ -201,7 +209,103 @@ def cpu_run(port, prefix, path, count, concurrency=8):
     return worker_cpu(prefix) - before, time.time() - started
 
 
+SYNC_CONF = """
+load_module {module};
+worker_processes 1;
+error_log {prefix}/error.log notice;
+pid {prefix}/nginx.pid;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {prefix}/tmp;
+    proxy_temp_path {prefix}/tmp;
+    rate_limit_sync redis://127.0.0.1:{redis} interval=100ms;
+    rate_limit_zone $http_authorization zone=tpm:1m rate={rate}r/s burst={capacity}
+                    algorithm=token_bucket sync;
+    upstream llm {{ server 127.0.0.1:{upstream}; keepalive 64; }}
+    server {{
+        listen 127.0.0.1:{port} backlog=1024;
+        location /usage/ {{ rate_limit zone=tpm usage=openai reserve=100;
+            proxy_pass http://llm/; proxy_http_version 1.1; proxy_set_header Connection "";
+            proxy_buffering off; }}
+        location /usage400/ {{ rate_limit zone=tpm usage=openai reserve=400;
+            proxy_pass http://llm/; proxy_http_version 1.1; proxy_set_header Connection "";
+            proxy_buffering off; }}
+    }}
+}}
+"""
+
+
+def sync_main(nginx, module, out):
+    """Part 1 on two instances sharing one `sync` zone through Redis."""
+    upstream = Server(("127.0.0.1", 0), Upstream)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    redis_port = free_port()
+    redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--save", "",
+                              "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    rate, capacity = 500, 3000
+    prefixes, ports = [], []
+    for _ in range(2):
+        prefix = tempfile.mkdtemp(prefix="usage-sync-bench-")
+        os.makedirs(f"{prefix}/tmp")
+        os.makedirs(f"{prefix}/logs")  # nginx opens its built-in error log before the conf
+        port = free_port()
+        open(f"{prefix}/nginx.conf", "w").write(SYNC_CONF.format(
+            module=module, prefix=prefix, port=port, upstream=upstream.server_port,
+            redis=redis_port, rate=rate, capacity=capacity))
+        prefixes.append(prefix)
+        ports.append(port)
+    lines = []
+    try:
+        time.sleep(0.5)
+        for prefix in prefixes:
+            subprocess.run([nginx, "-p", prefix, "-c", f"{prefix}/nginx.conf"], check=True)
+        time.sleep(1.5)  # both heartbeats seen: each instance counts 2
+        budget = capacity + rate * DURATION
+        for name, path in [("usage=openai reserve=100", "/usage/"),
+                           ("usage=openai reserve=400", "/usage400/")]:
+            print(f"sync tokens {name}", file=sys.stderr, flush=True)
+            tokens, ok, refused = tokens_run(ports, path, DURATION,
+                                             f"Bearer sync-{path.strip('/')}")
+            lines.append(f"| {name} | {ok} | {refused} | {tokens} | {budget:.0f} | "
+                         f"{tokens / budget:.3f} |")
+        logs = "".join(open(f"{p}/error.log").read() for p in prefixes)
+        synced = logs.count("synced with Redis")
+    finally:
+        for prefix in prefixes:
+            subprocess.run([nginx, "-p", prefix, "-c", f"{prefix}/nginx.conf", "-s", "stop"])
+        redis.terminate()
+        redis.wait()
+    section = f"""
+## Two instances, one `sync` zone: 50 clients on one key, {DURATION:.0f} s
+
+`python3 bench/usage/run.py --sync NGINX MODULE OUT.md` (nginx {nginx}, module {module}):
+the same budget ({capacity} + {rate} x {DURATION:.0f} = {budget:.0f} tokens) in a `sync` zone
+shared by two instances of one worker through a redis-server started by the bench
+(`interval=100ms`; "synced with Redis" logged {synced} times, once per instance when
+it first synced), the 50 clients alternating between the instances (25 on each).
+
+| limit | completions let through | refused | tokens admitted | budget | admitted / budget |
+|---|---|---|---|---|---|
+""" + "\n".join(lines) + """
+
+The bound across instances (docs/usage.md, "Sync zones") is what the fleet's doors admit
+(the fleet's bucket and drain, plus the grants handed out ahead: each instance starts a key
+with half the bucket) plus C x the largest overrun, C now the key's requests in flight on both
+instances together: at most 30 with reservations of 100 (the doors' 3000 / 100), at most 7
+with 400. Below 1 is the strict side: a stream lasts about 200 ms, two sync intervals, so
+most reservations are sent to Redis before they settle, and the fleet keeps counting a
+reservation above the usage (400 reserved, 300 used: 400 counted).
+"""
+    with open(out, "a") as f:
+        f.write(section)
+    print(section)
+
+
 def main():
+    if sys.argv[1] == "--sync":
+        sync_main(*sys.argv[2:5])
+        return
     nginx, module, out = sys.argv[1:4]
     upstream = Server(("127.0.0.1", 0), Upstream)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()

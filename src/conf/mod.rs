@@ -488,13 +488,6 @@ fn check_usage_zone(zone: &ZoneConf) -> Result<(), ConfError> {
             what: format!("is {}", zone.algorithm),
         });
     }
-    if zone.sync {
-        return Err(ConfError::Usage {
-            reason: "is not supported with \"sync\" yet",
-            zone: zone.name.clone(),
-            what: "is synced (rate_limit_sync)".into(),
-        });
-    }
     Ok(())
 }
 

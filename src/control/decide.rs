@@ -229,6 +229,16 @@ impl Charged {
             return 0;
         };
         let debt = debt.unwrap_or_else(|| ratelimit_core::usage::settle::default_debt(&bucket));
+        if self.zone.is_sync() {
+            return fleet::charge_into_debt(
+                &self.zone,
+                self.slot,
+                now_ns,
+                &self.policy,
+                tokens,
+                debt,
+            );
+        }
         self.zone
             .charge_into_debt(self.slot, now_ns, &self.policy, tokens, debt)
     }

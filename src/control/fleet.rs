@@ -85,6 +85,45 @@ pub(super) fn uncommit(zone: &Zone, index: SlotIndex, now_ns: u64, policy: &Poli
     zone.uncommit_pinned(&pin, now_ns, policy);
 }
 
+/// A usage-based line's overrun on a sync zone (a request that used more than it reserved):
+/// the zone's own bucket is charged into debt, what it charged (not what the debt bound
+/// forgave) is added to the key's pending delta, so the next round charges it to the fleet,
+/// and taken from the key's grant, down to 0 (the instance's share of the fleet's room until
+/// then is spent by it). Returns the tokens forgiven; all of them when the key lost its slot.
+pub(super) fn charge_into_debt(
+    zone: &Zone,
+    index: SlotIndex,
+    now_ns: u64,
+    policy: &Policy,
+    tokens: u64,
+    debt: u64,
+) -> u64 {
+    // One pin covers the debt, the pending add and the grant: all land on this key.
+    let Some(pin) = zone.pin_own(index) else {
+        return tokens;
+    };
+    let forgiven = zone.charge_into_debt_pinned(&pin, now_ns, policy, tokens, debt);
+    let charged = tokens.saturating_sub(forgiven);
+    if charged == 0 {
+        return forgiven;
+    }
+    if let (Some(sync), Some(words)) = (sync_record::shared(), zone.sync_words(&pin)) {
+        let _ = words
+            .pending
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+                Some((word & ASKED) | (word & !ASKED).saturating_add(charged).min(!ASKED))
+            });
+        if sync.mode() != Mode::Open {
+            let _ = words
+                .grant
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+                    (word != 0).then(|| fleet::spend_grant(word, charged))
+                });
+        }
+    }
+    forgiven
+}
+
 fn take_grant(grant: &AtomicU64, sync: &SyncShared, policy: &Policy, cost: u64) -> bool {
     let round = sync.round.load(Ordering::Acquire) as u32;
     let (instances, sync_ns) = (sync.instances(), sync.interval_ns());

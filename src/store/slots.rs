@@ -350,13 +350,28 @@ impl Zone {
         tokens: u64,
         debt: u64,
     ) -> u64 {
-        let Some(bucket) = ratelimit_core::usage::settle::Bucket::of(policy) else {
+        if ratelimit_core::usage::settle::Bucket::of(policy).is_none() {
             return 0;
-        };
+        }
         // A key that lost its slot since its reservation lost its state with it: there is no
         // bucket left to charge, the whole amount is forgiven (as a give-back gives nothing).
         let Some(pin) = self.pin_own(index) else {
             return tokens;
+        };
+        self.charge_into_debt_pinned(&pin, now_ns, policy, tokens, debt)
+    }
+
+    /// [`Zone::charge_into_debt`] on a slot pinned by the caller.
+    pub fn charge_into_debt_pinned(
+        &self,
+        pin: &Pin<'_>,
+        now_ns: u64,
+        policy: &Policy,
+        tokens: u64,
+        debt: u64,
+    ) -> u64 {
+        let Some(bucket) = ratelimit_core::usage::settle::Bucket::of(policy) else {
+            return 0;
         };
         update_word(&pin.state()[0], |state| {
             let (next, forgiven) = ratelimit_core::usage::settle::charge_into_debt(

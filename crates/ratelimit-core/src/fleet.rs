@@ -292,6 +292,20 @@ pub fn return_grant(word: u64, cost: u64) -> u64 {
     grant_word::pack(round, left.saturating_add(cost.saturating_mul(MILLI)))
 }
 
+/// Take `cost` requests (a usage-based line's overrun, charged after the fact) from a grant
+/// word, down to 0: unlike [`take_grant`] it cannot refuse, the request was already served.
+///
+/// ```
+/// use ratelimit_core::fleet::{grant_word, spend_grant};
+///
+/// assert_eq!(spend_grant(grant_word::pack(7, 2_500), 2), grant_word::pack(7, 500));
+/// assert_eq!(spend_grant(grant_word::pack(7, 2_500), 40), grant_word::pack(7, 0));
+/// ```
+pub fn spend_grant(word: u64, cost: u64) -> u64 {
+    let (round, left) = grant_word::unpack(word);
+    grant_word::pack(round, left.saturating_sub(cost.saturating_mul(MILLI)))
+}
+
 /// The pending word of a sync key: requests charged since the last sync in the low bits, and
 /// [`ASKED`] when a request was refused for want of a grant (so the key is synced even if it
 /// charged nothing).
