@@ -542,3 +542,86 @@ fn a_reservation_from_a_variable() {
     let response = with("Bearer r3", "many");
     assert_eq!(remaining_of(&response), CAPACITY - 1);
 }
+
+/// The admin API and the metrics count a usage zone's tokens: what was reserved at the door,
+/// what the requests used, gave back, charged past their reservation and had forgiven, and
+/// how many were settled with and without a usage.
+#[test]
+fn the_admin_api_and_metrics_count_tokens() {
+    let llm = FakeLlm::start();
+    let port = llm.port();
+    // A bucket of 100 tokens, reservations of 10, a debt of 50.
+    let nginx = nginx_with(
+        "rate_limit_zone $http_authorization zone=tpm:1m rate=60r/m burst=100 \
+         algorithm=token_bucket;",
+        &format!(
+            "location /v1/ {{ rate_limit zone=tpm usage=openai reserve=10 debt=50;
+                 proxy_pass http://127.0.0.1:{port}; }}
+             location /admin/ {{ rate_limit_admin; }}"
+        ),
+    );
+    // Used 300: 290 past the reservation, of which the bucket's 90 and the debt's 50 are
+    // charged and 150 forgiven.
+    let over = send(
+        &nginx,
+        "/v1/chat/completions?prompt=200&completion=100",
+        "Bearer a",
+    );
+    assert_eq!(over.status, 200);
+    // Used 5: 5 given back.
+    let under = send(
+        &nginx,
+        "/v1/chat/completions?prompt=2&completion=3",
+        "Bearer b",
+    );
+    assert_eq!(under.status, 200);
+    // No usage (a model list): the whole 10 given back.
+    let models = send(&nginx, "/v1/models", "Bearer c");
+    assert_eq!(models.status, 200);
+    // Refused at the door: reserves nothing.
+    let refused = send(&nginx, "/v1/chat/completions", "Bearer a");
+    assert_eq!(refused.status, 429);
+
+    let zone = |nginx: &Nginx| -> serde_json::Value {
+        let response = common::get(nginx.port(), "/admin/zones/tpm");
+        serde_json::from_slice(&response.body).expect("zone JSON")
+    };
+    // Settled in each request's log phase, just after its response: wait for the third.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while zone(&nginx)["usage"]["settled_without_usage"] != 1 {
+        assert!(Instant::now() < deadline, "not settled: {}", zone(&nginx));
+        thread::sleep(Duration::from_millis(20));
+    }
+    let usage = zone(&nginx)["usage"].clone();
+    assert_eq!(
+        usage,
+        serde_json::json!({
+            "tokens_reserved": 30, "tokens_used": 305, "tokens_refunded": 15,
+            "tokens_overrun": 290, "tokens_forgiven": 150,
+            "settled_with_usage": 2, "settled_without_usage": 1,
+        })
+    );
+    let metrics = common::get(nginx.port(), "/admin/metrics").text();
+    for line in [
+        "rate_limit_usage_tokens_total{zone=\"tpm\",kind=\"reserved\"} 30",
+        "rate_limit_usage_tokens_total{zone=\"tpm\",kind=\"used\"} 305",
+        "rate_limit_usage_tokens_total{zone=\"tpm\",kind=\"refunded\"} 15",
+        "rate_limit_usage_tokens_total{zone=\"tpm\",kind=\"overrun\"} 290",
+        "rate_limit_usage_tokens_total{zone=\"tpm\",kind=\"forgiven\"} 150",
+        "rate_limit_usage_settled_total{zone=\"tpm\",usage=\"found\"} 2",
+        "rate_limit_usage_settled_total{zone=\"tpm\",usage=\"missing\"} 1",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line:?} in:\n{metrics}"
+        );
+    }
+    // The requests themselves are counted as before: three passed, one rejected.
+    assert_eq!(
+        (
+            zone(&nginx)["passed"].clone(),
+            zone(&nginx)["rejected"].clone()
+        ),
+        (3.into(), 1.into())
+    );
+}

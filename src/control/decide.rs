@@ -207,6 +207,11 @@ pub struct Charged {
 }
 
 impl Charged {
+    /// The zone the request was charged in.
+    pub fn zone(&self) -> &Zone {
+        &self.zone
+    }
+
     /// Give the request back at `now_ns`.
     pub fn give_back(&self, now_ns: u64) {
         give_back(&self.zone, self.slot, &self.policy, now_ns);

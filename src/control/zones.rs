@@ -8,7 +8,7 @@ use ratelimit_admin::history::History;
 use ratelimit_admin::top::TopList;
 use ratelimit_admin::{
     AdminZone, ApiError, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverrideRefused,
-    SyncInfo, ZoneInfo,
+    SyncInfo, UsageInfo, ZoneInfo,
 };
 use ratelimit_core::block_table::BlockedKey;
 use ratelimit_core::key_form::KeyForm;
@@ -214,6 +214,7 @@ impl AdminZone for SharedZone<'_> {
             line_burst: self.conf.bursts.largest_given,
             sync: self.zone.is_sync().then(sync_info).flatten(),
             concurrency: self.concurrency_info(),
+            usage: usage_info(&self.zone),
         }
     }
 
@@ -391,4 +392,19 @@ impl SharedZone<'_> {
             left_ms: blocked.block.until_ns.saturating_sub(self.now_ns) / 1_000_000,
         }
     }
+}
+
+/// The tokens usage-based lines charged `zone`, once one has.
+fn usage_info(zone: &Zone) -> Option<UsageInfo> {
+    let count = |counter: Counter| zone.counter(counter);
+    let reserved = count(Counter::TokensReserved);
+    (reserved > 0).then(|| UsageInfo {
+        tokens_reserved: reserved,
+        tokens_used: count(Counter::TokensUsed),
+        tokens_refunded: count(Counter::TokensRefunded),
+        tokens_overrun: count(Counter::TokensOverrun),
+        tokens_forgiven: count(Counter::TokensForgiven),
+        settled_with_usage: count(Counter::UsageFound),
+        settled_without_usage: count(Counter::UsageMissing),
+    })
 }

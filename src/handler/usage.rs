@@ -31,6 +31,7 @@ use crate::conf::{AmountConf, ConfError, LimitConf, UsageConf, UsageSourceConf};
 use crate::control::decide::{Applied, AppliedLimit, Charged, Verdict};
 use crate::glue::response::add_header;
 use crate::glue::{now_ns, value_bits};
+use crate::store::Counter;
 
 const NGX_ERROR: ngx_int_t = -1;
 const NGX_OK: ngx_int_t = 0;
@@ -114,8 +115,12 @@ pub fn keep(r: &mut ngx_http_request_t, applied: &[AppliedLimit], lines: &[&Limi
         if limit.own.decision.outcome == Outcome::Rejected {
             continue;
         }
+        let charged = limit.own.charged();
+        charged
+            .zone()
+            .count_by(Counter::TokensReserved, limit.own.policy.cost);
         kept.push(Line {
-            charged: limit.own.charged(),
+            charged,
             usage,
             reserved: limit.own.policy.cost,
         });
@@ -278,13 +283,14 @@ impl UsageState {
         self.reader.as_ref()?.usage()
     }
 
-    /// The tokens `line` owes as the request ends now.
-    fn owed(&self, r: &mut ngx_http_request_t, line: &Line) -> u64 {
+    /// The tokens `line` owes as the request ends now, and whether a usage was found.
+    fn owed(&self, r: &mut ngx_http_request_t, line: &Line) -> (u64, bool) {
         let found = match line.usage.source {
             UsageSourceConf::Reader(_) => self.usage().map(|usage| line.usage.weights.cost(&usage)),
             UsageSourceConf::Variable(index) => number(r, index),
         };
-        settle::charged_tokens(line.reserved, found, self.end(r), line.usage.on_missing)
+        let owed = settle::charged_tokens(line.reserved, found, self.end(r), line.usage.on_missing);
+        (owed, found.is_some())
     }
 
     fn end(&self, r: &ngx_http_request_t) -> End {
@@ -315,11 +321,23 @@ pub unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     state.settled = true;
     let now = now_ns();
     for line in &state.lines {
-        let owed = state.owed(r, line);
+        let (owed, found) = state.owed(r, line);
+        let zone = line.charged.zone();
+        zone.count_by(Counter::TokensUsed, owed);
+        zone.count(if found {
+            Counter::UsageFound
+        } else {
+            Counter::UsageMissing
+        });
         match settle::settlement(line.reserved, owed) {
-            Settlement::Refund(tokens) => line.charged.give_back_tokens(tokens, now),
+            Settlement::Refund(tokens) => {
+                line.charged.give_back_tokens(tokens, now);
+                zone.count_by(Counter::TokensRefunded, tokens);
+            }
             Settlement::Charge(tokens) => {
-                line.charged.charge_into_debt(tokens, line.usage.debt, now);
+                let forgiven = line.charged.charge_into_debt(tokens, line.usage.debt, now);
+                zone.count_by(Counter::TokensOverrun, tokens);
+                zone.count_by(Counter::TokensForgiven, forgiven);
             }
             Settlement::Even => {}
         }
@@ -368,7 +386,7 @@ unsafe extern "C" fn usage_variable(
     let value = state_of(r).and_then(|state| {
         if data == 4 {
             let line = state.lines.first()?;
-            return Some(state.owed(r, line));
+            return Some(state.owed(r, line).0);
         }
         let usage = state.usage()?;
         Some(match data {

@@ -5,7 +5,7 @@ use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use super::Zone;
 
 /// Per-zone decision counters, in the order of [`Counter`].
-pub const COUNTERS: usize = 8;
+pub const COUNTERS: usize = 15;
 /// Counters are kept per worker (modulo this many stripes), each stripe on its own cache
 /// line, so that workers counting requests do not contend for one line.
 pub(super) const COUNTER_STRIPES: usize = 16;
@@ -37,6 +37,16 @@ pub enum Counter {
     /// A rejected key that would have been blocked, but its probe window of the full block
     /// table holds only blocks that still matter (they are kept).
     BlockNotRecorded = 7,
+    /// Usage-based lines (`usage=`), in tokens: reserved at the door, owed when the request
+    /// ended, given back, charged past the reservation, and forgiven by `debt=`.
+    TokensReserved = 8,
+    TokensUsed = 9,
+    TokensRefunded = 10,
+    TokensOverrun = 11,
+    TokensForgiven = 12,
+    /// Usage-based requests settled from a usage the response reported, and without one.
+    UsageFound = 13,
+    UsageMissing = 14,
 }
 
 impl Zone {
@@ -45,6 +55,13 @@ impl Zone {
     pub fn count(&self, counter: Counter) {
         let stripe = COUNTER_STRIPE.load(Ordering::Relaxed);
         self.header().counters[stripe].counts[counter as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Add `amount` to a counter, in this worker's stripe.
+    pub fn count_by(&self, counter: Counter, amount: u64) {
+        let stripe = COUNTER_STRIPE.load(Ordering::Relaxed);
+        let count = &self.header().counters[stripe].counts[counter as usize];
+        count.fetch_add(amount, Ordering::Relaxed);
     }
 
     /// A counter summed over every worker's stripe.

@@ -56,6 +56,9 @@ pub struct ZoneJson<'a> {
     /// Only for a `sync` zone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sync: Option<SyncJson>,
+    /// Only once a usage-based line (`usage=`) has charged the zone: its tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<crate::store::UsageInfo>,
 }
 
 /// `"sync": {"connected": true, "mode": "synced", "last_sync_age_ms": 40, ...}`
@@ -127,6 +130,7 @@ impl<'a> From<&'a ZoneInfo> for ZoneJson<'a> {
             overrides: info.overrides,
             config,
             sync: info.sync.as_ref().map(SyncJson::from),
+            usage: info.usage,
         }
     }
 }

@@ -58,7 +58,7 @@ pub use error::ApiError;
 pub use route::Route;
 pub use store::{
     AdminZone, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverrideRefused, SyncInfo,
-    ZoneInfo,
+    UsageInfo, ZoneInfo,
 };
 
 use std::borrow::Cow;

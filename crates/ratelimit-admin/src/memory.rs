@@ -100,6 +100,7 @@ impl MemoryZone {
             counters: Counters::default(),
             evictions: 0,
             no_slot: 0,
+            usage: None,
             overrides: 0,
             override_capacity: 4,
             line_burst: None,

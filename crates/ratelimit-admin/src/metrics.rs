@@ -17,7 +17,7 @@ struct Family {
     help: &'static str,
 }
 
-const FAMILIES: [Family; 24] = [
+const FAMILIES: [Family; 26] = [
     Family {
         name: "rate_limit_requests_total",
         kind: "counter",
@@ -47,6 +47,16 @@ const FAMILIES: [Family; 24] = [
         name: "rate_limit_evictions_total",
         kind: "counter",
         help: "Keys dropped to make room for new ones while their state still mattered.",
+    },
+    Family {
+        name: "rate_limit_usage_tokens_total",
+        kind: "counter",
+        help: "Tokens of usage-based lines (usage=): reserved at the door, used (owed when the request ended), refunded, overrun (charged past the reservation), forgiven by debt=.",
+    },
+    Family {
+        name: "rate_limit_usage_settled_total",
+        kind: "counter",
+        help: "Usage-based requests settled, with a usage the response reported (found) or without (missing).",
     },
     Family {
         name: "rate_limit_no_slot_total",
@@ -197,6 +207,28 @@ pub fn render_with_blocks(zones: &[(String, ZoneInfo)], blocks: &[Option<BlockCo
                 "rate_limit_evictions_total" => sample("", &info.evictions.to_string()),
                 "rate_limit_no_slot_total" => sample("", &info.no_slot.to_string()),
                 "rate_limit_overrides" => sample("", &info.overrides.to_string()),
+                "rate_limit_usage_tokens_total" => {
+                    if let Some(usage) = &info.usage {
+                        for (kind, value) in [
+                            ("reserved", usage.tokens_reserved),
+                            ("used", usage.tokens_used),
+                            ("refunded", usage.tokens_refunded),
+                            ("overrun", usage.tokens_overrun),
+                            ("forgiven", usage.tokens_forgiven),
+                        ] {
+                            sample(&format!(",kind=\"{kind}\""), &value.to_string());
+                        }
+                    }
+                }
+                "rate_limit_usage_settled_total" => {
+                    if let Some(usage) = &info.usage {
+                        sample(",usage=\"found\"", &usage.settled_with_usage.to_string());
+                        sample(
+                            ",usage=\"missing\"",
+                            &usage.settled_without_usage.to_string(),
+                        );
+                    }
+                }
                 "rate_limit_rate_per_second" | "rate_limit_burst" if info.concurrency.is_some() => {
                 }
                 "rate_limit_rate_per_second" => sample("", &per_second(&info.limits)),
@@ -314,6 +346,7 @@ mod tests {
             },
             evictions: 5,
             no_slot: 0,
+            usage: None,
             overrides: 1,
             override_capacity: 512,
             concurrency: None,
@@ -390,8 +423,9 @@ mod tests {
         let mut deduped = families.clone();
         deduped.dedup();
         // Every family but rate_limit_blocked_keys and rate_limit_blocks_not_recorded_total
-        // (zones with block= only).
-        assert_eq!(deduped.len(), FAMILIES.len() - 2);
+        // (zones with block= only) and the two rate_limit_usage_* (zones a usage= line
+        // charged only: t/usage.rs).
+        assert_eq!(deduped.len(), FAMILIES.len() - 4);
         assert!(text.ends_with('\n'));
         // A concurrency zone has no rate nor burst.
         assert!(!text.contains("rate_limit_burst{zone=\"app\"}"), "{text}");

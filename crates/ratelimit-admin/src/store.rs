@@ -66,6 +66,27 @@ pub struct ZoneInfo {
     pub concurrency: Option<ConcurrencyInfo>,
     /// Declared in nginx's `stream {}` block (TCP and UDP sessions), not in `http {}`.
     pub stream: bool,
+    /// Tokens of the usage-based lines (`usage=`) that charged the zone; `None` until one
+    /// has.
+    pub usage: Option<UsageInfo>,
+}
+
+/// What usage-based lines (`usage=`) charged a zone, in tokens, since it was created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct UsageInfo {
+    /// Reserved at the door.
+    pub tokens_reserved: u64,
+    /// Owed by the requests that ended (their usage, or what a missing usage costs).
+    pub tokens_used: u64,
+    /// Given back: reserved and not used.
+    pub tokens_refunded: u64,
+    /// Charged after the response, past the reservation (into debt when it did not fit).
+    pub tokens_overrun: u64,
+    /// Of the overrun, what `debt=` forgave.
+    pub tokens_forgiven: u64,
+    /// Requests settled from a usage the response reported, and without one.
+    pub settled_with_usage: u64,
+    pub settled_without_usage: u64,
 }
 
 /// The sync state of the instance a `sync` zone belongs to.
