@@ -74,7 +74,7 @@ impl UsageReplay {
                 "usage-based limits need algorithm=leaky_bucket or token_bucket".to_string(),
             )
         })?;
-        let mut policy = policy.clone();
+        let mut policy = *policy;
         policy.cost = reserve.clamp(1, bucket.capacity);
         Ok(UsageReplay {
             policy,
@@ -103,7 +103,7 @@ impl UsageReplay {
             let state = self.states.get(&key).copied().unwrap_or(0);
             let next = match settle::settlement(self.policy.cost, owed) {
                 Settlement::Refund(tokens) => {
-                    let mut refund = self.policy.clone();
+                    let mut refund = self.policy;
                     refund.cost = tokens;
                     crate::uncommit::uncommit_word(state, end, &refund)
                 }
@@ -160,7 +160,7 @@ pub fn refused_with_burst(
     reserve: u64,
     debt: Option<u64>,
 ) -> Result<u64, UsageReplayError> {
-    let mut policy = policy.clone();
+    let mut policy = *policy;
     policy.limits.burst = burst;
     let mut replay = UsageReplay::new(&policy, reserve, debt)?;
     let mut refused = 0;
@@ -229,6 +229,7 @@ mod tests {
 
     /// 60 tokens a minute (one a second), a budget of 60, reservations of 10.
     #[test]
+    #[allow(clippy::type_complexity)]
     fn reserve_settle_table() {
         #[rustfmt::skip]
         let rows: &[(&str, &[(u64, u64, u64)], Option<u64>, &[bool], (u64, u64, u64))] = &[
