@@ -38,6 +38,7 @@ pub mod log_format;
 pub mod penalty;
 pub mod rate;
 pub mod replay;
+pub mod replay_usage;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod spec;
