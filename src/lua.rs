@@ -22,6 +22,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use ngx::ffi::ngx_http_request_t;
 use ngx::http::HttpModuleMainConf;
 use ratelimit_core::penalty::BlockPolicy;
+use ratelimit_core::usage::settle::Settlement;
 use ratelimit_core::{Decision, DelayMode, LimitSpec, Limits, Outcome, Rate};
 
 use crate::conf::RateLimitModule;
@@ -33,7 +34,7 @@ use crate::glue::{connection_log, now_ns};
 use crate::store::{Counter, Zone, MAX_KEY_BYTES};
 
 /// Bumped whenever a struct or a function signature below changes.
-pub const ABI_VERSION: c_int = 3;
+pub const ABI_VERSION: c_int = 4;
 
 /// What a function returns: 0 or a negative error code (`docs/c-abi.md` lists them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +63,8 @@ enum Status {
     WrongKind = -10,
     /// `leaving` or `uncommit` for a key the request holds no slot of.
     NotHeld = -11,
+    /// `settle` on a zone that is not a leaky or token bucket (only a bucket carries a debt).
+    NotABucket = -12,
 }
 
 /// How a `rate_limit` line's delay words read: `delay_mode` of [`LuaOptions`].
@@ -340,7 +343,8 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_parse_opts(
         }
         if spec.usage.is_some() || spec.cost_variable.is_some() {
             let message = "invalid parameter: usage=, reserve= and cost=$variable are for \
-                           rate_limit lines; in Lua, pass the cost as a number";
+                           rate_limit lines; in Lua, pass the cost as a number (reserve and settle \
+                           for usage: docs/lua.md)";
             // SAFETY: the caller's contract.
             unsafe { write_error(err, err_len, message) };
             return Err(Status::Refused);
@@ -433,6 +437,64 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_uncommit(
         // SAFETY: the caller's contract.
         let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts, None, false) }?;
         target.applied.uncommit(target.now_ns);
+        Ok(())
+    })
+}
+
+/// Settle a usage-based request of `key`: `reserved` tokens were charged at the door (an
+/// `incoming` of that cost), `used` is what the request turned out to use. Less is given
+/// back; more is charged whether it fits or not, into debt up to `debt` tokens past the
+/// bucket's capacity (-1: one capacity), and `forgiven` receives what that bound forgave.
+/// A key that lost its slot since its reservation forgives everything, as the directive's
+/// settlement does. Counted in the zone's usage counters.
+///
+/// # Safety
+/// As for [`ngx_http_rate_limit_lua_incoming`]; `forgiven` points to a writable `uint64_t`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn ngx_http_rate_limit_lua_settle(
+    r: *mut ngx_http_request_t,
+    zone: *const u8,
+    zone_len: usize,
+    key: *const u8,
+    key_len: usize,
+    opts: *const LuaOptions,
+    reserved: u64,
+    used: u64,
+    debt: i64,
+    forgiven: *mut u64,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: a non-null `forgiven` is writable (the caller's contract).
+        let forgiven = unsafe { forgiven.as_mut() }.ok_or(Status::BadArgument)?;
+        // SAFETY: the caller's contract.
+        let target = unsafe { target(r, (zone, zone_len), (key, key_len), opts, None, false) }?;
+        let charged = target.applied.charged();
+        if !matches!(
+            charged.zone().algorithm(),
+            ratelimit_core::Algorithm::LeakyBucket | ratelimit_core::Algorithm::TokenBucket
+        ) {
+            return Err(Status::NotABucket);
+        }
+        let debt = u64::try_from(debt).ok();
+        let now_ns = target.now_ns;
+        let zone = charged.zone();
+        zone.count_by(Counter::TokensReserved, reserved);
+        zone.count_by(Counter::TokensUsed, used);
+        zone.count(Counter::UsageFound);
+        *forgiven = 0;
+        match ratelimit_core::usage::settle::settlement(reserved, used) {
+            Settlement::Refund(tokens) => {
+                charged.give_back_tokens(tokens, now_ns);
+                zone.count_by(Counter::TokensRefunded, tokens);
+            }
+            Settlement::Charge(tokens) => {
+                *forgiven = charged.charge_into_debt(tokens, debt, now_ns);
+                zone.count_by(Counter::TokensOverrun, tokens);
+                zone.count_by(Counter::TokensForgiven, *forgiven);
+            }
+            Settlement::Even => {}
+        }
         Ok(())
     })
 }

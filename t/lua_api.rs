@@ -371,6 +371,76 @@ fn uncommit_gives_back_in_every_algorithm() {
     assert_eq!(body(&nginx, "/uncommit"), expected);
 }
 
+/// Usage-based limits from Lua: `reserve` at the door, `settle` once the usage is known:
+/// less is given back, more goes into debt (up to `debt`, the rest forgiven), and a key in
+/// debt is refused; bad arguments get a message.
+#[test]
+fn reserve_and_settle_tokens() {
+    require_lua!();
+    let http = "rate_limit_zone $arg_k zone=tpm:1m rate=1r/h burst=100 algorithm=token_bucket;
+                rate_limit_zone $arg_k zone=sw:1m rate=2r/h algorithm=sliding_window;";
+    let locations = r#"
+        location = /settle {
+            content_by_lua_block {
+                local rl = require "resty.rate_limit"
+                local lim = rl.new("tpm", {nodelay = true})
+                local function show(...)
+                    local out = {}
+                    for i = 1, select('#', ...) do out[i] = tostring((select(i, ...))) end
+                    ngx.say(table.concat(out, " "))
+                end
+                -- A pass's delay and remaining tokens (its excess moves with the clock).
+                local function passed(delay, _, remaining) return delay, remaining end
+                -- Over: 10 reserved, 60 used, then 10 reserved and 200 used with debt=20.
+                show(passed(lim:reserve("a", 10)))
+                show(lim:settle("a", 10, 60))
+                show((lim:state("a")))
+                show(passed(lim:reserve("a", 10)))
+                show(lim:settle("a", 10, 200, 20))
+                local ok, err = lim:reserve("a", 1)
+                show(ok, err)
+                -- Under: 50 reserved, 5 used.
+                show(passed(lim:reserve("b", 50)))
+                show(lim:settle("b", 50, 5))
+                show((lim:state("b")))
+                -- More than the bucket holds is never admitted.
+                ok, err = lim:reserve("c", 101)
+                show(ok, err)
+                -- Bad arguments.
+                show(lim:settle("b", 0, 5))
+                show(lim:settle("b", 5, -1))
+                show(lim:settle("b", 5, 1, 1.5))
+                show(lim:reserve("b", "ten"))
+                show(rl.new("sw"):settle("b", 1, 2))
+            }
+        }
+    "#;
+    let nginx = Nginx::start(&config(1, http, locations));
+    let expected = [
+        "0 90",
+        "true 0",
+        "40",
+        "0 30",
+        // The level was 70: 120 at most (capacity 100 + debt 20), 140 of 190 forgiven.
+        "true 140",
+        "nil rejected",
+        "0 50",
+        "true 0",
+        "95",
+        "nil rejected",
+        "nil reserved must be a whole number of at least 1, got 0",
+        "nil used must be a whole number of at least 0, got -1",
+        "nil debt must be a whole number of at least 0, got 1.5",
+        "nil tokens must be a whole number of at least 1, got ten",
+        "nil zone \"sw\" is not a leaky_bucket or token_bucket zone: only a bucket can settle \
+         usage",
+    ];
+    assert_eq!(
+        body(&nginx, "/settle").lines().collect::<Vec<_>>(),
+        expected
+    );
+}
+
 /// `/probe?k=KEY`: which worker answered, and for a fresh KEY what `state` shows (remaining)
 /// and, after two requests, the second's retry-after in whole seconds.
 const PROBE: &str = r#"
@@ -560,9 +630,9 @@ fn bad_use_gets_an_error_and_no_worker_crashes() {
                 local st = ffi.C.ngx_http_rate_limit_lua_set_limits(request, "z", 1, "", 0, -1,
                                                                     buf, len)
                 ngx.say(st, " | ", ffi.string(buf, len[0]))
-                rl.ABI_VERSION = 4
+                rl.ABI_VERSION = 5
                 show(rl.new("z"))
-                rl.ABI_VERSION = 3
+                rl.ABI_VERSION = 4
                 show(rl.new("z"):incoming("fine", true))
             }
         }
@@ -601,7 +671,7 @@ fn bad_use_gets_an_error_and_no_worker_crashes() {
          refill within 100 years",
         "0 | 0",
         "-6 | nothing to change: give a rate (such as \"10r/s\") or a burst",
-        "nil | ABI version mismatch: ngx_http_rate_limit_module has 3, resty.rate_limit needs 4",
+        "nil | ABI version mismatch: ngx_http_rate_limit_module has 4, resty.rate_limit needs 5",
         "0 | 0",
     ];
     let text = body(&nginx, "/errors");

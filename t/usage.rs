@@ -93,6 +93,26 @@ fn used(nginx: &Nginx, key: &str, probes_before: u64) -> u64 {
     CAPACITY - remaining(nginx, key) - 1 - probes_before
 }
 
+/// Wait until what `key`'s requests were charged, as probes see it, is `expected`: a request
+/// is settled in its log phase, after its response (and after its access log line), so the
+/// first probe may still see the reservation. Panics with the last figure after 10 s.
+fn wait_used(nginx: &Nginx, key: &str, expected: u64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut probes = 0;
+    loop {
+        let seen = used(nginx, key, probes);
+        probes += 1;
+        if seen == expected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: charged {seen}, expected {expected}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The access log's line for `key`'s request (not a probe), once it is written: the request
 /// has reached its log phase, where it is settled.
 fn logged(nginx: &Nginx, key: &str) -> String {
@@ -162,7 +182,7 @@ fn every_provider_settles_plain_and_streamed() {
         let key = format!("Bearer case-{index}");
         let response = send(&nginx, path, &key);
         assert_eq!(response.status, 200, "{path}: {response:?}");
-        assert_eq!(used(&nginx, &key, 0), *tokens, "{path}");
+        wait_used(&nginx, &key, *tokens, path);
     }
     let log = std::fs::read_to_string(nginx.prefix().join("logs/access.log")).unwrap();
     let line = |key: &str| {
@@ -254,7 +274,7 @@ fn every_end_has_its_charge() {
         let _ = common::Connection::open(nginx.port()).try_send(&post(path, &key));
         let line = logged(&nginx, &key);
         assert_eq!(logged_cost(&line), charged.to_string(), "{what}: {line}");
-        assert_eq!(used(&nginx, &key, 0), *charged, "{what}: {path}");
+        wait_used(&nginx, &key, *charged, &format!("{what}: {path}"));
     }
 }
 
@@ -297,7 +317,7 @@ fn a_client_gone_mid_stream_keeps_the_reservation() {
         pending.abandon();
         let line = logged(&nginx, key);
         assert_eq!(logged_cost(&line), charged.to_string(), "{line}");
-        assert_eq!(used(&nginx, key, 0), charged, "{path}");
+        wait_used(&nginx, key, charged, path);
     }
 }
 
@@ -533,11 +553,11 @@ fn a_reservation_from_a_variable() {
     // The door's RateLimit field shows the reservation; the settlement leaves the usage.
     let response = with("Bearer r1", "700");
     assert_eq!(remaining_of(&response), CAPACITY - 700);
-    assert_eq!(used(&nginx, "Bearer r1", 0), 5);
+    wait_used(&nginx, "Bearer r1", 5, "Bearer r1");
     // More than the bucket holds: the whole bucket is reserved, and the request passes.
     let response = with("Bearer r2", "99999999");
     assert_eq!((response.status, remaining_of(&response)), (200, 0));
-    assert_eq!(used(&nginx, "Bearer r2", 0), 5);
+    wait_used(&nginx, "Bearer r2", 5, "Bearer r2");
     // Not a number: 1.
     let response = with("Bearer r3", "many");
     assert_eq!(remaining_of(&response), CAPACITY - 1);

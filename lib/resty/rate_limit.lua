@@ -44,6 +44,9 @@ int ngx_http_rate_limit_lua_incoming(void *r, const unsigned char *zone, size_t 
     int commit, ngx_http_rate_limit_lua_decision_t *out);
 int ngx_http_rate_limit_lua_uncommit(void *r, const unsigned char *zone, size_t zone_len,
     const unsigned char *key, size_t key_len, const ngx_http_rate_limit_lua_opts_t *opts);
+int ngx_http_rate_limit_lua_settle(void *r, const unsigned char *zone, size_t zone_len,
+    const unsigned char *key, size_t key_len, const ngx_http_rate_limit_lua_opts_t *opts,
+    uint64_t reserved, uint64_t used, int64_t debt, uint64_t *forgiven);
 int ngx_http_rate_limit_lua_state(void *r, const unsigned char *zone, size_t zone_len,
     const unsigned char *key, size_t key_len, const ngx_http_rate_limit_lua_opts_t *opts,
     ngx_http_rate_limit_lua_decision_t *out);
@@ -80,7 +83,7 @@ int ngx_http_rate_limit_lua_conn_set(void *r, const unsigned char *zone, size_t 
 local _M = {
     _VERSION = "0.1.0",
     -- The C ABI this file was written for; the module must export the same.
-    ABI_VERSION = 3,
+    ABI_VERSION = 4,
 }
 
 local mt = { __index = _M }
@@ -106,6 +109,7 @@ local err_buf_len = 512
 local err_buf = ffi.new("unsigned char[?]", err_buf_len)
 local err_len = ffi.new("size_t[1]")
 local left_ns = ffi.new("uint64_t[1]")
+local forgiven_out = ffi.new("uint64_t[1]")
 
 local function abi_error()
     local ok, version = pcall(function() return C.ngx_http_rate_limit_lua_abi_version() end)
@@ -154,6 +158,9 @@ local function status_error(self, status, decided)
         return 'zone "' .. self.zone .. '" is a concurrency zone: use rate_limit.conn'
     elseif status == -11 then
         return 'this request holds no slot of the key in zone "' .. self.zone .. '"'
+    elseif status == -12 then
+        return 'zone "' .. self.zone .. '" is not a leaky_bucket or token_bucket zone: '
+               .. 'only a bucket can settle usage'
     end
     return "bad argument (status " .. tostring(status) .. ")"
 end
@@ -311,6 +318,65 @@ function _M.blocked(self, key)
         return nil
     end
     return left / NS_PER_SEC
+end
+
+-- A whole number of at least `least`, or nil and a message naming `name`.
+local function whole(name, value, least)
+    if type(value) ~= "number" or value ~= value or value % 1 ~= 0 or value < least
+       or value > 2^53 then
+        return nil, name .. " must be a whole number of at least " .. least .. ", got "
+                    .. tostring(value)
+    end
+    return value
+end
+
+--- Reserve `tokens` for `key` at the door of a usage-based request (a leaky or token
+--- bucket zone): `incoming(key, true)` with a cost of `tokens`; returns what it returns. A
+--- reservation larger than the zone's burst is never admitted. Settle it when the request
+--- ends with `settle`.
+function _M.reserve(self, key, tokens)
+    local ok, err = whole("tokens", tokens, 1)
+    if not ok then
+        return nil, err
+    end
+    local cost = self.opts.cost
+    self.opts.cost = tokens
+    local first, second, third = _M.incoming(self, key, true)
+    self.opts.cost = cost
+    return first, second, third
+end
+
+--- Settle a reservation of `reserved` tokens for `key` that used `used` (in log_by_lua,
+--- once the usage is known): less is given back, more is charged into debt, up to `debt`
+--- tokens past the bucket's capacity (default: one capacity). Returns `true, forgiven`
+--- (the tokens that bound forgave) or nil and a message.
+function _M.settle(self, key, reserved, used, debt)
+    local r, err = request_for(self, key)
+    if not r then
+        return nil, err
+    end
+    local ok
+    ok, err = whole("reserved", reserved, 1)
+    if not ok then
+        return nil, err
+    end
+    ok, err = whole("used", used, 0)
+    if not ok then
+        return nil, err
+    end
+    if debt ~= nil then
+        ok, err = whole("debt", debt, 0)
+        if not ok then
+            return nil, err
+        end
+    end
+    local zone = self.zone
+    local status = C.ngx_http_rate_limit_lua_settle(r, zone, #zone, key, #key, self.opts,
+                                                    reserved, used, debt or -1, forgiven_out)
+    if status ~= 0 then
+        return nil, status_error(self, status)
+    end
+    return true, tonumber(forgiven_out[0])
 end
 
 --- Give back a request charged to `key` (after a later limit refused, or the request was
