@@ -644,4 +644,24 @@ fn the_admin_api_and_metrics_count_tokens() {
         ),
         (3.into(), 1.into())
     );
+    // The key in debt shows it apart from `remaining` (50 owed at settlement, repaid at one
+    // token a second); the key that gave back owes nothing, and shows no `debt`.
+    let key = |name: &str| -> serde_json::Value {
+        let response = common::get(nginx.port(), &format!("/admin/zones/tpm/keys/{name}"));
+        serde_json::from_slice(&response.body).expect("key JSON")
+    };
+    let debtor = key("Bearer%20a");
+    let debt = debtor["debt"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no debt: {debtor}"));
+    assert!((40..=50).contains(&debt), "debt {debt}: {debtor}");
+    assert_eq!(
+        (&debtor["remaining"], &debtor["would_pass"]),
+        (&0.into(), &false.into())
+    );
+    let even = key("Bearer%20b");
+    assert!(even.get("debt").is_none(), "{even}");
+    // 5 charged of 100, and a token back each second since.
+    let remaining = even["remaining"].as_u64().unwrap_or_default();
+    assert!((95..=99).contains(&remaining), "{even}");
 }

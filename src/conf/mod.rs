@@ -288,9 +288,22 @@ pub struct LocConf {
     /// Set on a server's own configuration when one of its locations has `rate_limit_admin`:
     /// a request refused before a location is matched (414) is answered in JSON. Not merged.
     pub admin_server: bool,
-    /// Whether a `rate_limit` line uses a concurrency zone: worked out (in each worker) on
-    /// the location's first request, once zones are known. Not merged.
-    pub concurrency_lines: Cell<Option<bool>>,
+    /// How the location's lines are decided: worked out (in each worker) on the location's
+    /// first request, once zones are known. Not merged.
+    pub shape: Cell<Option<Shape>>,
+}
+
+/// How a location's `rate_limit` lines are decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// One line on a rate zone, with nothing to report or keep for the response: no
+    /// headers, `global=`, `on_status=`, per-request cost, `sync` or `block=`. A request
+    /// that passes is charged and counted, and that is all.
+    Quick,
+    /// Rate lines only, in any other configuration.
+    Rates,
+    /// At least one line on a concurrency zone.
+    Concurrency,
 }
 
 impl Default for LocConf {
@@ -304,7 +317,7 @@ impl Default for LocConf {
             openai_headers: UNSET,
             admin: None,
             admin_server: false,
-            concurrency_lines: Cell::new(None),
+            shape: Cell::new(None),
         }
     }
 }

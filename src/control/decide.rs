@@ -508,13 +508,22 @@ pub fn decide_one<'a>(found: Found<'a>, limit: &LimitConf, now_ns: u64, report: 
         }
     }
     // A sync zone decides through `Applied::decide`, which takes the fleet's grant first.
-    let quick = !report && !zone.is_sync();
-    let charge = if quick {
-        bucket_charge(limit, zone, hash)
-    } else {
-        None
+    if !report && !zone.is_sync() {
+        return decide_quick(found, limit, now_ns);
+    }
+    let Some(policy) = effective_policy(zone, limit, hash) else {
+        return One::Unlimited;
     };
-    if let Some(charge) = charge {
+    let decision = charge_or_peek(zone, slot, now_ns, &policy, true);
+    One::Decided(Applied::decided(found, policy, decision))
+}
+
+/// [`decide_one`] of a line with nothing to report, on a zone without `sync` or `block=`
+/// (the caller knows): a request that passes is charged with one compare-and-swap.
+#[inline(always)]
+pub fn decide_quick<'a>(found: Found<'a>, limit: &LimitConf, now_ns: u64) -> One<'a> {
+    let (zone, hash, slot) = (found.zone, found.hash(), found.slot);
+    if let Some(charge) = bucket_charge(limit, zone, hash) {
         // The policy is computed only for a request that does not pass (and by the fallback,
         // for a state the constants cannot decide: a product over 64 bits).
         let (outcome, previous) = zone.charge_bucket(slot, now_ns, &charge, |state| {
@@ -527,16 +536,31 @@ pub fn decide_one<'a>(found: Found<'a>, limit: &LimitConf, now_ns: u64, report: 
             account_passed(zone);
             return One::Passed;
         }
-        let Some(policy) = effective_policy(zone, limit, hash) else {
-            return One::Unlimited;
-        };
-        let decision = ratelimit_core::decide_word(previous, now_ns, &policy).0;
-        return One::Decided(Applied::decided(found, policy, decision));
+        return decided_from(found, limit, previous, now_ns);
     }
+    decide_quick_by_policy(found, limit, now_ns)
+}
+
+/// The whole decision of a request the quick path did not pass, from the state it was
+/// decided on. Out of line: the passing path stays short.
+#[inline(never)]
+fn decided_from<'a>(found: Found<'a>, limit: &LimitConf, previous: u64, now_ns: u64) -> One<'a> {
+    let Some(policy) = effective_policy(found.zone, limit, found.hash()) else {
+        return One::Unlimited;
+    };
+    let decision = ratelimit_core::decide_word(previous, now_ns, &policy).0;
+    One::Decided(Applied::decided(found, policy, decision))
+}
+
+/// [`decide_quick`] of a key the bucket constants do not decide: a sliding zone, or a key
+/// with an override.
+#[inline(never)]
+fn decide_quick_by_policy<'a>(found: Found<'a>, limit: &LimitConf, now_ns: u64) -> One<'a> {
+    let (zone, hash, slot) = (found.zone, found.hash(), found.slot);
     let Some(policy) = effective_policy(zone, limit, hash) else {
         return One::Unlimited;
     };
-    if quick && policy.algorithm.is_single_word() {
+    if policy.algorithm.is_single_word() {
         let (outcome, previous) = zone.charge(slot, now_ns, &policy);
         if outcome == Outcome::Passed {
             account_passed(zone);

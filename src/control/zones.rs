@@ -270,6 +270,7 @@ impl AdminZone for SharedZone<'_> {
             limits,
             override_limits,
             decision,
+            debt: self.zone.debt_tokens(slot, &policy, self.now_ns),
         })
     }
 

@@ -73,18 +73,6 @@ pub fn line_zone(limit: &LimitConf) -> Option<&'static ZoneConf> {
     super::zone_conf_of(limit.shm_zone).filter(|zone| zone.algorithm.counts_in_flight())
 }
 
-/// Whether the location has a concurrency line (worked out on its first request).
-pub fn has_lines(lcf: &LocConf) -> bool {
-    match lcf.concurrency_lines.get() {
-        Some(known) => known,
-        None => {
-            let found = lcf.limits().iter().any(|limit| line_zone(limit).is_some());
-            lcf.concurrency_lines.set(Some(found));
-            found
-        }
-    }
-}
-
 /// A request that is back from a queue, if it is one: go on with its lines.
 pub fn resumed(
     r: &mut ngx_http_request_t,

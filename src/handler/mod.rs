@@ -21,7 +21,7 @@ use ratelimit_core::{Outcome, Policy, NANOS_PER_SEC};
 use smallvec::SmallVec;
 
 use crate::conf::RateLimitModule;
-use crate::conf::{LimitConf, LocConf, ZoneConf};
+use crate::conf::{LimitConf, LocConf, Shape, ZoneConf};
 use crate::control::decide::Verdict;
 use crate::control::decide::{self, Applied, AppliedLimit, BlockStarted, Charge, Found, One};
 use crate::glue::response::add_header;
@@ -55,12 +55,7 @@ fn find_key<'a>(
         return None;
     }
     if key.len() > MAX_KEY_BYTES {
-        ngx_log_error!(
-            NGX_LOG_ERR,
-            connection_log(r),
-            "the value of the \"{}\" key is more than 65535 bytes",
-            zone_conf.key_text
-        );
+        log_key_too_long(r, zone_conf);
         return None;
     }
     let (found, evicted) = decide::find(zone_conf, zone, key, now_ns);
@@ -68,6 +63,17 @@ fn find_key<'a>(
         found.log_zone_full(now_ns, connection_log(r));
     }
     Some(found)
+}
+
+#[cold]
+#[inline(never)]
+fn log_key_too_long(r: &ngx_http_request_t, zone_conf: &ZoneConf) {
+    ngx_log_error!(
+        NGX_LOG_ERR,
+        connection_log(r),
+        "the value of the \"{}\" key is more than 65535 bytes",
+        zone_conf.key_text
+    );
 }
 
 /// The zone's slot for the request's key and the limits that apply to it, not yet decided.
@@ -103,19 +109,92 @@ pub unsafe extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_in
         return Status::NGX_DECLINED.into();
     };
     let state = RequestState::of(r, index);
+    let shape = shape(lcf);
+    if shape == Shape::Quick {
+        // No concurrency line: no queued request to resume.
+        if state.is_set() {
+            return Status::NGX_DECLINED.into();
+        }
+        if let [limit] = lcf.limits() {
+            return limit_quick(r, lcf, state, limit);
+        }
+    }
     if let Some(rc) = concurrency::resumed(r, lcf, state) {
         return rc;
     }
     if state.is_set() {
         return Status::NGX_DECLINED.into();
     }
-    if concurrency::has_lines(lcf) {
+    if shape == Shape::Concurrency {
         return concurrency::limit(r, lcf, state);
     }
     limit_request(r, lcf, state)
 }
 
-#[inline]
+/// The location's [`Shape`], worked out on its first request.
+#[inline(always)]
+fn shape(lcf: &LocConf) -> Shape {
+    match lcf.shape.get() {
+        Some(shape) => shape,
+        None => learn_shape(lcf),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn learn_shape(lcf: &LocConf) -> Shape {
+    let limits = lcf.limits();
+    let shape = if limits
+        .iter()
+        .any(|limit| concurrency::line_zone(limit).is_some())
+    {
+        Shape::Concurrency
+    } else if is_quick(lcf) {
+        Shape::Quick
+    } else {
+        Shape::Rates
+    };
+    lcf.shape.set(Some(shape));
+    shape
+}
+
+/// Whether the location is [`Shape::Quick`] (its lines known to be on rate zones).
+fn is_quick(lcf: &LocConf) -> bool {
+    let [limit] = lcf.limits() else {
+        return false;
+    };
+    let Some(zone_conf) = zone_conf_of(limit.shm_zone) else {
+        return false;
+    };
+    !lcf.headers()
+        && !lcf.openai_headers()
+        && limit.global.is_none()
+        && !limit.cost_per_request()
+        && limit.on_status.is_none()
+        && !zone_conf.sync
+        && zone_conf.block.is_none()
+}
+
+/// A [`Shape::Quick`] location's request: inlined into the phase handler, so that a request
+/// that passes costs one key lookup, one compare-and-swap and a counter.
+#[inline(always)]
+fn limit_quick(
+    r: &mut ngx_http_request_t,
+    lcf: &LocConf,
+    state: RequestState,
+    limit: &LimitConf,
+) -> ngx_int_t {
+    let now = now_ns();
+    let Some(found) = find_key(r, limit.shm_zone, now) else {
+        return Status::NGX_DECLINED.into();
+    };
+    match decide::decide_quick(found, limit, now) {
+        One::Passed => passed(state),
+        one => act_on_one(r, lcf, state, limit, one, now),
+    }
+}
+
+#[inline(never)]
 fn limit_request(r: &mut ngx_http_request_t, lcf: &LocConf, state: RequestState) -> ngx_int_t {
     let now = now_ns();
     // The common case, one limit without `global=`: no collection, one compare-and-swap,
@@ -197,7 +276,21 @@ fn limit_one(
     // With `on_status=` the request's charge is kept until the response: the decision is
     // needed whole.
     let report = lcf.headers() || limit.on_status.is_some();
-    match decide::decide_one(found, limit, now, report) {
+    let one = decide::decide_one(found, limit, now, report);
+    act_on_one(r, lcf, state, limit, one, now)
+}
+
+/// Act on [`decide::decide_one`]'s answer for one line.
+#[inline(never)]
+fn act_on_one(
+    r: &mut ngx_http_request_t,
+    lcf: &LocConf,
+    state: RequestState,
+    limit: &LimitConf,
+    one: One,
+    now: u64,
+) -> ngx_int_t {
+    match one {
         One::Passed => passed(state),
         One::Unlimited => Status::NGX_DECLINED.into(),
         One::Decided(own) if own.decision.outcome == Outcome::Passed => {

@@ -505,7 +505,7 @@ impl Zone {
     /// word keeps beside its pin count (`ratelimit_slots::key_id`); never 0 (an empty slot).
     /// foldhash's quality variant: a few multiplications for a short key, and without the
     /// seed a client cannot choose keys that collide.
-    #[inline]
+    #[inline(always)]
     pub fn hash_key(&self, key: &[u8]) -> u64 {
         ratelimit_slots::key_id(
             foldhash::quality::FixedState::with_seed(self.seed[0]).hash_one(key),

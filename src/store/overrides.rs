@@ -43,10 +43,17 @@ impl Zone {
     }
 
     /// The override for a key hash, if any. Lock-free; costs nothing when there are none.
+    #[inline(always)]
     pub fn override_for(&self, hash: u64) -> Option<Limits> {
         if self.header().override_count.load(Ordering::Relaxed) == 0 {
             return None;
         }
+        self.find_override(hash)
+    }
+
+    /// [`Zone::override_for`] in a zone that has overrides.
+    #[inline(never)]
+    fn find_override(&self, hash: u64) -> Option<Limits> {
         for slot in self.override_probe(hash) {
             match slot.hash.load(Ordering::Acquire) {
                 0 => return None,

@@ -93,7 +93,7 @@ impl Zone {
     /// The common cases take no lock: a tracked key is found, and a new key takes the first
     /// empty slot of its window with a compare-and-swap. Only a full window takes the zone
     /// lock to evict, and never a key with requests in flight or queued.
-    #[inline]
+    #[inline(always)]
     pub fn find_or_claim(&self, hash: u64, now_ns: u64) -> (SlotIndex, bool) {
         // A key seen before is most often in the first slot of its window.
         let index = self.table().window_start(hash);
@@ -408,7 +408,7 @@ impl Zone {
     /// Charge a request to a bucket with precomputed constants; `fallback` decides the rare
     /// state the constants cannot (an overflow). Returns the outcome and the state it was
     /// decided on, as [`Zone::charge`].
-    #[inline]
+    #[inline(always)]
     pub fn charge_bucket(
         &self,
         index: SlotIndex,
@@ -494,6 +494,20 @@ impl Zone {
         };
         self.idle_at_ns(pin.state(), limits, now_ns)
             .saturating_sub(now_ns)
+    }
+
+    /// Tokens the key in `index` owes past its bucket's capacity under `policy` (what
+    /// usage-based lines charged into debt, rounded up); 0 when it owes none or `policy` is
+    /// not a bucket. `GET zones/NAME/keys/KEY` shows it as `debt`.
+    pub fn debt_tokens(&self, index: SlotIndex, policy: &Policy, now_ns: u64) -> u64 {
+        let Some(bucket) = ratelimit_core::usage::settle::Bucket::of(policy) else {
+            return 0;
+        };
+        let Some(pin) = self.table().pin(index) else {
+            return 0;
+        };
+        let state = pin.first_state().load(Ordering::Acquire);
+        ratelimit_core::usage::settle::debt_tokens(state, now_ns, &bucket)
     }
 
     /// After the zone's rate changed from `old` to `new`: re-express each bucket's backlog at

@@ -153,6 +153,10 @@ pub struct KeyJson<'a> {
     pub retry_after_ms: u64,
     /// How long until the key is back to its fresh state.
     pub reset_ms: u64,
+    /// Tokens the key owes past its capacity (usage-based lines charge a request's overrun
+    /// into debt); shown only when it owes some. `remaining` is 0 while it does.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub debt: u64,
     /// The key's block, when it is blocked (`block=`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub block: Option<BlockJson>,
@@ -244,6 +248,7 @@ impl<'a> KeyJson<'a> {
                 milliseconds(decision.retry_after_ns)
             },
             reset_ms: milliseconds(decision.reset_ns),
+            debt: state.debt,
             block: None,
         }
     }
@@ -296,4 +301,9 @@ pub fn to_body<T: Serialize>(value: &T) -> Vec<u8> {
         .unwrap_or_else(|_| br#"{"error": "cannot serialize the response"}"#.to_vec());
     body.push(b'\n');
     body
+}
+
+/// For `skip_serializing_if`: a count that is zero is left out.
+fn is_zero(count: &u64) -> bool {
+    *count == 0
 }

@@ -335,6 +335,7 @@ impl AdminZone for MemoryZone {
                 limits: override_limits.unwrap_or(state.info.limits),
                 override_limits,
                 decision,
+                debt: 0,
             })
         })
     }

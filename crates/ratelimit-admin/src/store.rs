@@ -133,6 +133,9 @@ pub struct KeyState {
     /// What a request of cost 1 would get now (nothing is charged), except `reset_ns`: the
     /// time until the key is back to a fresh key's state as it is, without that request.
     pub decision: Decision,
+    /// Tokens the key owes past its bucket's capacity (usage-based lines charge into debt);
+    /// 0 when it owes none.
+    pub debt: u64,
 }
 
 /// One blocked key (`block=`), as the admin API lists it. Times are wall-clock milliseconds

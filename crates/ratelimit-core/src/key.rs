@@ -9,27 +9,25 @@
 /// The value of the query argument `name` (lowercase ASCII, not empty) in `args`.
 ///
 /// One pass: at the start of each argument, compare the name and `=`; then find the `&` that
-/// ends the value (on a match) or the argument (otherwise).
+/// ends the value (on a match) or the argument (otherwise). Only the argument's bytes are
+/// folded to lowercase: `name` already is.
+#[inline]
 pub fn query_arg<'a>(args: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
     if name.is_empty() {
         return None;
     }
     let mut rest = args;
     loop {
-        let matched = rest.get(name.len()) == Some(&b'=')
-            && rest
-                .get(..name.len())
-                .is_some_and(|head| head.eq_ignore_ascii_case(name));
-        let after = if matched {
-            &rest[name.len() + 1..]
-        } else {
-            rest
-        };
-        let end = find_ampersand(after);
-        if matched {
-            return Some(&after[..end.unwrap_or(after.len())]);
+        if let Some((head, [b'=', value @ ..])) = rest.split_at_checked(name.len()) {
+            if head
+                .iter()
+                .zip(name)
+                .all(|(&byte, &lower)| byte.to_ascii_lowercase() == lower)
+            {
+                return Some(&value[..find_ampersand(value).unwrap_or(value.len())]);
+            }
         }
-        rest = &after[end? + 1..];
+        rest = &rest[find_ampersand(rest)? + 1..];
     }
 }
 
