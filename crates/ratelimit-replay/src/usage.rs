@@ -91,7 +91,11 @@ fn usage_input(format: Option<InputFormat>, variable: &str) -> Result<LogInput, 
         Some(InputFormat::Log(input)) if input.format.has(variable) => Ok(input),
         Some(InputFormat::Log(input)) => Err(ReplayError::UsageNotInFormat {
             variable: variable.to_string(),
-            format: format!("the {} log format \"{}\"", input.name, input.format),
+            format: if input.name == "--log-format" {
+                format!("--log-format '{}'", input.format)
+            } else {
+                format!("nginx's {} log format '{}'", input.name, input.format)
+            },
         }),
         Some(InputFormat::Timeline) => Err(ReplayError::UsageNotInFormat {
             variable: variable.to_string(),
