@@ -170,13 +170,11 @@ fn read_log(
             let used = settle::charged_tokens(reserved, None, end, setup.on_missing);
             (used, true)
         } else {
-            let used = field
-                .parse::<u64>()
-                .map_err(|_| ReplayError::BadUsage {
-                    line: number,
-                    variable: setup.variable.clone(),
-                    value: field.to_string(),
-                })?;
+            let used = field.parse::<u64>().map_err(|_| ReplayError::BadUsage {
+                line: number,
+                variable: setup.variable.clone(),
+                value: field.to_string(),
+            })?;
             (used, false)
         };
         let duration_ns = if has_request_time {
@@ -369,7 +367,11 @@ fn round3(value: f64) -> f64 {
 
 fn time_text(time_ns: u64, epoch: bool) -> String {
     if epoch {
-        format!("{}.{:03}", time_ns / 1_000_000_000, time_ns / 1_000_000 % 1_000)
+        format!(
+            "{}.{:03}",
+            time_ns / 1_000_000_000,
+            time_ns / 1_000_000 % 1_000
+        )
     } else {
         rfc3339(time_ns)
     }
