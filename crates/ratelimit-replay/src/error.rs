@@ -66,6 +66,56 @@ pub enum ReplayError {
     NoRequests { input: String },
     #[error("cannot write \"{}\": {error}", path.display())]
     WritePlot { path: PathBuf, error: io::Error },
+    #[error(
+        "--limit: usage= needs a zone with algorithm=leaky_bucket or token_bucket (a key's \
+         overrun is carried as a debt in its bucket); this zone is {0}"
+    )]
+    UsageZone(String),
+    #[error(
+        "--limit: reserve=${0} is not replayable: the replay reserves the same number of \
+         tokens for every request; give reserve=N (a whole number from 1, e.g. a typical \
+         reservation)"
+    )]
+    ReserveVariable(String),
+    #[error("{0} is not available with --limit usage=...")]
+    UsageUnsupported(&'static str),
+    #[error(
+        "--limit usage=...: each request's tokens are read from the access log's \
+         ${variable}, and {format} has none: give the log_format that wrote the log with \
+         --log-format '... ${variable}' (usage=openai|anthropic|gemini read \
+         $rate_limit_usage_cost)"
+    )]
+    UsageNotInFormat { variable: String, format: String },
+    #[error(
+        "line {line}: ${variable} \"{value}\" is not a number of tokens: it must be a \
+         non-negative integer, or - (or empty) when the request reported no usage"
+    )]
+    BadUsage {
+        line: usize,
+        variable: String,
+        value: String,
+    },
+    #[error(
+        "line {line}: $request_time \"{value}\" is not a duration: it must be seconds, \
+         such as 0.250"
+    )]
+    BadRequestTime { line: usize, value: String },
+    #[error(
+        "--calibrate is for usage-based limits (--limit 'usage=$VARIABLE reserve=N'); for \
+         a request limit the summary's min_burst is the smallest burst that refuses nothing"
+    )]
+    CalibrateWithoutUsage,
+    #[error(
+        "--calibrate {max_refused}: even burst={burst} (the largest the zone's rate allows) \
+         refuses {refused} of the {requests} requests; raise the rate, or allow more \
+         refusals"
+    )]
+    CalibrationUnreachable {
+        max_refused: u64,
+        burst: u64,
+        refused: u64,
+        requests: usize,
+    },
     #[error("cannot write the output: {0}")]
     Output(#[from] io::Error),
 }

@@ -4,6 +4,7 @@
 
 mod error;
 mod plot;
+mod usage;
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
@@ -30,9 +31,18 @@ struct Args {
     zone: String,
 
     /// The words of `rate_limit` (zone= may be left out): 'burst=3 nodelay', 'cost=2',
-    /// 'nodelay on_status=401,403' (on_status needs a log with $status)
+    /// 'nodelay on_status=401,403' (on_status needs a log with $status).
+    /// 'usage=$VARIABLE reserve=N [debt=N] [on_missing=keep]' replays a usage-based (token)
+    /// limit: each request's tokens are read from the log's $VARIABLE (give --log-format);
+    /// usage=openai|anthropic|gemini read $rate_limit_usage_cost, the weighted cost the
+    /// module logs. See "Usage-based limits" below
     #[arg(long)]
     limit: Option<String>,
+
+    /// With --limit usage=...: print the smallest burst (the token budget, at the zone's
+    /// rate) that refuses at most MAX_REFUSED of the log's requests, instead of the replay
+    #[arg(long, value_name = "MAX_REFUSED")]
+    calibrate: Option<u64>,
 
     /// What the input lines are; `auto` tells from the first line: a timeline, an access log
     /// starting with $msec, or nginx's `combined` or the `common` log format
@@ -78,7 +88,14 @@ const AFTER_HELP: &str = "\
 Logs with whole-second times ($time_local, $time_iso8601, as in combined and common): the k
 requests logged in one second are spread evenly over it in log order, at S, S+1/k, ... S+(k-1)/k.
 A line up to one second older than the one before it (two workers finishing at a second's
-edge) counts in the newer second. Log times are when requests ended, not when they came.";
+edge) counts in the newer second. Log times are when requests ended, not when they came.
+
+Usage-based limits (--limit 'usage=$VARIABLE reserve=N'): a request reserves N tokens when it
+came and is settled with the tokens of its log field when it ended (a refund, or a charge into
+debt up to debt=, by default one burst). When the format has $request_time a request came at
+its log time minus $request_time, else at its log time. A usage field of - (or empty) follows
+on_missing=: refund (the default) charges 0 tokens, keep charges the reservation.
+reserve=$variable cannot be replayed: give reserve=N.";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Format {
@@ -109,17 +126,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: &Args) -> Result<(), ReplayError> {
-    let (policy, zone, limit) = parse_policy(args)?;
-    if args.key_field == Some(0) {
-        return Err(ReplayError::KeyFieldZero);
-    }
-    let mut reader = chosen_format(args)?.map(LineReader::new);
-    if let Some(reader) = &reader {
-        check_status(reader.format(), limit.as_ref())?;
-        check_key_options(reader.format(), args)?;
-    }
-    let input: Box<dyn BufRead> = match &args.input {
+/// The input: the file named, or the standard input.
+fn open_input(args: &Args) -> Result<Box<dyn BufRead>, ReplayError> {
+    Ok(match &args.input {
         Some(path) if path.as_os_str() != "-" => {
             let file = File::open(path).map_err(|error| ReplayError::Open {
                 path: path.clone(),
@@ -128,7 +137,40 @@ fn run(args: &Args) -> Result<(), ReplayError> {
             Box::new(BufReader::new(file))
         }
         _ => Box::new(io::stdin().lock()),
-    };
+    })
+}
+
+/// The input in messages: a quoted path or "the standard input".
+fn input_name(args: &Args) -> String {
+    match &args.input {
+        Some(path) if path.as_os_str() != "-" => format!("\"{}\"", path.display()),
+        _ => "the standard input".to_string(),
+    }
+}
+
+fn run(args: &Args) -> Result<(), ReplayError> {
+    let (policy, zone, limit) = parse_policy(args)?;
+    if args.key_field == Some(0) {
+        return Err(ReplayError::KeyFieldZero);
+    }
+    if let Some(spec) = limit.as_ref().and_then(|l| l.usage.as_ref()) {
+        let on_status = limit.as_ref().is_some_and(|l| l.on_status.is_some());
+        let setup = usage::setup(args, policy, &zone, spec, on_status)?;
+        let format = chosen_format(args)?;
+        if let Some(format) = &format {
+            check_key_options(format, args)?;
+        }
+        return usage::run(args, format, setup, open_input(args)?, input_name(args));
+    }
+    if args.calibrate.is_some() {
+        return Err(ReplayError::CalibrateWithoutUsage);
+    }
+    let mut reader = chosen_format(args)?.map(LineReader::new);
+    if let Some(reader) = &reader {
+        check_status(reader.format(), limit.as_ref())?;
+        check_key_options(reader.format(), args)?;
+    }
+    let input = open_input(args)?;
 
     let mut out = BufWriter::new(io::stdout().lock());
     let columns = Columns {
@@ -185,11 +227,9 @@ fn run(args: &Args) -> Result<(), ReplayError> {
         sink.request(&mut out, &request)?;
     }
     if sink.requests == 0 {
-        let input = match &args.input {
-            Some(path) if path.as_os_str() != "-" => format!("\"{}\"", path.display()),
-            _ => "the standard input".to_string(),
-        };
-        return Err(ReplayError::NoRequests { input });
+        return Err(ReplayError::NoRequests {
+            input: input_name(args),
+        });
     }
     sink.columns
         .summary(&mut out, &sink.replay, &sink.replay.summary())?;

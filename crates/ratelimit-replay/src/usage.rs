@@ -1,0 +1,449 @@
+//! Usage mode: `--limit 'usage=$VAR reserve=N [debt=N]'` replays a usage-based (token) limit.
+//! Each logged request reserves `reserve` tokens when it came (its end minus `$request_time`)
+//! and is settled with the tokens its log line names when it ended
+//! ([`ratelimit_core::replay_usage`], the module's own arithmetic).
+
+use std::collections::HashMap;
+use std::io::{self, BufRead, Write};
+
+use ratelimit_core::log_format::parse_seconds;
+use ratelimit_core::replay::{InputFormat, LineReader, LogInput, SecondSpreader};
+use ratelimit_core::replay_usage::{smallest_burst, UsageKeySummary, UsageReplay, UsageRequest};
+use ratelimit_core::usage::settle::{self, End};
+use ratelimit_core::usage::{Amount, OnMissing, UsageSource, UsageSpec};
+use ratelimit_core::{Algorithm, Limits, Policy, ZoneSpec};
+use serde_json::json;
+
+use crate::error::ReplayError;
+use crate::{rfc3339, Args};
+
+/// The log variable that holds the weighted cost of the built-in readers (`usage=openai`,
+/// `anthropic`, `gemini`): what the request's first usage-based line charged.
+pub const COST_VARIABLE: &str = "rate_limit_usage_cost";
+
+/// The log variable a usage limit's tokens are read from (without `$`).
+pub fn usage_variable(usage: &UsageSpec) -> &str {
+    match &usage.source {
+        UsageSource::Variable(name) => name,
+        UsageSource::Reader(_) => COST_VARIABLE,
+    }
+}
+
+/// One request read from the log, before the replay.
+struct Logged {
+    line: usize,
+    request: UsageRequest,
+    /// The usage field was `-` or empty.
+    missing: bool,
+}
+
+/// What usage mode needs besides the policy: the checked words.
+pub struct UsageSetup {
+    pub policy: Policy,
+    /// `usage=openai`, `usage=$v`: as given.
+    pub usage_word: String,
+    pub variable: String,
+    pub reserve: u64,
+    pub debt: Option<u64>,
+    pub on_missing: OnMissing,
+}
+
+/// Check that `usage` can be replayed on `zone` with these options.
+pub fn setup(
+    args: &Args,
+    policy: Policy,
+    zone: &ZoneSpec,
+    usage: &UsageSpec,
+    on_status: bool,
+) -> Result<UsageSetup, ReplayError> {
+    if !matches!(
+        zone.algorithm,
+        Algorithm::LeakyBucket | Algorithm::TokenBucket
+    ) {
+        return Err(ReplayError::UsageZone(zone.algorithm.to_string()));
+    }
+    let reserve = match &usage.reserve {
+        Amount::Fixed(n) => *n,
+        Amount::Variable(name) => return Err(ReplayError::ReserveVariable(name.clone())),
+    };
+    if args.plot.is_some() {
+        return Err(ReplayError::UsageUnsupported("--plot"));
+    }
+    if on_status {
+        return Err(ReplayError::UsageUnsupported("on_status="));
+    }
+    Ok(UsageSetup {
+        policy,
+        variable: usage_variable(usage).to_string(),
+        usage_word: match &usage.source {
+            UsageSource::Reader(provider) => format!("usage={}", provider.as_str()),
+            UsageSource::Variable(name) => format!("usage=${name}"),
+        },
+        reserve,
+        debt: usage.debt,
+        on_missing: usage.on_missing,
+    })
+}
+
+/// The log format usage mode reads: one with the usage variable.
+fn usage_input(format: Option<InputFormat>, variable: &str) -> Result<LogInput, ReplayError> {
+    match format {
+        Some(InputFormat::Log(input)) if input.format.has(variable) => Ok(input),
+        Some(InputFormat::Log(input)) => Err(ReplayError::UsageNotInFormat {
+            variable: variable.to_string(),
+            format: if input.name == "--log-format" {
+                format!("--log-format '{}'", input.format)
+            } else {
+                format!("nginx's {} log format '{}'", input.name, input.format)
+            },
+        }),
+        Some(InputFormat::Timeline) => Err(ReplayError::UsageNotInFormat {
+            variable: variable.to_string(),
+            format: "a timeline".to_string(),
+        }),
+        Some(InputFormat::AccessLog { .. }) | None => Err(ReplayError::UsageNotInFormat {
+            variable: variable.to_string(),
+            format: "an access log read without --log-format".to_string(),
+        }),
+    }
+}
+
+/// Read the whole log into requests in start order.
+fn read_log(
+    input: Box<dyn BufRead>,
+    log: LogInput,
+    setup: &UsageSetup,
+    reserved: u64,
+) -> Result<Vec<Logged>, ReplayError> {
+    let has_request_time = log.format.has("request_time");
+    let format = log.format.clone();
+    let mut reader = LineReader::new(InputFormat::Log(log));
+    let mut spreader = SecondSpreader::default();
+    // Per line: (used, missing, request_time_ns), joined to the reader's request by line.
+    let mut extras: HashMap<usize, (u64, bool, u64)> = HashMap::new();
+    let mut logged = Vec::new();
+    let mut place = |request: ratelimit_core::replay::Request,
+                     extras: &mut HashMap<usize, (u64, bool, u64)>| {
+        let (used, missing, duration_ns) = extras.remove(&request.line).unwrap_or_default();
+        logged.push(Logged {
+            line: request.line,
+            request: UsageRequest {
+                key: request.key,
+                start_ns: request.time_ns.saturating_sub(duration_ns),
+                end_ns: request.time_ns,
+                used,
+            },
+            missing,
+        });
+    };
+    for (index, line) in input.split(b'\n').enumerate() {
+        let number = index + 1;
+        let line = line.map_err(|error| ReplayError::Read {
+            line: number,
+            error,
+        })?;
+        let text = String::from_utf8_lossy(&line);
+        let text = text.strip_suffix('\r').unwrap_or(&text);
+        let request = match reader.read(number, text) {
+            Ok(Some(request)) => request,
+            Ok(None) => continue,
+            Err(error) => {
+                let hint = format!(
+                    " (format in use: --log-format '{format}'; is it the log_format of the \
+                     access_log that wrote this file, as in nginx.conf?)"
+                );
+                return Err(ReplayError::BadLine { error, hint });
+            }
+        };
+        // The reader matched the line: so does this.
+        let values = format.match_line(text).unwrap_or_default();
+        let value = |name: &str| {
+            values
+                .iter()
+                .find(|(variable, _)| *variable == name)
+                .map(|(_, value)| value.trim())
+                .unwrap_or_default()
+        };
+        let field = value(&setup.variable);
+        let (used, missing) = if field.is_empty() || field == "-" {
+            let end = End::Complete;
+            let used = settle::charged_tokens(reserved, None, end, setup.on_missing);
+            (used, true)
+        } else {
+            let used = field.parse::<u64>().map_err(|_| ReplayError::BadUsage {
+                line: number,
+                variable: setup.variable.clone(),
+                value: field.to_string(),
+            })?;
+            (used, false)
+        };
+        let duration_ns = if has_request_time {
+            let text = value("request_time");
+            parse_seconds(text).ok_or_else(|| ReplayError::BadRequestTime {
+                line: number,
+                value: text.to_string(),
+            })?
+        } else {
+            0
+        };
+        extras.insert(number, (used, missing, duration_ns));
+        for request in spreader.push(request) {
+            place(request, &mut extras);
+        }
+    }
+    for request in spreader.finish() {
+        place(request, &mut extras);
+    }
+    // The replay decides requests when they came; the log wrote them when they ended.
+    logged.sort_by_key(|logged| logged.request.start_ns);
+    Ok(logged)
+}
+
+/// `--limit usage=...`: replay the log, or calibrate with `--calibrate`.
+pub fn run(
+    args: &Args,
+    format: Option<InputFormat>,
+    setup: UsageSetup,
+    input: Box<dyn BufRead>,
+    input_name: String,
+) -> Result<(), ReplayError> {
+    let log = usage_input(format, &setup.variable)?;
+    let mut replay = UsageReplay::new(&setup.policy, setup.reserve, setup.debt)
+        .map_err(|error| ReplayError::UsageZone(error.0))?;
+    let logged = read_log(input, log, &setup, replay.reserved())?;
+    if logged.is_empty() {
+        return Err(ReplayError::NoRequests { input: input_name });
+    }
+    let mut out = io::BufWriter::new(io::stdout().lock());
+    if let Some(max_refused) = args.calibrate {
+        return calibrate(&mut out, args, &setup, &logged, max_refused);
+    }
+    let width = if args.epoch_times { 14 } else { 24 };
+    if !args.json {
+        writeln!(
+            out,
+            "{:<width$} {:<16} {:<9} {:>9} {:>9}",
+            "t", "key", "decision", "reserved", "used"
+        )?;
+    }
+    for logged in &logged {
+        let admitted = replay.request(&logged.request);
+        let decision = if admitted { "ADMITTED" } else { "REFUSED" };
+        let request = &logged.request;
+        if args.json {
+            let mut object = json!({
+                "line": logged.line,
+                "t": crate::seconds(request.start_ns),
+                "end": crate::seconds(request.end_ns),
+                "key": request.key,
+                "decision": decision,
+                "reserved": replay.reserved(),
+                "used": request.used,
+                "usage_missing": logged.missing,
+            });
+            if !args.epoch_times {
+                object["time"] = json!(rfc3339(request.start_ns));
+            }
+            writeln!(out, "{object}")?;
+        } else {
+            let used = if logged.missing {
+                format!("-({})", request.used)
+            } else {
+                request.used.to_string()
+            };
+            writeln!(
+                out,
+                "{:<width$} {:<16} {decision:<9} {:>9} {used:>9}",
+                time_text(request.start_ns, args.epoch_times),
+                request.key,
+                replay.reserved(),
+            )?;
+        }
+    }
+    let first = logged.iter().map(|l| l.request.start_ns).min().unwrap_or(0);
+    let last = logged.iter().map(|l| l.request.end_ns).max().unwrap_or(0);
+    summary(&mut out, args, &setup, &replay, last.saturating_sub(first))?;
+    out.flush()?;
+    Ok(())
+}
+
+/// `rate=600r/m burst=1000 algorithm=token_bucket usage=$v reserve=400 debt=1000`
+fn describe(setup: &UsageSetup, burst: u64, reserved: u64) -> String {
+    let policy = &setup.policy;
+    let mut words = vec![
+        format!("rate={}", policy.limits.rate),
+        format!("burst={burst}"),
+        format!("algorithm={}", policy.algorithm),
+        setup.usage_word.clone(),
+        format!("reserve={reserved}"),
+    ];
+    if let Some(debt) = setup.debt {
+        words.push(format!("debt={debt}"));
+    }
+    if setup.on_missing == OnMissing::Keep {
+        words.push("on_missing=keep".to_string());
+    }
+    words.join(" ")
+}
+
+/// Tokens a minute at the zone's rate (a key's budget refills at this pace).
+fn rate_per_minute(policy: &Policy) -> f64 {
+    60.0 * 1e9 / policy.limits.rate.interval_ns().max(1) as f64
+}
+
+fn summary(
+    out: &mut impl Write,
+    args: &Args,
+    setup: &UsageSetup,
+    replay: &UsageReplay,
+    span_ns: u64,
+) -> io::Result<()> {
+    let keys = replay.summary();
+    let total = |f: fn(&UsageKeySummary) -> u64| keys.values().map(f).sum::<u64>();
+    let admitted_tokens = total(|k| k.tokens_admitted);
+    // None for a log within one instant: no minute to divide by.
+    let per_minute = (span_ns > 0).then(|| round3(admitted_tokens as f64 * 60e9 / span_ns as f64));
+    let rate = rate_per_minute(&setup.policy);
+    let policy_text = describe(setup, setup.policy.limits.burst, replay.reserved());
+    if args.json {
+        let keys: Vec<_> = keys
+            .iter()
+            .map(|(key, s)| {
+                json!({
+                    "key": key,
+                    "admitted": s.admitted,
+                    "refused": s.refused,
+                    "tokens_admitted": s.tokens_admitted,
+                    "tokens_refused": s.tokens_refused,
+                    "tokens_forgiven": s.tokens_forgiven,
+                })
+            })
+            .collect();
+        let summary = json!({
+            "summary": {
+                "policy": policy_text,
+                "algorithm": setup.policy.algorithm.as_str(),
+                "rate": setup.policy.limits.rate.to_string(),
+                "burst": setup.policy.limits.burst,
+                "reserve": replay.reserved(),
+                "usage_variable": format!("${}", setup.variable),
+                "keys": keys,
+                "span_s": crate::seconds(span_ns),
+                "tokens_admitted": admitted_tokens,
+                "tokens_admitted_per_minute": per_minute,
+                "rate_per_minute": round3(rate),
+            }
+        });
+        return writeln!(out, "{summary}");
+    }
+    writeln!(out)?;
+    writeln!(out, "summary: {policy_text}")?;
+    writeln!(
+        out,
+        "{:<16} {:>9} {:>9} {:>15} {:>14} {:>15}",
+        "key", "admitted", "refused", "tokens_admitted", "tokens_refused", "tokens_forgiven"
+    )?;
+    for (key, s) in keys {
+        writeln!(
+            out,
+            "{key:<16} {:>9} {:>9} {:>15} {:>14} {:>15}",
+            s.admitted, s.refused, s.tokens_admitted, s.tokens_refused, s.tokens_forgiven
+        )?;
+    }
+    writeln!(
+        out,
+        "tokens admitted: {admitted_tokens} over {} s ({} per minute, all keys); the budget \
+         refills {} per minute a key, on top of burst={}",
+        crate::millis_text(span_ns / 1000),
+        per_minute.map_or("-".to_string(), |m| m.to_string()),
+        round3(rate),
+        setup.policy.limits.burst
+    )
+}
+
+fn round3(value: f64) -> f64 {
+    (value * 1000.0).round() / 1000.0
+}
+
+fn time_text(time_ns: u64, epoch: bool) -> String {
+    if epoch {
+        format!(
+            "{}.{:03}",
+            time_ns / 1_000_000_000,
+            time_ns / 1_000_000 % 1_000
+        )
+    } else {
+        rfc3339(time_ns)
+    }
+}
+
+/// `--calibrate MAX_REFUSED`: the smallest burst at the zone's rate that refuses at most
+/// `max_refused` of the log's requests.
+fn calibrate(
+    out: &mut impl Write,
+    args: &Args,
+    setup: &UsageSetup,
+    logged: &[Logged],
+    max_refused: u64,
+) -> Result<(), ReplayError> {
+    let requests: Vec<UsageRequest> = logged.iter().map(|l| l.request.clone()).collect();
+    let policy = &setup.policy;
+    let limit = Limits::max_burst(policy.algorithm, &policy.limits.rate);
+    let found = smallest_burst(
+        &requests,
+        policy,
+        setup.reserve,
+        setup.debt,
+        max_refused,
+        limit,
+    )
+    .map_err(|error| ReplayError::UsageZone(error.0))?;
+    let refused_at = |burst: u64| {
+        ratelimit_core::replay_usage::refused_with_burst(
+            &requests,
+            policy,
+            burst,
+            setup.reserve,
+            setup.debt,
+        )
+        .unwrap_or(u64::MAX)
+    };
+    let Some(burst) = found else {
+        return Err(ReplayError::CalibrationUnreachable {
+            max_refused,
+            burst: limit,
+            refused: refused_at(limit),
+            requests: requests.len(),
+        });
+    };
+    let refused = refused_at(burst);
+    let mut calibrated = *policy;
+    calibrated.limits.burst = burst;
+    let reserved = UsageReplay::new(&calibrated, setup.reserve, setup.debt)
+        .map_err(|error| ReplayError::UsageZone(error.0))?
+        .reserved();
+    if args.json {
+        writeln!(
+            out,
+            "{}",
+            json!({"calibration": {
+                "max_refused": max_refused,
+                "burst": burst,
+                "refused": refused,
+                "requests": requests.len(),
+                "policy": describe(setup, burst, reserved),
+            }})
+        )?;
+    } else {
+        writeln!(
+            out,
+            "burst={burst}: the smallest budget at rate={} that refuses at most {max_refused} \
+             of the {} requests (it refuses {refused})",
+            policy.limits.rate,
+            requests.len()
+        )?;
+        writeln!(out, "policy: {}", describe(setup, burst, reserved))?;
+    }
+    out.flush()?;
+    Ok(())
+}
