@@ -14,6 +14,7 @@
 //! the usage object is looked for in them (the providers write it last). A body must reach
 //! the reader uncompressed.
 
+use memchr::memmem::Finder;
 use serde_json::{Map, Value};
 
 use super::sse::EventStream;
@@ -114,18 +115,52 @@ impl Capped {
 /// Whether an event's data names the provider's usage key with a value other than `null`:
 /// only such events are parsed. (A key inside a string is escaped, `\"usage\"`, and does not
 /// match; one that does only costs a parse.)
-fn may_carry_usage(data: &[u8], provider: Provider) -> bool {
-    let needle = match provider {
-        Provider::OpenAi | Provider::Anthropic => &b"\"usage\""[..],
-        Provider::Gemini => &b"\"usageMetadata\""[..],
-    };
-    memchr::memmem::find_iter(data, needle).any(|at| {
-        let rest = trim_start(&data[at + needle.len()..]);
+fn may_carry_usage(data: &[u8], needle: &Finder<'static>) -> bool {
+    needle.find_iter(data).any(|at| {
+        let rest = trim_start(&data[at + needle.needle().len()..]);
         let Some(value) = rest.strip_prefix(b":") else {
             return true;
         };
         !trim_start(value).starts_with(b"null")
     })
+}
+
+/// Whether every usage key in `bytes` is followed on its line by `:` and `null` (spaces or
+/// tabs around the colon): then no event made of these bytes carries a usage.
+fn usage_only_null(bytes: &[u8], needle: &Finder<'static>) -> bool {
+    let blanks = |bytes: &'_ [u8]| -> usize {
+        bytes
+            .iter()
+            .position(|&b| b != b' ' && b != b'\t')
+            .unwrap_or(bytes.len())
+    };
+    needle.find_iter(bytes).all(|at| {
+        let rest = &bytes[at + needle.needle().len()..];
+        let rest = &rest[blanks(rest)..];
+        let Some(value) = rest.strip_prefix(b":") else {
+            return false;
+        };
+        value[blanks(value)..].starts_with(b"null")
+    })
+}
+
+/// The provider's usage key, quoted, as [`may_carry_usage`] looks for it.
+fn usage_finder(provider: Provider) -> Finder<'static> {
+    Finder::new(match provider {
+        Provider::OpenAi | Provider::Anthropic => &b"\"usage\""[..],
+        Provider::Gemini => &b"\"usageMetadata\""[..],
+    })
+}
+
+/// Whether `bytes` ends with an empty line (two line ends in a row, each `\n`, `\r\n` or
+/// `\r`, the last not a lone `\r`): a stream between events before them is between events
+/// after them, whatever lines came before.
+fn ends_with_blank_line(bytes: &[u8]) -> bool {
+    let Some(rest) = bytes.strip_suffix(b"\n") else {
+        return false;
+    };
+    let rest = rest.strip_suffix(b"\r").unwrap_or(rest);
+    rest.ends_with(b"\n") || rest.ends_with(b"\r")
 }
 
 fn trim_start(bytes: &[u8]) -> &[u8] {
@@ -199,6 +234,8 @@ pub struct Reader {
     events: Option<EventStream>,
     counts: Counts,
     found: bool,
+    /// The provider's usage key (`"usage"`), searched once per buffer and per event.
+    needle: Finder<'static>,
 }
 
 impl Reader {
@@ -217,6 +254,7 @@ impl Reader {
             events,
             counts: Counts::default(),
             found: false,
+            needle: usage_finder(provider),
         }
     }
 
@@ -224,11 +262,23 @@ impl Reader {
     pub fn feed(&mut self, bytes: &[u8]) {
         match &mut self.events {
             Some(events) => {
+                // Whole events in which the usage key is only ever `null` change nothing:
+                // each would be gathered, dispatched and skipped below. (An event's data is
+                // its lines' values joined by line feeds, and the key holds none: a key in
+                // any event's data is in the buffer, followed on its line by the same bytes.)
+                // Most buffers of a stream are such: OpenAI's chunks say `"usage":null`.
+                if events.between_events()
+                    && ends_with_blank_line(bytes)
+                    && usage_only_null(bytes, &self.needle)
+                {
+                    return;
+                }
                 let (provider, counts, found) = (self.provider, &mut self.counts, &mut self.found);
+                let needle = &self.needle;
                 events.feed(bytes, &mut |event, data| {
                     // Most events carry no usage (content deltas, or `"usage":null`): they
                     // are not parsed at all.
-                    if !may_carry_usage(data.bytes(), provider) {
+                    if !may_carry_usage(data.bytes(), needle) {
                         return;
                     }
                     if let Some(value) = data.values(provider) {
@@ -450,7 +500,7 @@ mod tests {
         ];
         for (provider, data, expected) in rows {
             assert_eq!(
-                may_carry_usage(data.as_bytes(), *provider),
+                may_carry_usage(data.as_bytes(), &usage_finder(*provider)),
                 *expected,
                 "{data}"
             );
@@ -470,6 +520,56 @@ mod tests {
         }
         reader.finish();
         assert_eq!(reader.usage(), usage(5, 900, 0, 905));
+    }
+
+    #[test]
+    fn buffers_whose_usage_is_only_null() {
+        let needle = usage_finder(Provider::OpenAi);
+        for (bytes, only_null) in [
+            (&br#"data: {"choices":[]}"#[..], true),
+            (br#"data: {"usage":null}"#, true),
+            (br#"data: {"usage" :	 null}\n\ndata: {"usage":null}"#, true),
+            (
+                br#"data: {"usage":null}\n\ndata: {"usage":{"total_tokens":3}}"#,
+                false,
+            ),
+            // A line may end between the key and its value: not known from here.
+            (b"data: {\"usage\"\ndata: :null}", false),
+            (br#"data: {"usage"}"#, false),
+        ] {
+            assert_eq!(
+                usage_only_null(bytes, &needle),
+                only_null,
+                "{:?}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+    }
+
+    #[test]
+    fn a_blank_line_at_the_end_in_every_line_ending() {
+        for bytes in [
+            &b"data: x\n\n"[..],
+            b"x\r\n\r\n",
+            b"x\r\n\n",
+            b"x\n\r\n",
+            b"x\r\r\n",
+            b"\n\n",
+        ] {
+            assert!(ends_with_blank_line(bytes), "{bytes:?}");
+        }
+        // One line end, a lone `\r` (its `\n` may come next), or nothing.
+        for bytes in [
+            &b"data: x\n"[..],
+            b"x\r\n",
+            b"x\n\r",
+            b"x\r\r",
+            b"\n",
+            b"",
+            b"x",
+        ] {
+            assert!(!ends_with_blank_line(bytes), "{bytes:?}");
+        }
     }
 
     #[test]

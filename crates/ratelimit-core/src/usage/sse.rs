@@ -86,6 +86,15 @@ impl EventStream {
         }
     }
 
+    /// Whether the stream is between events: no line begun, nothing gathered, no `\r` whose
+    /// `\n` may follow.
+    pub(crate) fn between_events(&self) -> bool {
+        matches!(self.line, Line::Start)
+            && !self.after_cr
+            && self.data.is_empty()
+            && self.event.is_empty()
+    }
+
     fn line_bytes(&mut self, mut bytes: &[u8]) {
         while !bytes.is_empty() {
             match &mut self.line {
