@@ -186,15 +186,9 @@ fn run(args: &Args) -> Result<(), ReplayError> {
         plot: args.plot.as_ref().map(|_| plot::Plot::default()),
     };
     let mut spreader = SecondSpreader::default();
-    for (index, line) in input.split(b'\n').enumerate() {
-        let number = index + 1;
-        let line = line.map_err(|error| ReplayError::Read {
-            line: number,
-            error,
-        })?;
-        // Access logs may hold bytes that are not UTF-8 in fields we never read.
-        let text = String::from_utf8_lossy(&line);
-        let text = text.strip_suffix('\r').unwrap_or(&text);
+    for line in numbered_lines(input) {
+        let (number, text) = line?;
+        let text = text.as_str();
         let reader = match &mut reader {
             Some(reader) => reader,
             None => {
@@ -248,6 +242,22 @@ fn run(args: &Args) -> Result<(), ReplayError> {
         );
     }
     Ok(())
+}
+
+/// The input's lines, numbered from 1, without a line's final `\r`. Access logs may hold
+/// bytes that are not UTF-8 in fields never read: they are replaced, not refused.
+fn numbered_lines(
+    input: impl BufRead,
+) -> impl Iterator<Item = Result<(usize, String), ReplayError>> {
+    input.split(b'\n').enumerate().map(|(index, line)| {
+        let number = index + 1;
+        let line = line.map_err(|error| ReplayError::Read {
+            line: number,
+            error,
+        })?;
+        let text = String::from_utf8_lossy(&line);
+        Ok((number, text.strip_suffix('\r').unwrap_or(&text).to_owned()))
+    })
 }
 
 /// Where decided requests go: the table or JSON, the plot, the count.

@@ -136,14 +136,9 @@ fn read_log(
             missing,
         });
     };
-    for (index, line) in input.split(b'\n').enumerate() {
-        let number = index + 1;
-        let line = line.map_err(|error| ReplayError::Read {
-            line: number,
-            error,
-        })?;
-        let text = String::from_utf8_lossy(&line);
-        let text = text.strip_suffix('\r').unwrap_or(&text);
+    for line in crate::numbered_lines(input) {
+        let (number, text) = line?;
+        let text = text.as_str();
         let request = match reader.read(number, text) {
             Ok(Some(request)) => request,
             Ok(None) => continue,

@@ -1,47 +1,8 @@
 //! The built binary, end to end: table and JSON output, summaries, access logs, errors.
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+mod common;
 
-fn replay(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ratelimit-replay"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the binary starts");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
-}
-
-fn stdout(output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout.clone()).unwrap()
-}
-
-fn json_lines(output: &Output) -> Vec<serde_json::Value> {
-    stdout(output)
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect()
-}
-
-/// The words of each table row, for comparing without caring about column widths.
-fn rows(text: &str) -> Vec<Vec<&str>> {
-    text.lines()
-        .map(|line| line.split_whitespace().collect())
-        .collect()
-}
+use common::{fails, json_lines, replay, rows, stdout};
 
 const TIMELINE: &str = "\
 # burst of three for alice, one for bob
@@ -245,16 +206,6 @@ fn reads_a_file_or_dash() {
     let from_dash = stdout(&replay(&["--zone", "rate=2r/s burst=1", "-"], TIMELINE));
     std::fs::remove_file(&path).unwrap();
     assert_eq!(from_file, from_dash);
-}
-
-fn fails(args: &[&str], stdin: &str, message: &str) {
-    let output = replay(args, stdin);
-    assert_eq!(output.status.code(), Some(2), "{args:?}");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains(message),
-        "{stderr:?} should contain {message:?}"
-    );
 }
 
 #[test]

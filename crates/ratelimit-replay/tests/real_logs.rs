@@ -6,31 +6,18 @@
 //! 127.0.0.9 tries 60 passwords at about 5 a second (all 401), 127.0.0.2 logs in successfully
 //! 30 times (200), 127.0.0.3 mistypes three times and then logs in.
 
-use std::io::Write;
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
+
+use common::replay;
 
 const LOGIN_LOG: &str = include_str!("data/login-combined.log");
 const ATTACKER: &str = "127.0.0.9";
 const USER: &str = "127.0.0.2";
 const TYPO: &str = "127.0.0.3";
-
-fn replay(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ratelimit-replay"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the binary starts");
-    let mut stdin_pipe = child.stdin.take().unwrap();
-    // The binary may stop reading early (a bad line): ignore a broken pipe.
-    let _ = stdin_pipe.write_all(stdin.as_bytes());
-    drop(stdin_pipe);
-    child.wait_with_output().unwrap()
-}
 
 fn json(args: &[&str], stdin: &str) -> Vec<Value> {
     let mut all = args.to_vec();

@@ -1,54 +1,9 @@
 //! `--limit 'usage=... reserve=N'`: a usage-based (token) limit replayed by the built binary
 //! over hand-made access logs whose admissions are worked out below by hand.
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+mod common;
 
-fn replay(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ratelimit-replay"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the binary starts");
-    // An error found in the options ends the binary before it reads its input: a write to
-    // the closed pipe then fails, and that is not the test's failure.
-    let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
-    child.wait_with_output().unwrap()
-}
-
-fn stdout(output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout.clone()).unwrap()
-}
-
-fn json_lines(output: &Output) -> Vec<serde_json::Value> {
-    stdout(output)
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect()
-}
-
-fn rows(text: &str) -> Vec<Vec<&str>> {
-    text.lines()
-        .map(|line| line.split_whitespace().collect())
-        .collect()
-}
-
-fn fails(args: &[&str], stdin: &str, message: &str) {
-    let output = replay(args, stdin);
-    assert_eq!(output.status.code(), Some(2), "{args:?}");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains(message),
-        "{stderr:?} should contain {message:?}"
-    );
-}
+use common::{fails, json_lines, replay, rows, stdout};
 
 const FORMAT: &str = "$msec $remote_addr $request_time $rate_limit_usage_cost";
 const ZONE: &str = "rate=600r/m burst=1000 algorithm=token_bucket";
