@@ -116,32 +116,32 @@ impl Capped {
 /// only such events are parsed. (A key inside a string is escaped, `\"usage\"`, and does not
 /// match; one that does only costs a parse.)
 fn may_carry_usage(data: &[u8], needle: &Finder<'static>) -> bool {
-    needle.find_iter(data).any(|at| {
-        let rest = trim_start(&data[at + needle.needle().len()..]);
-        let Some(value) = rest.strip_prefix(b":") else {
-            return true;
-        };
-        !trim_start(value).starts_with(b"null")
-    })
+    !usage_only_null(data, needle, |byte| byte.is_ascii_whitespace())
 }
 
-/// Whether every usage key in `bytes` is followed on its line by `:` and `null` (spaces or
-/// tabs around the colon): then no event made of these bytes carries a usage.
-fn usage_only_null(bytes: &[u8], needle: &Finder<'static>) -> bool {
-    let blanks = |bytes: &'_ [u8]| -> usize {
+/// Whether every usage key in `bytes` is followed by `:` and `null`, with only bytes that
+/// `blank` accepts around the colon. With spaces and tabs as blanks (on the key's line),
+/// no event made of these bytes carries a usage.
+fn usage_only_null(bytes: &[u8], needle: &Finder<'static>, blank: fn(u8) -> bool) -> bool {
+    let skip_blanks = |bytes: &'_ [u8]| -> usize {
         bytes
             .iter()
-            .position(|&b| b != b' ' && b != b'\t')
+            .position(|&byte| !blank(byte))
             .unwrap_or(bytes.len())
     };
     needle.find_iter(bytes).all(|at| {
         let rest = &bytes[at + needle.needle().len()..];
-        let rest = &rest[blanks(rest)..];
+        let rest = &rest[skip_blanks(rest)..];
         let Some(value) = rest.strip_prefix(b":") else {
             return false;
         };
-        value[blanks(value)..].starts_with(b"null")
+        value[skip_blanks(value)..].starts_with(b"null")
     })
+}
+
+/// A blank within a line: a space or a tab.
+fn space_or_tab(byte: u8) -> bool {
+    byte == b' ' || byte == b'\t'
 }
 
 /// The provider's usage key, quoted, as [`may_carry_usage`] looks for it.
@@ -269,7 +269,7 @@ impl Reader {
                 // Most buffers of a stream are such: OpenAI's chunks say `"usage":null`.
                 if events.between_events()
                     && ends_with_blank_line(bytes)
-                    && usage_only_null(bytes, &self.needle)
+                    && usage_only_null(bytes, &self.needle, space_or_tab)
                 {
                     return;
                 }
@@ -538,7 +538,7 @@ mod tests {
             (br#"data: {"usage"}"#, false),
         ] {
             assert_eq!(
-                usage_only_null(bytes, &needle),
+                usage_only_null(bytes, &needle, space_or_tab),
                 only_null,
                 "{:?}",
                 String::from_utf8_lossy(bytes)
