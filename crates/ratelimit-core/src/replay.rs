@@ -124,6 +124,9 @@ pub struct Request {
     pub whole_second: bool,
     /// The UTC offset its time was written with, in seconds (0 when none was written).
     pub utc_offset_s: i64,
+    /// The values of the variables asked for with [`LineReader::with_fields`], in that
+    /// order (empty when the log format has no such variable, or is not a log format).
+    pub fields: Vec<String>,
 }
 
 /// A bad input line: `line 3: invalid time "abc"`.
@@ -141,6 +144,7 @@ pub struct InputError {
 pub struct LineReader {
     format: InputFormat,
     previous: Option<(u64, String)>,
+    fields: Vec<String>,
 }
 
 impl LineReader {
@@ -149,7 +153,15 @@ impl LineReader {
         LineReader {
             format,
             previous: None,
+            fields: Vec::new(),
         }
+    }
+
+    /// Also keep, in each request's [`Request::fields`], the values of these log format
+    /// variables (names without `$`).
+    pub fn with_fields(mut self, names: &[&str]) -> LineReader {
+        self.fields = names.iter().map(|name| name.to_string()).collect();
+        self
     }
 
     /// The format it reads.
@@ -160,6 +172,7 @@ impl LineReader {
     /// The request on line `line` (1-based), `None` for a blank or comment line.
     pub fn read(&mut self, line: usize, text: &str) -> Result<Option<Request>, InputError> {
         let problem = |problem: String| InputError { line, problem };
+        let mut fields = vec![String::new(); self.fields.len()];
         let (time_text, key, status, time_ns, utc_offset_s, whole_second) = match &self.format {
             InputFormat::Timeline => {
                 let text = text.split_once('#').map_or(text, |(before, _)| before);
@@ -225,6 +238,9 @@ impl LineReader {
                 };
                 let key = input.key.render(&values);
                 let whole = input.time.whole_seconds();
+                for (field, name) in fields.iter_mut().zip(&self.fields) {
+                    *field = value(name).unwrap_or_default().to_string();
+                }
                 (time_text.to_string(), key, status, time_ns, offset, whole)
             }
         };
@@ -252,6 +268,7 @@ impl LineReader {
             status,
             whole_second,
             utc_offset_s,
+            fields,
         }))
     }
 }
@@ -756,6 +773,31 @@ mod tests {
                 "{algorithm}"
             );
         }
+    }
+
+    #[test]
+    fn a_log_format_reader_keeps_the_fields_asked_for() {
+        let input = LogInput::new(
+            "--log-format",
+            "$msec $remote_addr $request_time $upstream_http_x_tokens",
+            "$remote_addr",
+        )
+        .unwrap();
+        let mut reader = LineReader::new(InputFormat::Log(input)).with_fields(&[
+            "upstream_http_x_tokens",
+            "request_time",
+            "status",
+        ]);
+        let request = reader.read(1, "10.5 10.0.0.1 0.250 420").unwrap().unwrap();
+        assert_eq!(
+            (request.key.as_str(), request.time_ns),
+            ("10.0.0.1", 10_500_000_000)
+        );
+        // A variable the format lacks reads as empty.
+        assert_eq!(request.fields, ["420", "0.250", ""]);
+        // A reader that asks for none keeps none.
+        let mut plain = LineReader::new(InputFormat::Timeline);
+        assert!(plain.read(1, "1 alice").unwrap().unwrap().fields.is_empty());
     }
 
     #[test]

@@ -117,7 +117,12 @@ fn read_log(
 ) -> Result<Vec<Logged>, ReplayError> {
     let has_request_time = log.format.has("request_time");
     let format = log.format.clone();
-    let mut reader = LineReader::new(InputFormat::Log(log));
+    let fields: &[&str] = if has_request_time {
+        &[&setup.variable, "request_time"]
+    } else {
+        &[&setup.variable]
+    };
+    let mut reader = LineReader::new(InputFormat::Log(log)).with_fields(fields);
     let mut spreader = SecondSpreader::default();
     // Per line: (used, missing, request_time_ns), joined to the reader's request by line.
     let mut extras: HashMap<usize, (u64, bool, u64)> = HashMap::new();
@@ -150,16 +155,7 @@ fn read_log(
                 return Err(ReplayError::BadLine { error, hint });
             }
         };
-        // The reader matched the line: so does this.
-        let values = format.match_line(text).unwrap_or_default();
-        let value = |name: &str| {
-            values
-                .iter()
-                .find(|(variable, _)| *variable == name)
-                .map(|(_, value)| value.trim())
-                .unwrap_or_default()
-        };
-        let field = value(&setup.variable);
+        let field = request.fields.first().map_or("", |field| field.trim());
         let (used, missing) = if field.is_empty() || field == "-" {
             let end = End::Complete;
             let used = settle::charged_tokens(reserved, None, end, setup.on_missing);
@@ -172,14 +168,14 @@ fn read_log(
             })?;
             (used, false)
         };
-        let duration_ns = if has_request_time {
-            let text = value("request_time");
-            parse_seconds(text).ok_or_else(|| ReplayError::BadRequestTime {
-                line: number,
-                value: text.to_string(),
-            })?
-        } else {
-            0
+        let duration_ns = match request.fields.get(1) {
+            Some(text) => {
+                parse_seconds(text.trim()).ok_or_else(|| ReplayError::BadRequestTime {
+                    line: number,
+                    value: text.trim().to_string(),
+                })?
+            }
+            None => 0,
         };
         extras.insert(number, (used, missing, duration_ns));
         for request in spreader.push(request) {
