@@ -82,6 +82,11 @@ def free_port():
         return s.getsockname()[1]
 
 
+# What every location does: proxy to the fake upstream on a kept-alive connection, passing
+# each chunk on as it comes.
+PROXY = ('proxy_pass http://llm/; proxy_http_version 1.1; proxy_set_header Connection ""; '
+         'proxy_buffering off;')
+
 CONF = """
 load_module {module};
 worker_processes 1;
@@ -100,20 +105,15 @@ http {{
     server {{
         listen 127.0.0.1:{port} backlog=1024;
         location /usage/ {{ rate_limit zone=tpm usage=openai reserve=100;
-            proxy_pass http://llm/; proxy_http_version 1.1; proxy_set_header Connection "";
-            proxy_buffering off; }}
+            {proxy} }}
         location /usage400/ {{ rate_limit zone=tpm usage=openai reserve=400;
-            proxy_pass http://llm/; proxy_http_version 1.1; proxy_set_header Connection "";
-            proxy_buffering off; }}
+            {proxy} }}
         location /per_request/ {{ rate_limit zone=rpm;
-            proxy_pass http://llm/; proxy_http_version 1.1; proxy_set_header Connection "";
-            proxy_buffering off; }}
+            {proxy} }}
         location /plain/ {{
-            proxy_pass http://llm/; proxy_http_version 1.1; proxy_set_header Connection "";
-            proxy_buffering off; }}
+            {proxy} }}
         location /reader/ {{ rate_limit zone=tpm usage=openai reserve=1;
-            proxy_pass http://llm/; proxy_http_version 1.1; proxy_set_header Connection "";
-            proxy_buffering off; }}
+            {proxy} }}
     }}
 }}
 """
@@ -226,11 +226,9 @@ http {{
     server {{
         listen 127.0.0.1:{port} backlog=1024;
         location /usage/ {{ rate_limit zone=tpm usage=openai reserve=100;
-            proxy_pass http://llm/; proxy_http_version 1.1; proxy_set_header Connection "";
-            proxy_buffering off; }}
+            {proxy} }}
         location /usage400/ {{ rate_limit zone=tpm usage=openai reserve=400;
-            proxy_pass http://llm/; proxy_http_version 1.1; proxy_set_header Connection "";
-            proxy_buffering off; }}
+            {proxy} }}
     }}
 }}
 """
@@ -252,7 +250,7 @@ def sync_main(nginx, module, out):
         port = free_port()
         open(f"{prefix}/nginx.conf", "w").write(SYNC_CONF.format(
             module=module, prefix=prefix, port=port, upstream=upstream.server_port,
-            redis=redis_port, rate=rate, capacity=capacity))
+            redis=redis_port, rate=rate, capacity=capacity, proxy=PROXY))
         prefixes.append(prefix)
         ports.append(port)
     lines = []
@@ -316,7 +314,7 @@ def main():
     average = 225
     conf = CONF.format(module=module, prefix=prefix, port=port, upstream=upstream.server_port,
                        rate=rate, capacity=capacity, request_rate=round(rate / average, 3),
-                       request_burst=capacity // average)
+                       request_burst=capacity // average, proxy=PROXY)
     open(f"{prefix}/nginx.conf", "w").write(conf)
     subprocess.run([nginx, "-p", prefix, "-c", f"{prefix}/nginx.conf"], check=True)
     time.sleep(0.5)
