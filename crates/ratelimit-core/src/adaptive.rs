@@ -29,9 +29,20 @@
 //! so a probe never parks the key at `min`; it lasts about one no-load latency once the
 //! requests over half have drained, at most [`PROBE_MAX_NS`]. A probe runs when a key is new,
 //! every [`RELEARN_INTERVAL_NS`], and when the limit has sat at `min` for
-//! [`WINDOWS_AT_MIN_BEFORE_RELEARN`] windows in a row (the upstream's own speed changed).
+//! [`WINDOWS_AT_MIN_BEFORE_RELEARN`] windows in a row (the upstream's own speed changed), then
+//! at twice `min`.
 //! A probe whose median fell far from the latency it was measured against (a new key's first
 //! sample is its reference; the histogram is coarse there) is run again at once.
+//!
+//! Slow requests whose clients ask again the moment they are answered (an attacker's slow
+//! URL) take back every slot they give up, before any other client can: at `min` they may
+//! hold every slot, every completion is theirs, and a probe at `min` would be handed to them.
+//! Two rules keep their latency from becoming the no-load level. The probe after windows at
+//! `min` runs at twice `min`, so that other requests get slots; and a probe whose median is
+//! more than twice its first quartile learns the quartile ([`Window::no_load_ratio`]): up to
+//! three quarters of its samples may be slow on their own, while a slower upstream slows them
+//! all. When that probe finds its own requests fast after slow windows, the key resumes at the
+//! probe's limit, with room beside the slow requests, and grows from there.
 //!
 //! The state is a handful of integers ([`AdaptiveLimit`]) that pack into [`ADAPTIVE_WORDS`]
 //! words of shared memory; the window's histogram is [`HISTOGRAM_WORDS`] more words that every
@@ -208,6 +219,22 @@ impl Window {
     /// `None` without samples.
     pub fn median_ratio(&self) -> Option<u64> {
         self.quantile_ratio(1, 2)
+    }
+
+    /// What a probe learns as the no-load latency, as a ratio to the reference in 1/1024: the
+    /// median, or the first quartile when the median is more than twice that. The probe's
+    /// samples are then two kinds, and the fast one is the upstream's: a slow URL whose
+    /// clients ask again the moment they are answered takes back each slot it gives up, so a
+    /// probe may see more of its requests than of anyone's. Up to three quarters of slow
+    /// samples do not raise the no-load latency; a slower upstream slows them all.
+    pub fn no_load_ratio(&self) -> Option<u64> {
+        let median = self.median_ratio()?;
+        let quartile = self.quantile_ratio(1, 4)?;
+        Some(if quartile.saturating_mul(2) < median {
+            quartile
+        } else {
+            median
+        })
     }
 
     /// The mean as a ratio to the reference, in 1/1024, each sample at its bucket's middle and
@@ -406,24 +433,34 @@ impl AdaptiveLimit {
     /// assert!(limit.limit < 6);
     /// ```
     pub fn close_window(&mut self, bounds: &AdaptiveBounds, now_ns: u64, window: &Window) {
+        let before_us = self.last_median_us;
         if let Some(ratio) = window.median_ratio() {
             self.last_median_us = scale(self.no_load_us, ratio);
         }
         match self.phase {
-            Phase::Probe => self.end_probe(bounds, now_ns, window),
+            Phase::Probe => self.end_probe(bounds, now_ns, window, before_us),
             Phase::Track => self.track(bounds, now_ns, window),
         }
     }
 
-    fn end_probe(&mut self, bounds: &AdaptiveBounds, now_ns: u64, window: &Window) {
+    /// `before_us`: the median of the window before the probe (0 for a new key's).
+    fn end_probe(&mut self, bounds: &AdaptiveBounds, now_ns: u64, window: &Window, before_us: u32) {
         let samples = window.samples();
         let learns = samples >= PROBE_MIN_SAMPLES || (self.provisional && samples > 0);
-        if let (true, Some(ratio)) = (learns, window.median_ratio()) {
+        if let (true, Some(ratio)) = (learns, window.no_load_ratio()) {
             if self.service_us == 0 || self.provisional {
                 let mean = window.capped_mean_ratio().unwrap_or(ratio);
                 self.service_us = scale(self.no_load_us, mean.max(ratio)).max(1);
             }
             self.no_load_us = scale(self.no_load_us, ratio).max(1);
+            // The windows at `min` were slow, the probe's own requests are not: the slots were
+            // held by requests slow on their own, not by a slow upstream. The key resumes at
+            // the probe's limit, with room for requests that are not theirs.
+            if self.resume_limit <= bounds.min
+                && u64::from(self.no_load_us) * 2 < u64::from(before_us)
+            {
+                self.resume_limit = self.limit;
+            }
             // The histogram is coarse far from its reference: measure again around the new one.
             self.provisional = !(ONE / 2..=2 * ONE).contains(&ratio) || samples < PROBE_MIN_SAMPLES;
         } else if self.no_load_us == 0 || samples == 0 && self.provisional {
@@ -454,7 +491,10 @@ impl AdaptiveLimit {
             0
         };
         if self.windows_at_min >= WINDOWS_AT_MIN_BEFORE_RELEARN {
-            self.start_probe(bounds, now_ns, bounds.min);
+            // Twice `min`: the slots may all be held by requests slow on their own (an
+            // attacker's slow URL, whose clients ask again the moment they are answered), and
+            // a probe at `min` would hand its slots to them and learn their latency.
+            self.start_probe(bounds, now_ns, bounds.min.saturating_mul(2));
         } else if now_ns >= self.next_probe_ns || self.provisional {
             self.start_probe(bounds, now_ns, self.limit / 2);
         }
