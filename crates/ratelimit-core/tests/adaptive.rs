@@ -1055,13 +1055,15 @@ struct ClosedLoop {
     peak: u32,
     in_flight: u32,
     seed: u64,
-    /// (time, client, completes: the request's admission time and epoch).
-    events: BinaryHeap<Reverse<(At, usize, Option<(At, u16)>)>>,
+    events: BinaryHeap<Reverse<Event>>,
     legit_refused: u64,
     legit_passed: u64,
     /// (time, limit, no-load latency) at every window closed.
     history: Vec<(f64, u32, u32)>,
 }
+
+/// (time, client, completes: the request's admission time and epoch).
+type Event = (At, usize, Option<(At, u16)>);
 
 const LEGIT_CLIENTS: usize = 8;
 const ATTACKERS: usize = 30;
