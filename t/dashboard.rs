@@ -541,3 +541,57 @@ fn dashboard_charts_in_flight_against_the_limit() {
     let errors = browser.console_errors();
     assert!(errors.is_empty(), "console errors: {errors:?}");
 }
+
+/// A usage-based zone on the page: its top keys by the tokens they used, chosen in the top
+/// table's menu (the heaviest user first, whatever its number of requests).
+#[test]
+fn dashboard_ranks_keys_by_tokens_used() {
+    let llm = common::llm::FakeLlm::start();
+    let nginx = common::admin::dashboard()
+        .http(
+            "rate_limit_zone $http_authorization zone=tpm:1m rate=6000r/m burst=10000 \
+             algorithm=token_bucket;",
+        )
+        .locations(&format!(
+            "location /v1/ {{ rate_limit zone=tpm usage=openai reserve=10; \
+             proxy_pass http://127.0.0.1:{}; }}",
+            llm.port()
+        ))
+        .start();
+    let chat = |key: &str, completion: u32| {
+        let request = Request::new(
+            "POST",
+            &format!("/v1/chat/completions?prompt=10&completion={completion}"),
+        )
+        .header("Authorization", key)
+        .json(r#"{"model":"fake","messages":[{"role":"user","content":"hi"}]}"#);
+        assert_eq!(send(nginx.port(), &request).status, 200);
+    };
+    // One large request against five small ones.
+    chat("Bearer big", 990);
+    for _ in 0..5 {
+        chat("Bearer chatty", 10);
+    }
+    let browser = Browser::start();
+    browser.goto(&format!("http://127.0.0.1:{}/ratelimit/", nginx.port()));
+    browser.wait_for("the usage zone's card", |b| {
+        (!b.find_all("section[data-zone=\"tpm\"] select.top-by")
+            .is_empty())
+        .then_some(())
+    });
+    browser.script(
+        "const select = document.querySelector('section[data-zone=\"tpm\"] select.top-by'); \
+         select.value = 'tokens'; select.dispatchEvent(new Event('change')); return null",
+    );
+    let rows = browser.wait_for("the keys by tokens", |b| {
+        let rows = b.texts("section[data-zone=\"tpm\"] table.top tr");
+        (rows.len() == 3 && rows[0].contains("tokens")).then_some(rows)
+    });
+    assert!(rows[1].starts_with("Bearer big 1000"), "{rows:?}");
+    assert!(rows[2].starts_with("Bearer chatty 100"), "{rows:?}");
+    assert!(
+        browser.console_errors().is_empty(),
+        "{:?}",
+        browser.console_errors()
+    );
+}

@@ -120,7 +120,7 @@ fn bad_parameters_name_the_problem() {
     let nginx = common::admin::top_keys().start();
     #[rustfmt::skip]
     let rows = [
-        ("by=passed", "invalid by \"passed\": use rejected, delayed or blocked"),
+        ("by=passed", "invalid by \"passed\": use rejected, delayed, blocked or tokens"),
         ("window=2m", "invalid window \"2m\": use 1m or 10m"),
         ("limit=1000", "invalid limit \"1000\": use a number from 1 to 100"),
         ("top=5", "unknown parameter \"top\": use by, window and limit"),

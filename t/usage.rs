@@ -664,4 +664,37 @@ fn the_admin_api_and_metrics_count_tokens() {
     // 5 charged of 100, and a token back each second since.
     let remaining = even["remaining"].as_u64().unwrap_or_default();
     assert!((95..=99).contains(&remaining), "{even}");
+    // The top keys rank them by the tokens they used (the heaviest first; the model list
+    // used none and is not shown), over both windows; the total is `tokens_used`.
+    let top = |query: &str| -> serde_json::Value {
+        let response = common::get(nginx.port(), &format!("/admin/zones/tpm/top?{query}"));
+        assert_eq!(response.status, 200, "{}", response.text());
+        serde_json::from_slice(&response.body).expect("top JSON")
+    };
+    for window in ["1m", "10m"] {
+        let tokens = top(&format!("by=tokens&window={window}"));
+        assert_eq!(
+            (&tokens["by"], &tokens["total"]),
+            (&"tokens".into(), &305.into()),
+            "{tokens}"
+        );
+        let keys: Vec<(String, u64)> = tokens["keys"]
+            .as_array()
+            .expect("keys")
+            .iter()
+            .map(|k| {
+                (
+                    k["key"].as_str().unwrap_or("").to_string(),
+                    k["count"].as_u64().unwrap_or(0),
+                )
+            })
+            .collect();
+        assert_eq!(
+            keys,
+            [("Bearer a".to_string(), 300), ("Bearer b".to_string(), 5)],
+            "{tokens}"
+        );
+    }
+    // The refusal is ranked apart, by requests.
+    assert_eq!(top("by=rejected")["keys"][0]["count"], 1);
 }

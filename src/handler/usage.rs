@@ -22,6 +22,7 @@ use ngx::ffi::{
     ngx_http_variable_value_t, ngx_int_t, ngx_pnalloc, ngx_pool_cleanup_add, ngx_str_t, ngx_uint_t,
     NGX_HTTP_VAR_NOCACHEABLE,
 };
+use ratelimit_core::top::TopKind;
 use ratelimit_core::usage::reader::{Format, Reader};
 use ratelimit_core::usage::settle::{self, End, Settlement};
 use ratelimit_core::usage::{parse_tokens, Provider, Usage};
@@ -51,6 +52,8 @@ struct Line {
     usage: UsageConf,
     /// The reservation charged at the door.
     reserved: u64,
+    /// The key's text, when the zone keeps top keys: its tokens are ranked there.
+    key: Option<Vec<u8>>,
 }
 
 /// What a request with usage-based lines keeps until it ends.
@@ -119,10 +122,16 @@ pub fn keep(r: &mut ngx_http_request_t, applied: &[AppliedLimit], lines: &[&Limi
         charged
             .zone()
             .count_by(Counter::TokensReserved, limit.own.policy.cost);
+        let key = if charged.zone().keeps_top() {
+            super::key::evaluate_key(r, limit.own.zone_conf).map(<[u8]>::to_vec)
+        } else {
+            None
+        };
         kept.push(Line {
             charged,
             usage,
             reserved: limit.own.policy.cost,
+            key,
         });
     }
     if kept.is_empty() {
@@ -324,6 +333,10 @@ pub unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
         let (owed, found) = state.owed(r, line);
         let zone = line.charged.zone();
         zone.count_by(Counter::TokensUsed, owed);
+        if let Some(key) = &line.key {
+            let amount = u32::try_from(owed).unwrap_or(u32::MAX);
+            zone.record_top_amount(TopKind::Tokens, now, key, amount);
+        }
         zone.count(if found {
             Counter::UsageFound
         } else {

@@ -1,9 +1,9 @@
 //! The keys limited most in each zone (`GET zones/NAME/top`), kept in the zone's shared memory.
 //!
-//! A zone of at least [`MIN_ZONE_BYTES`] gets one [`TopKeys`] region (about 62 KiB) from
+//! A zone of at least [`MIN_ZONE_BYTES`] gets one [`TopKeys`] region (about 83 KiB) from
 //! its slab pool when it is created; its summaries are explained in `ratelimit_core::top`.
-//! Only a delay or a rejection writes to it, under the zone's slab mutex: a passing request
-//! never touches it. The master releases that mutex when a worker dies holding it, and any
+//! Only a delay, a rejection or a usage-based line's settlement writes to it, under the
+//! zone's slab mutex: any other passing request never touches it. The master releases that mutex when a worker dies holding it, and any
 //! bit pattern is a valid `TopKeys` (lengths are clamped when read), so a worker killed
 //! mid-update leaves at worst one miscounted entry.
 
@@ -16,7 +16,7 @@ use ratelimit_core::top::{TopCount, TopKeys, TopKind, TopWindow};
 use super::Zone;
 
 /// Size of the smallest zone that keeps top keys (`zone=NAME:256k`): in a smaller one the
-/// region (16 pages of 4 KiB) would crowd out the keys' slots.
+/// region (21 pages of 4 KiB) would crowd out the keys' slots.
 pub const MIN_ZONE_BYTES: usize = 256 * 1024;
 
 /// Allocate and clear the region in a new zone's pool; its offset from the pool, or 0 when
@@ -69,7 +69,13 @@ impl Zone {
 
     /// Count one delayed or rejected request of `key` in the zone.
     pub fn record_top(&self, kind: TopKind, now_ns: u64, key: &[u8]) {
-        let Some(region) = self.top_region() else {
+        self.record_top_amount(kind, now_ns, key, 1);
+    }
+
+    /// Count `amount` for `key` (the tokens a usage-based line settled, for
+    /// [`TopKind::Tokens`]).
+    pub fn record_top_amount(&self, kind: TopKind, now_ns: u64, key: &[u8], amount: u32) {
+        let Some(region) = self.top_region().filter(|_| amount > 0) else {
             return;
         };
         let hash = self.hash_key(key);
@@ -77,7 +83,12 @@ impl Zone {
         // SAFETY: the region is inside the zone's mapping; the zone lock makes this the only
         // access to it until the lock is released (every access takes it).
         let top = unsafe { &mut *region };
-        top.record(kind, now_ns, hash, key);
+        top.record_amount(kind, now_ns, hash, key, amount);
+    }
+
+    /// Whether the zone keeps top keys (it is large enough).
+    pub fn keeps_top(&self) -> bool {
+        self.top_region().is_some()
     }
 
     /// The `limit` keys with the highest counts, and the total; `None` when the zone keeps

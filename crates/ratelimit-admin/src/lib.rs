@@ -17,7 +17,7 @@
 //! | `PUT zones/NAME/overrides/KEY` | `{"rate": "100r/s", "burst": 20}`; 201 new, 200 replaced |
 //! | `DELETE zones/NAME/overrides/KEY` | back to the zone's limits (204) |
 //! | `GET metrics` | Prometheus text |
-//! | `GET zones/NAME/top?by=rejected\|delayed&window=1m\|10m&limit=N` | the keys limited most |
+//! | `GET zones/NAME/top?by=rejected\|delayed\|blocked\|tokens&window=1m\|10m&limit=N` | the keys limited most, or using the most tokens |
 //! | `GET zones/NAME/history` | requests per second (passed, delayed, rejected), last 5 minutes |
 //! | `GET zones/NAME/blocked` | the keys blocked now (`block=`): key, since, until, level |
 //! | `GET zones/NAME/blocked/KEY` | one key's block; 404 when not blocked |
@@ -1104,7 +1104,7 @@ mod tests {
         assert_eq!(top("by=delayed").1["keys"][0]["key"], "slow");
         #[rustfmt::skip]
         let bad = [
-            ("by=passed", "invalid by \"passed\": use rejected, delayed or blocked"),
+            ("by=passed", "invalid by \"passed\": use rejected, delayed, blocked or tokens"),
             ("window=1h", "invalid window \"1h\": use 1m or 10m"),
             ("limit=0", "invalid limit \"0\": use a number from 1 to 100"),
             ("limit=101", "invalid limit \"101\": use a number from 1 to 100"),

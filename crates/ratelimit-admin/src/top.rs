@@ -58,7 +58,7 @@ pub fn parse_query(query: &[u8]) -> Result<TopQuery, ApiError> {
             b"by" => {
                 parsed.kind = TopKind::parse(&value).ok_or_else(|| {
                     ApiError::BadQuery(format!(
-                        "invalid by \"{value}\": use rejected, delayed or blocked"
+                        "invalid by \"{value}\": use rejected, delayed, blocked or tokens"
                     ))
                 })?
             }

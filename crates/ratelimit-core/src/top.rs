@@ -115,13 +115,23 @@ impl Summary {
 
     /// Count one request of `key` (identified by `hash`).
     pub fn record(&mut self, hash: u64, key: &[u8]) {
-        self.total = self.total.saturating_add(1);
+        self.record_amount(hash, key, 1);
+    }
+
+    /// Count `amount` (a request's tokens) for `key`: the weighted space-saving algorithm,
+    /// whose bounds are those of the module documentation with `total` the sum of the
+    /// amounts. An amount of 0 counts nothing.
+    pub fn record_amount(&mut self, hash: u64, key: &[u8], amount: u32) {
+        if amount == 0 {
+            return;
+        }
+        self.total = self.total.saturating_add(u64::from(amount));
         if let Some(entry) = self
             .entries
             .iter_mut()
             .find(|entry| entry.count > 0 && entry.hash == hash)
         {
-            entry.count = entry.count.saturating_add(1);
+            entry.count = entry.count.saturating_add(amount);
             return;
         }
         // A free counter, else the smallest: the key inherits its count as error.
@@ -129,7 +139,7 @@ impl Summary {
             return;
         };
         entry.error = entry.count;
-        entry.count = entry.count.saturating_add(1);
+        entry.count = entry.count.saturating_add(amount);
         entry.set_key(hash, key);
     }
 
@@ -162,15 +172,19 @@ pub enum TopKind {
     Delayed,
     /// Requests refused because their key was blocked (`block=`), dry-run ones included.
     Blocked,
+    /// Tokens a usage-based line settled (`usage=`): what each request used, not a count of
+    /// requests.
+    Tokens,
 }
 
 impl TopKind {
-    /// `rejected` or `delayed`, as the admin API's `by=` names them.
+    /// `rejected`, `delayed`, `blocked` or `tokens`, as the admin API's `by=` names them.
     pub fn parse(text: &str) -> Option<TopKind> {
         match text {
             "rejected" => Some(TopKind::Rejected),
             "delayed" => Some(TopKind::Delayed),
             "blocked" => Some(TopKind::Blocked),
+            "tokens" => Some(TopKind::Tokens),
             _ => None,
         }
     }
@@ -181,6 +195,7 @@ impl TopKind {
             TopKind::Rejected => "rejected",
             TopKind::Delayed => "delayed",
             TopKind::Blocked => "blocked",
+            TopKind::Tokens => "tokens",
         }
     }
 }
@@ -252,7 +267,8 @@ impl KindSummaries {
     }
 }
 
-/// Everything a zone keeps about its most limited keys (about 62 KiB).
+/// Everything a zone keeps about its most limited keys and its heaviest token users (about
+/// 83 KiB).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct TopKeys {
@@ -262,6 +278,8 @@ pub struct TopKeys {
     pub delayed: KindSummaries,
     /// Requests refused because their key was blocked.
     pub blocked: KindSummaries,
+    /// Tokens settled by usage-based lines.
+    pub tokens: KindSummaries,
 }
 
 /// One key of a query's answer.
@@ -283,6 +301,7 @@ impl TopKeys {
         rejected: KindSummaries::EMPTY,
         delayed: KindSummaries::EMPTY,
         blocked: KindSummaries::EMPTY,
+        tokens: KindSummaries::EMPTY,
     };
 
     fn kind(&self, kind: TopKind) -> &KindSummaries {
@@ -290,6 +309,7 @@ impl TopKeys {
             TopKind::Rejected => &self.rejected,
             TopKind::Delayed => &self.delayed,
             TopKind::Blocked => &self.blocked,
+            TopKind::Tokens => &self.tokens,
         }
     }
 
@@ -298,12 +318,26 @@ impl TopKeys {
             TopKind::Rejected => &mut self.rejected,
             TopKind::Delayed => &mut self.delayed,
             TopKind::Blocked => &mut self.blocked,
+            TopKind::Tokens => &mut self.tokens,
         }
     }
 
     /// Count one request of `key` (identified by `hash`) decided as `kind` at `now_ns`, in
     /// both windows.
     pub fn record(&mut self, kind: TopKind, now_ns: u64, hash: u64, key: &[u8]) {
+        self.record_amount(kind, now_ns, hash, key, 1);
+    }
+
+    /// Count `amount` for `key` as `kind` at `now_ns` (a request's tokens, for
+    /// [`TopKind::Tokens`]), in both windows.
+    pub fn record_amount(
+        &mut self,
+        kind: TopKind,
+        now_ns: u64,
+        hash: u64,
+        key: &[u8],
+        amount: u32,
+    ) {
         let summaries = self.kind_mut(kind);
         for window in [TopWindow::OneMinute, TopWindow::TenMinutes] {
             record_in_ring(
@@ -312,6 +346,7 @@ impl TopKeys {
                 now_ns,
                 hash,
                 key,
+                amount,
             );
         }
     }
@@ -355,8 +390,9 @@ pub fn record_in_ring(
     now_ns: u64,
     hash: u64,
     key: &[u8],
+    amount: u32,
 ) {
-    if ring.is_empty() {
+    if ring.is_empty() || amount == 0 {
         return;
     }
     let period = period_of(now_ns, sub_window_ns);
@@ -366,7 +402,7 @@ pub fn record_in_ring(
         *summary = Summary::EMPTY;
         summary.period = period;
     }
-    summary.record(hash, key);
+    summary.record_amount(hash, key, amount);
 }
 
 /// The ring's summaries that belong to the window ending at `now_ns`.
@@ -466,7 +502,7 @@ mod tests {
             .top(TopKind::Rejected, TopWindow::OneMinute, 0, 10)
             .is_empty());
         assert_eq!(core::mem::size_of::<TopEntry>(), 80);
-        assert_eq!(core::mem::size_of::<TopKeys>(), 3 * 16 * (16 + 16 * 80));
+        assert_eq!(core::mem::size_of::<TopKeys>(), 4 * 16 * (16 + 16 * 80));
     }
 
     #[test]
@@ -555,6 +591,40 @@ mod tests {
         let new = summary.entries.iter().find(|e| e.hash == 999).unwrap();
         assert_eq!((new.count, new.error), (3, 2));
         assert_eq!(summary.total, 2 * TOP_CAPACITY as u64 + 2);
+    }
+
+    /// Tokens: each request counts what it used; the heaviest user first, whatever the
+    /// number of its requests; a summary full of them replaces its smallest and inherits its
+    /// amount as error; 0 tokens count nothing.
+    #[test]
+    fn tokens_count_amounts() {
+        let mut top = Box::new(TopKeys::EMPTY);
+        let now = 5 * SEC;
+        for _ in 0..10 {
+            top.record_amount(TopKind::Tokens, now, hash("many"), b"many", 30);
+        }
+        top.record_amount(TopKind::Tokens, now, hash("one"), b"one", 4_000);
+        top.record_amount(TopKind::Tokens, now, hash("none"), b"none", 0);
+        assert_eq!(
+            shown(&top, TopKind::Tokens, TopWindow::OneMinute, 5),
+            [("one".to_string(), 4_000), ("many".to_string(), 300)]
+        );
+        assert_eq!(
+            top.total(TopKind::Tokens, TopWindow::TenMinutes, now),
+            4_300
+        );
+        assert!(shown(&top, TopKind::Rejected, TopWindow::OneMinute, 5).is_empty());
+        let mut summary = Summary::EMPTY;
+        for n in 0..TOP_CAPACITY as u64 {
+            summary.record_amount(n + 1, b"x", 100 + n as u32);
+        }
+        summary.record_amount(999, b"new", 7);
+        let new = summary.entries.iter().find(|e| e.hash == 999).unwrap();
+        assert_eq!((new.count, new.error), (107, 100));
+        // Amounts saturate instead of wrapping.
+        summary.record_amount(999, b"new", u32::MAX);
+        let new = summary.entries.iter().find(|e| e.hash == 999).unwrap();
+        assert_eq!(new.count, u32::MAX);
     }
 
     #[test]
