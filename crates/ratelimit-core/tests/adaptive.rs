@@ -971,13 +971,18 @@ fn stuck_at_min_relearns() {
 #[test]
 fn slots_held_by_slow_requests_are_not_a_slow_upstream() {
     let bounds = AdaptiveBounds::new(4, 500);
-    let mut limit = tracking(&bounds, 4, 10_000);
-    let slow = Window::of(20, 1_500_000, 10_000, 4);
-    let mut now = 100 * MS;
-    for _ in 0..WINDOWS_AT_MIN_BEFORE_RELEARN {
-        now += WINDOW_NS;
-        limit.close_window(&bounds, now, &slow);
-    }
+    // A key of 10 ms at `min`, whose windows see only 1.5 s requests until it relearns.
+    let relearning = || {
+        let mut limit = tracking(&bounds, 4, 10_000);
+        let slow = Window::of(20, 1_500_000, 10_000, 4);
+        let mut now = 100 * MS;
+        for _ in 0..WINDOWS_AT_MIN_BEFORE_RELEARN {
+            now += WINDOW_NS;
+            limit.close_window(&bounds, now, &slow);
+        }
+        (limit, now)
+    };
+    let (mut limit, now) = relearning();
     assert_eq!((limit.phase, limit.limit), (Phase::Probe, 8));
     // The probe's requests: 5 slow (the slow URL's clients took slots back), 11 fast.
     let mut probe = Window::of(11, 10_000, 10_000, 8);
@@ -987,11 +992,7 @@ fn slots_held_by_slow_requests_are_not_a_slow_upstream() {
     assert!((10_000..11_300).contains(&limit.no_load_us), "{limit:?}");
     assert_eq!(limit.limit, 8);
     // Had most of them been slow, the first quartile would still be the fast ones.
-    let mut limit = tracking(&bounds, 4, 10_000);
-    for _ in 0..WINDOWS_AT_MIN_BEFORE_RELEARN {
-        now += WINDOW_NS;
-        limit.close_window(&bounds, now, &slow);
-    }
+    let (mut limit, now) = relearning();
     let mut probe = Window::of(5, 10_000, 10_000, 8);
     probe.buckets[bucket_of(1_500_000, 10_000)] = 11;
     limit.close_window(&bounds, now + 500 * MS, &probe);
