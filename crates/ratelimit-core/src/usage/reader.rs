@@ -15,8 +15,8 @@
 //! the reader uncompressed.
 
 use memchr::memmem::Finder;
-use serde_json::{Map, Value};
 
+use super::json;
 use super::sse::EventStream;
 use super::{Provider, Usage};
 
@@ -85,30 +85,32 @@ impl Capped {
         self.truncated = false;
     }
 
-    /// The JSON values in it: the whole value when it was kept whole; else the usage object
-    /// found nearest the end of the tail, under its key (`{"usage": {...}}`).
-    fn values(&self, provider: Provider) -> Option<Value> {
+    /// Read the provider's usage from it: the whole document (`event`: the event's name, for
+    /// an event's data) when it was kept whole; else the usage object found nearest the end
+    /// of the tail, under its key. Whether it carried usage.
+    fn read(&self, provider: Provider, event: Option<&[u8]>, counts: &mut Counts) -> bool {
         if !self.truncated {
-            return serde_json::from_slice(&self.bytes).ok();
+            return match event {
+                Some(event) => json::read_event(provider, event, &self.bytes, counts),
+                None => json::read_document(provider, &self.bytes, counts),
+            };
         }
         let key = usage_key(provider);
         let needle = format!("\"{key}\"");
         let mut end = self.bytes.len();
         while let Some(at) = memchr::memmem::rfind(&self.bytes[..end], needle.as_bytes()) {
             end = at;
-            let rest = &self.bytes[at + needle.len()..];
-            let rest = trim_start(rest);
+            let rest = trim_start(&self.bytes[at + needle.len()..]);
             let Some(rest) = rest.strip_prefix(b":") else {
                 continue;
             };
-            let mut values = serde_json::Deserializer::from_slice(rest).into_iter::<Value>();
-            if let Some(Ok(value @ Value::Object(_))) = values.next() {
-                let mut top = Map::new();
-                top.insert(key.to_string(), value);
-                return Some(Value::Object(top));
+            // The nearest object that carries counts (an earlier one may, when the last is
+            // cut or empty).
+            if json::read_usage_object(provider, trim_start(rest), counts) {
+                return true;
             }
         }
-        None
+        false
     }
 }
 
@@ -215,15 +217,15 @@ impl Format {
 
 /// The counts reported so far, each as the provider names it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Counts {
-    input: Option<u64>,
-    output: Option<u64>,
-    total: Option<u64>,
-    cached: Option<u64>,
+pub(super) struct Counts {
+    pub(super) input: Option<u64>,
+    pub(super) output: Option<u64>,
+    pub(super) total: Option<u64>,
+    pub(super) cached: Option<u64>,
     /// Anthropic's `cache_creation_input_tokens` (input, written to the cache).
-    cache_creation: Option<u64>,
+    pub(super) cache_creation: Option<u64>,
     /// Gemini's `thoughtsTokenCount` (output).
-    thoughts: Option<u64>,
+    pub(super) thoughts: Option<u64>,
 }
 
 /// The reader of one response body.
@@ -281,9 +283,7 @@ impl Reader {
                     if !may_carry_usage(data.bytes(), needle) {
                         return;
                     }
-                    if let Some(value) = data.values(provider) {
-                        *found |= read_event(provider, event, &value, counts);
-                    }
+                    *found |= data.read(provider, Some(event), counts);
                 });
             }
             None => self.body.extend(bytes),
@@ -294,9 +294,7 @@ impl Reader {
     /// dropped, as the standard says.)
     pub fn finish(&mut self) {
         if self.format == Format::Json {
-            if let Some(value) = self.body.values(self.provider) {
-                self.found |= read_document(self.provider, &value, &mut self.counts);
-            }
+            self.found |= self.body.read(self.provider, None, &mut self.counts);
             self.body.clear();
         }
     }
@@ -338,109 +336,6 @@ impl Reader {
     }
 }
 
-/// One event's JSON: whether it carried usage.
-fn read_event(provider: Provider, event: &[u8], value: &Value, counts: &mut Counts) -> bool {
-    match provider {
-        Provider::OpenAi => {
-            // Responses API: response.completed (and .incomplete, .failed) carries
-            // response.usage; Chat Completions: the last chunk's usage.
-            if let Some(usage) = value.get("response").and_then(|r| r.get("usage")) {
-                return read_openai(usage, counts);
-            }
-            value
-                .get("usage")
-                .is_some_and(|usage| read_openai(usage, counts))
-        }
-        Provider::Anthropic => {
-            let kind = value.get("type").and_then(Value::as_str);
-            let is_start = kind == Some("message_start") || event == b"message_start";
-            if is_start {
-                if let Some(usage) = value.get("message").and_then(|m| m.get("usage")) {
-                    return read_anthropic(usage, counts);
-                }
-            }
-            value
-                .get("usage")
-                .is_some_and(|usage| read_anthropic(usage, counts))
-        }
-        Provider::Gemini => read_document(provider, value, counts),
-    }
-}
-
-/// A whole JSON body: whether it carried usage.
-fn read_document(provider: Provider, value: &Value, counts: &mut Counts) -> bool {
-    match provider {
-        Provider::OpenAi => value.get("usage").is_some_and(|u| read_openai(u, counts)),
-        Provider::Anthropic => value
-            .get("usage")
-            .is_some_and(|u| read_anthropic(u, counts)),
-        Provider::Gemini => match value {
-            // streamGenerateContent without alt=sse: an array of chunks.
-            Value::Array(chunks) => chunks.iter().fold(false, |found, chunk| {
-                read_document(provider, chunk, counts) | found
-            }),
-            _ => value
-                .get("usageMetadata")
-                .is_some_and(|u| read_gemini(u, counts)),
-        },
-    }
-}
-
-/// A count: a non-negative integer (a float or a string is no count).
-fn count(object: &Value, name: &str) -> Option<u64> {
-    object.get(name).and_then(Value::as_u64)
-}
-
-fn replace(slot: &mut Option<u64>, value: Option<u64>) -> bool {
-    if value.is_some() {
-        *slot = value;
-    }
-    value.is_some()
-}
-
-fn read_openai(usage: &Value, counts: &mut Counts) -> bool {
-    if !usage.is_object() {
-        return false;
-    }
-    let input = count(usage, "prompt_tokens").or_else(|| count(usage, "input_tokens"));
-    let output = count(usage, "completion_tokens").or_else(|| count(usage, "output_tokens"));
-    let details = usage
-        .get("prompt_tokens_details")
-        .or_else(|| usage.get("input_tokens_details"));
-    let cached = details.and_then(|d| count(d, "cached_tokens"));
-    let mut any = replace(&mut counts.input, input);
-    any |= replace(&mut counts.output, output);
-    any |= replace(&mut counts.total, count(usage, "total_tokens"));
-    replace(&mut counts.cached, cached);
-    any
-}
-
-fn read_anthropic(usage: &Value, counts: &mut Counts) -> bool {
-    if !usage.is_object() {
-        return false;
-    }
-    let mut any = replace(&mut counts.input, count(usage, "input_tokens"));
-    any |= replace(&mut counts.output, count(usage, "output_tokens"));
-    replace(&mut counts.cached, count(usage, "cache_read_input_tokens"));
-    replace(
-        &mut counts.cache_creation,
-        count(usage, "cache_creation_input_tokens"),
-    );
-    any
-}
-
-fn read_gemini(usage: &Value, counts: &mut Counts) -> bool {
-    if !usage.is_object() {
-        return false;
-    }
-    let mut any = replace(&mut counts.input, count(usage, "promptTokenCount"));
-    any |= replace(&mut counts.output, count(usage, "candidatesTokenCount"));
-    any |= replace(&mut counts.total, count(usage, "totalTokenCount"));
-    replace(&mut counts.cached, count(usage, "cachedContentTokenCount"));
-    replace(&mut counts.thoughts, count(usage, "thoughtsTokenCount"));
-    any
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -478,6 +373,16 @@ mod tests {
             (Gemini, r#"{"candidates":[],"usageMetadata":{"promptTokenCount":8,"candidatesTokenCount":3,"totalTokenCount":11,"cachedContentTokenCount":2}}"#, usage(8, 3, 2, 11)),
             (Gemini, r#"[{"usageMetadata":{"promptTokenCount":8,"candidatesTokenCount":1,"totalTokenCount":9}},{"usageMetadata":{"promptTokenCount":8,"candidatesTokenCount":5,"totalTokenCount":13}}]"#, usage(8, 5, 0, 13)),
             (Gemini, r#"{"usageMetadata":{"promptTokenCount":8,"candidatesTokenCount":3,"thoughtsTokenCount":4,"totalTokenCount":15}}"#, usage(8, 7, 0, 15)),
+            // Lenient where documents vary: a count that is not a non-negative integer is no
+            // count, an object that is something else is absent, the other fields are
+            // skipped whatever they hold.
+            (OpenAi, r#"{"usage":{"prompt_tokens":3.5,"completion_tokens":"4","total_tokens":9,"prompt_tokens_details":null}}"#, usage(0, 0, 0, 9)),
+            (OpenAi, r#"{"usage":{"prompt_tokens":3,"completion_tokens":4,"prompt_tokens_details":[1],"input_tokens_details":{"cached_tokens":1}}}"#, usage(3, 4, 1, 7)),
+            (OpenAi, r#"{"usage":{"prompt_tokens":3,"completion_tokens":{"n":4},"extra":{"deep":[{"a":null}]}}}"#, usage(3, 0, 0, 3)),
+            (OpenAi, r#"{"usage":7,"choices":[{"message":{"content":"\u00e9 \"usage\""}}]}"#, None),
+            (OpenAi, r#"{"usage":{"prompt_tokens":18446744073709551616}}"#, None),
+            (Anthropic, r#"{"type":"mess\u0061ge","usage":{"input_tokens":1,"output_tokens":2}}"#, usage(1, 2, 0, 3)),
+            (Gemini, r#"  [{"usageMetadata":null},{"usageMetadata":{"promptTokenCount":2,"candidatesTokenCount":1}}]"#, usage(2, 1, 0, 3)),
         ];
         for (provider, body, expected) in rows {
             assert_eq!(&read(*provider, Json, body.as_bytes()), expected, "{body}");

@@ -1,0 +1,346 @@
+//! The providers' JSON as the reader needs it: typed views of the few fields that carry
+//! usage. serde skips every other field as it parses (no map is built, no string copied,
+//! whatever the body holds besides), which is most of what reading a usage event costs.
+//!
+//! The views are lenient where the providers' documents may vary: a count is a non-negative
+//! integer and anything else (a float, a string, `null`, an object) is no count; an object
+//! the reader looks into (`usage`, `response`, `message`, a `*_details`) that is something
+//! else is as if it were absent. A document that is not JSON, or an object that names one of
+//! the fields below twice, yields nothing.
+
+use core::fmt;
+use std::borrow::Cow;
+
+use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+
+use super::reader::Counts;
+use super::Provider;
+
+/// A count: `Some` for a non-negative integer, `None` for any other JSON value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Count(Option<u64>);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Count, D::Error> {
+        deserializer.deserialize_any(CountVisitor)
+    }
+}
+
+struct CountVisitor;
+
+impl<'de> Visitor<'de> for CountVisitor {
+    type Value = Count;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_u64<E>(self, value: u64) -> Result<Count, E> {
+        Ok(Count(Some(value)))
+    }
+
+    fn visit_i64<E>(self, value: i64) -> Result<Count, E> {
+        Ok(Count(u64::try_from(value).ok()))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Count, E> {
+        Ok(Count(None))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Count, E> {
+        Ok(Count(None))
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Count, E> {
+        Ok(Count(None))
+    }
+
+    fn visit_unit<E>(self) -> Result<Count, E> {
+        Ok(Count(None))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Count, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Count(None))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Count, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Count(None))
+    }
+}
+
+/// An object of type `T`, or `None` where the document has another kind of value.
+#[derive(Debug)]
+struct Object<T>(Option<T>);
+
+impl<T> Default for Object<T> {
+    fn default() -> Self {
+        Object(None)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Object<T>, D::Error> {
+        deserializer.deserialize_any(ObjectVisitor(core::marker::PhantomData))
+    }
+}
+
+struct ObjectVisitor<T>(core::marker::PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
+    type Value = Object<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Object<T>, A::Error> {
+        T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(|t| Object(Some(t)))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Object<T>, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Object(None))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Object<T>, E> {
+        Ok(Object(None))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Object<T>, E> {
+        Ok(Object(None))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Object<T>, E> {
+        Ok(Object(None))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Object<T>, E> {
+        Ok(Object(None))
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Object<T>, E> {
+        Ok(Object(None))
+    }
+
+    fn visit_unit<E>(self) -> Result<Object<T>, E> {
+        Ok(Object(None))
+    }
+}
+
+/// OpenAI's usage: Chat Completions' names, or the Responses API's.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct OpenAiUsage {
+    prompt_tokens: Count,
+    input_tokens: Count,
+    completion_tokens: Count,
+    output_tokens: Count,
+    total_tokens: Count,
+    prompt_tokens_details: Object<Details>,
+    input_tokens_details: Object<Details>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Details {
+    cached_tokens: Count,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct AnthropicUsage {
+    input_tokens: Count,
+    output_tokens: Count,
+    cache_read_input_tokens: Count,
+    cache_creation_input_tokens: Count,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct GeminiUsage {
+    prompt_token_count: Count,
+    candidates_token_count: Count,
+    thoughts_token_count: Count,
+    total_token_count: Count,
+    cached_content_token_count: Count,
+}
+
+/// An OpenAI chunk or body (`usage`), or a Responses API event (`response.usage`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct OpenAiDocument {
+    usage: Object<OpenAiUsage>,
+    response: Object<OpenAiResponse>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct OpenAiResponse {
+    usage: Object<OpenAiUsage>,
+}
+
+/// An Anthropic body or event: `usage`, and `message.usage` in `message_start`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct AnthropicDocument<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Option<Cow<'a, str>>,
+    usage: Object<AnthropicUsage>,
+    message: Object<AnthropicMessage>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct AnthropicMessage {
+    usage: Object<AnthropicUsage>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct GeminiDocument {
+    usage_metadata: Object<GeminiUsage>,
+}
+
+/// `slot` takes `value` when there is one; whether it did.
+fn replace(slot: &mut Option<u64>, value: Count) -> bool {
+    if value.0.is_some() {
+        *slot = value.0;
+    }
+    value.0.is_some()
+}
+
+impl OpenAiUsage {
+    fn read(&self, counts: &mut Counts) -> bool {
+        let input = self.prompt_tokens.0.or(self.input_tokens.0);
+        let output = self.completion_tokens.0.or(self.output_tokens.0);
+        let details = self
+            .prompt_tokens_details
+            .0
+            .as_ref()
+            .or(self.input_tokens_details.0.as_ref());
+        let mut any = replace(&mut counts.input, Count(input));
+        any |= replace(&mut counts.output, Count(output));
+        any |= replace(&mut counts.total, self.total_tokens);
+        if let Some(details) = details {
+            replace(&mut counts.cached, details.cached_tokens);
+        }
+        any
+    }
+}
+
+impl AnthropicUsage {
+    fn read(&self, counts: &mut Counts) -> bool {
+        let mut any = replace(&mut counts.input, self.input_tokens);
+        any |= replace(&mut counts.output, self.output_tokens);
+        replace(&mut counts.cached, self.cache_read_input_tokens);
+        replace(&mut counts.cache_creation, self.cache_creation_input_tokens);
+        any
+    }
+}
+
+impl GeminiUsage {
+    fn read(&self, counts: &mut Counts) -> bool {
+        let mut any = replace(&mut counts.input, self.prompt_token_count);
+        any |= replace(&mut counts.output, self.candidates_token_count);
+        any |= replace(&mut counts.total, self.total_token_count);
+        replace(&mut counts.cached, self.cached_content_token_count);
+        replace(&mut counts.thoughts, self.thoughts_token_count);
+        any
+    }
+}
+
+fn parse<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Option<T> {
+    serde_json::from_slice(bytes).ok()
+}
+
+/// One event's data (`event` its `event:` name): whether it carried usage.
+pub(super) fn read_event(
+    provider: Provider,
+    event: &[u8],
+    data: &[u8],
+    counts: &mut Counts,
+) -> bool {
+    match provider {
+        Provider::OpenAi => parse::<OpenAiDocument>(data).is_some_and(|doc| doc.read(counts)),
+        Provider::Anthropic => parse::<AnthropicDocument>(data).is_some_and(|doc| {
+            let start = doc.kind.as_deref() == Some("message_start") || event == b"message_start";
+            doc.read(start, counts)
+        }),
+        Provider::Gemini => read_document(provider, data, counts),
+    }
+}
+
+/// A whole JSON body: whether it carried usage.
+pub(super) fn read_document(provider: Provider, body: &[u8], counts: &mut Counts) -> bool {
+    match provider {
+        Provider::OpenAi => parse::<OpenAiDocument>(body)
+            .is_some_and(|doc| doc.usage.0.as_ref().is_some_and(|usage| usage.read(counts))),
+        Provider::Anthropic => parse::<AnthropicDocument>(body)
+            .is_some_and(|doc| doc.usage.0.as_ref().is_some_and(|usage| usage.read(counts))),
+        // One document, or (`streamGenerateContent` without `alt=sse`) an array of them.
+        Provider::Gemini if body.trim_ascii_start().starts_with(b"[") => {
+            parse::<Vec<GeminiDocument>>(body).is_some_and(|docs| {
+                docs.iter()
+                    .fold(false, |found, doc| doc.read(counts) | found)
+            })
+        }
+        Provider::Gemini => parse::<GeminiDocument>(body).is_some_and(|doc| doc.read(counts)),
+    }
+}
+
+/// The provider's usage object at the start of `bytes` (what follows its key's colon, in the
+/// kept tail of a body or event too long to keep whole): whether it carried usage. Bytes
+/// after the object do not matter.
+pub(super) fn read_usage_object(provider: Provider, bytes: &[u8], counts: &mut Counts) -> bool {
+    fn first<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Option<T> {
+        let mut values = serde_json::Deserializer::from_slice(bytes).into_iter::<Object<T>>();
+        values.next()?.ok()?.0
+    }
+    match provider {
+        Provider::OpenAi => first::<OpenAiUsage>(bytes).is_some_and(|usage| usage.read(counts)),
+        Provider::Anthropic => {
+            first::<AnthropicUsage>(bytes).is_some_and(|usage| usage.read(counts))
+        }
+        Provider::Gemini => first::<GeminiUsage>(bytes).is_some_and(|usage| usage.read(counts)),
+    }
+}
+
+impl OpenAiDocument {
+    /// Responses API: `response.completed` (and `.incomplete`, `.failed`) carries
+    /// `response.usage`; Chat Completions: the last chunk's `usage`.
+    fn read(&self, counts: &mut Counts) -> bool {
+        if let Some(usage) = self.response.0.as_ref().and_then(|r| r.usage.0.as_ref()) {
+            return usage.read(counts);
+        }
+        self.usage
+            .0
+            .as_ref()
+            .is_some_and(|usage| usage.read(counts))
+    }
+}
+
+impl AnthropicDocument<'_> {
+    fn read(&self, start: bool, counts: &mut Counts) -> bool {
+        if start {
+            if let Some(usage) = self.message.0.as_ref().and_then(|m| m.usage.0.as_ref()) {
+                return usage.read(counts);
+            }
+        }
+        self.usage
+            .0
+            .as_ref()
+            .is_some_and(|usage| usage.read(counts))
+    }
+}
+
+impl GeminiDocument {
+    fn read(&self, counts: &mut Counts) -> bool {
+        self.usage_metadata
+            .0
+            .as_ref()
+            .is_some_and(|usage| usage.read(counts))
+    }
+}
