@@ -14,6 +14,8 @@
 //! the usage object is looked for in them (the providers write it last). A body must reach
 //! the reader uncompressed.
 
+use std::sync::OnceLock;
+
 use memchr::memmem::Finder;
 
 use super::json;
@@ -146,12 +148,20 @@ fn space_or_tab(byte: u8) -> bool {
     byte == b' ' || byte == b'\t'
 }
 
-/// The provider's usage key, quoted, as [`may_carry_usage`] looks for it.
-fn usage_finder(provider: Provider) -> Finder<'static> {
-    Finder::new(match provider {
-        Provider::OpenAi | Provider::Anthropic => &b"\"usage\""[..],
-        Provider::Gemini => &b"\"usageMetadata\""[..],
-    })
+/// The provider's usage key, quoted, as [`may_carry_usage`] looks for it: built once per
+/// process (building a searcher costs more than a stream's searches with it).
+fn usage_finder(provider: Provider) -> &'static Finder<'static> {
+    static FINDERS: OnceLock<[Finder<'static>; 2]> = OnceLock::new();
+    let [usage, usage_metadata] = FINDERS.get_or_init(|| {
+        [
+            Finder::new(&b"\"usage\""[..]),
+            Finder::new(&b"\"usageMetadata\""[..]),
+        ]
+    });
+    match provider {
+        Provider::OpenAi | Provider::Anthropic => usage,
+        Provider::Gemini => usage_metadata,
+    }
 }
 
 /// Whether `bytes` ends with an empty line (two line ends in a row, each `\n`, `\r\n` or
@@ -237,7 +247,7 @@ pub struct Reader {
     counts: Counts,
     found: bool,
     /// The provider's usage key (`"usage"`), searched once per buffer and per event.
-    needle: Finder<'static>,
+    needle: &'static Finder<'static>,
 }
 
 impl Reader {
@@ -271,12 +281,12 @@ impl Reader {
                 // Most buffers of a stream are such: OpenAI's chunks say `"usage":null`.
                 if events.between_events()
                     && ends_with_blank_line(bytes)
-                    && usage_only_null(bytes, &self.needle, space_or_tab)
+                    && usage_only_null(bytes, self.needle, space_or_tab)
                 {
                     return;
                 }
                 let (provider, counts, found) = (self.provider, &mut self.counts, &mut self.found);
-                let needle = &self.needle;
+                let needle = self.needle;
                 events.feed(bytes, &mut |event, data| {
                     // Most events carry no usage (content deltas, or `"usage":null`): they
                     // are not parsed at all.
@@ -405,7 +415,7 @@ mod tests {
         ];
         for (provider, data, expected) in rows {
             assert_eq!(
-                may_carry_usage(data.as_bytes(), &usage_finder(*provider)),
+                may_carry_usage(data.as_bytes(), usage_finder(*provider)),
                 *expected,
                 "{data}"
             );
@@ -443,7 +453,7 @@ mod tests {
             (br#"data: {"usage"}"#, false),
         ] {
             assert_eq!(
-                usage_only_null(bytes, &needle, space_or_tab),
+                usage_only_null(bytes, needle, space_or_tab),
                 only_null,
                 "{:?}",
                 String::from_utf8_lossy(bytes)
