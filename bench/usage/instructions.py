@@ -19,6 +19,7 @@ sees the chunking a real stream has, and both locations do the same reads.
 Usage: python3 bench/usage/instructions.py NGINX MODULE [STREAMS]
 """
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -32,6 +33,10 @@ from ratebench.nginx import Binaries, Nginx  # noqa: E402
 
 DELAY_MS = int(os.environ.get("DELAY_MS", "5"))
 CHUNKS = 40
+# The CPU pass: rounds of streams, CONCURRENCY at a time, the locations taking turns.
+CPU_ROUNDS = int(os.environ.get("CPU_ROUNDS", "5"))
+CPU_STREAMS = int(os.environ.get("CPU_STREAMS", "160"))
+CONCURRENCY = 8
 
 # Inside `http { }` (ratebench's render_config); `{port}` is the server's port.
 HTTP_BODY = """
@@ -43,27 +48,76 @@ HTTP_BODY = """
     server {
         listen 127.0.0.1:{port};
         location /plain/ { {proxy} }
+        location /limit/ { rate_limit zone=tpm; {proxy} }
         location /reader/ { rate_limit zone=tpm usage=openai reserve=1; {proxy} }
     }
 """
+# No module line; the same zone charged 1 a request (what a per-request limit costs); the
+# reader and its usage-based limit.
+LOCATIONS = ("plain", "limit", "reader")
+
+
+def http_body(prefix, upstream_port):
+    return (HTTP_BODY.replace("{prefix}", prefix).replace("{upstream}", str(upstream_port))
+            .replace("{proxy}", run.PROXY))
+
+
+def stream(port, location, i):
+    status, _, data = run.request(
+        port, f"/{location}/v1/chat/completions?completion=200&chunks={CHUNKS}"
+              f"&delay_ms={DELAY_MS}", f"Bearer ir-{i % 10}")
+    if status != 200 or b"[DONE]" not in data:
+        raise RuntimeError(f"/{location}/: stream {i} answered {status}")
 
 
 def run_once(binaries, upstream_port, location, streams, directory):
     prefix = tempfile.mkdtemp(prefix=f"{location}-{streams}-", dir=directory)
     os.makedirs(f"{prefix}/tmp")
-    body = (HTTP_BODY.replace("{prefix}", prefix).replace("{upstream}", str(upstream_port))
-            .replace("{proxy}", run.PROXY))
     out = f"{prefix}/callgrind.out"
     wrapper = ["valgrind", "--tool=callgrind", "--dump-instr=no", f"--callgrind-out-file={out}",
                f"--log-file={prefix}/valgrind.log"]
-    with Nginx(binaries, prefix, body, master=False, wrapper=wrapper) as nginx:
+    with Nginx(binaries, prefix, http_body(prefix, upstream_port), master=False,
+               wrapper=wrapper) as nginx:
         for i in range(streams):
-            status, _, data = run.request(
-                nginx.port, f"/{location}/v1/chat/completions?completion=200&chunks={CHUNKS}"
-                            f"&delay_ms={DELAY_MS}", f"Bearer ir-{i % 10}")
-            if status != 200 or b"[DONE]" not in data:
-                raise RuntimeError(f"/{location}/: stream {i} answered {status}")
+            stream(nginx.port, location, i)
     return total_ir(out)
+
+
+def process_cpu(pid):
+    """(user, system, total) CPU seconds of a process so far: user and system in clock ticks
+    (/proc/PID/stat, 10 ms), the total to the nanosecond (/proc/PID/schedstat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    with open(f"/proc/{pid}/schedstat") as f:
+        total = int(f.read().split()[0]) / 1e9
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick, total
+
+
+def cpu_pass(binaries, upstream_port, directory):
+    """nginx natively (one process), the locations taking turns for CPU_ROUNDS rounds of
+    CPU_STREAMS streams: per location, the user share of all its rounds' CPU and the median
+    round's CPU seconds."""
+    prefix = tempfile.mkdtemp(prefix="cpu-", dir=directory)
+    os.makedirs(f"{prefix}/tmp")
+    rounds = {location: [] for location in LOCATIONS}
+    with Nginx(binaries, prefix, http_body(prefix, upstream_port), master=False) as nginx:
+        pid = nginx.worker_pids()[0]
+        for _ in range(CPU_ROUNDS):
+            for location in LOCATIONS:
+                before = process_cpu(pid)
+                threads = [threading.Thread(target=lambda c=c: [
+                    stream(nginx.port, location, i)
+                    for i in range(c, CPU_STREAMS, CONCURRENCY)]) for c in range(CONCURRENCY)]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                after = process_cpu(pid)
+                rounds[location].append(tuple(a - b for a, b in zip(after, before)))
+    return {location: (sum(u for u, _, _ in r) / sum(u + s for u, s, _ in r),
+                       statistics.median(total for _, _, total in r))
+            for location, r in rounds.items()}
 
 
 def main():
@@ -73,15 +127,34 @@ def main():
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
     directory = tempfile.mkdtemp(prefix="usage-ir-")
     per_stream = {}
-    for location in ("plain", "reader"):
+    for location in LOCATIONS:
         idle = run_once(binaries, upstream.server_port, location, 1, directory)
         busy = run_once(binaries, upstream.server_port, location, streams + 1, directory)
         per_stream[location] = (busy - idle) / streams
         print(f"{location}: {per_stream[location]:.0f} instructions per stream "
               f"({streams} streams of {CHUNKS} chunks)", flush=True)
-    added = per_stream["reader"] - per_stream["plain"]
-    print(f"the reader and its limit add {added / per_stream['plain'] * 100:+.1f}% of nginx's "
-          f"instructions ({added:.0f} per stream, {added / (CHUNKS + 2):.0f} per event)")
+    plain = per_stream["plain"]
+    for name, location, base in [("the reader and its limit", "reader", "plain"),
+                                 ("the reader alone (over a per-request limit)", "reader",
+                                  "limit"),
+                                 ("a per-request limit", "limit", "plain")]:
+        added = per_stream[location] - per_stream[base]
+        print(f"{name}: {added:+.0f} instructions per stream ({added / plain * 100:+.1f}% of "
+              f"nginx's {plain:.0f}; {added / (CHUNKS + 2):.0f} per event)")
+    if CPU_ROUNDS == 0:
+        return
+    cpu = cpu_pass(binaries, upstream.server_port, directory)
+    print(f"CPU, median of {CPU_ROUNDS} rounds of {CPU_STREAMS} streams ({CONCURRENCY} at a "
+          f"time), nginx natively:")
+    for location, (user_share, total) in cpu.items():
+        print(f"  {location}: {total:.3f} s (user {user_share * 100:.0f}%)")
+    user_share = cpu["plain"][0]
+    for name, location, base in [("the reader and its limit", "reader", "plain"),
+                                 ("the reader alone", "reader", "limit")]:
+        added = (per_stream[location] - per_stream[base]) / plain
+        measured = cpu[location][1] / cpu[base][1] - 1
+        print(f"{name}: {added * user_share * 100:+.1f}% of nginx's CPU from its instructions "
+              f"(x the user share {user_share:.2f}); {measured * 100:+.1f}% measured")
 
 
 if __name__ == "__main__":

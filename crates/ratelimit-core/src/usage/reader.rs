@@ -133,14 +133,26 @@ fn usage_only_null(bytes: &[u8], needle: &Finder<'static>, blank: fn(u8) -> bool
             .position(|&byte| !blank(byte))
             .unwrap_or(bytes.len())
     };
-    needle.find_iter(bytes).all(|at| {
-        let rest = &bytes[at + needle.needle().len()..];
-        let rest = &rest[skip_blanks(rest)..];
-        let Some(value) = rest.strip_prefix(b":") else {
+    let key = needle.needle();
+    let mut rest = bytes;
+    // Searched from after each `null`, and not at all in a rest shorter than the key (most
+    // buffers end a few bytes after their one `"usage":null`): each search costs a call
+    // into the searcher, more than the bytes it looks at here.
+    while rest.len() >= key.len() {
+        let Some(at) = needle.find(rest) else {
+            return true;
+        };
+        let after = &rest[at + key.len()..];
+        let after = &after[skip_blanks(after)..];
+        let Some(value) = after.strip_prefix(b":") else {
             return false;
         };
-        value[skip_blanks(value)..].starts_with(b"null")
-    })
+        let Some(next) = value[skip_blanks(value)..].strip_prefix(b"null") else {
+            return false;
+        };
+        rest = next;
+    }
+    true
 }
 
 /// A blank within a line: a space or a tab.
@@ -214,10 +226,9 @@ impl Format {
             .split(|&b| b == b';')
             .next()
             .unwrap_or_default();
-        if trim_start(essence)
-            .to_ascii_lowercase()
-            .starts_with(b"text/event-stream")
-        {
+        let essence = trim_start(essence);
+        let media = b"text/event-stream";
+        if essence.len() >= media.len() && essence[..media.len()].eq_ignore_ascii_case(media) {
             Format::EventStream
         } else {
             Format::Json
@@ -451,6 +462,11 @@ mod tests {
             // A line may end between the key and its value: not known from here.
             (b"data: {\"usage\"\ndata: :null}", false),
             (br#"data: {"usage"}"#, false),
+            // Searched again after each `null`, up to a rest shorter than the key.
+            (br#"{"usage":null,"usage":1}"#, false),
+            (br#"{"usage":null}"usage":null"#, true),
+            (br#"{"usage":null}"usage""#, false),
+            (br#"{"usage":null}"usag"#, true),
         ] {
             assert_eq!(
                 usage_only_null(bytes, needle, space_or_tab),
