@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""The usage reader's cost in instructions (docs/usage.md, issue 29's "at most 5%"): nginx
-proxying the same streamed completions through a location without the module and through
-one with `usage=openai` (the reader and its limit), counted by callgrind.
+"""The usage reader's cost (docs/usage.md, issue 29's "at most 5%"): nginx proxying the same
+streamed completions through a location without the module (`plain`), through one with a
+per-request limit on the same zone (`limit`) and through one with `usage=openai` (`reader`:
+the reader and its limit), counted by callgrind, then the same nginx's CPU time natively.
 
 CPU seconds on a shared 2-core machine move by more than the 5% to be measured (the CPU part
 of run.py saw rounds 10% apart); callgrind counts instructions, the same for the same work
@@ -13,8 +14,16 @@ first stream's one-off work (the upstream connection, the zone's first key), so
     instructions per stream = (Ir of the run with N + 1 streams - Ir of the run with one) / N.
 
 The upstream (run.py's, in this process) writes each of a stream's 42 events on its own,
-DELAY_MS apart, so that nginx reads them one at a time under valgrind too: the reader then
-sees the chunking a real stream has, and both locations do the same reads.
+DELAY_MS apart (DELAY_MS=0: all at once), so that nginx reads them one at a time under
+valgrind too: the reader then sees the chunking a real stream has, and every location does
+the same reads.
+
+The CPU pass runs nginx natively, the locations taking turns for CPU_ROUNDS rounds of
+CPU_STREAMS streams, and reads the process's CPU time: the user share (/proc/PID/stat, in
+clock ticks, over all of a location's rounds) and the median round's total
+(/proc/PID/schedstat, in nanoseconds). The reader's instructions are user-space work: their
+share of nginx's instructions times the user share is their share of nginx's CPU, a figure
+the direct CPU rounds are too noisy to give.
 
 Usage: python3 bench/usage/instructions.py NGINX MODULE [STREAMS]
 """
