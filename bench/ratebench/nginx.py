@@ -179,12 +179,23 @@ class Nginx:
         """CPU seconds (user + system) the workers have used so far. Loopback packets are
         partly processed in softirq context and not charged to any process: this counts what
         nginx itself does, which is what differs between two limiters."""
-        total = 0
+        user, system, _ = self.workers_cpu()
+        return user + system
+
+    def workers_cpu(self):
+        """(user, system, total) CPU seconds the workers have used so far: user and system
+        in clock ticks (/proc/PID/stat, 10 ms), the total to the nanosecond
+        (/proc/PID/schedstat)."""
+        user = system = total = 0
         for pid in self.worker_pids():
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        return total / os.sysconf("SC_CLK_TCK")
+            user += int(fields[11])
+            system += int(fields[12])
+            with open(f"/proc/{pid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        tick = os.sysconf("SC_CLK_TCK")
+        return user / tick, system / tick, total / 1e9
 
     def error_lines(self, level):
         """Lines of the error log at `level` (e.g. "[alert]")."""

@@ -92,17 +92,6 @@ def run_once(binaries, upstream_port, location, streams, directory):
     return total_ir(out)
 
 
-def process_cpu(pid):
-    """(user, system, total) CPU seconds of a process so far: user and system in clock ticks
-    (/proc/PID/stat, 10 ms), the total to the nanosecond (/proc/PID/schedstat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    with open(f"/proc/{pid}/schedstat") as f:
-        total = int(f.read().split()[0]) / 1e9
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick, total
-
-
 def cpu_pass(binaries, upstream_port, directory):
     """nginx natively (one process), the locations taking turns for CPU_ROUNDS rounds of
     CPU_STREAMS streams: per location, the user share of all its rounds' CPU and the median
@@ -111,10 +100,9 @@ def cpu_pass(binaries, upstream_port, directory):
     os.makedirs(f"{prefix}/tmp")
     rounds = {location: [] for location in LOCATIONS}
     with Nginx(binaries, prefix, http_body(prefix, upstream_port), master=False) as nginx:
-        pid = nginx.worker_pids()[0]
         for _ in range(CPU_ROUNDS):
             for location in LOCATIONS:
-                before = process_cpu(pid)
+                before = nginx.workers_cpu()
                 threads = [threading.Thread(target=lambda c=c: [
                     stream(nginx.port, location, i)
                     for i in range(c, CPU_STREAMS, CONCURRENCY)]) for c in range(CONCURRENCY)]
@@ -122,7 +110,7 @@ def cpu_pass(binaries, upstream_port, directory):
                     thread.start()
                 for thread in threads:
                     thread.join()
-                after = process_cpu(pid)
+                after = nginx.workers_cpu()
                 rounds[location].append(tuple(a - b for a, b in zip(after, before)))
     return {location: (sum(u for u, _, _ in r) / sum(u + s for u, s, _ in r),
                        statistics.median(total for _, _, total in r))
