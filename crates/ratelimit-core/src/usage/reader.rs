@@ -226,9 +226,9 @@ impl Format {
             .split(|&b| b == b';')
             .next()
             .unwrap_or_default();
-        let essence = trim_start(essence);
         let media = b"text/event-stream";
-        if essence.len() >= media.len() && essence[..media.len()].eq_ignore_ascii_case(media) {
+        let prefix = trim_start(essence).get(..media.len());
+        if prefix.is_some_and(|prefix| prefix.eq_ignore_ascii_case(media)) {
             Format::EventStream
         } else {
             Format::Json
