@@ -716,6 +716,11 @@ fn readme_try_it_prints_what_it_shows() {
             && test_command.contains("cargo test --workspace"),
         "Try it's second command is not the test command: {test_command:?}"
     );
+    // One failing binary must not hide the others' results (issue 42).
+    assert!(
+        test_command.contains("--no-fail-fast"),
+        "the test command `{test_command}` stops at the first failing binary: add --no-fail-fast"
+    );
     let ci = repo_file(".ci/run");
     assert!(
         ci.lines().any(|line| line.trim() == test_command),
