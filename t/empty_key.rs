@@ -1,6 +1,10 @@
-//! A zone keyed by `$server_name` limits nothing in a server without `server_name` (the key is
-//! empty there, and an empty key is not limited): `nginx -t` warns, naming the server and the
-//! `rate_limit` line; the concurrency example keyed by a constant limits wherever it is pasted.
+//! Limits that can never apply, which `nginx -t` reports at its warning level:
+//! - a zone keyed by `$server_name` limits nothing in a server without `server_name` (the key
+//!   is empty there, and an empty key is not limited): the warning names the server and the
+//!   `rate_limit` line; the concurrency example keyed by a constant limits wherever it is pasted;
+//! - a `rate_limit` line in a location (or server) that answers every request with `return`,
+//!   which runs before the preaccess phase where limits apply (issue 42).
+//!
 //! They load the rate limit module: `cargo build` must have built it.
 
 mod common;
@@ -115,4 +119,72 @@ fn constant_key_limits_in_a_server_without_a_name() {
     for request in held {
         assert_eq!(request.finish().status, 200);
     }
+}
+
+/// The `[warn]` lines of an `nginx -t` that must succeed, about limits `return` keeps from
+/// running.
+fn unreached_warnings(config: &str) -> Vec<String> {
+    let (ok, output) = check_config(config);
+    assert!(ok, "{output}");
+    output
+        .lines()
+        .filter(|line| line.contains("[warn]") && line.contains("limits nothing"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn nginx_t_warns_about_a_limit_that_return_answers_before() {
+    let zone = "rate_limit_zone $binary_remote_addr zone=ip:1m rate=1r/s;";
+    // The README's mistake: a limited location answered by `return`.
+    let text = config()
+        .http(zone)
+        .locations("location /api/ { rate_limit zone=ip; return 200 \"ok\\n\"; }")
+        .build();
+    let warned = unreached_warnings(&text);
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    let limit_line = line_of(&text, "rate_limit zone=ip");
+    assert!(
+        warned[0].contains("rate_limit in ")
+            && warned[0].contains(&format!("nginx.conf:{limit_line} limits nothing"))
+            && warned[0].contains("its location answers every request with \"return\""),
+        "{warned:?}"
+    );
+    // nginx still starts (a warning, not an error), and indeed limits nothing there.
+    let nginx = config()
+        .http(zone)
+        .locations("location /api/ { rate_limit zone=ip; return 200 \"ok\\n\"; }")
+        .start();
+    for _ in 0..5 {
+        assert_eq!(common::get(nginx.port(), "/api/").status, 200);
+    }
+    drop(nginx);
+
+    // A `return` at server level answers before any location is even chosen.
+    let text = config()
+        .http(zone)
+        .server("return 301 https://example.com$request_uri;")
+        .locations("location /api/ { rate_limit zone=ip; empty_gif; }")
+        .build();
+    let warned = unreached_warnings(&text);
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(
+        warned[0].contains("its server answers every request with \"return\""),
+        "{warned:?}"
+    );
+}
+
+#[test]
+fn nginx_t_is_quiet_where_return_may_not_answer() {
+    let zone = "rate_limit_zone $binary_remote_addr zone=ip:1m rate=1r/s;";
+    // A conditional return, a content handler, and a limit-free location that returns.
+    let text = config()
+        .http(zone)
+        .locations(
+            "location /api/ { rate_limit zone=ip; if ($arg_deny) { return 403; } empty_gif; }
+             location /plain/ { rate_limit zone=ip; empty_gif; }
+             location /health { return 200 \"ok\\n\"; }",
+        )
+        .build();
+    assert_eq!(unreached_warnings(&text), Vec::<String>::new());
 }

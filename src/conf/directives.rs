@@ -20,6 +20,7 @@ use ratelimit_core::usage::{Amount, UsageSource, UsageSpec};
 use ratelimit_core::{Algorithm, DelayMode, LimitSpec, Rate, RateUnit, SpecError, ZoneSpec};
 
 use super::ext::ConfExt;
+use super::unreached::LimitedPlace;
 use super::{
     add_shared_zone, main_conf, variable_index, AdminConf, AmountConf, ConfError, LimitConf,
     LocConf, LocationBursts, UsageConf, UsageSourceConf, ZoneConf, ZoneReference,
@@ -242,6 +243,7 @@ fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
     mcf.on_status_used |= limit.on_status.is_some();
     mcf.usage_used |= limit.usage.is_some();
     mcf.references.extend(references);
+    mcf.limited_places.push(LimitedPlace::here(cf));
     limits.push(limit);
     Ok(())
 }

@@ -12,6 +12,7 @@ pub mod ext;
 pub mod key;
 pub mod sync;
 mod tls;
+pub mod unreached;
 
 use core::cell::{Cell, RefCell};
 use core::ptr;
@@ -82,6 +83,8 @@ pub struct MainConf {
     /// Some `rate_limit` line has `usage=`: the body reader's filters and the settling
     /// log-phase handler are installed.
     pub usage_used: bool,
+    /// Where each `rate_limit` line is, to warn about the ones `return` keeps from running.
+    pub limited_places: Vec<unreached::LimitedPlace>,
     pub hooks: Hooks,
 }
 
@@ -428,6 +431,7 @@ pub fn postconfiguration(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
         }
     }
     empty_key::warn_empty_keys(cf, mcf);
+    unreached::warn_unreached(cf, &mcf.limited_places);
     let index = variable_index(cf, b"rate_limit_status")?;
     if let Some(mcf) = main_conf(cf) {
         mcf.status_variable = Some(index);
