@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the module and runs nginx in the foreground with an example config from nginx-conf/,
-# on 127.0.0.1:8080 (and the admin API of nginx-conf/admin.conf on 127.0.0.1:8081), with the
-# module loaded. Ctrl-C stops it.
+# on 127.0.0.1:8080 (and the config's other ports: nginx-conf/admin.conf's admin API on
+# 127.0.0.1:8081), with the module loaded, and says where the config's admin API is, if it has
+# one. A port already in use is named, with the variable that chooses another. Ctrl-C stops it.
 #
 #   scripts/run-example.sh [CONFIG]      CONFIG defaults to nginx-conf/basic.conf
 #   PORT=9000 scripts/run-example.sh     another port (%%PORT%%)
@@ -21,8 +22,9 @@
 #   MODULE=/path/to/ngx_http_rate_limit_module.so   with NGINX=: a module already built for it
 #   PREFIX=/tmp/example                  another prefix (absolute)
 #   UPSTREAM_PORT=2525 scripts/run-example.sh nginx-conf/stream-smtp.conf
-#                                        the port of the stream examples' upstream (%%PORT3%%,
-#                                        default 8082: the mail server, the resolver)
+#                                        the port of the stream examples' stand-in upstream
+#                                        (%%PORT3%%, default 8082: the mail server, the
+#                                        resolver, which the configs themselves serve)
 #
 # Every run starts without the previous run's admin changes: a config's
 # rate_limit_state_file is removed first, and the script says so. KEEP_STATE=1 keeps it
@@ -126,6 +128,29 @@ if grep -q '%%REDIS%%' "$config" && [ -z "${REDIS_URL:-}" ] && ! redis_answers 1
     fi
 fi
 
+# Whether something listens on 127.0.0.1:$1 (TCP or UDP).
+port_busy() {
+    if command -v ss >/dev/null; then
+        [ -n "$(ss -Htuln "sport = :$1" 2>/dev/null)" ]
+    else
+        { exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null && exec 3<&- 3>&-
+    fi
+}
+# A port the config listens on that is taken would only get nginx's bind() error: say which
+# variable chooses another.
+check_port() {
+    local placeholder=$1 value=$2 variable=$3
+    grep -q "$placeholder" "$config" || return 0
+    port_busy "$value" || return 0
+    die "port $value is in use (something listens on 127.0.0.1:$value, maybe an earlier run of
+    this script, or a test's nginx): stop it, or choose another port for $placeholder:
+    $variable=$((value < 64535 ? value + 1000 : value - 1000)) $0 $config"
+}
+check_port '%%PORT%%' "$port" PORT
+check_port '%%PORT1%%' "$port" PORT
+check_port '%%PORT2%%' "$admin_port" ADMIN_PORT
+check_port '%%PORT3%%' "${UPSTREAM_PORT:-8082}" UPSTREAM_PORT
+
 mkdir -p "$prefix/logs" "$prefix/html"
 [ -f "$prefix/html/index.html" ] || echo "ok" >"$prefix/html/index.html"
 sed -e "s|%%MODULE%%|$module|g" -e "s|%%PORT%%|$port|g" -e "s|%%PORT1%%|$port|g" \
@@ -166,9 +191,14 @@ globals="daemon off; error_log stderr notice; pid logs/nginx.pid;"
 # directory: this demo serves target/run/html as root instead.
 [ "$(id -u)" -ne 0 ] || globals="$globals user root;"
 
-admin=""
-grep -q '%%PORT2%%' "$config" && admin=", admin API on http://127.0.0.1:$admin_port/"
-say "nginx on http://127.0.0.1:$port/$admin with $config (prefix $prefix); Ctrl-C stops it"
+# The admin API's URL: the location with rate_limit_admin, on its server's listen port.
+admin=$(awk '
+    $1 == "listen" { listen = $2; sub(/;$/, "", listen) }
+    $1 == "location" { location = ($2 == "=" ? $3 : $2) }
+    $1 ~ /^rate_limit_admin/ { print "http://" listen location; exit }
+' "$prefix/nginx.conf")
+say "nginx on http://127.0.0.1:$port/ with $config (prefix $prefix); Ctrl-C stops it"
+[ -z "$admin" ] || say "the admin API: $admin"
 say "nginx: $nginx; module: $module"
 say "nginx's messages name $prefix/nginx.conf: $config with the placeholders filled in," \
     "line for line (the same line numbers)"

@@ -777,3 +777,146 @@ fn observability_screenshot_command_captures_the_dashboard() {
         shot.len()
     );
 }
+
+/// The walkthroughs of a page section that starts example files with `scripts/run-example.sh`:
+/// each start line of its `sh` blocks (the command without its comment), with the steps of
+/// the `console` blocks that follow it, up to the next start.
+fn example_walkthroughs(page: &str, heading: &str) -> Vec<(String, Vec<Step>)> {
+    let mut walkthroughs: Vec<(String, Vec<Step>)> = Vec::new();
+    let mut fence: Option<(String, Vec<String>)> = None;
+    for line in section(page, heading).lines() {
+        match &mut fence {
+            None => {
+                if let Some(language) = line.trim_end().strip_prefix("```") {
+                    fence = Some((language.to_string(), Vec::new()));
+                }
+            }
+            Some((language, lines)) if line.trim_end() == "```" => {
+                if language == "sh" {
+                    for line in lines.iter() {
+                        let command = line.split('#').next().unwrap_or_default().trim();
+                        if command.starts_with("scripts/run-example.sh ") {
+                            walkthroughs.push((command.to_string(), Vec::new()));
+                        }
+                    }
+                } else if language == "console" {
+                    let (_, steps_so_far) = walkthroughs
+                        .last_mut()
+                        .unwrap_or_else(|| panic!("{page}, {heading}: a console block first"));
+                    steps_so_far.extend(steps(lines));
+                }
+                fence = None;
+            }
+            Some((_, lines)) => lines.push(line.to_string()),
+        }
+    }
+    walkthroughs
+}
+
+/// Runs a page's walkthroughs of example files: each example started by its own
+/// `scripts/run-example.sh` line on free ports (`PORT`, `ADMIN_PORT`, `UPSTREAM_PORT` for the
+/// pages' 8080, 8081 and 8082), its commands run with those ports, their outputs compared
+/// with the page's. Returns how many commands ran for each example.
+fn run_example_walkthroughs(page: &str, heading: &str) -> Vec<(String, usize)> {
+    let mut ran = Vec::new();
+    for (start, steps) in example_walkthroughs(page, heading) {
+        let ports = [free_port(), free_port(), free_port()];
+        let example = ScriptedExample::start(
+            &start,
+            ports[0],
+            &[
+                ("ADMIN_PORT", ports[1].to_string()),
+                ("UPSTREAM_PORT", ports[2].to_string()),
+            ],
+        );
+        let replacements = [
+            ("127.0.0.1:8080", format!("127.0.0.1:{}", ports[0])),
+            ("127.0.0.1:8081", format!("127.0.0.1:{}", ports[1])),
+            ("127.0.0.1/8081", format!("127.0.0.1/{}", ports[1])),
+        ];
+        for step in &steps {
+            let real = run_with(&step.command, &replacements);
+            assert!(
+                same_output(&step.shown, &real),
+                "{page} ({start}) shows for `{}`:\n{}\nbut it printed:\n{real}\n{}",
+                step.command,
+                step.shown,
+                example.log()
+            );
+        }
+        ran.push((start, steps.len()));
+    }
+    ran
+}
+
+/// docs/usage.md's Try it: `nginx-conf/llm.conf` and its stand-in model, a completion plain
+/// and streamed, and the key's tokens in the admin API (issue 42).
+#[test]
+fn usage_walkthrough_prints_what_it_shows() {
+    let ran = run_example_walkthroughs("docs/usage.md", "Try it");
+    assert_eq!(
+        ran,
+        [("scripts/run-example.sh nginx-conf/llm.conf".to_string(), 3)],
+        "docs/usage.md's Try it does not run as this test expects"
+    );
+}
+
+/// docs/stream.md's Try it: the SMTP relay's connections and the DNS forwarder's queries,
+/// each example with the stand-in upstream its file serves (issue 42).
+#[test]
+fn stream_walkthrough_prints_what_it_shows() {
+    let ran = run_example_walkthroughs("docs/stream.md", "Try it");
+    assert_eq!(
+        ran,
+        [
+            (
+                "scripts/run-example.sh nginx-conf/stream-smtp.conf".to_string(),
+                2
+            ),
+            (
+                "scripts/run-example.sh nginx-conf/stream-dns.conf".to_string(),
+                1
+            ),
+        ],
+        "docs/stream.md's Try it does not run as this test expects"
+    );
+}
+
+/// `scripts/run-example.sh` with its port taken says so, and which variable picks another,
+/// instead of leaving the reader with nginx's bind() error (issue 42).
+#[test]
+fn run_example_names_a_busy_port_and_how_to_pick_another() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
+    let port = taken.local_addr().expect("its address").port();
+    let prefix = std::env::temp_dir()
+        .join("ngx-rate-limit-t")
+        .join(format!("readme-busy-{}", std::process::id()));
+    let output = Command::new("bash")
+        .arg("scripts/run-example.sh")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("NGINX", nginx_binary())
+        .env("MODULE", module_path())
+        .env("PREFIX", &prefix)
+        .env("PORT", port.to_string())
+        .stdin(Stdio::null())
+        .output()
+        .expect("cannot run bash");
+    let _ = fs::remove_dir_all(&prefix);
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "it started on a taken port:\n{said}"
+    );
+    let another = if port < 64535 {
+        port + 1000
+    } else {
+        port - 1000
+    };
+    assert!(
+        said.contains(&format!("port {port} is in use"))
+            && said.contains(&format!(
+                "PORT={another} scripts/run-example.sh nginx-conf/basic.conf"
+            )),
+        "{said}"
+    );
+}
