@@ -198,10 +198,32 @@ fn redis_stopped_under_load_local_share() {
         answers.iter().all(|a| a.status == 200 || a.status == 429),
         "a request failed"
     );
-    let slowest = answers.iter().map(|a| a.latency).max().unwrap_or_default();
-    // A request that waited on the stopped Redis would take the sync timeout (100 ms) at least.
+    // A request path that waited on the stopped Redis would hold every request of the stop
+    // for the sync timeout (100 ms) at least, or until Redis came back (up to 2 s). A loaded
+    // machine delays a few answers by itself (one took 86 ms at a load average of 13), so
+    // the test asks of the many answered during the stop that almost all are quick, and of
+    // all that none waited anywhere near the stop.
+    let during: Vec<Duration> = answers
+        .iter()
+        .filter(|a| a.sent >= Duration::from_millis(1100) && a.sent < Duration::from_millis(2900))
+        .map(|a| a.latency)
+        .collect();
+    let slow = during
+        .iter()
+        .filter(|&&latency| latency >= Duration::from_millis(100))
+        .count();
+    eprintln!(
+        "{slow} of {} answers during the stop took 100 ms or more",
+        during.len()
+    );
     assert!(
-        slowest < Duration::from_millis(80),
+        during.len() >= 200 && slow * 20 <= during.len(),
+        "{slow} of {} answers during the stop took 100 ms or more",
+        during.len()
+    );
+    let slowest = answers.iter().map(|a| a.latency).max().unwrap_or_default();
+    assert!(
+        slowest < Duration::from_millis(1000),
         "slowest answer {slowest:?}"
     );
     // From 0.5 s into the stop (three missed intervals and more) to its end.
@@ -719,9 +741,16 @@ fn delay_follows_the_fleet_backlog() {
         delayed >= 20,
         "requests beyond delay=5 are delayed: {delayed}"
     );
+    // The longest delay the line allows, (20 - 5) x 10 ms, plus one interval and a margin:
+    // asked of the 99th percentile, since a loaded machine adds its own wait to a few answers
+    // (one took 1.96 s at a load average of 13); a delay that followed the fleet's backlog
+    // beyond the line's bound would hold far more than 1% of them.
+    let bound = Duration::from_millis(150 + 100 + 400);
+    let beyond = delays.iter().filter(|&&d| d >= bound).count();
     assert!(
-        longest < Duration::from_millis(150 + 100 + 400),
-        "{longest:?}"
+        beyond * 100 <= delays.len(),
+        "{beyond} of {} passed requests waited {bound:?} or more, the longest {longest:?}",
+        delays.len()
     );
 }
 
@@ -1012,13 +1041,11 @@ fn redis_cluster_shares_one_limit() {
     let _machine = share_machine();
     let nodes = redis_cluster();
     let fleet = fleet(&nodes[0], 3, "cluster interval=100ms");
+    // Every instance syncs. Not necessarily at this very instant: on a machine loaded far
+    // beyond its cores a round can miss its 50 ms timeout, which says "degraded" until the
+    // next round answers (a load average of 13 showed it).
     for instance in &fleet {
-        assert_eq!(
-            sync_state(instance)["mode"],
-            "synced",
-            "{}",
-            instance.error_log()
-        );
+        wait_mode(instance, "synced", Duration::from_secs(10));
     }
     // A few keys, one request each: their Redis keys land on several nodes.
     for key in 0..24 {
