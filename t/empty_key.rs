@@ -25,13 +25,18 @@ fn line_of(text: &str, needle: &str) -> usize {
         + 1
 }
 
-/// The `[warn]` lines of an `nginx -t` that must succeed.
+/// The `[warn]` lines of an `nginx -t` that must succeed, about empty keys.
 fn warnings(config: &str) -> Vec<String> {
+    warnings_about(config, "keyed by")
+}
+
+/// The `[warn]` lines that contain `needle` of an `nginx -t` that must succeed.
+fn warnings_about(config: &str, needle: &str) -> Vec<String> {
     let (ok, output) = check_config(config);
     assert!(ok, "{output}");
     output
         .lines()
-        .filter(|line| line.contains("[warn]") && line.contains("keyed by"))
+        .filter(|line| line.contains("[warn]") && line.contains(needle))
         .map(str::to_string)
         .collect()
 }
@@ -124,13 +129,7 @@ fn constant_key_limits_in_a_server_without_a_name() {
 /// The `[warn]` lines of an `nginx -t` that must succeed, about limits `return` keeps from
 /// running.
 fn unreached_warnings(config: &str) -> Vec<String> {
-    let (ok, output) = check_config(config);
-    assert!(ok, "{output}");
-    output
-        .lines()
-        .filter(|line| line.contains("[warn]") && line.contains("limits nothing"))
-        .map(str::to_string)
-        .collect()
+    warnings_about(config, "limits nothing")
 }
 
 #[test]
