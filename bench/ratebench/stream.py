@@ -6,14 +6,20 @@ Reports, for each proxy: the attacker's admitted connections per second against 
 the well-behaved clients' connect-to-banner latency (p50, p99) and refusals, and the proxy's
 CPU time per connection it handled (admitted or refused) and per admitted connection.
 
-    python3 -m ratebench.stream --nginx /usr/sbin/nginx --module M.so [--seconds 20]
+    python3 -m ratebench.stream --nginx /usr/sbin/nginx --module M.so [--seconds 10] [--rounds 6]
+
+CPU per connection is compared as a ratio with a confidence interval over rounds in which the
+proxies take turns: one run of each is not a measurement on a shared machine (two re-runs
+once gave 35.9 / 22.7 µs and 27.9 / 38.9 µs, ours / HAProxy's).
 """
 
 import argparse
+import math
 import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import tempfile
 import threading
@@ -217,38 +223,72 @@ def wait_listening(port):
     raise SystemExit(f"nothing listens on {port}")
 
 
+# Two-sided 95% quantiles of Student's t distribution, by degrees of freedom (1-30).
+T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+       2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+       2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def ratio_interval(ratios):
+    """The geometric mean of per-round ratios and its 95% confidence interval (a t interval
+    on the ratios' logarithms: a ratio and its inverse are equally far from 1)."""
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(mean), float("nan"), float("nan")
+    half = T95[min(len(logs) - 1, len(T95)) - 1] * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def run_one(name, args, upstream_port, prefix):
+    port = free_port()
+    if name == "haproxy":
+        process, config = start_haproxy(args.haproxy, port, upstream_port, prefix)
+    else:
+        process, config = start_nginx(args.nginx, args.module, port, upstream_port, prefix)
+    try:
+        wait_listening(port)
+        # The readiness probe's connection is one of 127.0.0.1's: no address of the load.
+        time.sleep(1.2)
+        pids = [process.pid] + children(process.pid)
+        return run_load(port, pids, args.seconds), config
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--nginx", required=True)
     parser.add_argument("--module", required=True)
     parser.add_argument("--haproxy", default="/usr/sbin/haproxy")
-    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--write-summary")
     args = parser.parse_args()
+    if args.rounds < 1:
+        raise SystemExit("--rounds must be at least 1")
 
+    names = ["haproxy", "nginx rate_limit"]
     stop = threading.Event()
     upstream_port = free_port()
     threading.Thread(target=upstream, args=(upstream_port, stop), daemon=True).start()
     prefix = tempfile.mkdtemp(prefix="stream-bench-")
-    results = {}
+    runs = {name: [] for name in names}
     configs = {}
-    for name in ["haproxy", "nginx rate_limit"]:
-        port = free_port()
-        if name == "haproxy":
-            process, configs[name] = start_haproxy(args.haproxy, port, upstream_port, prefix)
-        else:
-            process, configs[name] = start_nginx(
-                args.nginx, args.module, port, upstream_port, prefix
+    # The proxies take turns, the order alternating from round to round, so that a machine
+    # that gets busier or quieter during the bench weighs on both alike; each round's ratio
+    # compares two runs made side by side.
+    for round_index in range(args.rounds):
+        order = names if round_index % 2 == 0 else names[::-1]
+        for name in order:
+            result, configs[name] = run_one(name, args, upstream_port, prefix)
+            runs[name].append(result)
+            print(
+                f"round {round_index + 1}/{args.rounds} {name}: "
+                f"{result['cpu_us_per_handled']:.1f} µs per connection handled",
+                flush=True,
             )
-        try:
-            wait_listening(port)
-            # The readiness probe's connection is one of 127.0.0.1's: no address of the load.
-            time.sleep(1.2)
-            pids = [process.pid] + children(process.pid)
-            results[name] = run_load(port, pids, args.seconds)
-        finally:
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout=30)
     stop.set()
     shutil.rmtree(prefix, ignore_errors=True)
 
@@ -257,31 +297,50 @@ def main():
         "| client p50 ms | client p99 ms | CPU µs per connection handled | CPU µs per admitted |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for name, r in results.items():
+    for name in names:
+        median = lambda key: statistics.median(r[key] for r in runs[name])  # noqa: E731
+        admitted = sum(r["clients_admitted"] for r in runs[name])
+        refused = sum(r["clients_refused"] for r in runs[name])
         lines.append(
-            f"| {name} | {r['attacker_per_sec']:.2f} | {r['attacker_attempts_per_sec']:.0f} "
-            f"| {r['clients_admitted']} / {r['clients_refused']} | {r['p50_ms']:.2f} "
-            f"| {r['p99_ms']:.2f} | {r['cpu_us_per_handled']:.1f} "
-            f"| {r['cpu_us_per_admitted']:.1f} |"
+            f"| {name} | {median('attacker_per_sec'):.2f} "
+            f"| {median('attacker_attempts_per_sec'):.0f} | {admitted} / {refused} "
+            f"| {median('p50_ms'):.2f} | {median('p99_ms'):.2f} "
+            f"| {median('cpu_us_per_handled'):.1f} | {median('cpu_us_per_admitted'):.1f} |"
         )
+    ratios = [
+        ours["cpu_us_per_handled"] / theirs["cpu_us_per_handled"]
+        for ours, theirs in zip(runs["nginx rate_limit"], runs["haproxy"])
+    ]
+    ratio, low, high = ratio_interval(ratios)
+    per_round = ", ".join(f"{r:.2f}" for r in ratios)
+    verdict = "at or below HAProxy's" if high <= 1.0 else (
+        "above HAProxy's" if low > 1.0 else "not distinguishable from HAProxy's")
+    ratio_line = (
+        f"CPU per connection handled, nginx rate_limit / HAProxy: **{ratio:.2f}** "
+        f"(95% confidence interval {low:.2f}-{high:.2f}, {args.rounds} rounds; per round: "
+        f"{per_round}): {verdict}."
+    )
     table = "\n".join(lines)
     print(table)
+    print(ratio_line)
     if args.write_summary:
         with open(args.write_summary, "w") as f:
-            f.write(SUMMARY_HEAD.format(seconds=args.seconds))
-            f.write(table + "\n\n")
+            f.write(SUMMARY_HEAD.format(seconds=args.seconds, rounds=args.rounds))
+            f.write(table + "\n\n" + ratio_line + "\n\n")
             for name, config in configs.items():
                 f.write(f"{name}:\n\n```\n{config}```\n\n")
 
 
 SUMMARY_HEAD = """# Stream limits against HAProxy (bench/stream.sh)
 
-One run of `bench/stream.sh` ({seconds:.0f} s per proxy, one after the other, on the shared
-2-core machine: other helpers were building and testing meanwhile, so latencies and CPU are
-noisy). Both proxies admit 10 new connections a second per client address in front of one TCP
-upstream that sends a banner and closes. One attacker opens connections as fast as one client
-thread can from 127.0.0.2; 50 well-behaved clients (127.0.0.10-59) each open one connection a
-second. nginx: Debian's 1.22.1 with its stream module and this module (release build of
+{rounds} rounds of `bench/stream.sh`, {seconds:.0f} s per proxy per round; in each round the
+two proxies run one after the other, the order alternating from round to round. The table
+gives each figure's median over the rounds (clients' connections summed); the ratio below it
+is the geometric mean of the rounds' ratios with a 95% t interval on their logarithms. Both
+proxies admit 10 new connections a second per client address in front of one TCP upstream that
+sends a banner and closes. One attacker opens connections as fast as one client thread can
+from 127.0.0.2; 50 well-behaved clients (127.0.0.10-59) each open one connection a second.
+nginx: Debian's 1.22.1 with its stream module and this module (release build of
 scripts/build-for-nginx.sh), one worker; HAProxy: Debian's, one thread, a stick table with
 `conn_rate(1s)`. CPU is the proxy processes' user+system time over the run.
 
