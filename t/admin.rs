@@ -655,10 +655,13 @@ fn every_error_class_is_json_and_nginx_keeps_serving() {
     // 404: unknown zone, unknown paths.
     #[rustfmt::skip]
     let not_found = [
-        ("GET", "zones/nozone", "unknown zone \"nozone\""),
-        ("PATCH", "zones/nozone", "unknown zone \"nozone\""),
-        ("GET", "zones/nozone/overrides", "unknown zone \"nozone\""),
-        ("DELETE", "zones/nozone/keys/k", "unknown zone \"nozone\""),
+        ("GET", "zones/nozone", "unknown zone \"nozone\": the zones are \"one\", \"bucket\", \
+          \"log\" and \"window\""),
+        ("PATCH", "zones/nozone", "unknown zone \"nozone\": the zones are"),
+        ("GET", "zones/nozone/overrides", "unknown zone \"nozone\": the zones are"),
+        ("DELETE", "zones/nozone/keys/k", "unknown zone \"nozone\": the zones are"),
+        ("GET", "zones/windw/top", "unknown zone \"windw\", did you mean \"window\"? the \
+          zones are \"one\", \"bucket\", \"log\" and \"window\""),
         ("GET", "zone", "unknown path \"zone\""),
         ("GET", "zones/one/keys", "unknown path"),
         ("GET", "zones/one/other", "unknown path"),
@@ -1320,5 +1323,55 @@ fn history_counts_requests_per_second_and_survives_a_reload() {
     nginx.reload();
     assert_eq!(sums(&nginx), [1, 0, 2]);
     let (status, error) = admin(&nginx, "GET", "zones/none/history", None);
-    assert_eq!((status, error_text(&error)), (404, "unknown zone \"none\""));
+    assert_eq!(
+        (status, error_text(&error)),
+        (
+            404,
+            "unknown zone \"none\": the zones are \"one\", \"bucket\", \"log\" and \"window\""
+        )
+    );
+}
+
+/// `GET zones/NAME/history` prints each series of 300 counts on one line (not a line per
+/// count), in an object as pretty as the other answers'.
+#[test]
+fn history_prints_a_series_a_line() {
+    let nginx = start();
+    assert_eq!(hit(&nginx, "/", "history"), 200);
+    let response = send(
+        nginx.port(),
+        &admin_request("GET", "zones/one/history", None),
+    );
+    assert_eq!(response.status, 200);
+    let text = response.text();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 8, "{text}");
+    assert_eq!(
+        lines[..3],
+        ["{", "  \"zone\": \"one\",", "  \"seconds\": 300,"]
+    );
+    for (line, series) in lines[4..7].iter().zip(["passed", "delayed", "rejected"]) {
+        let prefix = format!("  \"{series}\": [");
+        let counts = line
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.trim_end_matches(',').strip_suffix(']'))
+            .unwrap_or_else(|| panic!("{series}: {line}"));
+        assert_eq!(counts.split(", ").count(), 300, "{line}");
+    }
+    let passed = json_body(&response)["passed"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        passed.iter().filter_map(Value::as_u64).sum::<u64>(),
+        1,
+        "{text}"
+    );
+    // The other answers keep a value a line.
+    let root = send(
+        nginx.port(),
+        &Request::get("/ratelimit/").header("Accept", "application/json"),
+    )
+    .text();
+    assert!(root.contains("\"zones\": [\n    \"one\",\n"), "{root}");
 }

@@ -70,7 +70,48 @@ fn nginx_t_refuses_bad_configuration() {
         (
             "rate_limit of an undeclared zone",
             format!("{zone}\n{}", server("location / { rate_limit zone=missing; }")),
-            "unknown zone \"missing\"",
+            "unknown zone \"missing\": the only zone is \"a\"",
+        ),
+        (
+            "rate_limit of a mistyped zone",
+            format!(
+                "rate_limit_zone $binary_remote_addr zone=per_client:1m rate=1r/s;\n\
+                 rate_limit_zone $binary_remote_addr zone=login:1m rate=5r/m;\n{}",
+                server("location / { rate_limit zone=perclient; }")
+            ),
+            "unknown zone \"perclient\", did you mean \"per_client\"?",
+        ),
+        (
+            "rate_limit naming a zone with its size, as rate_limit_zone does",
+            format!(
+                "rate_limit_zone $binary_remote_addr zone=per_client:1m rate=1r/s;\n{}",
+                server("location / { rate_limit zone=per_client:1m; }")
+            ),
+            "unknown zone \"per_client:1m\", did you mean \"per_client\"?",
+        ),
+        (
+            "rate_limit of an undeclared zone among several",
+            format!(
+                "{zone}\nrate_limit_zone $binary_remote_addr zone=login:1m rate=5r/m;\n{}",
+                server("location / { rate_limit zone=api; }")
+            ),
+            "unknown zone \"api\": the zones are \"a\" and \"login\"",
+        ),
+        (
+            "zone size with a unit nginx does not write",
+            "rate_limit_zone $binary_remote_addr zone=per_client:1mb rate=1r/s;".to_string(),
+            "invalid zone size \"zone=per_client:1mb\", did you mean \"zone=per_client:1m\"?",
+        ),
+        (
+            "zone without its size",
+            "rate_limit_zone $binary_remote_addr zone=per_client rate=1r/s;".to_string(),
+            "invalid zone size \"zone=per_client\": it must be zone=NAME:SIZE, the SIZE in \
+             bytes or with k, m or g (65536, 512k, 10m), as in limit_req_zone",
+        ),
+        (
+            "concurrency zone size with a unit nginx does not write",
+            "rate_limit_zone app zone=app:10MB algorithm=concurrency limit=10;".to_string(),
+            "invalid zone size \"zone=app:10MB\", did you mean \"zone=app:10m\"?",
         ),
         (
             "zone smaller than 32k",
@@ -441,7 +482,7 @@ fn nginx_t_names_the_line_of_the_wrong_rate_limit() {
                 "rate_limit_zone $binary_remote_addr zone=per_client:1m rate=1r/s;\n{}",
                 server("location / {\n rate_limit zone=per_clinet;\n }")
             ),
-            "unknown zone \"per_clinet\"",
+            "unknown zone \"per_clinet\", did you mean \"per_client\"?",
             "rate_limit zone=per_clinet;",
         ),
         (

@@ -130,7 +130,7 @@ fn directives_are_checked_as_in_http() {
         (
             "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s;\n\
              server { listen 127.0.0.1:%%PORT2%%; rate_limit zone=b; proxy_pass 127.0.0.1:1; }",
-            "unknown zone \"b\"",
+            "unknown zone \"b\": the only zone is \"a\"",
         ),
         (
             "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s;\n\

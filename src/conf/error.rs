@@ -88,9 +88,10 @@ pub enum ConfError {
     InvalidRedisUrl { url: String, reason: String },
     #[error("invalid Redis URL \"{0}\": several URLs need \"cluster\"")]
     UrlsNeedCluster(String),
-    /// Found once the `http` block is read: a zone `rate_limit` names that does not exist.
-    #[error("unknown zone \"{0}\"")]
-    UnknownZone(String),
+    /// Found once the `http` block is read: a zone `rate_limit` names that does not exist,
+    /// then `ratelimit_core::hint::unknown_zone_hint` (the zone meant, or the zones declared).
+    #[error("unknown zone \"{name}\"{hint}")]
+    UnknownZone { name: String, hint: String },
     #[error(
         "{role} \"{zone}\" used with \"global=\" must use algorithm=token_bucket, not {algorithm}"
     )]
@@ -124,6 +125,17 @@ pub enum ConfError {
         file: String,
         line: usize,
     },
+}
+
+impl ConfError {
+    /// `unknown zone "NAME"` among the zones `declared` (by name) in the same block.
+    pub fn unknown_zone<'a>(name: &str, declared: impl Iterator<Item = &'a str>) -> ConfError {
+        let declared: Vec<&str> = declared.collect();
+        ConfError::UnknownZone {
+            name: name.to_string(),
+            hint: ratelimit_core::hint::unknown_zone_hint(name, &declared),
+        }
+    }
 }
 
 fn spec_message(directive: &str, error: &SpecError) -> String {

@@ -419,7 +419,8 @@ pub fn postconfiguration(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
             unsafe { (*zone).name == reference.name }
         });
         let Some(&zone) = zone else {
-            return Err(reference.error(ConfError::UnknownZone(reference.name.clone())));
+            let declared = zones(mcf).map(|zone| zone.name.as_str());
+            return Err(reference.error(ConfError::unknown_zone(&reference.name, declared)));
         };
         // SAFETY: as above; nothing else holds a reference to the zone's configuration while
         // the configuration is being read.

@@ -271,7 +271,8 @@ pub fn postconfiguration(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
             unsafe { (*zone).conf.name == reference.name }
         });
         let Some(&zone) = zone else {
-            return Err(reference.error(ConfError::UnknownZone(reference.name.clone())));
+            let declared = main.zones().map(|zone| zone.conf.name.as_str());
+            return Err(reference.error(ConfError::unknown_zone(&reference.name, declared)));
         };
         // SAFETY: as above; nothing else refers to the zone while configuration is read.
         let zone = unsafe { &mut (*zone).conf };

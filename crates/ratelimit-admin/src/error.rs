@@ -20,9 +20,10 @@ pub enum ApiError {
     /// 403: a write on a location without `write=on`.
     #[error("this location is read-only: \"rate_limit_admin write=on\" allows changes")]
     ReadOnly,
-    /// 404
-    #[error("unknown zone \"{0}\"")]
-    UnknownZone(String),
+    /// 404: `unknown zone "NAME": the zones are "a" and "b"`, with the zone meant first when
+    /// the name is a typo of one (`unknown zone "perclient", did you mean "per_client"? ...`).
+    #[error("unknown zone \"{name}\"{hint}")]
+    UnknownZone { name: String, hint: String },
     /// 404: `GET`/`DELETE zones/NAME/keys/KEY` for a key without state.
     #[error("key \"{key}\" is not tracked in zone \"{zone}\"")]
     KeyNotTracked { zone: String, key: String },
@@ -76,11 +77,24 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// 404 for `name`, naming the zone meant (if any) and listing the zones there are.
+    pub fn unknown_zone(name: &str, zones: &[&str]) -> ApiError {
+        let list = ratelimit_core::hint::zone_list(zones);
+        let hint = match ratelimit_core::hint::nearest_zone(name, zones) {
+            Some(meant) => format!(", did you mean \"{meant}\"? {list}"),
+            None => format!(": {list}"),
+        };
+        ApiError::UnknownZone {
+            name: name.to_string(),
+            hint,
+        }
+    }
+
     /// The HTTP status to answer with.
     pub fn status(&self) -> u16 {
         match self {
             ApiError::UnknownPath(_)
-            | ApiError::UnknownZone(_)
+            | ApiError::UnknownZone { .. }
             | ApiError::KeyNotTracked { .. }
             | ApiError::NoOverride { .. }
             | ApiError::NoTopKeys(_)

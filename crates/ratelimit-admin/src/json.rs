@@ -303,6 +303,81 @@ pub fn to_body<T: Serialize>(value: &T) -> Vec<u8> {
     body
 }
 
+/// Serialize `value` as [`to_body`] does, but each array on one line (`[0, 0, 3, 11]`): for
+/// answers holding long series of numbers (`GET zones/NAME/history`: 900 of them), which
+/// would otherwise take a line each. Objects inside an array would lose their indentation:
+/// for arrays of numbers and strings only.
+pub fn to_body_arrays_on_one_line<T: Serialize>(value: &T) -> Vec<u8> {
+    let mut body = Vec::new();
+    let mut serializer =
+        serde_json::Serializer::with_formatter(&mut body, ArraysOnOneLine::default());
+    if value.serialize(&mut serializer).is_err() {
+        body = br#"{"error": "cannot serialize the response"}"#.to_vec();
+    }
+    body.push(b'\n');
+    body
+}
+
+/// serde_json's pretty printing, arrays excepted: those are written `[1, 2, 3]`.
+#[derive(Default)]
+struct ArraysOnOneLine<'a>(serde_json::ser::PrettyFormatter<'a>);
+
+impl serde_json::ser::Formatter for ArraysOnOneLine<'_> {
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        writer.write_all(b"[")
+    }
+
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        writer.write_all(b"]")
+    }
+
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn end_array_value<W: ?Sized + std::io::Write>(&mut self, _: &mut W) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.0.begin_object(writer)
+    }
+
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.0.end_object(writer)
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.0.begin_object_key(writer, first)
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        self.0.begin_object_value(writer)
+    }
+
+    fn end_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        self.0.end_object_value(writer)
+    }
+}
+
 /// For `skip_serializing_if`: a count that is zero is left out.
 fn is_zero(count: &u64) -> bool {
     *count == 0

@@ -116,10 +116,15 @@ pub struct Response {
 
 impl Response {
     fn json<T: serde::Serialize>(status: u16, value: &T) -> Response {
+        Response::json_body(status, json::to_body(value))
+    }
+
+    /// A JSON answer serialized by the caller.
+    fn json_body(status: u16, body: Vec<u8>) -> Response {
         Response {
             status,
             content_type: JSON_CONTENT_TYPE,
-            body: json::to_body(value),
+            body,
             allow: None,
             changed: false,
         }
@@ -213,7 +218,10 @@ fn find<'a, Z: AdminZone>(zones: &'a [Z], name: &str) -> Result<&'a Z, ApiError>
     zones
         .iter()
         .find(|zone| zone.name() == name)
-        .ok_or_else(|| ApiError::UnknownZone(name.to_string()))
+        .ok_or_else(|| {
+            let names: Vec<&str> = zones.iter().map(AdminZone::name).collect();
+            ApiError::unknown_zone(name, &names)
+        })
 }
 
 /// The zone called `name` and the key bytes a path's `key` means there (a `$binary_remote_addr`
@@ -614,10 +622,9 @@ fn history<Z: AdminZone>(zones: &[Z], name: &str) -> Result<Response, ApiError> 
     let history = find(zones, name)?
         .history()
         .ok_or_else(|| ApiError::NoHistory(name.to_string()))?;
-    Ok(Response::json(
-        200,
-        &history::HistoryJson::new(name, &history),
-    ))
+    // 900 numbers: each series on one line, not a line per number.
+    let body = json::to_body_arrays_on_one_line(&history::HistoryJson::new(name, &history));
+    Ok(Response::json_body(200, body))
 }
 
 /// `GET` of the location's root.
@@ -1069,6 +1076,86 @@ mod tests {
             handle(b"GET", b"zones/nope/history", b"", false, &zones).status,
             404
         );
+    }
+
+    /// 900 counts, one series a line: the object is pretty, its arrays are not.
+    #[test]
+    fn history_prints_each_series_on_one_line() {
+        let zones = zones();
+        let series = |first: u64| {
+            let mut counts = vec![0; ratelimit_core::history::SECONDS];
+            counts[..4].copy_from_slice(&[first, 0, 3, 11]);
+            counts
+        };
+        zones[0].set_history(history::History {
+            end_unix_s: 1_764_612_345,
+            passed: series(7),
+            delayed: series(8),
+            rejected: series(9),
+        });
+        let response = handle(b"GET", b"zones/one/history", b"", false, &zones);
+        let text = response.body_text();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 8, "{text}");
+        assert_eq!(
+            lines[..4],
+            [
+                "{",
+                "  \"zone\": \"one\",",
+                "  \"seconds\": 300,",
+                "  \"end\": 1764612345,"
+            ]
+        );
+        let zeros = ", 0".repeat(296);
+        assert_eq!(lines[4], format!("  \"passed\": [7, 0, 3, 11{zeros}],"));
+        assert_eq!(lines[6], format!("  \"rejected\": [9, 0, 3, 11{zeros}]"));
+        assert_eq!(lines[7], "}");
+        assert!(text.ends_with("}\n"));
+        let body: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(body["delayed"], json!(series(8)));
+        // Every other answer stays as it was: pretty, arrays one value a line.
+        let root = handle(b"GET", b"", b"", false, &zones).body_text();
+        assert!(
+            root.contains("\"zones\": [\n    \"one\",\n    \"log\"\n  ]"),
+            "{root}"
+        );
+    }
+
+    #[test]
+    fn unknown_zones_are_named_with_the_zones_there_are() {
+        let zones = [
+            MemoryZone::new("per_client", Algorithm::LeakyBucket, limits("10r/s", 5)),
+            MemoryZone::new("log", Algorithm::SlidingLog, limits("100r/m", 0)),
+        ];
+        let error = |path: &str| {
+            let response = handle(b"GET", path.as_bytes(), b"", false, &zones);
+            assert_eq!(response.status, 404, "{path}");
+            let body: Value = serde_json::from_slice(&response.body).unwrap();
+            body["error"].as_str().unwrap().to_string()
+        };
+        let list = "the zones are \"per_client\" and \"log\"";
+        assert_eq!(
+            error("zones/nozone"),
+            format!("unknown zone \"nozone\": {list}")
+        );
+        // A three-letter name is too short to guess a typo of.
+        assert_eq!(
+            error("zones/logs/keys/k"),
+            format!("unknown zone \"logs\": {list}")
+        );
+        assert_eq!(
+            error("zones/perclient/history"),
+            format!("unknown zone \"perclient\", did you mean \"per_client\"? {list}")
+        );
+        assert_eq!(
+            error("zones/%FF"),
+            "unknown zone \"\u{fffd}\": zone names are UTF-8 text"
+        );
+        let none: [MemoryZone; 0] = [];
+        let response = handle(b"GET", b"zones/one", b"", false, &none);
+        assert!(response
+            .body_text()
+            .contains("unknown zone \\\"one\\\": no zone is declared"));
     }
 
     #[test]

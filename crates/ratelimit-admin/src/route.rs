@@ -216,8 +216,10 @@ fn zone_name(raw: &[u8]) -> Result<String, ApiError> {
     }
     // Zone names come from the configuration, which nginx reads as bytes; a name that is not
     // UTF-8 cannot match any zone (the module keeps names as UTF-8 text).
-    String::from_utf8(decoded)
-        .map_err(|error| ApiError::UnknownZone(String::from_utf8_lossy(error.as_bytes()).into()))
+    String::from_utf8(decoded).map_err(|error| ApiError::UnknownZone {
+        name: String::from_utf8_lossy(error.as_bytes()).into(),
+        hint: ": zone names are UTF-8 text".to_string(),
+    })
 }
 
 /// What follows the location's prefix in a request target (`/ratelimit/zones?x=1` under

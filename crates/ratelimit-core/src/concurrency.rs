@@ -35,7 +35,7 @@
 use std::fmt;
 
 use crate::adaptive::{AdaptiveBounds, MAX_LIMIT};
-use crate::spec::{parse_size, SpecError};
+use crate::spec::{parse_zone, SpecError};
 use crate::NANOS_PER_SEC;
 
 /// The parameters of a concurrency zone's `rate_limit_zone`, for the error that quotes an
@@ -574,19 +574,6 @@ impl ConcurrencySpec {
     }
 }
 
-fn parse_zone(word: &str, value: &str) -> Result<(String, u64), SpecError> {
-    let (name, size) = value
-        .split_once(':')
-        .ok_or_else(|| SpecError::InvalidZoneSize(word.into()))?;
-    if name.is_empty() {
-        return Err(SpecError::InvalidZoneName(word.into()));
-    }
-    let size = parse_size(size)
-        .filter(|&size| size > 0)
-        .ok_or_else(|| SpecError::InvalidZoneSize(word.into()))?;
-    Ok((name.to_string(), size))
-}
-
 /// An integer from `low` to `high`: `invalid limit value "limit=x": must be ...`.
 fn parse_count(word: &str, value: &str, name: &str, low: u32, high: u32) -> Result<u32, SpecError> {
     value
@@ -720,7 +707,8 @@ mod tests {
             ("limit=10 nodelay", "invalid parameter \"nodelay\": it must be zone=, algorithm=, limit=, min=, max=, queue= or queue_timeout="),
             ("limit=10 color=red", "invalid parameter \"color=red\": it must be zone=, algorithm=, limit=, min=, max=, queue= or queue_timeout="),
             ("limit=10 queue_timout=5s", "invalid parameter \"queue_timout=5s\", did you mean \"queue_timeout=\"?"),
-            ("limit=10 zone=a", "invalid zone size \"zone=a\""),
+            ("limit=10 zone=a", "invalid zone size \"zone=a\": it must be zone=NAME:SIZE, \
+              the SIZE in bytes or with k, m or g (65536, 512k, 10m), as in limit_req_zone"),
             ("limit=10 zone=:1m", "invalid zone name \"zone=:1m\""),
         ];
         for (words, message) in rows {

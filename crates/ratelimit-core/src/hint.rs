@@ -62,6 +62,82 @@ pub fn parameter_hint(word: &str, valid: &[&str]) -> String {
     }
 }
 
+/// The zone of `zones` a mistyped zone name means: the nearest name (`perclient` for
+/// `per_client`), or the name before a size copied from `zone=NAME:SIZE` (`per_client:1m`).
+///
+/// ```
+/// use ratelimit_core::hint::nearest_zone;
+///
+/// let zones = ["per_client", "login"];
+/// assert_eq!(nearest_zone("perclient", &zones), Some("per_client"));
+/// assert_eq!(nearest_zone("per_client:10m", &zones), Some("per_client"));
+/// assert_eq!(nearest_zone("api", &zones), None);
+/// ```
+pub fn nearest_zone<'a>(name: &str, zones: &[&'a str]) -> Option<&'a str> {
+    // Zone names are compared whole: an `=` in one is no parameter's.
+    let near = |name: &str| {
+        zones
+            .iter()
+            .map(|&zone| (strsim::osa_distance(name, zone), zone))
+            .filter(|&(distance, zone)| distance <= 2 && distance * 3 < zone.chars().count())
+            .min_by_key(|&(distance, _)| distance)
+            .map(|(_, zone)| zone)
+    };
+    match name.rsplit_once(':') {
+        Some((bare, _)) if !bare.is_empty() => near(bare),
+        _ => near(name),
+    }
+}
+
+/// The zones that exist, for an unknown zone's message: `the zones are "a" and "b"`, the
+/// first 20 when there are more.
+///
+/// ```
+/// use ratelimit_core::hint::zone_list;
+///
+/// assert_eq!(zone_list(&["a", "b"]), "the zones are \"a\" and \"b\"");
+/// assert_eq!(zone_list(&["a"]), "the only zone is \"a\"");
+/// assert_eq!(zone_list(&[]), "no zone is declared");
+/// ```
+pub fn zone_list(zones: &[&str]) -> String {
+    const SHOWN: usize = 20;
+    let quoted: Vec<String> = zones
+        .iter()
+        .take(SHOWN)
+        .map(|zone| format!("\"{zone}\""))
+        .collect();
+    match quoted.as_slice() {
+        [] => "no zone is declared".to_string(),
+        [only] => format!("the only zone is {only}"),
+        _ if zones.len() > SHOWN => format!(
+            "the zones are {} and {} more",
+            quoted.join(", "),
+            zones.len() - SHOWN
+        ),
+        [rest @ .., last] => format!("the zones are {} and {last}", rest.join(", ")),
+    }
+}
+
+/// What follows `unknown zone "NAME"`: `, did you mean "per_client"?` for a typo of one of
+/// `zones` (or `NAME:SIZE` copied from `rate_limit_zone`), else `: the zones are ...`.
+///
+/// ```
+/// use ratelimit_core::hint::unknown_zone_hint;
+///
+/// let zones = ["per_client", "login"];
+/// assert_eq!(unknown_zone_hint("perclient", &zones), ", did you mean \"per_client\"?");
+/// assert_eq!(
+///     unknown_zone_hint("api", &zones),
+///     ": the zones are \"per_client\" and \"login\""
+/// );
+/// ```
+pub fn unknown_zone_hint(name: &str, zones: &[&str]) -> String {
+    match nearest_zone(name, zones) {
+        Some(meant) => format!(", did you mean \"{meant}\"?"),
+        None => format!(": {}", zone_list(zones)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,5 +179,44 @@ mod tests {
         assert_eq!(one_of(&["a"]), "a");
         assert_eq!(one_of(&["a", "b"]), "a or b");
         assert_eq!(one_of(&["a", "b", "c"]), "a, b or c");
+    }
+
+    #[test]
+    fn zone_names() {
+        let zones = ["per_client", "login", "api", "tokens_per_key"];
+        #[rustfmt::skip]
+        let rows: &[(&str, Option<&str>)] = &[
+            ("perclient", Some("per_client")),
+            ("per_clinet", Some("per_client")),
+            ("per-client", Some("per_client")),
+            ("Login", Some("login")),
+            ("per_client:1m", Some("per_client")),
+            ("per_client:10m", Some("per_client")),
+            ("perclient:1m", Some("per_client")),
+            ("tokens_per_ky", Some("tokens_per_key")),
+            // Short names need near-exact matches: "apu" is not meant for "api".
+            ("apu", None),
+            ("ap", None),
+            ("other", None),
+            (":1m", None),
+            ("", None),
+        ];
+        for &(name, meant) in rows {
+            assert_eq!(nearest_zone(name, &zones), meant, "{name:?}");
+        }
+    }
+
+    #[test]
+    fn zone_lists_read_as_prose() {
+        assert_eq!(
+            zone_list(&["a", "b", "c"]),
+            "the zones are \"a\", \"b\" and \"c\""
+        );
+        let many: Vec<String> = (0..25).map(|n| format!("z{n}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let list = zone_list(&many);
+        assert!(list.starts_with("the zones are \"z0\", \"z1\""), "{list}");
+        assert!(list.ends_with("\"z19\" and 5 more"), "{list}");
+        assert_eq!(unknown_zone_hint("x", &[]), ": no zone is declared");
     }
 }

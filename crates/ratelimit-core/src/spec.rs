@@ -33,9 +33,10 @@ pub enum SpecError {
              100 to 599, separated by commas, as in on_status=401,403 or on_status=4xx"
     )]
     InvalidOnStatus(String),
-    /// `invalid zone size "zone=one:abc"`
-    #[error("invalid zone size \"{0}\"")]
-    InvalidZoneSize(String),
+    /// `invalid zone size "zone=one:1mb", did you mean "zone=one:1m"?`, or
+    /// `invalid zone size "zone=one": it must be ...`: the word, then [`zone_size_hint`].
+    #[error("invalid zone size \"{0}\"{1}")]
+    InvalidZoneSize(String, String),
     /// `invalid zone name "zone=:1m"`
     #[error("invalid zone name \"{0}\"")]
     InvalidZoneName(String),
@@ -397,16 +398,7 @@ impl ZoneSpec {
             if word == "sync" {
                 sync = true;
             } else if let Some(value) = word.strip_prefix("zone=") {
-                let (name, size) = value
-                    .split_once(':')
-                    .ok_or_else(|| SpecError::InvalidZoneSize(word.into()))?;
-                if name.is_empty() {
-                    return Err(SpecError::InvalidZoneName(word.into()));
-                }
-                let size = parse_size(size)
-                    .filter(|&size| size > 0)
-                    .ok_or_else(|| SpecError::InvalidZoneSize(word.into()))?;
-                zone = Some((name.to_string(), size));
+                zone = Some(parse_zone(word, value)?);
             } else if let Some(value) = word.strip_prefix("rate=") {
                 // nginx quotes the whole word: invalid rate "rate=abc"
                 rate = Some(Rate::parse(value).map_err(|_| SpecError::InvalidRate(word.into()))?);
@@ -639,6 +631,46 @@ fn parse_burst(word: &str, value: &str) -> Result<u64, SpecError> {
         .ok_or_else(|| SpecError::InvalidBurst(word.into()))
 }
 
+/// `zone=NAME:SIZE` (`word`, and `value` after `zone=`): the name and the size in bytes.
+pub(crate) fn parse_zone(word: &str, value: &str) -> Result<(String, u64), SpecError> {
+    let invalid_size = || SpecError::InvalidZoneSize(word.into(), zone_size_hint(value));
+    let (name, size) = value.split_once(':').ok_or_else(invalid_size)?;
+    if name.is_empty() {
+        return Err(SpecError::InvalidZoneName(word.into()));
+    }
+    let size = parse_size(size)
+        .filter(|&size| size > 0)
+        .ok_or_else(invalid_size)?;
+    Ok((name.to_string(), size))
+}
+
+/// What follows `invalid zone size "zone=VALUE"`: the word meant when the size has a unit
+/// nginx does not write (`1mb`, `512KiB`: `, did you mean "zone=one:1m"?`), else how a zone
+/// and its size are written.
+///
+/// ```
+/// use ratelimit_core::spec::zone_size_hint;
+///
+/// assert_eq!(zone_size_hint("one:1mb"), ", did you mean \"zone=one:1m\"?");
+/// assert!(zone_size_hint("one").starts_with(": it must be zone=NAME:SIZE"));
+/// ```
+pub fn zone_size_hint(value: &str) -> String {
+    const SYNTAX: &str = "it must be zone=NAME:SIZE, the SIZE in bytes or with k, m or g \
+                          (65536, 512k, 10m), as in limit_req_zone";
+    let Some((name, size)) = value.split_once(':') else {
+        return format!(": {SYNTAX}");
+    };
+    let lower = size.to_ascii_lowercase();
+    let unit = lower
+        .strip_suffix("ib")
+        .or_else(|| lower.strip_suffix('b'))
+        .filter(|number| number.ends_with(['k', 'm', 'g']));
+    match unit.filter(|&meant| parse_size(meant).is_some_and(|size| size > 0)) {
+        Some(meant) => format!(", did you mean \"zone={name}:{meant}\"?"),
+        None => format!(": {SYNTAX}"),
+    }
+}
+
 /// A non-negative decimal integer, digits only (no sign, no spaces), like nginx's `ngx_atoi`.
 pub(crate) fn parse_integer(text: &str) -> Option<u64> {
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
@@ -722,9 +754,20 @@ mod tests {
               above 0, e.g. 10r/s or 0.5r/m"),
             ("rate=0r/s", "invalid rate \"rate=0r/s\": it must be NUMBERr/s|m|h|d with NUMBER \
               above 0, e.g. 10r/s or 0.5r/m"),
-            ("rate=1r/s zone=one", "invalid zone size \"zone=one\""),
-            ("rate=1r/s zone=one:abc", "invalid zone size \"zone=one:abc\""),
-            ("rate=1r/s zone=one:0", "invalid zone size \"zone=one:0\""),
+            ("rate=1r/s zone=one", "invalid zone size \"zone=one\": it must be zone=NAME:SIZE, \
+              the SIZE in bytes or with k, m or g (65536, 512k, 10m), as in limit_req_zone"),
+            ("rate=1r/s zone=one:abc", "invalid zone size \"zone=one:abc\": it must be \
+              zone=NAME:SIZE, the SIZE in bytes or with k, m or g (65536, 512k, 10m), as in \
+              limit_req_zone"),
+            ("rate=1r/s zone=one:0", "invalid zone size \"zone=one:0\": it must be \
+              zone=NAME:SIZE, the SIZE in bytes or with k, m or g (65536, 512k, 10m), as in \
+              limit_req_zone"),
+            ("rate=1r/s zone=per_client:1mb",
+             "invalid zone size \"zone=per_client:1mb\", did you mean \"zone=per_client:1m\"?"),
+            ("rate=1r/s zone=one:512KB", "invalid zone size \"zone=one:512KB\", did you mean \
+              \"zone=one:512k\"?"),
+            ("rate=1r/s zone=one:1GiB", "invalid zone size \"zone=one:1GiB\", did you mean \
+              \"zone=one:1g\"?"),
             ("rate=1r/s zone=:1m", "invalid zone name \"zone=:1m\""),
             ("rate=1r/s burst=x", "invalid burst value \"burst=x\""),
             ("rate=1r/s burst=-1", "invalid burst value \"burst=-1\""),

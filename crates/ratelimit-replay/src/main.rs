@@ -4,6 +4,7 @@
 
 mod error;
 mod plot;
+mod table;
 mod usage;
 
 use std::fs::File;
@@ -209,7 +210,7 @@ fn run(args: &Args) -> Result<(), ReplayError> {
             Ok(None) => continue,
             Err(error) => {
                 out.flush()?;
-                let hint = hint(reader.format(), text, args);
+                let hint = hint(reader.format(), number, text, args);
                 return Err(ReplayError::BadLine { error, hint });
             }
         };
@@ -375,23 +376,49 @@ fn check_status(format: &InputFormat, limit: Option<&LimitSpec>) -> Result<(), R
     }
 }
 
-/// What to add to a bad line's message: the format in use and how to read another one.
-fn hint(format: &InputFormat, text: &str, args: &Args) -> String {
+/// What to add to a bad line's message: the format in use and how to read another one, and
+/// when the line is in another format the tool knows (a log whose format changed midway),
+/// which.
+fn hint(format: &InputFormat, number: usize, text: &str, args: &Args) -> String {
+    let mixed = match detect(number, text, args) {
+        Ok(other) if kind(&other) != kind(format) => format!(
+            "; this line reads as {}: a log mixing formats is replayed one format at a time, \
+             the lines of each in a file of their own",
+            kind(&other)
+        ),
+        _ => String::new(),
+    };
+    let another = "for another log_format give it with --log-format '...'";
     match format {
         InputFormat::Timeline if looks_like_access_log(text) => {
             " (an nginx access log? add --format access-log)".to_string()
         }
+        InputFormat::Timeline if mixed.is_empty() => String::new(),
+        InputFormat::Timeline => {
+            format!(" (format in use: a timeline, \"SECONDS [KEY]\" a line{mixed}; {another})")
+        }
+        InputFormat::AccessLog { key_field } => format!(
+            " (format in use: an access log starting with $msec, the key in field \
+             {key_field}{mixed}; {another})"
+        ),
         InputFormat::Log(input) if args.log_format.is_some() => format!(
-            " (format in use: --log-format '{}'; is it the log_format of the access_log that \
-             wrote this file, as in nginx.conf?)",
+            " (format in use: --log-format '{}'{mixed}; is it the log_format of the access_log \
+             that wrote this file, as in nginx.conf?)",
             input.format
         ),
         InputFormat::Log(input) => format!(
-            " (format in use: nginx's {} '{}'; for another log_format give it with \
-             --log-format '...')",
+            " (format in use: nginx's {} '{}'{mixed}; {another})",
             input.name, input.format
         ),
-        _ => String::new(),
+    }
+}
+
+/// What kind of input a format reads, to tell a line of one from a line of another.
+fn kind(format: &InputFormat) -> String {
+    match format {
+        InputFormat::Timeline => "a timeline".to_string(),
+        InputFormat::AccessLog { .. } => "an access log starting with $msec".to_string(),
+        InputFormat::Log(input) => format!("nginx's {} format", input.name),
     }
 }
 
@@ -511,7 +538,7 @@ impl Columns {
         write!(
             out,
             "{time:<width$} {:<16} {:<9} {:>10} {:>14} {:>9}",
-            request.key,
+            table::key_cell(&request.key),
             verdict.as_str(),
             millis_text(decision.delay_ns),
             retry_text(decision),
@@ -585,9 +612,10 @@ impl Columns {
         writeln!(out)?;
         writeln!(out, "summary: {}", describe(replay))?;
         let width = needed_column.len();
+        let key_width = table::key_column_width(keys.iter().map(|key| key.key.as_str()));
         write!(
             out,
-            "{:<16} {:>9} {:>9} {:>9}",
+            "{:<key_width$} {:>9} {:>9} {:>9}",
             "key", "passed", "delayed", "rejected"
         )?;
         if self.block {
@@ -604,7 +632,7 @@ impl Columns {
         for key in keys {
             write!(
                 out,
-                "{:<16} {:>9} {:>9} {:>9}",
+                "{:<key_width$} {:>9} {:>9} {:>9}",
                 key.key, key.passed, key.delayed, key.rejected
             )?;
             if self.block {

@@ -246,7 +246,7 @@ pub fn run(
                 out,
                 "{:<width$} {:<16} {decision:<9} {:>9} {used:>9}",
                 time_text(request.start_ns, args.epoch_times),
-                request.key,
+                crate::table::key_cell(&request.key),
                 replay.reserved(),
             )?;
         }
@@ -329,15 +329,16 @@ fn summary(
     }
     writeln!(out)?;
     writeln!(out, "summary: {policy_text}")?;
+    let key_width = crate::table::key_column_width(keys.keys().map(String::as_str));
     writeln!(
         out,
-        "{:<16} {:>9} {:>9} {:>15} {:>14} {:>15}",
+        "{:<key_width$} {:>9} {:>9} {:>15} {:>14} {:>15}",
         "key", "admitted", "refused", "tokens_admitted", "tokens_refused", "tokens_forgiven"
     )?;
     for (key, s) in keys {
         writeln!(
             out,
-            "{key:<16} {:>9} {:>9} {:>15} {:>14} {:>15}",
+            "{key:<key_width$} {:>9} {:>9} {:>15} {:>14} {:>15}",
             s.admitted, s.refused, s.tokens_admitted, s.tokens_refused, s.tokens_forgiven
         )?;
     }

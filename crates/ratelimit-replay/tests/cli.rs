@@ -356,3 +356,83 @@ fn binary_address_keys_are_shown_as_addresses() {
         .collect();
     assert_eq!(keys, ["127.0.0.1", "::1"]);
 }
+
+/// A log whose format changed midway (a `$msec` log, then lines of nginx's default format):
+/// the line that does not parse is named with the format in use, the format it reads as,
+/// and what to do, not only `invalid time "203.0.113.10"`.
+#[test]
+fn a_log_mixing_formats_names_both() {
+    let msec = "1764615175.000 203.0.113.10 0.001 \"GET / HTTP/1.1\" 200\n";
+    let combined =
+        "203.0.113.10 - - [01/Dec/2025:18:52:56 +0000] \"GET / HTTP/1.1\" 200 179 \"-\" \"curl/8\"\n";
+    let zone = ["--zone", "rate=5r/s"];
+    fails(
+        &zone,
+        &format!("{msec}{combined}"),
+        "line 2: invalid time \"203.0.113.10\" (format in use: an access log starting with \
+         $msec, the key in field 2; this line reads as nginx's combined format: a log mixing \
+         formats is replayed one format at a time, the lines of each in a file of their own; \
+         for another log_format give it with --log-format '...')",
+    );
+    fails(
+        &zone,
+        &format!("{combined}{msec}"),
+        "(format in use: nginx's combined '$remote_addr - $remote_user [$time_local] \
+         \"$request\" $status $body_bytes_sent \"$http_referer\" \"$http_user_agent\"'; this \
+         line reads as an access log starting with $msec: a log mixing formats",
+    );
+    fails(
+        &zone,
+        &format!("0 alice\n{combined}"),
+        "line 2: unexpected \"-\" after the key (format in use: a timeline, \"SECONDS [KEY]\" \
+         a line; this line reads as nginx's combined format: a log mixing formats",
+    );
+    // A bad line of the format in use is not called another format.
+    let output = replay(&zone, &format!("{msec}abc 203.0.113.10 x\n"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("line 2: invalid time \"abc\""), "{stderr}");
+    assert!(!stderr.contains("mixing"), "{stderr}");
+}
+
+/// Keys longer than the key column (API keys, IPv6 addresses) do not push the columns after
+/// them: the request table shows their start and end around `…`, the summary's column
+/// widens to the longest key, `--json` has them whole.
+#[test]
+fn long_keys_keep_the_columns() {
+    let long = "sk-proj-4f9a0c2e7b1d44e8a6b3c5d7e9f01234";
+    let ipv6 = "2001:db8:85a3::8a2e:370:7334";
+    let timeline = format!("0 {long}\n0 {long}\n0.5 {ipv6}\n1 bob\n");
+    let text = stdout(&replay(&["--zone", "rate=1r/s"], &timeline));
+    let lines: Vec<&str> = text.lines().collect();
+    let words = |line: &str| {
+        line.split_whitespace()
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    // Every row of the request table has its decision where the header has it (counted in
+    // characters: `…` is one).
+    let column = lines[0].find("decision").unwrap();
+    for line in &lines[1..5] {
+        let decision: String = line.chars().skip(column).collect();
+        assert!(
+            decision.starts_with("PASSED") || decision.starts_with("REJECTED"),
+            "{text}"
+        );
+    }
+    assert_eq!(words(lines[1])[1], "sk-proj…e9f01234", "{text}");
+    assert_eq!(words(lines[3])[1], "2001:db…370:7334", "{text}");
+    assert_eq!(words(lines[4])[1], "bob", "{text}");
+    // The summary: whole keys, and its numbers in columns.
+    let summary = &lines[lines.len() - 4..];
+    assert_eq!(words(summary[0])[0], "key", "{text}");
+    let rejected = summary[0].find("rejected").unwrap() + "rejected".len();
+    for line in &summary[1..] {
+        let last_digit = line.chars().nth(rejected - 1);
+        assert!(last_digit.is_some_and(|c| c.is_ascii_digit()), "{text}");
+    }
+    assert!(summary.iter().any(|line| words(line)[0] == long), "{text}");
+    assert!(summary.iter().any(|line| words(line)[0] == ipv6), "{text}");
+    // JSON has the key whole.
+    let lines = json_lines(&replay(&["--zone", "rate=1r/s", "--json"], &timeline));
+    assert_eq!(lines[0]["key"], long);
+}
