@@ -149,6 +149,11 @@ fn directives_are_checked_as_in_http() {
         ),
         (
             "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s;\n\
+             server { listen 127.0.0.1:%%PORT2%%; rate_limit zone=a headers=off; proxy_pass 127.0.0.1:1; }",
+            "\"headers=off\" is not available in the stream block",
+        ),
+        (
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s;\n\
              rate_limit_zone $server_port zone=a:1m rate=1r/s;",
             "duplicate zone \"a\"",
         ),

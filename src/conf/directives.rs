@@ -281,6 +281,12 @@ pub fn limit_line(
                 why: "a session has no response whose usage could settle it",
             });
         }
+        if !spec.headers {
+            return Err(ConfError::NotInStream {
+                word: "headers=off",
+                why: "a session has no response headers to leave the line out of",
+            });
+        }
     }
     let cost_variable = match &spec.cost_variable {
         Some(name) => Some(variable_index(cf, name.as_bytes())?),
@@ -349,6 +355,7 @@ pub fn limit_line(
         on_status: spec.on_status,
         cost_variable,
         usage,
+        headers: spec.headers,
     };
     Ok((limit, references))
 }

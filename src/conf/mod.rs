@@ -231,6 +231,9 @@ pub struct LimitConf {
     pub cost_variable: Option<ngx_uint_t>,
     /// `usage=` and its words: reserved at the door, settled after the response.
     pub usage: Option<UsageConf>,
+    /// `headers=off` is not given: the line shows in `RateLimit`, `RateLimit-Policy` and
+    /// `Retry-After` (when the location's `rate_limit_headers` is on, for the first two).
+    pub headers: bool,
 }
 
 impl LimitConf {

@@ -107,7 +107,8 @@ pub fn resumed(
                     store.count(Counter::Rejected);
                 }
             }
-            Some(reject(r, lcf, state, 1))
+            let shown = lcf.limits().get(ctx.next).is_none_or(|limit| limit.headers);
+            Some(reject(r, lcf, state, shown.then_some(1)))
         }
     }
 }
@@ -182,7 +183,8 @@ fn run_lines(
                 log_refusal(r, lcf, zone_conf, &refusal, "");
                 found.zone.count(Counter::Rejected);
                 record_top(r, zone_conf, TopKind::Rejected, now);
-                return reject(r, lcf, state, slots::retry_after_seconds(&refusal));
+                let retry_after_s = slots::retry_after_seconds(&refusal);
+                return reject(r, lcf, state, limit.headers.then_some(retry_after_s));
             }
             Arrival::DryRun { queued, refusal } => {
                 if queued {
@@ -247,21 +249,23 @@ fn log_refusal(
     );
 }
 
-/// Refuse the request with the location's status and `Retry-After`, after giving back the
-/// slots it took at earlier lines.
+/// Refuse the request with the location's status and `Retry-After` (none for a line with
+/// `headers=off`), after giving back the slots it took at earlier lines.
 fn reject(
     r: &mut ngx_http_request_t,
     lcf: &LocConf,
     state: RequestState,
-    retry_after_s: u64,
+    retry_after_s: Option<u64>,
 ) -> ngx_int_t {
     release_all(r);
     state.set(LimitStatus::Rejected);
-    add_header(
-        r,
-        "Retry-After",
-        itoa::Buffer::new().format(retry_after_s).as_bytes(),
-    );
+    if let Some(retry_after_s) = retry_after_s {
+        add_header(
+            r,
+            "Retry-After",
+            itoa::Buffer::new().format(retry_after_s).as_bytes(),
+        );
+    }
     lcf.status() as ngx_int_t
 }
 

@@ -166,7 +166,8 @@ fn is_quick(lcf: &LocConf) -> bool {
     let Some(zone_conf) = zone_conf_of(limit.shm_zone) else {
         return false;
     };
-    !lcf.headers()
+    let shows_headers = lcf.headers() && limit.headers;
+    !shows_headers
         && !lcf.openai_headers()
         && limit.global.is_none()
         && !limit.cost_per_request()
@@ -240,6 +241,7 @@ fn limit_lines<'l>(
             .and_then(|global| resolve(r, global, limit, now));
         let mut applied_limit = AppliedLimit::new(own, global);
         applied_limit.on_status = limit.on_status;
+        applied_limit.headers = limit.headers;
         applied.push(applied_limit);
         confs.push(limit);
     }
@@ -275,7 +277,7 @@ fn limit_one(
     };
     // With `on_status=` the request's charge is kept until the response: the decision is
     // needed whole.
-    let report = lcf.headers() || limit.on_status.is_some();
+    let report = (lcf.headers() && limit.headers) || limit.on_status.is_some();
     let one = decide::decide_one(found, limit, now, report);
     act_on_one(r, lcf, state, limit, one, now)
 }
@@ -295,7 +297,7 @@ fn act_on_one(
         One::Unlimited => Status::NGX_DECLINED.into(),
         One::Decided(own) if own.decision.outcome == Outcome::Passed => {
             // What `finish` does for one limit that passed, without its generality.
-            if lcf.headers() {
+            if lcf.headers() && limit.headers {
                 headers::add_one(r, &own);
             }
             decide::account_passed(own.zone);
@@ -306,6 +308,7 @@ fn act_on_one(
         }
         One::Decided(own) => {
             let applied = &mut [AppliedLimit::new(own, None)];
+            applied[0].headers = limit.headers;
             let verdict = decide::verdict(applied);
             if verdict.outcome != Outcome::Rejected {
                 charge::give_back_unless_status(r, applied);
@@ -314,6 +317,7 @@ fn act_on_one(
         }
         One::Blocked(own, left_ns) => {
             let applied = &mut [AppliedLimit::new(own, None)];
+            applied[0].headers = limit.headers;
             let verdict = decide::blocked_verdict(applied, 0, left_ns, now);
             finish(r, lcf, state, applied, &verdict, now)
         }
@@ -355,7 +359,8 @@ fn finish(
             return Status::NGX_DECLINED.into();
         }
         state.set(LimitStatus::Blocked);
-        return reject(r, lcf, decision.retry_after_ns);
+        let retry_after_ns = shown(applied, verdict.by, decision.retry_after_ns);
+        return reject(r, lcf, retry_after_ns);
     }
 
     if let (Outcome::Rejected, Some(index)) = (verdict.outcome, verdict.by) {
@@ -405,7 +410,7 @@ fn finish(
         if decision.never_passes() {
             return lcf.status() as ngx_int_t;
         }
-        return reject(r, lcf, retry_after_ns);
+        return reject(r, lcf, shown(applied, Some(index), retry_after_ns));
     }
 
     decide::account(applied, verdict, dry_run, now, |zone_conf| {
@@ -455,15 +460,25 @@ fn log_never_passes(
     );
 }
 
+/// The wait a refusal by line `by` shows, unless that line has `headers=off`.
+fn shown(applied: &[AppliedLimit], by: Option<usize>, wait_ns: u64) -> Option<u64> {
+    let hidden = by
+        .and_then(|index| applied.get(index))
+        .is_some_and(|limit| !limit.headers);
+    (!hidden).then_some(wait_ns)
+}
+
 /// Refuse the request with the location's status and `Retry-After` (whole seconds, at least
-/// one).
-fn reject(r: &mut ngx_http_request_t, lcf: &LocConf, retry_after_ns: u64) -> ngx_int_t {
-    let retry_after = retry_after_ns.div_ceil(NANOS_PER_SEC).max(1);
-    add_header(
-        r,
-        "Retry-After",
-        itoa::Buffer::new().format(retry_after).as_bytes(),
-    );
+/// one; none for a line with `headers=off`).
+fn reject(r: &mut ngx_http_request_t, lcf: &LocConf, retry_after_ns: Option<u64>) -> ngx_int_t {
+    if let Some(retry_after_ns) = retry_after_ns {
+        let retry_after = retry_after_ns.div_ceil(NANOS_PER_SEC).max(1);
+        add_header(
+            r,
+            "Retry-After",
+            itoa::Buffer::new().format(retry_after).as_bytes(),
+        );
+    }
     lcf.status() as ngx_int_t
 }
 
