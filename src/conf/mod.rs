@@ -24,7 +24,7 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Merge, MergeConfigError};
 use ratelimit_core::concurrency::ConcurrencySpec;
-use ratelimit_core::key_form::KeyForm;
+use ratelimit_core::key_form::{KeyForm, NetPrefixes};
 use ratelimit_core::penalty::{BlockPolicy, StatusMatcher};
 use ratelimit_core::usage::{OnMissing, Provider, Weights};
 use ratelimit_core::{Algorithm, BucketCharge, DelayMode, Limits, Rate};
@@ -288,6 +288,8 @@ pub struct LocConf {
     /// OpenAI-shaped 429 body.
     pub openai_headers: ngx_flag_t,
     pub admin: Option<AdminConf>,
+    /// `rate_limit_remote_net`: the prefix lengths of `$rate_limit_remote_net`.
+    pub remote_net: Option<NetPrefixes>,
     /// Set on a server's own configuration when one of its locations has `rate_limit_admin`:
     /// a request refused before a location is matched (414) is answered in JSON. Not merged.
     pub admin_server: bool,
@@ -319,6 +321,7 @@ impl Default for LocConf {
             headers: UNSET,
             openai_headers: UNSET,
             admin: None,
+            remote_net: None,
             admin_server: false,
             shape: Cell::new(None),
         }
@@ -377,6 +380,7 @@ impl Merge for LocConf {
         merge(&mut self.headers, prev.headers);
         merge(&mut self.openai_headers, prev.openai_headers);
         self.log_level = self.log_level.or(prev.log_level);
+        self.remote_net = self.remote_net.or(prev.remote_net);
         Ok(())
     }
 }

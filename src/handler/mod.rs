@@ -6,6 +6,7 @@ mod concurrency;
 mod delay;
 mod headers;
 mod key;
+mod remote_net;
 mod status;
 pub mod usage;
 
@@ -86,9 +87,11 @@ fn resolve<'a>(
     Applied::new(find_key(r, shm_zone, now_ns)?, limit)
 }
 
-/// Register the module's variables: `$rate_limit_status`, `$rate_limit_usage_*`.
+/// Register the module's variables: `$rate_limit_status`, `$rate_limit_usage_*`,
+/// `$rate_limit_remote_net`.
 pub fn add_variables(cf: &mut ngx::ffi::ngx_conf_t) -> Result<(), crate::conf::ConfError> {
     status::add_variables(cf)?;
+    remote_net::add_variable(cf)?;
     usage::add_variables(cf)
 }
 

@@ -21,6 +21,16 @@ pub enum SpecError {
     /// `invalid cost value "cost=0": ...` (what is valid follows)
     #[error("invalid cost value \"{0}\": it must be a number from 1 up, or a $variable")]
     InvalidCost(String),
+    /// `invalid ipv4 value "ipv4=33": it must be a prefix length from 0 to 32`
+    #[error("invalid {family} value \"{word}\": it must be a prefix length from 0 to {max}")]
+    InvalidPrefix {
+        /// The word as written.
+        word: String,
+        /// `ipv4` or `ipv6`.
+        family: &'static str,
+        /// The family's longest prefix.
+        max: u64,
+    },
     /// `invalid headers value "headers=no": it must be on or off`
     #[error("invalid headers value \"{0}\": it must be headers=on or headers=off")]
     InvalidHeaders(String),
