@@ -287,6 +287,9 @@ pub struct LocConf {
     /// `rate_limit_openai_headers on`: `x-ratelimit-*-tokens` / `-requests` headers and an
     /// OpenAI-shaped 429 body.
     pub openai_headers: ngx_flag_t,
+    /// `rate_limit_grpc off`: refused gRPC calls get the location's status, not gRPC's
+    /// RESOURCE_EXHAUSTED.
+    pub grpc: ngx_flag_t,
     pub admin: Option<AdminConf>,
     /// `rate_limit_remote_net`: the prefix lengths of `$rate_limit_remote_net`.
     pub remote_net: Option<NetPrefixes>,
@@ -320,6 +323,7 @@ impl Default for LocConf {
             log_level: None,
             headers: UNSET,
             openai_headers: UNSET,
+            grpc: UNSET,
             admin: None,
             remote_net: None,
             admin_server: false,
@@ -355,6 +359,10 @@ impl LocConf {
     pub fn headers(&self) -> bool {
         self.headers != 0
     }
+    /// Refused gRPC calls are answered in gRPC's terms (on unless `rate_limit_grpc off`).
+    pub fn grpc(&self) -> bool {
+        self.grpc != 0
+    }
     #[inline]
     pub fn openai_headers(&self) -> bool {
         self.openai_headers == 1
@@ -379,6 +387,7 @@ impl Merge for LocConf {
         merge(&mut self.dry_run, prev.dry_run);
         merge(&mut self.headers, prev.headers);
         merge(&mut self.openai_headers, prev.openai_headers);
+        merge(&mut self.grpc, prev.grpc);
         self.log_level = self.log_level.or(prev.log_level);
         self.remote_net = self.remote_net.or(prev.remote_net);
         Ok(())

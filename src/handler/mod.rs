@@ -4,6 +4,7 @@
 mod charge;
 mod concurrency;
 mod delay;
+mod grpc;
 mod headers;
 mod key;
 mod remote_net;
@@ -257,7 +258,8 @@ fn limit_lines<'l>(
         usage::keep(r, &applied, &confs);
     }
     let rc = finish(r, lcf, state, &mut applied, &verdict, now);
-    if !lcf.openai_headers() {
+    // NGX_DONE: answered in gRPC's terms, and ended.
+    if !lcf.openai_headers() || rc == ngx::ffi::NGX_DONE as ngx_int_t {
         return rc;
     }
     usage::add_openai_headers(r, &applied, &confs);
@@ -362,8 +364,13 @@ fn finish(
             return Status::NGX_DECLINED.into();
         }
         state.set(LimitStatus::Blocked);
-        let retry_after_ns = shown(applied, verdict.by, decision.retry_after_ns);
-        return reject(r, lcf, retry_after_ns);
+        let by = verdict.by.unwrap_or(0);
+        let refused = Refused {
+            reason: "key blocked",
+            zone: &applied[by].own.zone_conf.name,
+            wait: shown(applied, by, decision.retry_after_ns),
+        };
+        return reject(r, lcf, &refused);
     }
 
     if let (Outcome::Rejected, Some(index)) = (verdict.outcome, verdict.by) {
@@ -410,10 +417,17 @@ fn finish(
         }
         // No wait lets a request through that costs more than the zone ever admits at once:
         // it gets the status alone.
-        if decision.never_passes() {
-            return lcf.status() as ngx_int_t;
-        }
-        return reject(r, lcf, shown(applied, Some(index), retry_after_ns));
+        let wait = if decision.never_passes() {
+            Wait::Never
+        } else {
+            shown(applied, index, retry_after_ns)
+        };
+        let refused = Refused {
+            reason: "rate limited",
+            zone: &applied[index].own.zone_conf.name,
+            wait,
+        };
+        return reject(r, lcf, &refused);
     }
 
     decide::account(applied, verdict, dry_run, now, |zone_conf| {
@@ -463,19 +477,42 @@ fn log_never_passes(
     );
 }
 
-/// The wait a refusal by line `by` shows, unless that line has `headers=off`.
-fn shown(applied: &[AppliedLimit], by: Option<usize>, wait_ns: u64) -> Option<u64> {
-    let hidden = by
-        .and_then(|index| applied.get(index))
-        .is_some_and(|limit| !limit.headers);
-    (!hidden).then_some(wait_ns)
+/// The wait a refusal by line `by` shows: none for a line with `headers=off`.
+fn shown(applied: &[AppliedLimit], by: usize, wait_ns: u64) -> Wait {
+    match applied.get(by) {
+        Some(limit) if !limit.headers => Wait::Unsaid,
+        _ => Wait::After(wait_ns),
+    }
 }
 
-/// Refuse the request with the location's status and `Retry-After` (whole seconds, at least
-/// one; none for a line with `headers=off`).
-fn reject(r: &mut ngx_http_request_t, lcf: &LocConf, retry_after_ns: Option<u64>) -> ngx_int_t {
-    if let Some(retry_after_ns) = retry_after_ns {
-        let retry_after = retry_after_ns.div_ceil(NANOS_PER_SEC).max(1);
+/// A refused request: why, by which zone, and what it is told about coming back.
+pub(crate) struct Refused<'a> {
+    /// `rate limited`, `key blocked`, ... (gRPC's `grpc-message` says it).
+    pub reason: &'static str,
+    pub zone: &'a str,
+    pub wait: Wait,
+}
+
+/// When a refused request may come back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// After this many nanoseconds.
+    After(u64),
+    /// Never: no wait lets it through.
+    Never,
+    /// Not said (the line has `headers=off`).
+    Unsaid,
+}
+
+/// Refuse the request: a gRPC call in gRPC's terms (`rate_limit_grpc`), anything else with
+/// the location's status and `Retry-After` (whole seconds, at least one) when the wait is
+/// said. A gRPC answer ends the request (`NGX_DONE`): the caller must not touch it again.
+fn reject(r: &mut ngx_http_request_t, lcf: &LocConf, refused: &Refused) -> ngx_int_t {
+    if grpc::applies(r, lcf) {
+        return grpc::refuse(r, refused);
+    }
+    if let Wait::After(wait_ns) = refused.wait {
+        let retry_after = wait_ns.div_ceil(NANOS_PER_SEC).max(1);
         add_header(
             r,
             "Retry-After",
