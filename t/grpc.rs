@@ -92,7 +92,8 @@ fn client(mode: &str, port: u16, key: &str) -> Value {
 
 /// nginx in front of the gRPC server: HTTP/2 servers on `%%PORT2%%` (zone `grpc`, 1r/m burst
 /// 2), `%%PORT3%%` (zone `minute`, 1r/m), `%%PORT4%%` (zone `paced`, 30r/m) and `%%PORT5%%`
-/// (zone `grpc` with `rate_limit_grpc off`), keyed by the calls' `x-key` metadata and
+/// (zone `grpc` with `rate_limit_grpc off`), `%%PORT6%%` (zone `guarded`, 1r/m burst 2,
+/// `block=1h`) and `%%PORT7%%` (zone `crowd`, concurrency `limit=1`), keyed by the calls' `x-key` metadata and
 /// logging `KEY STATUS $rate_limit_status` to logs/grpc.log.
 fn start(server: &Server) -> Nginx {
     let upstream = server.port;
@@ -101,12 +102,15 @@ fn start(server: &Server) -> Nginx {
         (3, "minute", ""),
         (4, "paced", ""),
         (5, "grpc", "rate_limit_grpc off;"),
+        (6, "guarded", ""),
+        (7, "crowd", ""),
     ]
     .iter()
     .map(|(port, zone, extra)| {
+        let nodelay = if *zone == "crowd" { "" } else { "nodelay" };
         format!(
             "server {{ listen 127.0.0.1:%%PORT{port}%% http2; access_log logs/grpc.log grpc;\n\
-             {extra} location / {{ rate_limit zone={zone} nodelay;\n\
+             {extra} location / {{ rate_limit zone={zone} {nodelay};\n\
              grpc_pass grpc://127.0.0.1:{upstream}; }} }}\n"
         )
     })
@@ -116,7 +120,9 @@ fn start(server: &Server) -> Nginx {
             "log_format grpc '$http_x_key $status $rate_limit_status';\n\
              rate_limit_zone $http_x_key zone=grpc:1m rate=1r/m burst=2;\n\
              rate_limit_zone $http_x_key zone=minute:1m rate=1r/m;\n\
-             rate_limit_zone $http_x_key zone=paced:1m rate=30r/m;",
+             rate_limit_zone $http_x_key zone=paced:1m rate=30r/m;\n\
+             rate_limit_zone $http_x_key zone=guarded:1m rate=1r/m burst=2 block=1h;\n\
+             rate_limit_zone $http_x_key zone=crowd:1m algorithm=concurrency limit=1;",
         )
         .http(&servers)
         .start()
@@ -230,15 +236,21 @@ fn the_retry_policy_waits_for_the_pushback() {
         (1_500..=5_000).contains(&waited),
         "retried after {waited} ms: {paced}"
     );
-    // nginx saw the second call twice: refused once, then the retry, which passed.
+    // nginx saw the second call refused, then its retry ~2 s later, which passed. A retry
+    // that lands within a millisecond of the key's next slot may find it not open yet: it is
+    // refused with a pushback of that millisecond, and the next retry passes. Had the client
+    // used its own backoff (at most 50 ms), all five attempts would have been refused within
+    // 150 ms and the call would have failed.
     let lines = logged(&nginx, "b-paced", 3);
-    assert_eq!(
-        lines,
-        [
-            "b-paced 200 PASSED",
-            "b-paced 200 REJECTED",
-            "b-paced 200 PASSED"
-        ],
+    let rejected = lines
+        .iter()
+        .filter(|l| *l == "b-paced 200 REJECTED")
+        .count();
+    assert!(
+        lines.first().map(String::as_str) == Some("b-paced 200 PASSED")
+            && lines.last().map(String::as_str) == Some("b-paced 200 PASSED")
+            && (1..=2).contains(&rejected)
+            && lines.len() == rejected + 2,
         "{lines:?}"
     );
 
@@ -261,10 +273,73 @@ fn rate_limit_grpc_off_keeps_the_http_status() {
     let server = Server::start();
     let nginx = start(&server);
     let plain = client("plain", nginx.port_n(5), "d");
-    assert_eq!(codes(&plain), ["OK", "OK", "OK", "UNAVAILABLE"], "{plain}");
-    let lines = logged(&nginx, "d-plain", 4);
+    assert_eq!(
+        codes(&plain),
+        ["OK", "OK", "OK", "UNAVAILABLE", "UNAVAILABLE"],
+        "{plain}"
+    );
+    let lines = logged(&nginx, "d-plain", 5);
     assert_eq!(
         lines.last().map(String::as_str),
         Some("d-plain 429 REJECTED")
+    );
+}
+
+/// A blocked key and a concurrency refusal are answered alike: RESOURCE_EXHAUSTED, the reason
+/// and zone in the message, the block's time left (about an hour) or a second as the
+/// pushback.
+#[test]
+fn blocked_keys_and_concurrency_refusals_get_resource_exhausted() {
+    let server = Server::start();
+    let nginx = start(&server);
+    let plain = client("plain", nginx.port_n(6), "e");
+    assert_eq!(
+        codes(&plain),
+        ["OK", "OK", "OK", "RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED"],
+        "{plain}"
+    );
+    // The rejection started a block of an hour: the next call is refused by it.
+    assert_eq!(
+        plain[3]["details"], "rate limited by zone \"guarded\"",
+        "{plain}"
+    );
+    assert_eq!(
+        plain[4]["details"], "key blocked by zone \"guarded\"",
+        "{plain}"
+    );
+    let pushback: u64 = plain[4]["trailers"]["grpc-retry-pushback-ms"]
+        .as_str()
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("no numeric pushback: {plain}"));
+    assert!((3_500_000..=3_600_000).contains(&pushback), "{plain}");
+    let lines = logged(&nginx, "e-plain", 5);
+    assert_eq!(
+        lines.last().map(String::as_str),
+        Some("e-plain 200 BLOCKED")
+    );
+
+    let crowd = client("crowd", nginx.port_n(7), "f");
+    let mut got = codes(&crowd);
+    got.sort();
+    assert_eq!(got, ["OK", "RESOURCE_EXHAUSTED"], "{crowd}");
+    let refused = crowd
+        .as_array()
+        .and_then(|calls| {
+            calls
+                .iter()
+                .find(|call| call["code"] == "RESOURCE_EXHAUSTED")
+        })
+        .expect("a refused call");
+    assert_eq!(
+        refused["details"], "too many in flight by zone \"crowd\"",
+        "{crowd}"
+    );
+    assert!(
+        refused["elapsed_ms"].as_u64().is_some_and(|ms| ms < 1_500),
+        "refused at once: {crowd}"
+    );
+    assert_eq!(
+        refused["trailers"]["grpc-retry-pushback-ms"], "1000",
+        "{crowd}"
     );
 }

@@ -3,7 +3,7 @@
 methods are generic handlers that pass raw bytes.
 
     grpc_peer.py server            serve test.Echo on a free port; print "PORT N" when ready
-    grpc_peer.py MODE PORT KEY     run a scenario (calls, long, paced, plain) against nginx
+    grpc_peer.py MODE PORT KEY     run a scenario (calls, long, paced, plain, crowd) on nginx
                                    on PORT; print its outcome as one JSON value
 
 test.Echo/Unary answers its request; test.Echo/Stream answers three messages. Every call
@@ -31,9 +31,14 @@ def serve():
         for _ in range(3):
             yield request
 
+    def slow(request, context):
+        time.sleep(2)
+        return request
+
     handler = grpc.method_handlers_generic_handler("test.Echo", {
         "Unary": grpc.unary_unary_rpc_method_handler(unary),
         "Stream": grpc.unary_stream_rpc_method_handler(stream),
+        "Slow": grpc.unary_unary_rpc_method_handler(slow),
     })
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     server.add_generic_rpc_handlers((handler,))
@@ -52,8 +57,8 @@ def outcome(call):
     }
 
 
-def unary(channel, key, timeout=10):
-    method = channel.unary_unary("/test.Echo/Unary")
+def unary(channel, key, timeout=10, name="Unary"):
+    method = channel.unary_unary(f"/test.Echo/{name}")
     started = time.monotonic()
     try:
         _, call = method.with_call(b"ping", metadata=(("x-key", key),), timeout=timeout)
@@ -121,6 +126,16 @@ def long(port, key):
     print(json.dumps(results), flush=True)
 
 
+def crowd(port, key):
+    """Two slow calls (2 s each) at once against a concurrency zone of limit=1: one is served,
+    the other refused while the first is in flight."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        with futures.ThreadPoolExecutor(max_workers=2) as pool:
+            calls = [pool.submit(unary, channel, f"{key}-crowd", 10, "Slow") for _ in range(2)]
+            results = [call.result() for call in calls]
+    print(json.dumps(results), flush=True)
+
+
 def paced(port, key):
     """Against a zone of 30r/m without burst (one call every 2 s): the second call is refused
     with a pushback of about 2 s, which the retry policy waits for, and then passes."""
@@ -130,9 +145,9 @@ def paced(port, key):
 
 
 def plain(port, key):
-    """Four calls with no retry policy, for the status a refusal maps to."""
+    """Five calls with no retry policy, for the status a refusal maps to."""
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        results = [unary(channel, f"{key}-plain") for _ in range(4)]
+        results = [unary(channel, f"{key}-plain") for _ in range(5)]
     print(json.dumps(results), flush=True)
 
 
@@ -144,6 +159,8 @@ if __name__ == "__main__":
         calls(int(sys.argv[2]), sys.argv[3])
     elif mode == "long":
         long(int(sys.argv[2]), sys.argv[3])
+    elif mode == "crowd":
+        crowd(int(sys.argv[2]), sys.argv[3])
     elif mode == "paced":
         paced(int(sys.argv[2]), sys.argv[3])
     elif mode == "plain":
