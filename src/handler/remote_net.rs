@@ -1,15 +1,14 @@
 //! `$rate_limit_remote_net`: the client's network, its address (after `real_ip`) masked to the
 //! location's `rate_limit_remote_net` prefix lengths.
 
-use ngx::core::Status;
 use ngx::ffi::{
     ngx_conf_t, ngx_http_add_variable, ngx_http_request_t, ngx_http_variable_value_t, ngx_int_t,
-    ngx_str_t, ngx_uint_t, NGX_ERROR, NGX_HTTP_VAR_NOCACHEABLE,
+    ngx_str_t, ngx_uint_t, NGX_HTTP_VAR_NOCACHEABLE,
 };
 use ngx::http::HttpModuleLocationConf;
 
 use crate::conf::{ConfError, RateLimitModule};
-use crate::glue::{remote_net_value, value_bits};
+use crate::glue::fill_remote_net;
 
 /// Register `$rate_limit_remote_net`. Not cacheable: its prefix lengths are the location's,
 /// and an internal redirect may land in a location with others.
@@ -37,15 +36,7 @@ unsafe extern "C" fn remote_net_variable(
     let prefixes = RateLimitModule::location_conf(r)
         .and_then(|lcf| lcf.remote_net)
         .unwrap_or_default();
-    // SAFETY: the request's connection and its address are live; the request pool outlives
-    // the value.
-    let Some(value) = (unsafe { remote_net_value(r.pool, (*r.connection).sockaddr, prefixes) })
-    else {
-        return NGX_ERROR as ngx_int_t;
-    };
-    // SAFETY: `v` is the live value to fill; the bytes live in the request pool (or are
-    // static).
-    unsafe { (*v).data = value.as_ptr().cast_mut() };
-    value_bits::write(v, value.len() as u32 | value_bits::VALID);
-    Status::NGX_OK.into()
+    // SAFETY: `v` is the value to fill; the request's connection, its address and its pool
+    // are live, and the pool outlives the value.
+    unsafe { fill_remote_net(v, r.pool, (*r.connection).sockaddr, prefixes) }
 }

@@ -18,7 +18,7 @@ use crate::conf::{ConfError, LimitConf, ZoneConf};
 use crate::control::concurrency::{self as slots, Arrival, Line};
 use crate::control::decide::{self, Applied, AppliedLimit, Charge, Found, Verdict};
 use crate::control::queue::Owner;
-use crate::glue::{now_ns, remote_net_value, value_bits};
+use crate::glue::{fill_remote_net, now_ns, value_bits};
 use crate::store::{Counter, MAX_KEY_BYTES};
 
 /// `$rate_limit_status` values, as the http variable has them.
@@ -113,19 +113,12 @@ unsafe extern "C" fn remote_net_variable(
     let prefixes = srv_conf(s)
         .and_then(|srv| srv.remote_net)
         .unwrap_or_default();
-    // SAFETY: the session's connection, its address and its pool are live; the pool outlives
-    // the value.
-    let value = unsafe {
+    // SAFETY: `v` is the value to fill; the session's connection, its address and its pool
+    // are live, and the pool outlives the value.
+    unsafe {
         let connection = &*s.connection;
-        remote_net_value(connection.pool, connection.sockaddr, prefixes)
-    };
-    let Some(value) = value else {
-        return ngx::ffi::NGX_ERROR as ngx_int_t;
-    };
-    // SAFETY: `v` is the live value to fill; the bytes live in the connection's pool.
-    unsafe { (*v).data = value.as_ptr().cast_mut() };
-    value_bits::write(v, value.len() as u32 | value_bits::VALID);
-    Status::NGX_OK.into()
+        fill_remote_net(v, connection.pool, connection.sockaddr, prefixes)
+    }
 }
 
 /// Called only while no outcome is stored in the session's variables: no limit applied.
