@@ -135,7 +135,7 @@ type Handler = unsafe extern "C" fn(*mut ngx_http_request_t) -> ngx_int_t;
 
 const LOC_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 
-static mut COMMANDS: [ngx_command_t; 11] = [
+static mut COMMANDS: [ngx_command_t; 13] = [
     ngx_command_t {
         name: ngx_string!("rate_limit_zone"),
         type_: (NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE) as ngx_uint_t,
@@ -190,6 +190,22 @@ static mut COMMANDS: [ngx_command_t; 11] = [
         set: Some(ngx_conf_set_flag_slot),
         conf: NGX_HTTP_LOC_CONF_OFFSET,
         offset: offset_of!(LocConf, openai_headers),
+        post: ptr::null_mut(),
+    },
+    ngx_command_t {
+        name: ngx_string!("rate_limit_remote_net"),
+        type_: (LOC_ANY | NGX_CONF_1MORE) as ngx_uint_t,
+        set: Some(directives::cmd_remote_net),
+        conf: NGX_HTTP_LOC_CONF_OFFSET,
+        offset: 0,
+        post: ptr::null_mut(),
+    },
+    ngx_command_t {
+        name: ngx_string!("rate_limit_grpc"),
+        type_: (LOC_ANY | NGX_CONF_TAKE1) as ngx_uint_t,
+        set: Some(ngx_conf_set_flag_slot),
+        conf: NGX_HTTP_LOC_CONF_OFFSET,
+        offset: offset_of!(LocConf, grpc),
         post: ptr::null_mut(),
     },
     ngx_command_t {

@@ -159,6 +159,7 @@ impl LuaOptions {
             on_status: None,
             cost_variable: None,
             usage: None,
+            headers: true,
         })
     }
 }

@@ -342,3 +342,56 @@ fn global_gives_the_user_item_and_the_pool_item() {
         ]
     );
 }
+
+/// `headers=off` keeps a line out of `RateLimit-Policy`, `RateLimit` and `Retry-After`: with
+/// an abuse limit hidden beside a quota, clients see the quota's fields alone, and a
+/// rejection by the hidden line carries no `Retry-After`, while one by the quota does. A
+/// location whose only line is hidden (the quick path's shape) sends none of the three.
+#[test]
+fn a_line_with_headers_off_stays_out_of_the_fields() {
+    let nginx = start(
+        "rate_limit_zone $http_x_key zone=abuse:1m rate=1r/m burst=1;\n\
+         rate_limit_zone $http_x_key zone=quota:1m rate=1r/m burst=5;",
+        "location /both/ { rate_limit zone=abuse nodelay headers=off;\n\
+                           rate_limit zone=quota nodelay; }\n\
+         location /quota/ { rate_limit zone=quota nodelay headers=on;\n\
+                            rate_limit zone=abuse burst=9 nodelay headers=off; }\n\
+         location /hidden/ { rate_limit zone=abuse nodelay headers=off; }",
+    );
+    write_dirs(&nginx, &["both", "quota", "hidden"]);
+    let policy = "\"quota\";q=1;w=60";
+    let both: Vec<_> = in_a_row(&nginx, "/both/index.html", "a", 3)
+        .iter()
+        .map(summary)
+        .collect();
+    assert_eq!(
+        both,
+        [
+            row(200, policy, "\"quota\";r=5;t=60", ""),
+            row(200, policy, "\"quota\";r=4;t=120", ""),
+            // Rejected by the hidden line: the quota's item, unchanged, and no Retry-After.
+            row(429, policy, "\"quota\";r=4;t=120", ""),
+        ]
+    );
+
+    // The quota rejects (the hidden line has room): its Retry-After is sent.
+    let quota: Vec<_> = in_a_row(&nginx, "/quota/index.html", "b", 7)
+        .iter()
+        .map(summary)
+        .collect();
+    assert_eq!(quota[5], row(200, policy, "\"quota\";r=0;t=360", ""));
+    assert_eq!(quota[6], row(429, policy, "\"quota\";r=0;t=360", "60"));
+
+    let hidden: Vec<_> = in_a_row(&nginx, "/hidden/index.html", "c", 3)
+        .iter()
+        .map(summary)
+        .collect();
+    assert_eq!(
+        hidden,
+        [
+            row(200, "", "", ""),
+            row(200, "", "", ""),
+            row(429, "", "", "")
+        ]
+    );
+}

@@ -149,6 +149,11 @@ fn directives_are_checked_as_in_http() {
         ),
         (
             "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s;\n\
+             server { listen 127.0.0.1:%%PORT2%%; rate_limit zone=a headers=off; proxy_pass 127.0.0.1:1; }",
+            "\"headers=off\" is not available in the stream block",
+        ),
+        (
+            "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s;\n\
              rate_limit_zone $server_port zone=a:1m rate=1r/s;",
             "duplicate zone \"a\"",
         ),
@@ -687,4 +692,77 @@ fn the_state_file_keeps_a_stream_zones_changes_across_a_restart() {
     );
     assert_eq!(passes(nginx.port_n(2), 5), [true, true, true, true, false]);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Connect with a PROXY protocol header naming `client`, send a line, read its echo: whether
+/// the connection passed.
+fn passes_from(port: u16, client: &str) -> bool {
+    let family = if client.contains(':') { "TCP6" } else { "TCP4" };
+    let to = if client.contains(':') {
+        "::1"
+    } else {
+        "127.0.0.1"
+    };
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to nginx");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    let header = format!("PROXY {family} {client} {to} 40000 {port}\r\nping\n");
+    if stream.write_all(header.as_bytes()).is_err() {
+        return false;
+    }
+    let mut reply = [0u8; 5];
+    match stream.read_exact(&mut reply) {
+        Ok(()) => reply == *b"ping\n",
+        Err(error) if matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+            panic!("no reply and no close within 10 s from {client}")
+        }
+        Err(_) => false,
+    }
+}
+
+/// `$rate_limit_remote_net` in `stream {}`: clients named by the PROXY protocol (stream
+/// real_ip), `rate_limit_remote_net ipv4=24 ipv6=64` in the server: four addresses of one
+/// network share its budget of three, the next network has its own; the admin API shows the
+/// key as a network.
+#[test]
+fn stream_sessions_are_limited_per_network() {
+    let upstream = tcp_echo();
+    let nginx = with_stream(&format!(
+        "rate_limit_zone $rate_limit_remote_net zone=nets:1m rate=1r/m burst=2;\n\
+         server {{ listen 127.0.0.1:%%PORT2%% proxy_protocol; set_real_ip_from 127.0.0.1;\n\
+         rate_limit_remote_net ipv4=24 ipv6=64; rate_limit zone=nets nodelay;\n\
+         proxy_pass 127.0.0.1:{upstream}; }}"
+    ))
+    .locations("location /ratelimit/ { rate_limit_admin; }")
+    .start();
+    let port = nginx.port_n(2);
+    let v4: Vec<bool> = [
+        "198.51.100.1",
+        "198.51.100.2",
+        "198.51.100.3",
+        "198.51.100.4",
+    ]
+    .iter()
+    .map(|client| passes_from(port, client))
+    .collect();
+    assert_eq!(v4, [true, true, true, false]);
+    assert!(passes_from(port, "198.51.101.1"));
+    let v6: Vec<bool> = [
+        "2001:db8:0:1::1",
+        "2001:db8:0:1::2",
+        "2001:db8:0:1::3",
+        "2001:db8:0:1::4",
+    ]
+    .iter()
+    .map(|client| passes_from(port, client))
+    .collect();
+    assert_eq!(v6, [true, true, true, false]);
+    assert!(passes_from(port, "2001:db8:0:2::1"));
+    let (status, key) = admin(&nginx, "GET", "zones/nets/keys/2001:db8:0:1::/64", None);
+    assert_eq!(
+        (status, &key["key"]),
+        (200, &Value::from("2001:db8:0:1::/64")),
+        "{key}"
+    );
 }

@@ -15,7 +15,7 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleServerConf, NgxHttpCoreModule};
 use ratelimit_core::concurrency::ConcurrencySpec;
-use ratelimit_core::key_form::KeyForm;
+use ratelimit_core::key_form::{KeyForm, NetPrefixes};
 use ratelimit_core::usage::{Amount, UsageSource, UsageSpec};
 use ratelimit_core::{Algorithm, DelayMode, LimitSpec, Rate, RateUnit, SpecError, ZoneSpec};
 
@@ -283,6 +283,12 @@ pub fn limit_line(
                 why: "a session has no response whose usage could settle it",
             });
         }
+        if !spec.headers {
+            return Err(ConfError::NotInStream {
+                word: "headers=off",
+                why: "a session has no response headers to leave the line out of",
+            });
+        }
     }
     let cost_variable = match &spec.cost_variable {
         Some(name) => Some(variable_index(cf, name.as_bytes())?),
@@ -351,6 +357,7 @@ pub fn limit_line(
         on_status: spec.on_status,
         cost_variable,
         usage,
+        headers: spec.headers,
     };
     Ok((limit, references))
 }
@@ -452,6 +459,33 @@ pub fn log_level_value(cf: &ngx_conf_t) -> Result<ngx_uint_t, ConfError> {
         }
     };
     Ok(level as ngx_uint_t)
+}
+
+/// `rate_limit_remote_net [ipv4=N] [ipv6=M];`
+pub extern "C" fn cmd_remote_net(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: as for every directive handler; `conf` is our location configuration.
+    let (cf, lcf) = unsafe { (&mut *cf, &mut *conf.cast::<LocConf>()) };
+    let result = remote_net_value(cf, lcf.remote_net.is_some()).map(|prefixes| {
+        lcf.remote_net = Some(prefixes);
+    });
+    answer(cf, result)
+}
+
+/// The prefix lengths a `rate_limit_remote_net` line gives (`http` or `stream`); `given`: the
+/// context has one already.
+pub fn remote_net_value(cf: &ngx_conf_t, given: bool) -> Result<NetPrefixes, ConfError> {
+    if given {
+        return Err(ConfError::Duplicate("rate_limit_remote_net"));
+    }
+    let words = cf.words(1)?;
+    NetPrefixes::parse_words(&words).map_err(|error| ConfError::Spec {
+        directive: "rate_limit_remote_net",
+        error,
+    })
 }
 
 /// `rate_limit_admin [write=on|off];`

@@ -25,7 +25,7 @@ use ngx::ffi::{
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Merge, MergeConfigError};
 use ratelimit_core::concurrency::ConcurrencySpec;
-use ratelimit_core::key_form::KeyForm;
+use ratelimit_core::key_form::{KeyForm, NetPrefixes};
 use ratelimit_core::penalty::{BlockPolicy, StatusMatcher};
 use ratelimit_core::usage::{OnMissing, Provider, Weights};
 use ratelimit_core::{Algorithm, BucketCharge, DelayMode, Limits, Rate};
@@ -234,6 +234,9 @@ pub struct LimitConf {
     pub cost_variable: Option<ngx_uint_t>,
     /// `usage=` and its words: reserved at the door, settled after the response.
     pub usage: Option<UsageConf>,
+    /// `headers=off` is not given: the line shows in `RateLimit`, `RateLimit-Policy` and
+    /// `Retry-After` (when the location's `rate_limit_headers` is on, for the first two).
+    pub headers: bool,
 }
 
 impl LimitConf {
@@ -287,7 +290,12 @@ pub struct LocConf {
     /// `rate_limit_openai_headers on`: `x-ratelimit-*-tokens` / `-requests` headers and an
     /// OpenAI-shaped 429 body.
     pub openai_headers: ngx_flag_t,
+    /// `rate_limit_grpc off`: refused gRPC calls get the location's status, not gRPC's
+    /// RESOURCE_EXHAUSTED.
+    pub grpc: ngx_flag_t,
     pub admin: Option<AdminConf>,
+    /// `rate_limit_remote_net`: the prefix lengths of `$rate_limit_remote_net`.
+    pub remote_net: Option<NetPrefixes>,
     /// Set on a server's own configuration when one of its locations has `rate_limit_admin`:
     /// a request refused before a location is matched (414) is answered in JSON. Not merged.
     pub admin_server: bool,
@@ -318,7 +326,9 @@ impl Default for LocConf {
             log_level: None,
             headers: UNSET,
             openai_headers: UNSET,
+            grpc: UNSET,
             admin: None,
+            remote_net: None,
             admin_server: false,
             shape: Cell::new(None),
         }
@@ -352,6 +362,10 @@ impl LocConf {
     pub fn headers(&self) -> bool {
         self.headers != 0
     }
+    /// Refused gRPC calls are answered in gRPC's terms (on unless `rate_limit_grpc off`).
+    pub fn grpc(&self) -> bool {
+        self.grpc != 0
+    }
     #[inline]
     pub fn openai_headers(&self) -> bool {
         self.openai_headers == 1
@@ -376,7 +390,9 @@ impl Merge for LocConf {
         merge(&mut self.dry_run, prev.dry_run);
         merge(&mut self.headers, prev.headers);
         merge(&mut self.openai_headers, prev.openai_headers);
+        merge(&mut self.grpc, prev.grpc);
         self.log_level = self.log_level.or(prev.log_level);
+        self.remote_net = self.remote_net.or(prev.remote_net);
         Ok(())
     }
 }

@@ -284,6 +284,8 @@ pub struct AppliedLimit<'a> {
     /// The line's `on_status=`: its charges are given back after the response unless the
     /// status matches (the request path's business; `None` elsewhere).
     pub on_status: Option<StatusMatcher>,
+    /// The line shows in the response's rate limit fields (not `headers=off`).
+    pub headers: bool,
 }
 
 impl<'a> AppliedLimit<'a> {
@@ -294,6 +296,7 @@ impl<'a> AppliedLimit<'a> {
             global,
             decision,
             on_status: None,
+            headers: true,
         }
     }
 

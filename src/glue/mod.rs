@@ -97,3 +97,54 @@ pub fn is_worker_process() -> bool {
     process == nginx_sys::NGX_PROCESS_WORKER as ngx::ffi::ngx_uint_t
         || process == nginx_sys::NGX_PROCESS_SINGLE as ngx::ffi::ngx_uint_t
 }
+
+/// Fill `value` with `$rate_limit_remote_net` (http and stream) for a client at `sockaddr`:
+/// its network key (`ratelimit_core::key_form::network_key`) in `pool` memory, `unix:` for a
+/// client on a UNIX socket (as `$binary_remote_addr` has it). `NGX_OK`, or `NGX_ERROR` when
+/// memory runs out.
+///
+/// # Safety
+/// `value` is the live value to fill, `sockaddr` a connection's live address (nginx's
+/// `c->sockaddr`, which realip rewrites) and `pool` a live pool that outlives the value.
+pub unsafe fn fill_remote_net(
+    value: *mut ngx::ffi::ngx_variable_value_t,
+    pool: *mut ngx::ffi::ngx_pool_t,
+    sockaddr: *const ngx::ffi::sockaddr,
+    prefixes: ratelimit_core::key_form::NetPrefixes,
+) -> ngx::ffi::ngx_int_t {
+    use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    // SAFETY: the caller passes a live address; its family says which structure it is.
+    let address = unsafe {
+        match i32::from((*sockaddr).sa_family) {
+            libc::AF_INET => {
+                let v4 = &*sockaddr.cast::<libc::sockaddr_in>();
+                Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr))))
+            }
+            libc::AF_INET6 => {
+                let v6 = &*sockaddr.cast::<libc::sockaddr_in6>();
+                Some(IpAddr::V6(Ipv6Addr::from(v6.sin6_addr.s6_addr)))
+            }
+            _ => None,
+        }
+    };
+    let mut key = [0; ratelimit_core::key_form::NETWORK_KEY_MAX];
+    let bytes: &[u8] = match address {
+        Some(address) => {
+            let len = ratelimit_core::key_form::network_key(address, prefixes, &mut key);
+            &key[..len]
+        }
+        None => b"unix:",
+    };
+    // SAFETY: the pool is live; the memory gets exactly the value's bytes and lives with the
+    // pool; `value` is live (the caller's promise).
+    unsafe {
+        let at = ngx::ffi::ngx_pnalloc(pool, bytes.len()).cast::<u8>();
+        if at.is_null() {
+            return ngx::ffi::NGX_ERROR as ngx::ffi::ngx_int_t;
+        }
+        core::ptr::copy_nonoverlapping(bytes.as_ptr(), at, bytes.len());
+        (*value).data = at;
+    }
+    value_bits::write(value, bytes.len() as u32 | value_bits::VALID);
+    ngx::ffi::NGX_OK as ngx::ffi::ngx_int_t
+}

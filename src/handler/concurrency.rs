@@ -20,14 +20,14 @@ use ngx::http::HttpModule;
 use ngx::ngx_log_error;
 use ratelimit_core::top::TopKind;
 
-use super::find_key;
 use super::status::{LimitStatus, RequestState};
+use super::{find_key, Refused, Wait};
 use crate::conf::{LimitConf, LocConf, RateLimitModule, ZoneConf};
 use crate::control::concurrency::{self as slots, Arrival, Line, Refusal};
 use crate::control::queue::{Owner, Resolution};
-use crate::glue::response::add_header;
 use crate::glue::{connection_log, now_ns};
 use crate::store::Counter;
+use ratelimit_core::NANOS_PER_SEC;
 
 /// A request's progress through its location's concurrency lines.
 #[derive(Default)]
@@ -107,7 +107,17 @@ pub fn resumed(
                     store.count(Counter::Rejected);
                 }
             }
-            Some(reject(r, lcf, state, 1))
+            let shown = lcf.limits().get(ctx.next).is_none_or(|limit| limit.headers);
+            let refused = Refused {
+                reason: "queue timeout",
+                zone: name,
+                wait: if shown {
+                    Wait::After(NANOS_PER_SEC)
+                } else {
+                    Wait::Unsaid
+                },
+            };
+            Some(reject(r, lcf, state, &refused))
         }
     }
 }
@@ -182,7 +192,17 @@ fn run_lines(
                 log_refusal(r, lcf, zone_conf, &refusal, "");
                 found.zone.count(Counter::Rejected);
                 record_top(r, zone_conf, TopKind::Rejected, now);
-                return reject(r, lcf, state, slots::retry_after_seconds(&refusal));
+                let retry_after_s = slots::retry_after_seconds(&refusal);
+                let refused = Refused {
+                    reason: "too many in flight",
+                    zone: &zone_conf.name,
+                    wait: if limit.headers {
+                        Wait::After(retry_after_s.saturating_mul(NANOS_PER_SEC))
+                    } else {
+                        Wait::Unsaid
+                    },
+                };
+                return reject(r, lcf, state, &refused);
             }
             Arrival::DryRun { queued, refusal } => {
                 if queued {
@@ -204,6 +224,11 @@ fn run_lines(
     });
     // The location's rate limits, which skip its concurrency lines.
     let rc = super::limit_rates(r, lcf, state);
+    if rc == ngx::ffi::NGX_DONE as ngx_int_t {
+        // Answered from the preaccess phase (gRPC's terms, OpenAI's body) and ended: the
+        // request may be freed, its pool's cleanup gave its slots back.
+        return rc;
+    }
     if rc == lcf.status() as ngx_int_t && !lcf.dry_run() {
         // Rejected by a rate limit: charged to none, its slots included.
         release_all(r);
@@ -247,22 +272,17 @@ fn log_refusal(
     );
 }
 
-/// Refuse the request with the location's status and `Retry-After`, after giving back the
-/// slots it took at earlier lines.
+/// Refuse the request (`super::reject`), after giving back the slots it took at earlier
+/// lines.
 fn reject(
     r: &mut ngx_http_request_t,
     lcf: &LocConf,
     state: RequestState,
-    retry_after_s: u64,
+    refused: &Refused,
 ) -> ngx_int_t {
     release_all(r);
     state.set(LimitStatus::Rejected);
-    add_header(
-        r,
-        "Retry-After",
-        itoa::Buffer::new().format(retry_after_s).as_bytes(),
-    );
-    lcf.status() as ngx_int_t
+    super::reject(r, lcf, refused)
 }
 
 fn release_all(r: &mut ngx_http_request_t) {

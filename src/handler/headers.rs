@@ -14,14 +14,22 @@ pub fn add_one(r: &mut ngx_http_request_t, applied: &Applied) {
     write_rate_limit_headers(r, core::iter::once(applied));
 }
 
-/// Both headers for the limits applied to the request.
+/// Both headers for the limits applied to the request, but those of lines with
+/// `headers=off`.
 pub fn add_rate_limit_headers(r: &mut ngx_http_request_t, applied: &[AppliedLimit]) {
     match applied {
         // The common case: one item, for which the writer's loops compile away.
         [AppliedLimit {
-            own, global: None, ..
+            own,
+            global: None,
+            headers: true,
+            ..
         }] => write_rate_limit_headers(r, core::iter::once(own)),
-        _ => write_rate_limit_headers(r, applied.iter().flat_map(AppliedLimit::zones)),
+        _ if applied.iter().any(|limit| limit.headers) => {
+            let shown = applied.iter().filter(|limit| limit.headers);
+            write_rate_limit_headers(r, shown.flat_map(AppliedLimit::zones));
+        }
+        _ => {}
     }
 }
 

@@ -4,8 +4,10 @@
 mod charge;
 mod concurrency;
 mod delay;
+mod grpc;
 mod headers;
 mod key;
+mod remote_net;
 mod status;
 pub mod usage;
 
@@ -86,9 +88,11 @@ fn resolve<'a>(
     Applied::new(find_key(r, shm_zone, now_ns)?, limit)
 }
 
-/// Register the module's variables: `$rate_limit_status`, `$rate_limit_usage_*`.
+/// Register the module's variables: `$rate_limit_status`, `$rate_limit_usage_*`,
+/// `$rate_limit_remote_net`.
 pub fn add_variables(cf: &mut ngx::ffi::ngx_conf_t) -> Result<(), crate::conf::ConfError> {
     status::add_variables(cf)?;
+    remote_net::add_variable(cf)?;
     usage::add_variables(cf)
 }
 
@@ -166,7 +170,8 @@ fn is_quick(lcf: &LocConf) -> bool {
     let Some(zone_conf) = zone_conf_of(limit.shm_zone) else {
         return false;
     };
-    !lcf.headers()
+    let shows_headers = lcf.headers() && limit.headers;
+    !shows_headers
         && !lcf.openai_headers()
         && limit.global.is_none()
         && !limit.cost_per_request()
@@ -240,6 +245,7 @@ fn limit_lines<'l>(
             .and_then(|global| resolve(r, global, limit, now));
         let mut applied_limit = AppliedLimit::new(own, global);
         applied_limit.on_status = limit.on_status;
+        applied_limit.headers = limit.headers;
         applied.push(applied_limit);
         confs.push(limit);
     }
@@ -252,7 +258,8 @@ fn limit_lines<'l>(
         usage::keep(r, &applied, &confs);
     }
     let rc = finish(r, lcf, state, &mut applied, &verdict, now);
-    if !lcf.openai_headers() {
+    // NGX_DONE: answered in gRPC's terms, and ended.
+    if !lcf.openai_headers() || rc == ngx::ffi::NGX_DONE as ngx_int_t {
         return rc;
     }
     usage::add_openai_headers(r, &applied, &confs);
@@ -275,7 +282,7 @@ fn limit_one(
     };
     // With `on_status=` the request's charge is kept until the response: the decision is
     // needed whole.
-    let report = lcf.headers() || limit.on_status.is_some();
+    let report = (lcf.headers() && limit.headers) || limit.on_status.is_some();
     let one = decide::decide_one(found, limit, now, report);
     act_on_one(r, lcf, state, limit, one, now)
 }
@@ -295,7 +302,7 @@ fn act_on_one(
         One::Unlimited => Status::NGX_DECLINED.into(),
         One::Decided(own) if own.decision.outcome == Outcome::Passed => {
             // What `finish` does for one limit that passed, without its generality.
-            if lcf.headers() {
+            if lcf.headers() && limit.headers {
                 headers::add_one(r, &own);
             }
             decide::account_passed(own.zone);
@@ -306,6 +313,7 @@ fn act_on_one(
         }
         One::Decided(own) => {
             let applied = &mut [AppliedLimit::new(own, None)];
+            applied[0].headers = limit.headers;
             let verdict = decide::verdict(applied);
             if verdict.outcome != Outcome::Rejected {
                 charge::give_back_unless_status(r, applied);
@@ -314,6 +322,7 @@ fn act_on_one(
         }
         One::Blocked(own, left_ns) => {
             let applied = &mut [AppliedLimit::new(own, None)];
+            applied[0].headers = limit.headers;
             let verdict = decide::blocked_verdict(applied, 0, left_ns, now);
             finish(r, lcf, state, applied, &verdict, now)
         }
@@ -355,7 +364,13 @@ fn finish(
             return Status::NGX_DECLINED.into();
         }
         state.set(LimitStatus::Blocked);
-        return reject(r, lcf, decision.retry_after_ns);
+        let by = verdict.by.unwrap_or(0);
+        let refused = Refused {
+            reason: "key blocked",
+            zone: &applied[by].own.zone_conf.name,
+            wait: shown(applied, by, decision.retry_after_ns),
+        };
+        return reject(r, lcf, &refused);
     }
 
     if let (Outcome::Rejected, Some(index)) = (verdict.outcome, verdict.by) {
@@ -402,10 +417,17 @@ fn finish(
         }
         // No wait lets a request through that costs more than the zone ever admits at once:
         // it gets the status alone.
-        if decision.never_passes() {
-            return lcf.status() as ngx_int_t;
-        }
-        return reject(r, lcf, retry_after_ns);
+        let wait = if decision.never_passes() {
+            Wait::Never
+        } else {
+            shown(applied, index, retry_after_ns)
+        };
+        let refused = Refused {
+            reason: "rate limited",
+            zone: &applied[index].own.zone_conf.name,
+            wait,
+        };
+        return reject(r, lcf, &refused);
     }
 
     decide::account(applied, verdict, dry_run, now, |zone_conf| {
@@ -455,15 +477,48 @@ fn log_never_passes(
     );
 }
 
-/// Refuse the request with the location's status and `Retry-After` (whole seconds, at least
-/// one).
-fn reject(r: &mut ngx_http_request_t, lcf: &LocConf, retry_after_ns: u64) -> ngx_int_t {
-    let retry_after = retry_after_ns.div_ceil(NANOS_PER_SEC).max(1);
-    add_header(
-        r,
-        "Retry-After",
-        itoa::Buffer::new().format(retry_after).as_bytes(),
-    );
+/// The wait a refusal by line `by` shows: none for a line with `headers=off`.
+fn shown(applied: &[AppliedLimit], by: usize, wait_ns: u64) -> Wait {
+    match applied.get(by) {
+        Some(limit) if !limit.headers => Wait::Unsaid,
+        _ => Wait::After(wait_ns),
+    }
+}
+
+/// A refused request: why, by which zone, and what it is told about coming back.
+pub(crate) struct Refused<'a> {
+    /// `rate limited`, `key blocked`, ... (gRPC's `grpc-message` says it).
+    pub reason: &'static str,
+    pub zone: &'a str,
+    pub wait: Wait,
+}
+
+/// When a refused request may come back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// After this many nanoseconds.
+    After(u64),
+    /// Never: no wait lets it through.
+    Never,
+    /// Not said (the line has `headers=off`).
+    Unsaid,
+}
+
+/// Refuse the request: a gRPC call in gRPC's terms (`rate_limit_grpc`), anything else with
+/// the location's status and `Retry-After` (whole seconds, at least one) when the wait is
+/// said. A gRPC answer ends the request (`NGX_DONE`): the caller must not touch it again.
+fn reject(r: &mut ngx_http_request_t, lcf: &LocConf, refused: &Refused) -> ngx_int_t {
+    if grpc::applies(r, lcf) {
+        return grpc::refuse(r, refused);
+    }
+    if let Wait::After(wait_ns) = refused.wait {
+        let retry_after = wait_ns.div_ceil(NANOS_PER_SEC).max(1);
+        add_header(
+            r,
+            "Retry-After",
+            itoa::Buffer::new().format(retry_after).as_bytes(),
+        );
+    }
     lcf.status() as ngx_int_t
 }
 

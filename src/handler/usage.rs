@@ -15,12 +15,10 @@ use core::ptr;
 
 use ngx::core::Status;
 use ngx::ffi::{
-    ngx_chain_t, ngx_conf_t, ngx_create_temp_buf, ngx_http_add_variable,
-    ngx_http_discard_request_body, ngx_http_finalize_request, ngx_http_output_body_filter_pt,
-    ngx_http_output_filter, ngx_http_output_header_filter_pt, ngx_http_request_t,
-    ngx_http_send_header, ngx_http_top_body_filter, ngx_http_top_header_filter,
-    ngx_http_variable_value_t, ngx_int_t, ngx_pnalloc, ngx_pool_cleanup_add, ngx_str_t, ngx_uint_t,
-    NGX_HTTP_VAR_NOCACHEABLE,
+    ngx_chain_t, ngx_conf_t, ngx_http_add_variable, ngx_http_output_body_filter_pt,
+    ngx_http_output_header_filter_pt, ngx_http_request_t, ngx_http_top_body_filter,
+    ngx_http_top_header_filter, ngx_http_variable_value_t, ngx_int_t, ngx_pnalloc,
+    ngx_pool_cleanup_add, ngx_str_t, ngx_uint_t, NGX_HTTP_VAR_NOCACHEABLE,
 };
 use ratelimit_core::top::TopKind;
 use ratelimit_core::usage::reader::{Format, Reader};
@@ -30,12 +28,11 @@ use ratelimit_core::Outcome;
 
 use crate::conf::{AmountConf, ConfError, LimitConf, UsageConf, UsageSourceConf};
 use crate::control::decide::{Applied, AppliedLimit, Charged, Verdict};
-use crate::glue::response::add_header;
+use crate::glue::response::{add_header, answer_now};
 use crate::glue::{now_ns, value_bits};
 use crate::store::Counter;
 
 const NGX_ERROR: ngx_int_t = -1;
-const NGX_OK: ngx_int_t = 0;
 
 // The next filters of each chain, set once in postconfiguration (in the master, before any
 // request) and only read afterwards.
@@ -511,49 +508,5 @@ pub fn reject_in_openai_json(
         own.policy.cost,
         verdict.decision.retry_after_ns,
     );
-    send_json(r, status, body.as_bytes())
-}
-
-/// Send `body` as the request's whole answer with `status`, from a phase handler.
-fn send_json(r: &mut ngx_http_request_t, status: ngx_int_t, body: &[u8]) -> ngx_int_t {
-    const JSON: &[u8] = b"application/json";
-    // SAFETY: `r` is the live request; its body, if any, is read and dropped as nginx's own
-    // error pages do.
-    if unsafe { ngx_http_discard_request_body(r) } != NGX_OK {
-        return status;
-    }
-    r.headers_out.status = status as ngx_uint_t;
-    r.headers_out.content_type_len = JSON.len();
-    r.headers_out.content_type = ngx_str_t {
-        len: JSON.len(),
-        data: JSON.as_ptr().cast_mut(),
-    };
-    r.headers_out.content_length_n = body.len() as i64;
-    // SAFETY: `r` is the live request with its headers set.
-    let rc = unsafe { ngx_http_send_header(r) };
-    let rc = if rc == NGX_ERROR || rc > NGX_OK || r.header_only() != 0 {
-        rc
-    } else {
-        // SAFETY: the request pool is live; the buffer gets exactly the body's bytes.
-        unsafe {
-            let buf = ngx_create_temp_buf(r.pool, body.len());
-            if buf.is_null() {
-                NGX_ERROR
-            } else {
-                ptr::copy_nonoverlapping(body.as_ptr(), (*buf).pos, body.len());
-                (*buf).last = (*buf).pos.add(body.len());
-                (*buf).set_last_buf(1);
-                (*buf).set_last_in_chain(1);
-                let mut out = ngx_chain_t {
-                    buf,
-                    next: ptr::null_mut(),
-                };
-                ngx_http_output_filter(r, &mut out)
-            }
-        }
-    };
-    // The answer is sent from the preaccess phase: the request ends here.
-    // SAFETY: `r` is the live request; nginx finalizes it as after a content handler.
-    unsafe { ngx_http_finalize_request(r, rc) };
-    Status::NGX_DONE.into()
+    answer_now(r, status, b"application/json", body.as_bytes())
 }

@@ -11,10 +11,12 @@ use ngx::core::NGX_CONF_OK;
 use ngx::ffi::{ngx_command_t, ngx_conf_t, ngx_flag_t, ngx_uint_t, NGX_LOG_EMERG};
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_conf_log_error;
+use ratelimit_core::key_form::NetPrefixes;
 
 use super::api::StreamApi;
 use crate::conf::directives::{
-    check_unclaimed, limit_line, log_level_value, parse_zone, single_variable, LineContext,
+    check_unclaimed, limit_line, log_level_value, parse_zone, remote_net_value, single_variable,
+    LineContext,
 };
 use crate::conf::ext::ConfExt;
 use crate::conf::{self, ConfError, LimitConf, ZoneConf, ZoneReference, UNSET};
@@ -54,6 +56,8 @@ pub struct SrvConf {
     pub limits: Option<Vec<LimitConf>>,
     pub dry_run: ngx_flag_t,
     pub log_level: Option<ngx_uint_t>,
+    /// `rate_limit_remote_net`: the prefix lengths of `$rate_limit_remote_net`.
+    pub remote_net: Option<NetPrefixes>,
 }
 
 impl SrvConf {
@@ -116,6 +120,7 @@ pub unsafe extern "C" fn create_srv_conf(cf: *mut ngx_conf_t) -> *mut c_void {
         limits: None,
         dry_run: UNSET,
         log_level: None,
+        remote_net: None,
     };
     cf.alloc(srv).map_or(ptr::null_mut(), |srv| srv.cast())
 }
@@ -134,6 +139,7 @@ pub unsafe extern "C" fn merge_srv_conf(
         conf.dry_run = prev.dry_run;
     }
     conf.log_level = conf.log_level.or(prev.log_level);
+    conf.remote_net = conf.remote_net.or(prev.remote_net);
     NGX_CONF_OK
 }
 
@@ -244,6 +250,20 @@ pub unsafe extern "C" fn cmd_log_level(
     } else {
         log_level_value(cf).map(|level| srv.log_level = Some(level))
     };
+    answer(cf, result)
+}
+
+/// `rate_limit_remote_net [ipv4=N] [ipv6=M];` in `stream {}` or a stream `server {}`.
+pub unsafe extern "C" fn cmd_remote_net(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: as for every directive handler; `conf` is our stream server configuration.
+    let (cf, srv) = unsafe { (&mut *cf, &mut *conf.cast::<SrvConf>()) };
+    let result = remote_net_value(cf, srv.remote_net.is_some()).map(|prefixes| {
+        srv.remote_net = Some(prefixes);
+    });
     answer(cf, result)
 }
 

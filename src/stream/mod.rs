@@ -136,7 +136,7 @@ const SRV_CONF_OFFSET: usize = core::mem::offset_of!(ngx_stream_conf_ctx_t, srv_
 
 const SRV_ANY: u32 = NGX_STREAM_MAIN_CONF | NGX_STREAM_SRV_CONF;
 
-static mut COMMANDS: [ngx_command_t; 5] = [
+static mut COMMANDS: [ngx_command_t; 6] = [
     ngx_command_t {
         name: ngx_string!("rate_limit_zone"),
         type_: (NGX_STREAM_MAIN_CONF | NGX_CONF_1MORE) as ngx_uint_t,
@@ -165,6 +165,14 @@ static mut COMMANDS: [ngx_command_t; 5] = [
         name: ngx_string!("rate_limit_log_level"),
         type_: (SRV_ANY | NGX_CONF_TAKE1) as ngx_uint_t,
         set: Some(conf::cmd_log_level),
+        conf: SRV_CONF_OFFSET,
+        offset: 0,
+        post: ptr::null_mut(),
+    },
+    ngx_command_t {
+        name: ngx_string!("rate_limit_remote_net"),
+        type_: (SRV_ANY | NGX_CONF_1MORE) as ngx_uint_t,
+        set: Some(conf::cmd_remote_net),
         conf: SRV_CONF_OFFSET,
         offset: 0,
         post: ptr::null_mut(),

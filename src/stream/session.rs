@@ -18,7 +18,7 @@ use crate::conf::{ConfError, LimitConf, ZoneConf};
 use crate::control::concurrency::{self as slots, Arrival, Line};
 use crate::control::decide::{self, Applied, AppliedLimit, Charge, Found, Verdict};
 use crate::control::queue::Owner;
-use crate::glue::{now_ns, value_bits};
+use crate::glue::{fill_remote_net, now_ns, value_bits};
 use crate::store::{Counter, MAX_KEY_BYTES};
 
 /// `$rate_limit_status` values, as the http variable has them.
@@ -89,7 +89,36 @@ pub fn add_variables(cf: &mut ngx::ffi::ngx_conf_t, main: &MainConf) -> Result<(
     // SAFETY: a non-null result is a live variable definition.
     let var = unsafe { var.as_mut() }.ok_or(ConfError::Logged)?;
     var.get_handler = Some(status_variable);
+    let mut name = ngx_str_t {
+        len: "rate_limit_remote_net".len(),
+        data: c"rate_limit_remote_net".as_ptr().cast_mut().cast(),
+    };
+    // SAFETY: as above.
+    let var = unsafe { (main.api.add_variable)(cf, &mut name, flags) };
+    // SAFETY: as above.
+    let var = unsafe { var.as_mut() }.ok_or(ConfError::Logged)?;
+    var.get_handler = Some(remote_net_variable);
     Ok(())
+}
+
+/// `$rate_limit_remote_net`: the client's network, masked to the server's
+/// `rate_limit_remote_net` prefix lengths.
+unsafe extern "C" fn remote_net_variable(
+    s: *mut ngx_stream_session_t,
+    v: *mut ngx_variable_value_t,
+    _data: usize,
+) -> ngx_int_t {
+    // SAFETY: nginx calls variable handlers with the live session and its value to fill.
+    let s = unsafe { &*s };
+    let prefixes = srv_conf(s)
+        .and_then(|srv| srv.remote_net)
+        .unwrap_or_default();
+    // SAFETY: `v` is the value to fill; the session's connection, its address and its pool
+    // are live, and the pool outlives the value.
+    unsafe {
+        let connection = &*s.connection;
+        fill_remote_net(v, connection.pool, connection.sockaddr, prefixes)
+    }
 }
 
 /// Called only while no outcome is stored in the session's variables: no limit applied.

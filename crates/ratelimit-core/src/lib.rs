@@ -29,6 +29,7 @@ pub mod fleet;
 pub mod fleet_blocks;
 pub mod fleet_overrides;
 pub mod fleet_round;
+pub mod grpc;
 pub mod hint;
 pub mod history;
 pub mod key;

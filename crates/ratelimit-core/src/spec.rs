@@ -21,6 +21,19 @@ pub enum SpecError {
     /// `invalid cost value "cost=0": ...` (what is valid follows)
     #[error("invalid cost value \"{0}\": it must be a number from 1 up, or a $variable")]
     InvalidCost(String),
+    /// `invalid ipv4 value "ipv4=33": it must be a prefix length from 0 to 32`
+    #[error("invalid {family} value \"{word}\": it must be a prefix length from 0 to {max}")]
+    InvalidPrefix {
+        /// The word as written.
+        word: String,
+        /// `ipv4` or `ipv6`.
+        family: &'static str,
+        /// The family's longest prefix.
+        max: u64,
+    },
+    /// `invalid headers value "headers=no": it must be on or off`
+    #[error("invalid headers value \"{0}\": it must be headers=on or headers=off")]
+    InvalidHeaders(String),
     /// `invalid block value "block=x": ...` (what is valid follows)
     #[error(
         "invalid {0} value \"{1}\": give a duration such as 30s, 15m, 24h or 1h30m, \
@@ -112,6 +125,7 @@ pub const LIMIT_PARAMETERS: &[&str] = &[
     "debt=",
     "on_missing=",
     "usage_weights=",
+    "headers=",
 ];
 
 impl SpecError {
@@ -529,6 +543,9 @@ pub struct LimitSpec {
     pub usage: Option<crate::usage::UsageSpec>,
     /// `on_status=CODES`: charge only requests whose final status matches, after the response.
     pub on_status: Option<StatusMatcher>,
+    /// `headers=off`: the line stays out of the response's rate limit fields (`RateLimit`,
+    /// `RateLimit-Policy`, `Retry-After`); `true` unless so.
+    pub headers: bool,
 }
 
 impl LimitSpec {
@@ -561,6 +578,7 @@ impl LimitSpec {
             cost_variable: None,
             on_status: None,
             usage: None,
+            headers: true,
         };
         let mut nodelay = false;
         let mut delay = None;
@@ -597,6 +615,12 @@ impl LimitSpec {
             } else if usage.take(word)? {
             } else if let Some(value) = word.strip_prefix("on_status=") {
                 spec.on_status = Some(StatusMatcher::parse(word, value)?);
+            } else if let Some(value) = word.strip_prefix("headers=") {
+                spec.headers = match value {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(SpecError::InvalidHeaders(word.into())),
+                };
             } else {
                 return Err(SpecError::invalid_parameter(word, LIMIT_PARAMETERS));
             }
@@ -875,6 +899,8 @@ mod tests {
             ("usage_weight=output:4", "invalid parameter \"usage_weight=output:4\", did you \
               mean \"usage_weights=\"?"),
             ("reserv=4", "invalid parameter \"reserv=4\", did you mean \"reserve=\"?"),
+            ("headers=no", "invalid headers value \"headers=no\": it must be headers=on or \
+              headers=off"),
         ];
         for (words, message) in errors {
             assert_eq!(limit(words).unwrap_err(), message, "{words}");
@@ -895,8 +921,11 @@ mod tests {
                 cost_variable: None,
                 on_status: None,
                 usage: None,
+                headers: true,
             }
         );
+        assert!(!limit("zone=one headers=off").unwrap().headers);
+        assert!(limit("zone=one headers=on").unwrap().headers);
         let spec = limit("").unwrap();
         assert_eq!(
             (spec.delay, spec.cost, spec.burst),
@@ -912,8 +941,8 @@ mod tests {
             ("burst=1.5", "invalid burst value \"burst=1.5\""),
             ("zone=", "invalid zone name \"zone=\""),
             ("rate=1r/s", "invalid parameter \"rate=1r/s\": it must be zone=, burst=, \
-              nodelay, delay=, global=, cost=, on_status=, usage=, reserve=, debt=, on_missing= \
-              or usage_weights="),
+              nodelay, delay=, global=, cost=, on_status=, usage=, reserve=, debt=, on_missing=, \
+              usage_weights= or headers="),
             ("nodealy", "invalid parameter \"nodealy\", did you mean \"nodelay\"?"),
             ("burst", "invalid parameter \"burst\", did you mean \"burst=\"?"),
             ("zones=a", "invalid parameter \"zones=a\", did you mean \"zone=\"?"),
