@@ -287,9 +287,11 @@ impl Link {
     }
 }
 
-/// One Redis server.
+/// One Redis server, or the master the sentinels name.
 struct SingleLink {
     info: Option<redis::ConnectionInfo>,
+    /// For a `redis-sentinel://` URL: every new connection asks them for the master.
+    sentinels: Option<Box<super::sentinel::Sentinels>>,
     tls: Option<link::Tls>,
     connection: Option<(redis::aio::MultiplexedConnection, ReadBudget)>,
     scripts_loaded: bool,
@@ -308,12 +310,13 @@ impl SingleLink {
         scripts: &[&str],
     ) -> Result<Vec<redis::Value>, SyncError> {
         self.overflowed.set(false);
-        let Some(info) = &self.info else {
-            return Err(SyncError::BadUrl);
-        };
         if self.connection.is_none() {
             self.connecting = true;
-            let connection = link::connect(info, self.tls.as_ref()).await;
+            let connection = match (&self.sentinels, &self.info) {
+                (Some(sentinels), _) => sentinels.connect_master(self.tls.as_ref()).await,
+                (None, Some(info)) => link::connect(info, self.tls.as_ref()).await,
+                (None, None) => Err(SyncError::BadUrl),
+            };
             self.connecting = false;
             let (connection, budget) = connection?;
             budget.allow(self.allowed.get());
@@ -397,6 +400,11 @@ impl Task {
                 info: redis::Client::open(self.spec.urls[0].as_str())
                     .ok()
                     .map(|client| client.get_connection_info().clone()),
+                sentinels: self
+                    .spec
+                    .sentinel
+                    .clone()
+                    .map(|spec| Box::new(super::sentinel::Sentinels::new(spec))),
                 tls,
                 connection: None,
                 scripts_loaded: false,
