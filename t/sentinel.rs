@@ -8,7 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::fleet::{sync_config, sync_state, wait_mode};
-use common::redis::SentinelSet;
+use common::redis::{Pki, SentinelSet};
 use common::{check_config, send, Nginx, Request};
 
 const MASTER: &str = "mymaster";
@@ -43,12 +43,29 @@ fn instances_follow_a_failover() {
         "redis-sentinel://:m4ster@127.0.0.1:{}/{MASTER}",
         set.sentinel.port
     );
-    let words = "sentinel_password=s3ntinel interval=100ms timeout=100ms";
-    let (a, b) = (instance(&url, words), instance(&url, words));
+    follow_failover(set, &url, "sentinel_password=s3ntinel");
+}
+
+/// The same over TLS (`rediss-sentinel://`): the sentinel, the master and the replica speak
+/// TLS only, the instances trust the test CA (`tls_ca=`).
+#[test]
+fn instances_follow_a_failover_over_tls() {
+    let pki = Pki::new();
+    let set = SentinelSet::start_on(MASTER, Some("m4ster"), None, Some(&pki));
+    let url = format!(
+        "rediss-sentinel://:m4ster@127.0.0.1:{}/{MASTER}",
+        set.sentinel.port
+    );
+    follow_failover(set, &url, &format!("tls_ca={}", pki.file("ca.pem")));
+}
+
+fn follow_failover(set: SentinelSet, url: &str, words: &str) {
+    // A new connection asks the sentinel, then opens the master's and checks ROLE: five round
+    // trips, which a machine under a load of 20 and more can take longer than 100 ms over.
+    let words = format!("{words} interval=200ms timeout=200ms");
+    let (a, b) = (instance(url, &words), instance(url, &words));
     wait_mode(&a, "synced", Duration::from_secs(10));
     wait_mode(&b, "synced", Duration::from_secs(10));
-    let errors = |nginx: &Nginx| sync_state(nginx)["errors"].as_u64().expect("errors");
-    let errors_before = (errors(&a), errors(&b));
 
     let SentinelSet {
         mut master,
@@ -56,20 +73,33 @@ fn instances_follow_a_failover() {
         sentinel,
     } = set;
     let killed = Instant::now();
+    let killed_unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis()
+        .to_string();
     master.kill();
-    // Synced again after a failed round: only the promoted replica can have answered it (the
-    // old master is dead, and a replica's ROLE is refused).
-    let resynced = |nginx: &Nginx, before: u64| {
-        let state = sync_state(nginx);
-        state["mode"] == "synced"
-            && state["errors"].as_u64().expect("errors") > before
-            && state["last_sync_age_ms"]
-                .as_u64()
-                .is_some_and(|age| age < 500)
+    // Synced again with the promoted replica: both instances' heartbeats there carry a time
+    // (Redis's clock, the machine's) after the kill. Nothing else can have written them: the
+    // old master is dead, and a replica takes no writes until it is promoted.
+    let heartbeats_after_kill = || {
+        let reply = replica.cli(&[
+            "ZCOUNT",
+            "rl:instances",
+            &format!("({killed_unix_ms}"),
+            "+inf",
+        ]);
+        reply.trim().parse::<usize>().unwrap_or(0)
     };
-    loop {
-        if resynced(&a, errors_before.0) && resynced(&b, errors_before.1) {
+    // When the sentinel named the replica (looked at every 200 ms): the rest is the instances'.
+    let mut promoted = None;
+    for step in 0.. {
+        if heartbeats_after_kill() == 2 {
             break;
+        }
+        if promoted.is_none() && step % 2 == 0 && sentinel.master_port(MASTER) == Some(replica.port)
+        {
+            promoted = Some(killed.elapsed());
         }
         assert!(
             killed.elapsed() < Duration::from_secs(15),
@@ -80,10 +110,13 @@ fn instances_follow_a_failover() {
             sentinel.master_port(MASTER),
             a.error_log()
         );
-        thread::sleep(Duration::from_millis(20));
+        thread::sleep(Duration::from_millis(100));
     }
     let took = killed.elapsed();
-    eprintln!("synced with the promoted replica {took:?} after the master was killed");
+    eprintln!(
+        "synced with the promoted replica {took:?} after the master was killed (the sentinel \
+         named it after {promoted:?})"
+    );
     assert_eq!(sentinel.master_port(MASTER), Some(replica.port));
     let log = a.error_log();
     assert!(log.contains("synced with Redis"), "{log}");
@@ -104,23 +137,24 @@ fn instances_follow_a_failover() {
         "no key of the zone on the promoted replica"
     );
     for nginx in [&a, &b] {
+        wait_mode(nginx, "synced", Duration::from_secs(5));
         let state = sync_state(nginx);
-        assert_eq!(state["mode"], "synced", "{state}");
         assert_eq!(state["instances"], 2, "{state}");
     }
 }
 
-/// A master name the sentinel does not monitor: logged once with the reason, and the
-/// failure mode applies; a sentinel password refused: logged as an authentication failure.
+/// A master name the sentinel does not monitor: logged with the reason, and the failure mode
+/// applies; a sentinel password refused: logged as an authentication failure, the password
+/// not shown.
 #[test]
 fn unknown_master_and_wrong_sentinel_password() {
     let set = SentinelSet::start(MASTER, None, Some("s3ntinel"));
     let port = set.sentinel.port;
-    let words = "sentinel_password=s3ntinel interval=100ms timeout=100ms";
+    let words = "sentinel_password=s3ntinel interval=200ms timeout=200ms";
     let unknown = instance(&format!("redis-sentinel://127.0.0.1:{port}/nosuch"), words);
     let wrong = instance(
         &format!("redis-sentinel://127.0.0.1:{port}/{MASTER}"),
-        "sentinel_password=nope interval=100ms timeout=100ms",
+        "sentinel_password=nope interval=200ms timeout=200ms",
     );
     let right = instance(
         &format!("redis-sentinel://127.0.0.1:{port}/{MASTER}"),
@@ -131,9 +165,11 @@ fn unknown_master_and_wrong_sentinel_password() {
     wait_mode(&wrong, "local_share", Duration::from_secs(10));
     let log = unknown.error_log();
     let said = "no sentinel knows a master of that name (see \"sentinel monitor\")";
-    assert_eq!(log.matches(said).count(), 1, "{log}");
+    // Logged when it changes: once, unless a connection timed out in between (a loaded
+    // machine), after which it is said again.
+    assert!(log.contains(said), "{log}");
     let log = wrong.error_log();
-    assert_eq!(log.matches("authentication failed").count(), 1, "{log}");
+    assert!(log.contains("authentication failed"), "{log}");
     assert!(!log.contains("nope"), "{log}");
 }
 

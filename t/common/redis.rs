@@ -379,6 +379,7 @@ pub fn assert_keys_spread(nodes: &[Redis]) {
 /// down after 1 s, failover timeout 3 s). With `password`, the master and the replica
 /// require it (`--requirepass`, `--masterauth`, and `sentinel auth-pass` for the sentinel);
 /// with `sentinel_password`, the sentinel requires its own (`requirepass` in sentinel.conf).
+/// With a PKI, all three speak TLS only, to their clients and to each other.
 pub struct SentinelSet {
     pub master: Redis,
     pub replica: Redis,
@@ -391,15 +392,31 @@ impl SentinelSet {
         password: Option<&str>,
         sentinel_password: Option<&str>,
     ) -> SentinelSet {
-        let auth: Vec<&str> = match password {
+        SentinelSet::start_on(master_name, password, sentinel_password, None)
+    }
+
+    pub fn start_on(
+        master_name: &str,
+        password: Option<&str>,
+        sentinel_password: Option<&str>,
+        pki: Option<&Pki>,
+    ) -> SentinelSet {
+        let mut auth: Vec<&str> = match password {
             Some(password) => vec!["--requirepass", password, "--masterauth", password],
             None => Vec::new(),
         };
-        let master = Redis::start_with(&auth);
+        if pki.is_some() {
+            auth.extend(["--tls-replication", "yes"]);
+        }
+        let start = |args: &[&str]| match pki {
+            Some(pki) => Redis::start_tls(pki, args),
+            None => Redis::start_with(args),
+        };
+        let master = start(&auth);
         let master_port = master.port.to_string();
         let mut replica_args = auth.clone();
         replica_args.extend(["--replicaof", "127.0.0.1", &master_port]);
-        let replica = Redis::start_with(&replica_args);
+        let replica = start(&replica_args);
         wait_for(
             || {
                 replica
@@ -408,7 +425,7 @@ impl SentinelSet {
             },
             "the replica never linked to its master",
         );
-        let sentinel = Sentinel::start(master_name, master.port, password, sentinel_password);
+        let sentinel = Sentinel::start(master_name, master.port, password, sentinel_password, pki);
         // The sentinel learns of the replica from the master's INFO: a failover needs it.
         wait_for(
             || {
@@ -432,6 +449,7 @@ pub struct Sentinel {
     dir: PathBuf,
     child: Option<Child>,
     password: Option<String>,
+    tls_dir: Option<PathBuf>,
 }
 
 impl Sentinel {
@@ -440,6 +458,7 @@ impl Sentinel {
         master_port: u16,
         password: Option<&str>,
         sentinel_password: Option<&str>,
+        pki: Option<&Pki>,
     ) -> Sentinel {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!(
@@ -447,8 +466,18 @@ impl Sentinel {
             std::process::id()
         ));
         std::fs::create_dir_all(&dir).expect("cannot create the sentinel directory");
+        let listen = match pki {
+            Some(pki) => format!(
+                "port 0\ntls-port {port}\ntls-replication yes\ntls-auth-clients no\n\
+                 tls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n",
+                pki.file("server.pem"),
+                pki.file("server.key"),
+                pki.file("ca.pem")
+            ),
+            None => format!("port {port}\n"),
+        };
         let mut conf = format!(
-            "port {port}\nbind 127.0.0.1\ndir {}\n\
+            "{listen}bind 127.0.0.1\ndir {}\n\
              sentinel monitor {master_name} 127.0.0.1 {master_port} 1\n\
              sentinel down-after-milliseconds {master_name} 1000\n\
              sentinel failover-timeout {master_name} 3000\n",
@@ -474,6 +503,7 @@ impl Sentinel {
             dir,
             child: Some(child),
             password: sentinel_password.map(str::to_string),
+            tls_dir: pki.map(|pki| pki.dir.clone()),
         };
         wait_for(
             || sentinel.cli(&["PING"]).trim() == "PONG",
@@ -488,6 +518,9 @@ impl Sentinel {
         command.stdin(Stdio::null());
         if let Some(password) = &self.password {
             command.args(["--no-auth-warning", "-a", password]);
+        }
+        if let Some(dir) = &self.tls_dir {
+            command.arg("--tls").arg("--cacert").arg(dir.join("ca.pem"));
         }
         let output = command
             .args(["-p", &self.port.to_string()])
