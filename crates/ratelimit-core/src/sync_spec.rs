@@ -93,6 +93,9 @@ pub enum SyncSpecError {
     /// A Sentinel URL beside another URL, or with `cluster`.
     #[error("\"{0}\" cannot be used with a Sentinel URL: list every sentinel in one URL, separated by commas")]
     SentinelNotAlone(String),
+    /// `sentinel_password=` with nothing after it.
+    #[error("invalid sentinel_password \"{0}\": it needs a password")]
+    EmptySentinelPassword(String),
     /// `sentinel_password=` with a URL that is not a Sentinel one.
     #[error("\"{0}\" needs a redis-sentinel:// URL")]
     SentinelPasswordWithoutSentinel(String),
@@ -155,8 +158,13 @@ pub struct SentinelSpec {
 impl SentinelSpec {
     /// Whether `word` is meant as a Sentinel URL (a scheme naming Sentinel).
     pub fn is_sentinel_url(word: &str) -> bool {
-        word.find("://")
-            .is_some_and(|at| word[..at].contains("sentinel"))
+        word.find("://").is_some_and(|at| {
+            let scheme = &word[..at];
+            scheme.contains("sentinel")
+                && scheme
+                    .bytes()
+                    .all(|byte| byte.is_ascii_alphanumeric() || b"+-.".contains(&byte))
+        })
     }
 
     /// Parse a `redis-sentinel://` or `rediss-sentinel://` URL.
@@ -336,6 +344,9 @@ impl SyncSpec {
                 spec.sentinel = Some(SentinelSpec::parse(word)?);
                 spec.urls.push(word.to_string());
             } else if let Some(value) = word.strip_prefix("sentinel_password=") {
+                if value.is_empty() {
+                    return Err(SyncSpecError::EmptySentinelPassword(word.into()));
+                }
                 sentinel_password = Some((word, value));
             } else if word == "cluster" {
                 spec.cluster = true;
@@ -604,6 +615,7 @@ mod tests {
             (&["redis-sentinel://a:1/m", "redis://b:2"], "\"redis://b:2\" cannot be used with a Sentinel URL: list every sentinel in one URL, separated by commas"),
             (&["redis-sentinel://a:1/m", "redis-sentinel://b:2/m"], "\"redis-sentinel://b:2/m\" cannot be used with a Sentinel URL: list every sentinel in one URL, separated by commas"),
             (&["redis-sentinel://a:1/m", "cluster"], "\"cluster\" cannot be used with a Sentinel URL: list every sentinel in one URL, separated by commas"),
+            (&["redis-sentinel://a:1/m", "sentinel_password="], "invalid sentinel_password \"sentinel_password=\": it needs a password"),
             (&["redis://a:1", "sentinel_password=x"], "\"sentinel_password=x\" needs a redis-sentinel:// URL"),
             (&["redis-sentinel://a:1/m", "tls_ca=c"], "\"tls_ca=c\" needs a rediss:// URL, not \"redis-sentinel://a:1/m\""),
         ];
