@@ -5,10 +5,16 @@
 //! The loop opens its connection again after any failed round (a refused or dropped
 //! connection, a `READONLY` reply from a master demoted to a replica, a timeout while
 //! connecting), and each new connection asks the sentinels again: a failover is followed
-//! within the round after the sentinels promote a replica. The sentinels are asked on
-//! connections of their own, opened for the question and closed after it.
+//! within the round after the sentinels promote a replica. While a connection works, a
+//! watcher beside the loop asks the sentinels again every second ([`Sentinels::watch`]): a
+//! failover that leaves the old master up (`SENTINEL FAILOVER`, a partition) is followed
+//! within a second too, instead of when the sentinels get round to demoting the old master
+//! (11 s in a test). The sentinels are asked on connections of their own, opened for the
+//! question and closed after it.
 
-use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use ratelimit_core::sync_spec::SentinelSpec;
 use redis::aio::MultiplexedConnection;
@@ -23,23 +29,27 @@ pub struct Sentinels {
     /// The sentinel to ask first: the one that answered last, or the one after a sentinel
     /// whose question was cut short by the round's timeout (a host that drops packets is
     /// not asked first again).
-    first: Cell<usize>,
+    first: AtomicUsize,
 }
+
+/// How often the watcher asks the sentinels where the master is.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 impl Sentinels {
     pub fn new(spec: SentinelSpec) -> Sentinels {
         Sentinels {
             spec,
-            first: Cell::new(0),
+            first: AtomicUsize::new(0),
         }
     }
 
-    /// A connection to the master the sentinels name, checked with `ROLE`.
+    /// A connection to the master the sentinels name, checked with `ROLE`, and its address.
     pub async fn connect_master(
         &self,
         tls: Option<&Tls>,
-    ) -> Result<(MultiplexedConnection, ReadBudget), SyncError> {
+    ) -> Result<(MultiplexedConnection, ReadBudget, (String, u16)), SyncError> {
         let (host, port) = self.master_address(tls).await?;
+        let address = (host.clone(), port);
         let master = RedisConnectionInfo {
             db: self.spec.db,
             username: self.spec.username.clone(),
@@ -55,18 +65,44 @@ impl Sentinels {
         if !is_master(&role) {
             return Err(SyncError::NotMaster);
         }
-        Ok((connection, budget))
+        Ok((connection, budget, address))
+    }
+
+    /// A task beside the loop (on its runtime) that asks the sentinels every second where
+    /// the master is, and sets `moved` once they name another address than `connected`
+    /// (then ends). Aborted when the loop drops its connection. A sentinel that does not
+    /// answer within a second is passed over for the next.
+    pub fn watch(
+        self: &Arc<Self>,
+        tls: Option<Tls>,
+        connected: (String, u16),
+        moved: Arc<AtomicBool>,
+    ) -> tokio::task::JoinHandle<()> {
+        let sentinels = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(WATCH_EVERY).await;
+                let asked =
+                    tokio::time::timeout(WATCH_EVERY, sentinels.master_address(tls.as_ref()));
+                if let Ok(Ok(address)) = asked.await {
+                    if address != connected {
+                        moved.store(true, Ordering::Release);
+                        return;
+                    }
+                }
+            }
+        })
     }
 
     /// The master's address from the first sentinel that knows it.
     async fn master_address(&self, tls: Option<&Tls>) -> Result<(String, u16), SyncError> {
         let count = self.spec.sentinels.len();
-        let start = self.first.get();
+        let start = self.first.load(Ordering::Relaxed);
         let mut last = SyncError::Connect;
         for step in 0..count {
             let at = (start + step) % count;
             // Cut short here (the round's timeout), the next round starts after this one.
-            self.first.set((at + 1) % count);
+            self.first.store((at + 1) % count, Ordering::Relaxed);
             let (host, port) = &self.spec.sentinels[at];
             let auth = RedisConnectionInfo {
                 password: self.spec.sentinel_password.clone(),
@@ -75,7 +111,7 @@ impl Sentinels {
             let info = self.info(host.clone(), *port, auth);
             match self.ask(&info, tls).await {
                 Ok(address) => {
-                    self.first.set(at);
+                    self.first.store(at, Ordering::Relaxed);
                     return Ok(address);
                 }
                 Err(error) => last = error,
