@@ -245,24 +245,12 @@ impl Redis {
 
     /// `redis-cli` against this server (with TLS and the password when it needs them).
     pub fn cli(&self, args: &[&str]) -> String {
-        let mut command = Command::new("redis-cli");
-        command.stdin(Stdio::null());
-        if let Some(password) = &self.password {
-            command.args(["--no-auth-warning", "-a", password]);
-        }
-        if let Some(dir) = &self.tls_dir {
-            // The client certificate too, for servers with `--tls-auth-clients yes`.
-            command.arg("--tls").arg("--cacert").arg(dir.join("ca.pem"));
-            command.arg("--cert").arg(dir.join("client.pem"));
-            command.arg("--key").arg(dir.join("client.key"));
-        }
-        // -c follows a cluster's redirections (and changes nothing on a single server).
-        let output = command
-            .args(["-c", "-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .expect("cannot run redis-cli");
-        String::from_utf8_lossy(&output.stdout).into_owned()
+        redis_cli(
+            self.port,
+            self.password.as_deref(),
+            self.tls_dir.as_deref(),
+            args,
+        )
     }
 
     pub fn signal(&self, signal: i32) {
@@ -312,6 +300,33 @@ impl Drop for Redis {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// `redis-cli` against the server on `port`, with its password and, for a TLS-only one, the
+/// PKI's CA and client certificate (for servers with `--tls-auth-clients yes`).
+fn redis_cli(
+    port: u16,
+    password: Option<&str>,
+    tls_dir: Option<&std::path::Path>,
+    args: &[&str],
+) -> String {
+    let mut command = Command::new("redis-cli");
+    command.stdin(Stdio::null());
+    if let Some(password) = password {
+        command.args(["--no-auth-warning", "-a", password]);
+    }
+    if let Some(dir) = tls_dir {
+        command.arg("--tls").arg("--cacert").arg(dir.join("ca.pem"));
+        command.arg("--cert").arg(dir.join("client.pem"));
+        command.arg("--key").arg(dir.join("client.key"));
+    }
+    // -c follows a cluster's redirections (and changes nothing on a single server).
+    let output = command
+        .args(["-c", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("cannot run redis-cli");
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// Three masters made into a Redis Cluster with `redis-cli --cluster create`, ready when
@@ -514,20 +529,12 @@ impl Sentinel {
 
     /// `redis-cli` against the sentinel.
     pub fn cli(&self, args: &[&str]) -> String {
-        let mut command = Command::new("redis-cli");
-        command.stdin(Stdio::null());
-        if let Some(password) = &self.password {
-            command.args(["--no-auth-warning", "-a", password]);
-        }
-        if let Some(dir) = &self.tls_dir {
-            command.arg("--tls").arg("--cacert").arg(dir.join("ca.pem"));
-        }
-        let output = command
-            .args(["-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .expect("cannot run redis-cli");
-        String::from_utf8_lossy(&output.stdout).into_owned()
+        redis_cli(
+            self.port,
+            self.password.as_deref(),
+            self.tls_dir.as_deref(),
+            args,
+        )
     }
 
     /// The master's port as the sentinel names it now.
