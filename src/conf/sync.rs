@@ -19,7 +19,7 @@ pub struct SyncConf {
 }
 
 /// `rate_limit_sync redis://… [cluster] [interval=] [timeout=] [prefix=] [on_failure=]
-/// [tls_ca=] [tls_cert= tls_key=];`
+/// [tls_ca=] [tls_cert= tls_key=];`, or with a `redis-sentinel://` URL [sentinel_password=].
 pub extern "C" fn cmd_rate_limit_sync(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
@@ -36,7 +36,8 @@ pub extern "C" fn cmd_rate_limit_sync(
 fn rate_limit_sync(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
     let words = cf.words(1)?;
     let spec = SyncSpec::parse_words(&words)?;
-    for url in &spec.urls {
+    // A Sentinel URL was parsed whole with the spec; the client has no form for it.
+    for url in spec.urls.iter().filter(|_| spec.sentinel.is_none()) {
         if let Err(error) = redis::Client::open(url.as_str()) {
             return Err(ConfError::InvalidRedisUrl {
                 url: url.clone(),

@@ -21,6 +21,7 @@ mod cluster;
 mod link;
 mod overrides;
 mod repeats;
+mod sentinel;
 mod shared;
 mod task;
 mod tls;

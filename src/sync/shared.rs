@@ -32,10 +32,14 @@ pub enum SyncError {
     ConnectUnreachable = 13,
     /// A reply larger than the exchange allows: the connection was dropped.
     ReplyTooLarge = 14,
+    /// No sentinel answered with a master for the URL's name.
+    SentinelNoMaster = 15,
+    /// The server the sentinels named does not say it is the master (`ROLE`).
+    NotMaster = 16,
 }
 
 impl SyncError {
-    const ALL: [SyncError; 15] = [
+    const ALL: [SyncError; 17] = [
         SyncError::None,
         SyncError::Connect,
         SyncError::Timeout,
@@ -51,6 +55,8 @@ impl SyncError {
         SyncError::ConnectTimeout,
         SyncError::ConnectUnreachable,
         SyncError::ReplyTooLarge,
+        SyncError::SentinelNoMaster,
+        SyncError::NotMaster,
     ];
 
     /// The error stored as `code` (`None` for anything else).
@@ -87,6 +93,12 @@ impl SyncError {
             }
             SyncError::ConnectUnreachable => "cannot connect: network or host unreachable",
             SyncError::ReplyTooLarge => "reply too large, connection dropped",
+            SyncError::SentinelNoMaster => {
+                "no sentinel knows a master of that name (see \"sentinel monitor\")"
+            }
+            SyncError::NotMaster => {
+                "the server the sentinels named is not a master (a failover under way?)"
+            }
         }
     }
 }

@@ -252,6 +252,9 @@ impl Link {
                 single.connection = None;
                 single.scripts_loaded = false;
                 single.connecting = false;
+                if let Some((watcher, _)) = single.watcher.take() {
+                    watcher.abort();
+                }
             }
             Link::Cluster(cluster) => cluster.reset(),
         }
@@ -287,9 +290,13 @@ impl Link {
     }
 }
 
-/// One Redis server.
+/// One Redis server, or the master the sentinels name.
 struct SingleLink {
     info: Option<redis::ConnectionInfo>,
+    /// For a `redis-sentinel://` URL: every new connection asks them for the master, and a
+    /// watcher asks them again while it is open (`moved`: they named another master).
+    sentinels: Option<Arc<super::sentinel::Sentinels>>,
+    watcher: Option<(tokio::task::JoinHandle<()>, Arc<AtomicBool>)>,
     tls: Option<link::Tls>,
     connection: Option<(redis::aio::MultiplexedConnection, ReadBudget)>,
     scripts_loaded: bool,
@@ -308,12 +315,30 @@ impl SingleLink {
         scripts: &[&str],
     ) -> Result<Vec<redis::Value>, SyncError> {
         self.overflowed.set(false);
-        let Some(info) = &self.info else {
-            return Err(SyncError::BadUrl);
-        };
+        if let Some((watcher, moved)) = &self.watcher {
+            if moved.load(Ordering::Acquire) {
+                // The sentinels name another master: this round goes to it.
+                watcher.abort();
+                self.watcher = None;
+                self.connection = None;
+                self.scripts_loaded = false;
+            }
+        }
         if self.connection.is_none() {
             self.connecting = true;
-            let connection = link::connect(info, self.tls.as_ref()).await;
+            let connection = match (&self.sentinels, &self.info) {
+                (Some(sentinels), _) => match sentinels.connect_master(self.tls.as_ref()).await {
+                    Ok((connection, budget, address)) => {
+                        let moved = Arc::new(AtomicBool::new(false));
+                        let watcher = sentinels.watch(self.tls.clone(), address, moved.clone());
+                        self.watcher = Some((watcher, moved));
+                        Ok((connection, budget))
+                    }
+                    Err(error) => Err(error),
+                },
+                (None, Some(info)) => link::connect(info, self.tls.as_ref()).await,
+                (None, None) => Err(SyncError::BadUrl),
+            };
             self.connecting = false;
             let (connection, budget) = connection?;
             budget.allow(self.allowed.get());
@@ -397,6 +422,12 @@ impl Task {
                 info: redis::Client::open(self.spec.urls[0].as_str())
                     .ok()
                     .map(|client| client.get_connection_info().clone()),
+                sentinels: self
+                    .spec
+                    .sentinel
+                    .clone()
+                    .map(|spec| Arc::new(super::sentinel::Sentinels::new(spec))),
+                watcher: None,
                 tls,
                 connection: None,
                 scripts_loaded: false,

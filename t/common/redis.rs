@@ -1,6 +1,7 @@
 //! Real `redis-server`s for the `rate_limit_sync` tests: one server or a Redis Cluster of
 //! three masters, plain or TLS (`--tls-port`, with certificates made here by the `openssl`
-//! CLI), each on a free loopback port and killed on drop.
+//! CLI), or a master, its replica and a sentinel watching them; each on a free loopback port
+//! and killed on drop.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -244,24 +245,12 @@ impl Redis {
 
     /// `redis-cli` against this server (with TLS and the password when it needs them).
     pub fn cli(&self, args: &[&str]) -> String {
-        let mut command = Command::new("redis-cli");
-        command.stdin(Stdio::null());
-        if let Some(password) = &self.password {
-            command.args(["--no-auth-warning", "-a", password]);
-        }
-        if let Some(dir) = &self.tls_dir {
-            // The client certificate too, for servers with `--tls-auth-clients yes`.
-            command.arg("--tls").arg("--cacert").arg(dir.join("ca.pem"));
-            command.arg("--cert").arg(dir.join("client.pem"));
-            command.arg("--key").arg(dir.join("client.key"));
-        }
-        // -c follows a cluster's redirections (and changes nothing on a single server).
-        let output = command
-            .args(["-c", "-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .expect("cannot run redis-cli");
-        String::from_utf8_lossy(&output.stdout).into_owned()
+        redis_cli(
+            self.port,
+            self.password.as_deref(),
+            self.tls_dir.as_deref(),
+            args,
+        )
     }
 
     pub fn signal(&self, signal: i32) {
@@ -311,6 +300,33 @@ impl Drop for Redis {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// `redis-cli` against the server on `port`, with its password and, for a TLS-only one, the
+/// PKI's CA and client certificate (for servers with `--tls-auth-clients yes`).
+fn redis_cli(
+    port: u16,
+    password: Option<&str>,
+    tls_dir: Option<&std::path::Path>,
+    args: &[&str],
+) -> String {
+    let mut command = Command::new("redis-cli");
+    command.stdin(Stdio::null());
+    if let Some(password) = password {
+        command.args(["--no-auth-warning", "-a", password]);
+    }
+    if let Some(dir) = tls_dir {
+        command.arg("--tls").arg("--cacert").arg(dir.join("ca.pem"));
+        command.arg("--cert").arg(dir.join("client.pem"));
+        command.arg("--key").arg(dir.join("client.key"));
+    }
+    // -c follows a cluster's redirections (and changes nothing on a single server).
+    let output = command
+        .args(["-c", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("cannot run redis-cli");
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// Three masters made into a Redis Cluster with `redis-cli --cluster create`, ready when
@@ -372,4 +388,179 @@ pub fn assert_keys_spread(nodes: &[Redis]) {
         holding >= 2,
         "the zone's keys did not spread over the nodes"
     );
+}
+
+/// A master, a replica of it and a sentinel monitoring them as `master_name` (quorum 1,
+/// down after 1 s, failover timeout 3 s). With `password`, the master and the replica
+/// require it (`--requirepass`, `--masterauth`, and `sentinel auth-pass` for the sentinel);
+/// with `sentinel_password`, the sentinel requires its own (`requirepass` in sentinel.conf).
+/// With a PKI, all three speak TLS only, to their clients and to each other.
+pub struct SentinelSet {
+    pub master: Redis,
+    pub replica: Redis,
+    pub sentinel: Sentinel,
+}
+
+impl SentinelSet {
+    pub fn start(
+        master_name: &str,
+        password: Option<&str>,
+        sentinel_password: Option<&str>,
+    ) -> SentinelSet {
+        SentinelSet::start_on(master_name, password, sentinel_password, None)
+    }
+
+    pub fn start_on(
+        master_name: &str,
+        password: Option<&str>,
+        sentinel_password: Option<&str>,
+        pki: Option<&Pki>,
+    ) -> SentinelSet {
+        let mut auth: Vec<&str> = match password {
+            Some(password) => vec!["--requirepass", password, "--masterauth", password],
+            None => Vec::new(),
+        };
+        if pki.is_some() {
+            auth.extend(["--tls-replication", "yes"]);
+        }
+        let start = |args: &[&str]| match pki {
+            Some(pki) => Redis::start_tls(pki, args),
+            None => Redis::start_with(args),
+        };
+        let master = start(&auth);
+        let master_port = master.port.to_string();
+        let mut replica_args = auth.clone();
+        replica_args.extend(["--replicaof", "127.0.0.1", &master_port]);
+        let replica = start(&replica_args);
+        wait_for(
+            || {
+                replica
+                    .cli(&["INFO", "replication"])
+                    .contains("master_link_status:up")
+            },
+            "the replica never linked to its master",
+        );
+        let sentinel = Sentinel::start(master_name, master.port, password, sentinel_password, pki);
+        // The sentinel learns of the replica from the master's INFO: a failover needs it.
+        wait_for(
+            || {
+                sentinel
+                    .cli(&["SENTINEL", "replicas", master_name])
+                    .contains(&replica.port.to_string())
+            },
+            "the sentinel never saw the replica",
+        );
+        SentinelSet {
+            master,
+            replica,
+            sentinel,
+        }
+    }
+}
+
+/// `redis-server sentinel.conf --sentinel`, killed on drop.
+pub struct Sentinel {
+    pub port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+    password: Option<String>,
+    tls_dir: Option<PathBuf>,
+}
+
+impl Sentinel {
+    fn start(
+        master_name: &str,
+        master_port: u16,
+        password: Option<&str>,
+        sentinel_password: Option<&str>,
+        pki: Option<&Pki>,
+    ) -> Sentinel {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!(
+            "ngx-rate-limit-sentinel-{}-{port}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("cannot create the sentinel directory");
+        let listen = match pki {
+            Some(pki) => format!(
+                "port 0\ntls-port {port}\ntls-replication yes\ntls-auth-clients no\n\
+                 tls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n",
+                pki.file("server.pem"),
+                pki.file("server.key"),
+                pki.file("ca.pem")
+            ),
+            None => format!("port {port}\n"),
+        };
+        let mut conf = format!(
+            "{listen}bind 127.0.0.1\ndir {}\n\
+             sentinel monitor {master_name} 127.0.0.1 {master_port} 1\n\
+             sentinel down-after-milliseconds {master_name} 1000\n\
+             sentinel failover-timeout {master_name} 3000\n",
+            dir.display()
+        );
+        if let Some(password) = password {
+            conf += &format!("sentinel auth-pass {master_name} {password}\n");
+        }
+        if let Some(password) = sentinel_password {
+            conf += &format!("requirepass {password}\n");
+        }
+        let file = dir.join("sentinel.conf");
+        std::fs::write(&file, conf).expect("cannot write sentinel.conf");
+        let child = Command::new("redis-server")
+            .arg(&file)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start redis-server --sentinel (install redis-server)");
+        let sentinel = Sentinel {
+            port,
+            dir,
+            child: Some(child),
+            password: sentinel_password.map(str::to_string),
+            tls_dir: pki.map(|pki| pki.dir.clone()),
+        };
+        wait_for(
+            || sentinel.cli(&["PING"]).trim() == "PONG",
+            "the sentinel did not answer PING",
+        );
+        sentinel
+    }
+
+    /// `redis-cli` against the sentinel.
+    pub fn cli(&self, args: &[&str]) -> String {
+        redis_cli(
+            self.port,
+            self.password.as_deref(),
+            self.tls_dir.as_deref(),
+            args,
+        )
+    }
+
+    /// The master's port as the sentinel names it now.
+    pub fn master_port(&self, master_name: &str) -> Option<u16> {
+        let reply = self.cli(&["SENTINEL", "get-master-addr-by-name", master_name]);
+        reply.lines().nth(1)?.trim().parse().ok()
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Polls `done` every 20 ms for at most 10 s.
+fn wait_for(done: impl Fn() -> bool, failure: &str) {
+    for _ in 0..500 {
+        if done() {
+            return;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{failure} within 10 s");
 }

@@ -35,6 +35,7 @@ pub mod history;
 pub mod key;
 pub mod key_form;
 pub mod leaky_bucket;
+pub mod lease;
 pub mod log_format;
 pub mod penalty;
 pub mod rate;

@@ -1,0 +1,384 @@
+//! A fleet-wide concurrency limit as leases: the fleet's `limit` permits are handed out to the
+//! instances in leases, each instance grants permits to its requests from its own lease (no
+//! round trip on the request path), and once per sync round asks Redis for more or gives back
+//! what it does not use. Pure code: time comes in as milliseconds, nothing is sent here.
+//!
+//! Two sides:
+//! - [`serve`] is what Redis runs atomically (one Lua script call) for one instance's
+//!   [`LeaseRequest`]: the fleet's state is a hash of instance -> [`Holder`] (its lease, what
+//!   it wants, the last request number applied, and when the lease expires on Redis's clock).
+//! - [`LeaseHolder`] is an instance's view: its lease, its permits in use, and what it has
+//!   asked for.
+//!
+//! **Invariant.** The leases recorded in Redis and not expired add up to at most `limit`, and
+//! an instance's own lease is never more than its record in Redis; so the leases the
+//! instances hold add up to at most `limit`, whatever messages are delayed, lost, reordered or
+//! duplicated, and whichever instances crash. Why: an instance's lease grows only from a reply
+//! to the last request it sent (Redis recorded the grant before replying); it shrinks itself
+//! before telling Redis (a request's `keep` is what it holds from then on); Redis applies an
+//! instance's requests in the order they were sent (a request numbered no later than the last
+//! applied is stale and changes nothing); and an instance counts its lease as expired `ttl`
+//! after it *sent* the request, Redis `ttl` after it *applied* it, which is later.
+//!
+//! **Expiry.** A lease not renewed expires `ttl` after the last request Redis applied: with
+//! [`EXPIRY_ROUNDS`] intervals as `ttl`, a crashed instance's permits are back in the fleet
+//! within three intervals of its last round. Clocks: the instance measures its `ttl` on its
+//! own clock from the moment it sent, Redis on its clock from the moment it applied; only the
+//! two clocks' rates need to agree (a caller may shorten the instance's `ttl` by a margin).
+//!
+//! **Permits in use.** An instance grants a permit only when its permits in use are fewer
+//! than its lease, and never shrinks its lease below them by itself, so while its lease is
+//! renewed (Redis answers) the permits in use across the fleet are at most `limit`. A lease
+//! that expires with requests still in flight (the instance could not reach Redis for `ttl`)
+//! leaves those requests running beyond it: they are counted in
+//! [`LeaseHolder::expired_in_use`], and the failure mode (`on_failure=`) governs what the
+//! instance grants meanwhile.
+//!
+//! **Sharing.** Each request says what the instance would like to hold (`want`: its peak use
+//! since the last round, plus what it refused, plus one while it has traffic; nothing when
+//! idle, so an idle instance gives its lease back). Redis grants up to `want` from what no
+//! other lease holds; while another instance wants more than it holds, a lease grows only up
+//! to the instance's fair part (max-min fair over the instances' wants, [`fair_level`]), and
+//! every reply carries that part as `target`: an instance above it stops granting new permits
+//! beyond it, so the surplus comes back as its requests finish. An instance with all the
+//! traffic ends up holding the whole limit; two with more demand than the limit end up with
+//! half each.
+
+use std::collections::BTreeMap;
+
+/// A lease's lifetime in sync intervals: a lease not renewed for this long expires.
+pub const EXPIRY_ROUNDS: u64 = 3;
+
+/// One instance's record in Redis.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Holder {
+    /// Permits leased to the instance.
+    pub lease: u32,
+    /// What it asked to hold in its last request.
+    pub want: u32,
+    /// The number of the last request applied.
+    pub seq: u64,
+    /// When the lease expires, on Redis's clock (ms).
+    pub expires_ms: u64,
+}
+
+/// What an instance sends once per round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseRequest {
+    /// The instance's id (its field in Redis's hash).
+    pub instance: u64,
+    /// Increases with every request the instance sends.
+    pub seq: u64,
+    /// What the instance holds from now on (it already stopped granting beyond it).
+    pub keep: u32,
+    /// What it would like to hold.
+    pub want: u32,
+}
+
+/// Redis's answer to a [`LeaseRequest`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseReply {
+    /// The request was applied.
+    Granted {
+        /// The request's number.
+        seq: u64,
+        /// The instance's lease now (at least `keep` while its record was alive).
+        lease: u32,
+        /// Its fair part of the limit while another instance is short (it grants no new
+        /// permit beyond it), else at least its lease.
+        target: u32,
+        /// Instances holding a live record, this one included.
+        instances: u32,
+    },
+    /// A request older than one already applied: nothing changed.
+    Stale {
+        /// The request's number.
+        seq: u64,
+    },
+}
+
+/// What the Lua script does with one request, at `now_ms` on Redis's clock: expired records
+/// dropped, the request applied unless stale, the instance's record written.
+pub fn serve(
+    holders: &mut BTreeMap<u64, Holder>,
+    limit: u32,
+    request: &LeaseRequest,
+    now_ms: u64,
+    ttl_ms: u64,
+) -> LeaseReply {
+    holders.retain(|_, holder| holder.expires_ms > now_ms);
+    let mine = holders.get(&request.instance).copied();
+    if mine.is_some_and(|holder| request.seq <= holder.seq) {
+        return LeaseReply::Stale { seq: request.seq };
+    }
+    let held = mine.map_or(0, |holder| holder.lease);
+    // An instance keeps at most what its record holds (an expired record holds nothing).
+    let keep = request.keep.min(held);
+    let want = request.want.min(limit).max(keep);
+    let others: u64 = holders
+        .iter()
+        .filter(|(&instance, _)| instance != request.instance)
+        .map(|(_, holder)| u64::from(holder.lease))
+        .sum();
+    let free = u64::from(limit).saturating_sub(others + u64::from(keep));
+    let wants: Vec<u32> = holders
+        .iter()
+        .filter(|(&instance, _)| instance != request.instance)
+        .map(|(_, holder)| holder.want)
+        .chain([want])
+        .collect();
+    let level = fair_level(limit, &wants);
+    let target = want.min(level);
+    let others_short = holders
+        .iter()
+        .any(|(&instance, holder)| instance != request.instance && holder.want > holder.lease);
+    let cap = if others_short { target.max(keep) } else { want };
+    // While nobody else is short the instance may use all it holds.
+    let target = if others_short { target } else { want.max(keep) };
+    let grow = u64::from(cap.saturating_sub(keep)).min(free) as u32;
+    let lease = keep + grow;
+    holders.insert(
+        request.instance,
+        Holder {
+            lease,
+            want,
+            seq: request.seq,
+            expires_ms: now_ms.saturating_add(ttl_ms),
+        },
+    );
+    LeaseReply::Granted {
+        seq: request.seq,
+        lease,
+        target,
+        instances: holders.len() as u32,
+    }
+}
+
+/// The max-min fair level: the largest `level` with `sum(min(want, level)) <= limit`, so that
+/// an instance wanting less than its equal part gets what it wants and the others share the
+/// rest equally (permits left over by rounding are granted to whoever asks while nobody else
+/// is short).
+///
+/// ```
+/// use ratelimit_core::lease::fair_level;
+///
+/// assert_eq!(fair_level(12, &[12, 12, 12]), 4);
+/// assert_eq!(fair_level(12, &[2, 12, 12]), 5);
+/// assert_eq!(fair_level(12, &[12, 0, 0]), 12);
+/// ```
+pub fn fair_level(limit: u32, wants: &[u32]) -> u32 {
+    let used = |level: u32| -> u64 { wants.iter().map(|&w| u64::from(w.min(level))).sum() };
+    let (mut low, mut high) = (0u32, limit);
+    while low < high {
+        let mid = low + (high - low).div_ceil(2);
+        if used(mid) <= u64::from(limit) {
+            low = mid;
+        } else {
+            high = mid - 1;
+        }
+    }
+    low
+}
+
+/// An instance's side of the leases.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseHolder {
+    /// The instance's id, as its requests carry it.
+    pub instance: u64,
+    /// Permits it may have in use (0 once expired).
+    pub lease: u32,
+    /// Permits its requests hold now.
+    pub in_use: u32,
+    /// Its fair part, from the last reply applied.
+    pub target: u32,
+    /// When its lease expires on its own clock (ms): `ttl` after the request it answered.
+    pub expires_ms: u64,
+    /// The number of the last request sent.
+    pub seq: u64,
+    /// When it was sent, on the instance's clock (ms).
+    pub sent_ms: u64,
+    /// The requests sent before it (number, when), newest first, for their late replies.
+    pub earlier: [(u64, u64); 3],
+    /// The most permits in use at once since the last request.
+    pub peak: u32,
+    /// Permits refused since the last request.
+    pub refused: u32,
+    /// Instances with a live lease record, from the last reply.
+    pub instances: u32,
+    /// Leases that expired while permits were in use (Redis unreachable for `ttl`).
+    pub expired_in_use: u64,
+}
+
+impl LeaseHolder {
+    /// An instance holding nothing yet.
+    pub fn new(instance: u64) -> LeaseHolder {
+        LeaseHolder {
+            instance,
+            lease: 0,
+            in_use: 0,
+            target: 0,
+            expires_ms: 0,
+            seq: 0,
+            sent_ms: 0,
+            earlier: [(0, 0); 3],
+            peak: 0,
+            refused: 0,
+            instances: 1,
+            expired_in_use: 0,
+        }
+    }
+
+    /// The lease as of `now_ms`: nothing once expired.
+    fn expire(&mut self, now_ms: u64) {
+        if self.lease > 0 && now_ms >= self.expires_ms {
+            if self.in_use > 0 {
+                self.expired_in_use += 1;
+            }
+            self.lease = 0;
+        }
+    }
+
+    /// One permit for a request, if the lease has room for it.
+    pub fn acquire(&mut self, now_ms: u64) -> bool {
+        self.expire(now_ms);
+        // Beyond its fair part, a freed permit is not granted again: it goes back to the fleet.
+        if self.in_use < self.lease.min(self.target) {
+            self.in_use += 1;
+            self.peak = self.peak.max(self.in_use);
+            true
+        } else {
+            self.refused = self.refused.saturating_add(1);
+            false
+        }
+    }
+
+    /// A request finished: its permit is free again.
+    pub fn release(&mut self) {
+        self.in_use = self.in_use.saturating_sub(1);
+    }
+
+    /// The round's request: the lease is shrunk first to what it keeps (its permits in use,
+    /// and no more than its fair part or what it wants).
+    pub fn request(&mut self, now_ms: u64, limit: u32) -> LeaseRequest {
+        self.expire(now_ms);
+        let busy = self.peak.max(self.in_use);
+        let extra = if busy > 0 || self.refused > 0 { 1 } else { 0 };
+        let want = busy
+            .saturating_add(self.refused)
+            .saturating_add(extra)
+            .min(limit);
+        let keep = self.lease.min(self.in_use.max(self.target.min(want)));
+        self.lease = keep;
+        self.earlier.rotate_right(1);
+        self.earlier[0] = (self.seq, self.sent_ms);
+        self.seq += 1;
+        self.sent_ms = now_ms;
+        self.peak = self.in_use;
+        self.refused = 0;
+        LeaseRequest {
+            instance: self.instance,
+            seq: self.seq,
+            keep,
+            want,
+        }
+    }
+
+    /// Redis's reply. The reply to the last request sent sets the lease (never above the
+    /// grant; down to the fair part as requests finish). A reply to an earlier one (a round
+    /// trip longer than the interval) renews the lease from when that request was sent and
+    /// changes nothing else: a later request may have given permits back since.
+    pub fn apply(&mut self, reply: &LeaseReply, now_ms: u64, ttl_ms: u64) {
+        let LeaseReply::Granted {
+            seq,
+            lease,
+            target,
+            instances,
+        } = *reply
+        else {
+            return;
+        };
+        self.expire(now_ms);
+        if seq == self.seq {
+            self.expires_ms = self.sent_ms.saturating_add(ttl_ms);
+            self.target = target;
+            self.instances = instances.max(1);
+            self.lease = lease.min(self.in_use.max(target));
+        } else if let Some(&(_, sent_ms)) = self.earlier.iter().find(|(sent, _)| *sent == seq) {
+            // Its grant was at least what that request kept, and the lease has only shrunk
+            // since: the lease stands as it is.
+            self.expires_ms = self.expires_ms.max(sent_ms.saturating_add(ttl_ms));
+        }
+        self.expire(now_ms);
+    }
+
+    /// `on_failure=local_share`: the permits it may grant alone, `limit` over the instances
+    /// known at the last reply.
+    pub fn local_share(&self, limit: u32) -> u32 {
+        limit / self.instances.max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn granted(reply: LeaseReply) -> (u32, u32) {
+        match reply {
+            LeaseReply::Granted { lease, target, .. } => (lease, target),
+            LeaseReply::Stale { .. } => panic!("stale"),
+        }
+    }
+
+    #[test]
+    fn grants_what_is_free_and_shares_when_short() {
+        let mut holders = BTreeMap::new();
+        let ask = |instance, seq, keep, want| LeaseRequest {
+            instance,
+            seq,
+            keep,
+            want,
+        };
+        // Alone: everything it wants.
+        let reply = serve(&mut holders, 12, &ask(1, 1, 0, 12), 0, 300);
+        assert_eq!(granted(reply), (12, 12));
+        // A second instance finds nothing free (nobody else is short yet: no part named).
+        let reply = serve(&mut holders, 12, &ask(2, 1, 0, 12), 10, 300);
+        assert_eq!(granted(reply), (0, 12));
+        // The first is told its fair part and keeps what it still uses (8).
+        let reply = serve(&mut holders, 12, &ask(1, 2, 8, 12), 100, 300);
+        assert_eq!(granted(reply), (8, 6));
+        // The second gets what was given back, up to its part.
+        let reply = serve(&mut holders, 12, &ask(2, 2, 0, 12), 110, 300);
+        assert_eq!(granted(reply), (4, 6));
+        // A stale request changes nothing.
+        assert_eq!(
+            serve(&mut holders, 12, &ask(1, 1, 12, 12), 120, 300),
+            LeaseReply::Stale { seq: 1 }
+        );
+        // The first stops renewing: its lease expires 300 ms after its last request.
+        let reply = serve(&mut holders, 12, &ask(2, 3, 4, 12), 399, 300);
+        assert_eq!(granted(reply), (4, 6));
+        let reply = serve(&mut holders, 12, &ask(2, 4, 4, 12), 400, 300);
+        assert_eq!(granted(reply), (12, 12));
+    }
+
+    #[test]
+    fn a_holder_grows_only_from_the_reply_to_its_last_request() {
+        let mut holders = BTreeMap::new();
+        let mut instance = LeaseHolder::new(7);
+        let first = instance.request(0, 10);
+        assert_eq!((first.keep, first.want), (0, 0));
+        assert!(!instance.acquire(1));
+        let second = instance.request(100, 10);
+        assert_eq!(second.want, 2);
+        let old = serve(&mut holders, 10, &first, 150, 300);
+        let new = serve(&mut holders, 10, &second, 160, 300);
+        instance.apply(&new, 170, 300);
+        instance.apply(&old, 171, 300);
+        assert_eq!(instance.lease, 2);
+        assert!(instance.acquire(172) && instance.acquire(173) && !instance.acquire(174));
+        // Expired 300 ms after the request was sent, with two permits in use.
+        assert!(!instance.acquire(400));
+        assert_eq!((instance.lease, instance.expired_in_use), (0, 1));
+    }
+}
