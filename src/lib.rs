@@ -17,11 +17,12 @@ use core::ptr;
 use ngx::core::Status;
 use ngx::ffi::{
     ngx_array_push, ngx_command_t, ngx_conf_set_flag_slot, ngx_conf_set_num_slot, ngx_conf_t,
-    ngx_cycle_t, ngx_http_handler_pt, ngx_http_module_t, ngx_http_phases_NGX_HTTP_LOG_PHASE,
-    ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, ngx_http_request_t, ngx_int_t, ngx_module_t,
-    ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_ANY, NGX_CONF_TAKE1, NGX_HTTP_LOC_CONF,
-    NGX_HTTP_LOC_CONF_OFFSET, NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE,
-    NGX_HTTP_SRV_CONF, NGX_LOG_EMERG,
+    ngx_core_module_t, ngx_cycle_t, ngx_http_handler_pt, ngx_http_module_t,
+    ngx_http_phases_NGX_HTTP_LOG_PHASE, ngx_http_phases_NGX_HTTP_PREACCESS_PHASE,
+    ngx_http_request_t, ngx_int_t, ngx_module_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_ANY,
+    NGX_CONF_TAKE1, NGX_CORE_MODULE, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
+    NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF,
+    NGX_LOG_EMERG,
 };
 use ngx::http::{HttpModule, HttpModuleMainConf, NgxHttpCoreModule};
 use ngx::ngx_string;
@@ -78,7 +79,6 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
         cf.log(&error);
         return Status::NGX_ERROR.into();
     }
-    control::postconfiguration(cf);
     admin::postconfiguration();
     // The log phase measures the latency of requests holding concurrency slots (only with a
     // concurrency zone) and gives back what `on_status=` charged for other statuses (only
@@ -235,7 +235,8 @@ static MODULE_CTX: ngx_http_module_t = ngx_http_module_t {
 #[cfg(feature = "export-modules")]
 #[no_mangle]
 #[allow(non_upper_case_globals)]
-pub static mut ngx_modules: [*const ngx_module_t; 3] = [
+pub static mut ngx_modules: [*const ngx_module_t; 4] = [
+    ptr::addr_of!(ngx_rate_limit_module),
     ptr::addr_of!(ngx_http_rate_limit_module),
     ptr::addr_of!(ngx_stream_rate_limit_module),
     ptr::null(),
@@ -244,7 +245,8 @@ pub static mut ngx_modules: [*const ngx_module_t; 3] = [
 #[cfg(feature = "export-modules")]
 #[no_mangle]
 #[allow(non_upper_case_globals)]
-pub static mut ngx_module_names: [*const core::ffi::c_char; 3] = [
+pub static mut ngx_module_names: [*const core::ffi::c_char; 4] = [
+    c"ngx_rate_limit_module".as_ptr(),
     c"ngx_http_rate_limit_module".as_ptr(),
     c"ngx_stream_rate_limit_module".as_ptr(),
     ptr::null(),
@@ -254,6 +256,37 @@ pub static mut ngx_module_names: [*const core::ffi::c_char; 3] = [
 #[no_mangle]
 #[allow(non_upper_case_globals)]
 pub static mut ngx_module_order: [*const core::ffi::c_char; 1] = [ptr::null()];
+
+// nginx reads the context (its name too) and never writes it.
+static mut REGISTRY_CTX: ngx_core_module_t = ngx_core_module_t {
+    name: ngx_string!("rate_limit"),
+    create_conf: Some(conf::registry::create_conf),
+    init_conf: Some(registry_init_conf),
+};
+
+/// The zone registry's module (a core module: its configuration exists in every cycle, with
+/// or without an `http` block). It has no directive of its own.
+#[used]
+#[allow(non_upper_case_globals)]
+#[cfg_attr(not(feature = "export-modules"), no_mangle)]
+pub static mut ngx_rate_limit_module: ngx_module_t = ngx_module_t {
+    ctx: ptr::addr_of_mut!(REGISTRY_CTX).cast(),
+    commands: ptr::null_mut(),
+    type_: NGX_CORE_MODULE as _,
+    ..ngx_module_t::default()
+};
+
+/// Once the whole configuration is read, before its shared memory is set up.
+unsafe extern "C" fn registry_init_conf(
+    cycle: *mut ngx_cycle_t,
+    _conf: *mut core::ffi::c_void,
+) -> *mut core::ffi::c_char {
+    // SAFETY: nginx passes the cycle being configured.
+    if let Some(cycle) = unsafe { cycle.as_ref() } {
+        control::configuration_read(cycle);
+    }
+    ngx::core::NGX_CONF_OK
+}
 
 #[used]
 #[allow(non_upper_case_globals)]
@@ -274,7 +307,6 @@ extern "C" fn init_module(cycle: *mut ngx_cycle_t) -> ngx_int_t {
     // SAFETY: nginx passes the cycle being initialized.
     if let Some(cycle) = unsafe { cycle.as_ref() } {
         conf::key::resolve_query_arg_keys(cycle);
-        stream::init_module(cycle);
     }
     Status::NGX_OK.into()
 }

@@ -688,3 +688,109 @@ fn the_state_file_keeps_a_stream_zones_changes_across_a_restart() {
     assert_eq!(passes(nginx.port_n(2), 5), [true, true, true, true, false]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Sessions held open until `count` are held, within `within`.
+fn hold(port: u16, count: usize, within: Duration) -> Vec<TcpStream> {
+    let mut held = Vec::new();
+    wait_for(&format!("{count} sessions admitted"), within, || {
+        if let Some(stream) = open(port) {
+            held.push(stream);
+        }
+        held.len() == count
+    });
+    held
+}
+
+#[test]
+fn a_stream_only_config_sweeps_a_dead_workers_permits_and_a_reload_keeps_the_counts() {
+    let upstream = tcp_echo();
+    let mut nginx = with_stream(&format!(
+        "rate_limit_zone $binary_remote_addr zone=conn:1m algorithm=concurrency limit=3;\n\
+         server {{ listen 127.0.0.1:%%PORT2%%; rate_limit zone=conn;\n\
+         proxy_pass 127.0.0.1:{upstream}; }}"
+    ))
+    .without_http()
+    .start();
+    let port = nginx.port_n(2);
+    let held = hold(port, 3, Duration::from_secs(5));
+    assert!(open(port).is_none(), "a fourth session at once is closed");
+
+    // The worker dies with its three permits held: its replacement's sweep gives them back.
+    let old = nginx.kill_workers();
+    nginx.wait_workers_replaced(&old);
+    drop(held);
+    let started = Instant::now();
+    let held = hold(port, 3, Duration::from_secs(5));
+    let swept_in = started.elapsed();
+    assert!(open(port).is_none(), "the limit holds after the sweep");
+    let errors = nginx.error_log();
+    assert!(
+        errors.contains("rate_limit zone \"conn\": gave back 3 slots"),
+        "{errors}"
+    );
+
+    // A reload keeps the zone and its counts: the old worker still serves the three sessions,
+    // and the new one refuses a fourth.
+    nginx.reload();
+    assert!(
+        open(port).is_none(),
+        "the three sessions of the old worker still count after a reload"
+    );
+    drop(held);
+    let _held = hold(port, 3, Duration::from_secs(5));
+    assert!(open(port).is_none(), "three held again");
+    eprintln!("permits swept within {swept_in:?}");
+}
+
+#[test]
+fn the_state_file_works_in_a_stream_only_config() {
+    let dir = std::env::temp_dir().join(format!(
+        "ngx-rate-limit-stream-only-state-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).expect("state dir");
+    let state = dir.join("state.json");
+    let upstream = tcp_echo();
+    let stream = format!(
+        "rate_limit_state_file {};\n\
+         rate_limit_zone $binary_remote_addr zone=kept:1m rate=1r/m;\n\
+         server {{ listen 127.0.0.1:%%PORT2%%; rate_limit zone=kept nodelay;\n\
+         proxy_pass 127.0.0.1:{upstream}; }}",
+        state.display()
+    );
+    // First with an admin API beside it, to change the zone's burst...
+    let nginx = with_stream(&stream)
+        .main("user root;")
+        .locations("location /ratelimit/ { rate_limit_admin write=on; }")
+        .start();
+    let (status, zone) = admin(&nginx, "PATCH", "zones/kept", Some(r#"{"burst": 3}"#));
+    assert_eq!(status, 200, "{zone}");
+    nginx.stop();
+    let saved = std::fs::read_to_string(&state).expect("the state file");
+    assert!(saved.contains("\"kept\""), "{saved}");
+    std::fs::remove_file(&state).expect("remove the state file");
+    std::fs::write(&state, &saved).expect("write the state file back");
+    let written = std::fs::metadata(&state).and_then(|m| m.modified()).ok();
+
+    // ... then without an http block: the zone starts with the burst the file keeps, and the
+    // first worker writes the file again from shared memory.
+    let nginx = with_stream(&stream)
+        .main("user root;")
+        .without_http()
+        .start();
+    assert_eq!(passes(nginx.port_n(2), 5), [true, true, true, true, false]);
+    let errors = nginx.error_log();
+    assert!(
+        errors.contains("zone \"kept\" restored: rate 1r/m burst 3"),
+        "{errors}"
+    );
+    wait_for(
+        "the state file rewritten by the first worker",
+        Duration::from_secs(5),
+        || std::fs::metadata(&state).and_then(|m| m.modified()).ok() != written,
+    );
+    let rewritten = std::fs::read_to_string(&state).expect("the state file");
+    assert!(rewritten.contains("\"kept\""), "{rewritten}");
+    nginx.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}

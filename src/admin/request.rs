@@ -9,10 +9,10 @@ use ngx::ffi::{
     ngx_http_output_filter, ngx_http_read_client_request_body, ngx_http_request_t,
     ngx_http_send_header, ngx_int_t, ngx_str_t,
 };
-use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
+use ngx::http::{HttpModuleLocationConf, NgxHttpCoreModule};
 use ratelimit_admin::{ApiError, Response, Route, MAX_BODY_BYTES};
 
-use crate::conf::RateLimitModule;
+use crate::conf::{registry, RateLimitModule};
 use crate::control::zones::shared_zones;
 use crate::glue::response::add_header;
 use crate::glue::{connection_log, now_ns};
@@ -107,12 +107,12 @@ fn wants_html(r: &ngx_http_request_t) -> bool {
 }
 
 fn execute(r: &ngx_http_request_t, route: &Route, body: &[u8]) -> Response {
-    let Some(mcf) = RateLimitModule::main_conf(r) else {
+    let Some(registry) = registry::running() else {
         return Response::error(&ApiError::UnknownPath(String::new()));
     };
-    let response = ratelimit_admin::execute(route, body, &shared_zones(mcf, now_ns()));
+    let response = ratelimit_admin::execute(route, body, &shared_zones(registry, now_ns()));
     if response.changed {
-        crate::control::changed(mcf, connection_log(r));
+        crate::control::changed(registry, connection_log(r));
     }
     response
 }

@@ -20,6 +20,7 @@ use ratelimit_core::usage::{Amount, UsageSource, UsageSpec};
 use ratelimit_core::{Algorithm, DelayMode, LimitSpec, Rate, RateUnit, SpecError, ZoneSpec};
 
 use super::ext::ConfExt;
+use super::registry;
 use super::{
     add_shared_zone, main_conf, variable_index, AdminConf, AmountConf, ConfError, LimitConf,
     LocConf, LocationBursts, UsageConf, UsageSourceConf, ZoneConf, ZoneReference,
@@ -84,6 +85,9 @@ fn rate_limit_zone(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
     shm_zone.data = zone_conf.cast();
     shm_zone.init = zone_init;
     mcf.zones.push(zone_conf);
+    registry::configuring(cf)
+        .ok_or(ConfError::Logged)?
+        .add(zone_conf);
     Ok(())
 }
 
@@ -519,7 +523,7 @@ fn admin(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
     Ok(())
 }
 
-/// `rate_limit_state_file PATH;`
+/// `rate_limit_state_file PATH;` (the http and the stream directive)
 pub extern "C" fn cmd_state_file(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
@@ -531,15 +535,17 @@ pub extern "C" fn cmd_state_file(
     answer(cf, result)
 }
 
-fn state_file(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
+/// `rate_limit_state_file PATH;` in `http {}` or `stream {}`: one per configuration, for
+/// every zone whichever block declared it.
+pub fn state_file(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
     let path = String::from_utf8_lossy(cf.args()[1].as_bytes()).into_owned();
-    let mcf = main_conf(cf).ok_or(ConfError::Logged)?;
-    if mcf.state_file.is_some() {
+    let registry = registry::configuring(cf).ok_or(ConfError::Logged)?;
+    if registry.state_file.is_some() {
         return Err(ConfError::Duplicate("rate_limit_state_file"));
     }
     if path.is_empty() {
         return Err(ConfError::EmptyStateFile);
     }
-    mcf.state_file = Some(path);
+    registry.state_file = Some(path);
     Ok(())
 }

@@ -23,18 +23,19 @@ use core::ffi::c_void;
 
 use ngx::core::Status;
 use ngx::ffi::NGX_LOG_NOTICE;
-use ngx::ffi::{ngx_conf_t, ngx_cycle_t, ngx_int_t, ngx_log_t, ngx_shm_zone_t, NGX_LOG_EMERG};
+use ngx::ffi::{ngx_cycle_t, ngx_int_t, ngx_log_t, ngx_shm_zone_t, NGX_LOG_EMERG};
 use ngx::ngx_log_error;
 
-use crate::conf::{MainConf, ZoneConf};
+use crate::conf::registry::{self, Registry};
+use crate::conf::ZoneConf;
 use crate::glue::now_ns;
 use crate::store::sizing::size_hint;
 use crate::store::{counters, sync_record, Zone};
 
 /// After a change of a zone's limits or overrides: the state file keeps it, and the sync
 /// loop pushes it to the fleet now rather than at its next round.
-pub fn changed(mcf: &MainConf, log: *mut ngx_log_t) {
-    persist::save(mcf, log);
+pub fn changed(registry: &Registry, log: *mut ngx_log_t) {
+    persist::save(registry, log);
     wake_sync_loop();
 }
 
@@ -45,9 +46,12 @@ pub fn wake_sync_loop() {
     }
 }
 
-/// Once the `http` block is read.
-pub fn postconfiguration(cf: &mut ngx_conf_t) {
-    persist::configure(cf);
+/// Once the whole configuration (`http` and `stream` blocks) is read, before its zones are
+/// initialized: the zone registry's `init_conf`.
+pub fn configuration_read(cycle: &ngx_cycle_t) {
+    if let Some(registry) = registry::of(cycle) {
+        persist::configure(cycle, registry);
+    }
 }
 
 /// In each worker at start.

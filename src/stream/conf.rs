@@ -17,7 +17,7 @@ use crate::conf::directives::{
     check_unclaimed, limit_line, log_level_value, parse_zone, single_variable, LineContext,
 };
 use crate::conf::ext::ConfExt;
-use crate::conf::{self, ConfError, LimitConf, ZoneConf, ZoneReference, UNSET};
+use crate::conf::{self, registry, ConfError, LimitConf, ZoneConf, ZoneReference, UNSET};
 
 /// A `rate_limit_zone` of the stream block. `conf` comes first: the zone's `shm_zone.data`
 /// points at both, so that the control layer sees the [`ZoneConf`] it knows.
@@ -192,6 +192,10 @@ fn rate_limit_zone(cf: &mut ngx_conf_t, main: &mut MainConf) -> Result<(), ConfE
     shm_zone.data = zone.cast();
     shm_zone.init = Some(crate::control::zone_init);
     main.zones.push(zone);
+    // The registry knows the zone by its ZoneConf, the first field of the StreamZone.
+    registry::configuring(cf)
+        .ok_or(ConfError::Logged)?
+        .add(zone.cast());
     Ok(())
 }
 

@@ -3,8 +3,9 @@
 //! zones in the stream preaccess phase; over the limit it is closed, with `burst` and no
 //! `nodelay` it waits for its turn, and a concurrency zone holds a slot for the whole
 //! session. The zones are the http part's: the same store, algorithms and decision pipeline
-//! (`crate::control::decide`), the same admin API, state file and fleet once [`init_module`]
-//! has put them beside the http zones.
+//! (`crate::control::decide`), and the same zone registry (`crate::conf::registry`), through
+//! which the admin API, the state file, the fleet and the owner sweep see them, with or
+//! without an `http` block.
 //!
 //! The module is a second `ngx_module_t` of type `NGX_STREAM_MODULE` in the same shared
 //! object (`lib.rs` exports both). It names no stream symbol at link time ([`api`]): the
@@ -23,14 +24,13 @@ use nginx_sys::{
 };
 use ngx::core::Status;
 use ngx::ffi::{
-    ngx_array_push, ngx_command_t, ngx_conf_set_flag_slot, ngx_conf_t, ngx_cycle_t, ngx_int_t,
-    ngx_module_t, ngx_str_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_FLAG, NGX_CONF_TAKE1,
+    ngx_array_push, ngx_command_t, ngx_conf_set_flag_slot, ngx_conf_t, ngx_int_t, ngx_module_t,
+    ngx_str_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_FLAG, NGX_CONF_TAKE1,
 };
-use ngx::http::HttpModuleMainConf;
 use ngx::ngx_string;
 
 use crate::conf::ext::ConfExt;
-use crate::conf::{ConfError, RateLimitModule};
+use crate::conf::ConfError;
 
 /// This part's module (the tag of nothing: stream zones use the http module's tag, so that
 /// a zone name is one shared memory whichever block declares it).
@@ -84,59 +84,13 @@ fn install(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
     Ok(())
 }
 
-/// In the master (or the single process) once a configuration cycle is complete: the stream
-/// zones join the http zones, which the admin API, the state file, the fleet and the sweep
-/// of a dead worker's slots go through. Without an `http` block they have none of those.
-pub fn init_module(cycle: &ngx_cycle_t) {
-    let Some(mcf) = RateLimitModule::main_conf_mut(cycle) else {
-        return;
-    };
-    let Some(main) = stream_main_conf(cycle) else {
-        return;
-    };
-    for &zone in &main.zones {
-        let zone_conf = zone.cast::<crate::conf::ZoneConf>();
-        if !mcf.zones.contains(&zone_conf) {
-            mcf.zones.push(zone_conf);
-        }
-    }
-}
-
-/// This module's stream main configuration in `cycle`, when it has a stream block.
-fn stream_main_conf(cycle: &ngx_cycle_t) -> Option<&'static conf::MainConf> {
-    // The core module `ngx_stream_module` keeps the stream block's context in the cycle's
-    // conf_ctx at its index: found by name, since the stream module may be absent.
-    // SAFETY: the cycle's modules array is null-terminated and live with the cycle.
-    let index = unsafe {
-        let mut module = cycle.modules;
-        loop {
-            let current = (*module).as_ref()?;
-            if !current.name.is_null()
-                && core::ffi::CStr::from_ptr(current.name).to_bytes() == b"ngx_stream_module"
-            {
-                break current.index;
-            }
-            module = module.add(1);
-        }
-    };
-    // SAFETY: conf_ctx has an element per core module; the stream module's, when its block
-    // was read, is its ngx_stream_conf_ctx_t, whose main_conf holds ours at our ctx_index.
-    unsafe {
-        let ctx = (*cycle.conf_ctx.add(index))
-            .cast::<ngx_stream_conf_ctx_t>()
-            .as_ref()?;
-        let ours = (*module_ptr()).ctx_index;
-        (*ctx.main_conf.add(ours)).cast::<conf::MainConf>().as_ref()
-    }
-}
-
 // nginx-sys defines these only where the stream module is built in; the same offsets here.
 const MAIN_CONF_OFFSET: usize = core::mem::offset_of!(ngx_stream_conf_ctx_t, main_conf);
 const SRV_CONF_OFFSET: usize = core::mem::offset_of!(ngx_stream_conf_ctx_t, srv_conf);
 
 const SRV_ANY: u32 = NGX_STREAM_MAIN_CONF | NGX_STREAM_SRV_CONF;
 
-static mut COMMANDS: [ngx_command_t; 5] = [
+static mut COMMANDS: [ngx_command_t; 6] = [
     ngx_command_t {
         name: ngx_string!("rate_limit_zone"),
         type_: (NGX_STREAM_MAIN_CONF | NGX_CONF_1MORE) as ngx_uint_t,
@@ -166,6 +120,14 @@ static mut COMMANDS: [ngx_command_t; 5] = [
         type_: (SRV_ANY | NGX_CONF_TAKE1) as ngx_uint_t,
         set: Some(conf::cmd_log_level),
         conf: SRV_CONF_OFFSET,
+        offset: 0,
+        post: ptr::null_mut(),
+    },
+    ngx_command_t {
+        name: ngx_string!("rate_limit_state_file"),
+        type_: (NGX_STREAM_MAIN_CONF | NGX_CONF_TAKE1) as ngx_uint_t,
+        set: Some(crate::conf::directives::cmd_state_file),
+        conf: MAIN_CONF_OFFSET,
         offset: 0,
         post: ptr::null_mut(),
     },
