@@ -794,3 +794,220 @@ fn the_state_file_works_in_a_stream_only_config() {
     nginx.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A TCP upstream that counts the connections it accepts (and echoes, as [`tcp_echo`]).
+fn counting_upstream() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a counting upstream");
+    let port = listener.local_addr().expect("upstream address").port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            count.fetch_add(1, Ordering::SeqCst);
+            thread::spawn(move || {
+                let mut buffer = [0u8; 1024];
+                while let Ok(n) = stream.read(&mut buffer) {
+                    if n == 0 || stream.write_all(&buffer[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    (port, accepted)
+}
+
+/// How many descriptors process `pid` holds.
+fn descriptors(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|entries| entries.count())
+        .unwrap_or_else(|error| panic!("read /proc/{pid}/fd: {error}"))
+}
+
+#[test]
+fn a_delayed_session_ends_when_its_client_resets() {
+    use std::sync::atomic::Ordering;
+    let (upstream, accepted) = counting_upstream();
+    let nginx = with_stream(&format!(
+        "rate_limit_zone $binary_remote_addr zone=paced:1m rate=2r/s burst=600;\n\
+         server {{ listen 127.0.0.1:%%PORT2%% backlog=1024; rate_limit zone=paced;\n\
+         proxy_pass 127.0.0.1:{upstream}; }}"
+    ))
+    .worker_connections(1024)
+    .start();
+    let port = nginx.port_n(2);
+    let worker = nginx.worker_pids()[0];
+    let before = descriptors(worker);
+
+    // 300 connections, each delayed (the first passes): the worker holds them all.
+    let clients: Vec<TcpStream> = (0..300)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).expect("connect to nginx"))
+        .collect();
+    wait_for(
+        "the worker holding the 300 delayed sessions",
+        Duration::from_secs(10),
+        || descriptors(worker) >= before + 290,
+    );
+    // Their clients reset them: the sessions end at once, and none reaches the upstream.
+    for client in clients {
+        abort(client);
+    }
+    thread::sleep(Duration::from_secs(2));
+    let held = descriptors(worker);
+    let upstream_then = accepted.load(Ordering::SeqCst);
+    thread::sleep(Duration::from_secs(3));
+    let upstream_later = accepted.load(Ordering::SeqCst);
+    assert!(
+        held <= before + 20,
+        "2 s after the resets the worker holds {held} descriptors ({before} before)"
+    );
+    assert!(
+        upstream_later - upstream_then <= 2,
+        "the upstream got {} connections of clients gone",
+        upstream_later - upstream_then
+    );
+    let errors = nginx.error_log();
+    assert!(
+        errors.contains("while delayed"),
+        "the end of a delayed session is logged: {errors}"
+    );
+    eprintln!(
+        "descriptors: {before} before, {held} 2 s after 300 resets; upstream: {} connections in \
+         the next 3 s",
+        upstream_later - upstream_then
+    );
+}
+
+/// The first TLS record OpenSSL's client sends (its ClientHello), with `server_name` as SNI
+/// (`None`: no SNI) and `h2` offered by ALPN: captured on a listener of our own, to be sent
+/// to nginx as a real client's.
+fn client_hello(server_name: Option<&str>) -> Vec<u8> {
+    use std::process::Stdio;
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a ClientHello catcher");
+    let address = listener.local_addr().expect("catcher address").to_string();
+    let mut command = Command::new("openssl");
+    command.args(["s_client", "-connect", &address, "-alpn", "h2"]);
+    match server_name {
+        Some(name) => command.args(["-servername", name]),
+        None => command.arg("-noservername"),
+    };
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run `openssl s_client` (package openssl)");
+    let (mut stream, _) = listener.accept().expect("openssl connects");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    let mut header = [0u8; 5];
+    stream.read_exact(&mut header).expect("a TLS record header");
+    assert_eq!(header[0], 0x16, "a TLS handshake record");
+    let mut body = vec![0u8; usize::from(u16::from_be_bytes([header[3], header[4]]))];
+    stream.read_exact(&mut body).expect("the ClientHello");
+    let _ = child.kill();
+    let _ = child.wait();
+    [&header[..], &body].concat()
+}
+
+/// Send `hello` as a new connection's first bytes: `Some(elapsed)` when the echo upstream
+/// sent them back (the session was proxied), `None` when nginx closed it.
+fn tls_session(port: u16, hello: &[u8]) -> Option<Duration> {
+    let start = Instant::now();
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to nginx");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    stream.write_all(hello).ok()?;
+    let mut echo = vec![0u8; hello.len()];
+    match stream.read_exact(&mut echo) {
+        Ok(()) => {
+            assert_eq!(echo, hello, "the echo of the ClientHello");
+            Some(start.elapsed())
+        }
+        Err(error)
+            if error.kind() == ErrorKind::WouldBlock || error.kind() == ErrorKind::TimedOut =>
+        {
+            panic!("no echo and no close within 10 s on port {port}")
+        }
+        Err(_) => None,
+    }
+}
+
+#[test]
+fn a_connection_rate_per_tls_server_name_holds_per_name() {
+    let upstream = tcp_echo();
+    let nginx = with_stream(&format!(
+        "rate_limit_zone $ssl_preread_server_name zone=sni:1m rate=1r/m burst=1;\n\
+         rate_limit_zone $ssl_preread_alpn_protocols zone=alpn:1m rate=2r/s burst=5;\n\
+         log_format sni '$ssl_preread_server_name $rate_limit_status';\n\
+         server {{ listen 127.0.0.1:%%PORT2%%; ssl_preread on; rate_limit zone=sni nodelay;\n\
+         access_log logs/sni.log sni; proxy_pass 127.0.0.1:{upstream}; }}\n\
+         server {{ listen 127.0.0.1:%%PORT3%%; ssl_preread on; rate_limit zone=alpn;\n\
+         proxy_pass 127.0.0.1:{upstream}; }}"
+    ))
+    .start();
+    let port = nginx.port_n(2);
+    let (a, b, none) = (
+        client_hello(Some("a.example")),
+        client_hello(Some("b.example")),
+        client_hello(None),
+    );
+    let sessions: Vec<bool> = [&a, &b, &a, &b, &a, &b, &none, &none, &none]
+        .iter()
+        .map(|hello| tls_session(port, hello).is_some())
+        .collect();
+    assert_eq!(
+        sessions,
+        [true, true, true, true, false, false, true, true, true],
+        "two sessions per server name (a, b, a, b, a, b), and a ClientHello without SNI is \
+         not limited"
+    );
+    let errors = nginx.error_log();
+    let refusals = errors
+        .lines()
+        .filter(|line| line.contains("limiting connections, excess: "))
+        .filter(|line| line.contains("by zone \"sni\""))
+        .count();
+    assert_eq!(refusals, 2, "{errors}");
+
+    // A delay decided after ssl_preread: the second session of the same ALPN list waits for
+    // its turn at 2 r/s, then reaches the upstream.
+    let port = nginx.port_n(3);
+    let first = tls_session(port, &a).expect("the first session passes");
+    let second = tls_session(port, &a).expect("the second session passes, delayed");
+    assert!(
+        first < Duration::from_millis(300) && second >= Duration::from_millis(300),
+        "first {first:?}, second {second:?}"
+    );
+
+    // `$rate_limit_status` per session; a session whose key is empty (no SNI) had no line
+    // applied: not found, `-`.
+    let log_path = nginx.prefix().join("logs/sni.log");
+    let mut lines = Vec::new();
+    wait_for("the nine sessions logged", Duration::from_secs(10), || {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        lines = log.lines().map(str::to_string).collect::<Vec<_>>();
+        lines.len() >= 9
+    });
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            " -",
+            " -",
+            " -",
+            "a.example PASSED",
+            "a.example PASSED",
+            "a.example REJECTED",
+            "b.example PASSED",
+            "b.example PASSED",
+            "b.example REJECTED",
+        ],
+        "the stream access log"
+    );
+}

@@ -6,7 +6,9 @@ use core::ffi::{c_char, c_void};
 use core::mem;
 use core::ptr;
 
-use nginx_sys::{ngx_stream_compile_complex_value_t, ngx_stream_complex_value_t};
+use nginx_sys::{
+    ngx_stream_compile_complex_value_t, ngx_stream_complex_value_t, ngx_stream_content_handler_pt,
+};
 use ngx::core::NGX_CONF_OK;
 use ngx::ffi::{ngx_command_t, ngx_conf_t, ngx_flag_t, ngx_uint_t, NGX_LOG_EMERG};
 use ngx::http::HttpModuleMainConf;
@@ -27,6 +29,9 @@ pub struct StreamZone {
     pub key: ngx_stream_complex_value_t,
     /// When KEY is a single variable (`$binary_remote_addr`), its stream index.
     pub key_variable: Option<ngx_uint_t>,
+    /// KEY uses a variable ssl_preread sets (`$ssl_preread_server_name`): the zone's lines are
+    /// decided in the preread phase, after ssl_preread has read the ClientHello.
+    pub after_preread: bool,
 }
 
 /// The stream block's state: nginx's stream functions, the zones declared, the zone names
@@ -37,6 +42,8 @@ pub struct MainConf {
     pub references: Vec<ZoneReference>,
     /// Index of the stream `$rate_limit_status` in `s->variables`.
     pub status_variable: Option<ngx_uint_t>,
+    /// Some zone is keyed by an `$ssl_preread_*` variable: the preread handler is installed.
+    pub preread_used: bool,
 }
 
 impl MainConf {
@@ -52,6 +59,9 @@ impl MainConf {
 /// A stream `server`'s settings (and the `stream` block's, which servers inherit).
 pub struct SrvConf {
     pub limits: Option<Vec<LimitConf>>,
+    /// The server's own content handler, when [`super::session::content_handler`] took its
+    /// place (some line's zone is keyed by an `$ssl_preread_*` variable). Not merged.
+    pub content: ngx_stream_content_handler_pt,
     pub dry_run: ngx_flag_t,
     pub log_level: Option<ngx_uint_t>,
 }
@@ -105,6 +115,7 @@ pub unsafe extern "C" fn create_main_conf(cf: *mut ngx_conf_t) -> *mut c_void {
         zones: Vec::new(),
         references: Vec::new(),
         status_variable: None,
+        preread_used: false,
     };
     cf.alloc(main).map_or(ptr::null_mut(), |main| main.cast())
 }
@@ -114,6 +125,7 @@ pub unsafe extern "C" fn create_srv_conf(cf: *mut ngx_conf_t) -> *mut c_void {
     let cf = unsafe { &mut *cf };
     let srv = SrvConf {
         limits: None,
+        content: None,
         dry_run: UNSET,
         log_level: None,
     };
@@ -184,10 +196,13 @@ fn rate_limit_zone(cf: &mut ngx_conf_t, main: &mut MainConf) -> Result<(), ConfE
     check_unclaimed(shm_zone, &name, true)?;
     let mut zone_conf = parsed.into_zone_conf(shm_zone, args[1].as_bytes());
     zone_conf.stream = true;
+    let after_preread = uses_ssl_preread(args[1].as_bytes());
+    main.preread_used |= after_preread;
     let zone = cf.alloc(StreamZone {
         conf: zone_conf,
         key,
         key_variable,
+        after_preread,
     })?;
     shm_zone.data = zone.cast();
     shm_zone.init = Some(crate::control::zone_init);
@@ -197,6 +212,14 @@ fn rate_limit_zone(cf: &mut ngx_conf_t, main: &mut MainConf) -> Result<(), ConfE
         .ok_or(ConfError::Logged)?
         .add(zone.cast());
     Ok(())
+}
+
+/// Whether a key names a variable of ssl_preread (`$ssl_preread_server_name`,
+/// `${ssl_preread_alpn_protocols}`, ...), which is empty before the preread phase.
+fn uses_ssl_preread(key: &[u8]) -> bool {
+    [&b"$ssl_preread_"[..], &b"${ssl_preread_"[..]]
+        .iter()
+        .any(|prefix| key.windows(prefix.len()).any(|window| window == *prefix))
 }
 
 /// `rate_limit zone=NAME [burst=N] [nodelay | delay=N] [cost=N];` in `stream {}` or a stream

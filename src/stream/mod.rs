@@ -18,9 +18,9 @@ mod session;
 use core::ptr;
 
 use nginx_sys::{
-    ngx_stream_conf_ctx_t, ngx_stream_core_main_conf_t, ngx_stream_handler_pt, ngx_stream_module_t,
-    ngx_stream_phases_NGX_STREAM_PREACCESS_PHASE, NGX_STREAM_MAIN_CONF, NGX_STREAM_MODULE,
-    NGX_STREAM_SRV_CONF,
+    ngx_stream_conf_ctx_t, ngx_stream_core_main_conf_t, ngx_stream_core_srv_conf_t,
+    ngx_stream_handler_pt, ngx_stream_module_t, ngx_stream_phases_NGX_STREAM_PREACCESS_PHASE,
+    NGX_STREAM_MAIN_CONF, NGX_STREAM_MODULE, NGX_STREAM_SRV_CONF,
 };
 use ngx::core::Status;
 use ngx::ffi::{
@@ -73,14 +73,50 @@ fn install(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
         &mut *(*ctx.main_conf.add(index)).cast::<ngx_stream_core_main_conf_t>()
     };
     let phase = &mut cmcf.phases[ngx_stream_phases_NGX_STREAM_PREACCESS_PHASE as usize];
+    push_handler(&mut phase.handlers, session::preaccess_handler)?;
+    if main.preread_used {
+        wrap_content_handlers(cmcf)?;
+    }
+    Ok(())
+}
+
+/// In every server with a line decided after ssl_preread, the session's content handler takes
+/// the place of the server's own (which it calls).
+fn wrap_content_handlers(cmcf: &ngx_stream_core_main_conf_t) -> Result<(), ConfError> {
+    // SAFETY: the core's servers array holds a pointer to each server's core configuration.
+    let servers =
+        unsafe { crate::glue::array_slice::<*mut ngx_stream_core_srv_conf_t>(&cmcf.servers) };
+    for &server in servers {
+        // SAFETY: each server's core configuration and its context live in the configuration
+        // pool; our server configuration is at our ctx_index.
+        let (cscf, srv) = unsafe {
+            let cscf = &mut *server;
+            let index = (*module_ptr()).ctx_index;
+            let srv = (*(*cscf.ctx).srv_conf.add(index)).cast::<conf::SrvConf>();
+            (cscf, &mut *srv)
+        };
+        if cscf.handler.is_none() || !srv.limits().iter().any(session::decided_after_preread) {
+            continue;
+        }
+        srv.content = cscf.handler;
+        cscf.handler = Some(session::content_handler);
+    }
+    Ok(())
+}
+
+/// Add `handler` to a phase's handler array.
+fn push_handler(
+    handlers: &mut nginx_sys::ngx_array_t,
+    handler: unsafe extern "C" fn(*mut nginx_sys::ngx_stream_session_t) -> ngx_int_t,
+) -> Result<(), ConfError> {
     // SAFETY: the phase's handler array is initialized by the core module before
     // postconfiguration; it holds `ngx_stream_handler_pt` elements.
-    let slot = unsafe { ngx_array_push(&mut phase.handlers) }.cast::<ngx_stream_handler_pt>();
+    let slot = unsafe { ngx_array_push(handlers) }.cast::<ngx_stream_handler_pt>();
     if slot.is_null() {
         return Err(ConfError::Logged);
     }
     // SAFETY: `slot` is a fresh element of the array.
-    unsafe { *slot = Some(session::preaccess_handler) };
+    unsafe { *slot = Some(handler) };
     Ok(())
 }
 
