@@ -170,6 +170,15 @@ fn directives_are_checked_as_in_http() {
             "rate_limit_zone $binary_remote_addr zone=a:8k rate=1r/s;",
             "zone \"a\" is too small",
         ),
+        (
+            "rate_limit_zone $binary_remote_addr zone=a:1m algorithm=concurrency limit=adaptive;",
+            "\"limit=adaptive\" is not available in the stream block: it follows the \
+             upstream's response times",
+        ),
+        (
+            "rate_limit_state_file a.json; rate_limit_state_file b.json;",
+            "\"rate_limit_state_file\" directive is duplicate",
+        ),
     ];
     for (stream, expected) in cases {
         let (ok, output) = check_config(&with_stream(stream).to_string());
@@ -203,6 +212,14 @@ fn directives_are_checked_as_in_http() {
     );
     let (ok, output) = check_config(&good.to_string());
     assert!(ok, "nginx -t refused:\n{output}");
+    // One state file per configuration, in either block.
+    let twice = with_stream("rate_limit_state_file a.json;").http("rate_limit_state_file b.json;");
+    let (ok, output) = check_config(&twice.to_string());
+    assert!(!ok, "nginx -t accepted a state file in both blocks");
+    assert!(
+        output.contains("\"rate_limit_state_file\" directive is duplicate"),
+        "{output}"
+    );
 }
 
 #[test]

@@ -14,7 +14,7 @@ use ngx::ffi::{
     ngx_uint_t, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleServerConf, NgxHttpCoreModule};
-use ratelimit_core::concurrency::ConcurrencySpec;
+use ratelimit_core::concurrency::{ConcurrencyLimit, ConcurrencySpec};
 use ratelimit_core::key_form::KeyForm;
 use ratelimit_core::usage::{Amount, UsageSource, UsageSpec};
 use ratelimit_core::{Algorithm, DelayMode, LimitSpec, Rate, RateUnit, SpecError, ZoneSpec};
@@ -101,6 +101,13 @@ pub struct ParsedZone {
 }
 
 impl ParsedZone {
+    /// `algorithm=concurrency limit=adaptive`.
+    pub fn adaptive(&self) -> bool {
+        self.concurrency
+            .as_ref()
+            .is_some_and(|spec| matches!(spec.limit, ConcurrencyLimit::Adaptive(_)))
+    }
+
     /// The zone's configuration, its key not compiled yet (an empty complex value, no
     /// variable index): the caller compiles it in its context.
     pub fn into_zone_conf(self, shm_zone: *mut ngx_shm_zone_t, key_text: &[u8]) -> ZoneConf {
@@ -287,7 +294,10 @@ pub fn limit_line(
         }
     }
     let cost_variable = match &spec.cost_variable {
-        Some(name) => Some(variable_index(cf, name.as_bytes())?),
+        Some(name) => {
+            not_a_usage_result("cost", name)?;
+            Some(variable_index(cf, name.as_bytes())?)
+        }
         None => None,
     };
     let usage = match &spec.usage {
@@ -365,6 +375,22 @@ pub enum LineContext {
     Stream,
 }
 
+/// A line's cost cannot come from `$rate_limit_usage_*`: those are the settlement's result,
+/// set in the log phase after the line was charged (the line would read its own outcome).
+fn not_a_usage_result(word: &'static str, name: &str) -> Result<(), ConfError> {
+    let prefix = "rate_limit_usage_";
+    let own = name
+        .get(..prefix.len())
+        .is_some_and(|start| start.eq_ignore_ascii_case(prefix));
+    if own {
+        return Err(ConfError::OwnUsageVariable {
+            word,
+            name: name.to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// `usage=` and its words, with their variables indexed.
 fn usage_conf(
     cf: &mut ngx_conf_t,
@@ -384,12 +410,16 @@ fn usage_conf(
     let source = match &usage.source {
         UsageSource::Reader(provider) => UsageSourceConf::Reader(*provider),
         UsageSource::Variable(name) => {
+            not_a_usage_result("usage", name)?;
             UsageSourceConf::Variable(variable_index(cf, name.as_bytes())?)
         }
     };
     let reserve = match &usage.reserve {
         Amount::Fixed(tokens) => AmountConf::Fixed(*tokens),
-        Amount::Variable(name) => AmountConf::Variable(variable_index(cf, name.as_bytes())?),
+        Amount::Variable(name) => {
+            not_a_usage_result("reserve", name)?;
+            AmountConf::Variable(variable_index(cf, name.as_bytes())?)
+        }
     };
     Ok(UsageConf {
         source,

@@ -165,6 +165,13 @@ pub unsafe extern "C" fn cmd_rate_limit_zone(
 fn rate_limit_zone(cf: &mut ngx_conf_t, main: &mut MainConf) -> Result<(), ConfError> {
     let args = cf.args();
     let parsed = parse_zone(cf)?;
+    if parsed.adaptive() {
+        return Err(ConfError::NotInStream {
+            word: "limit=adaptive",
+            why: "it follows the upstream's response times, and a stream session has no \
+                  response to time (use limit=N)",
+        });
+    }
 
     // SAFETY: all-zero is a valid (empty) complex value, filled by the compiler below.
     let mut key: ngx_stream_complex_value_t = unsafe { mem::zeroed() };
