@@ -46,88 +46,101 @@ use stream::ngx_stream_rate_limit_module;
 /// Before the `http` block is read: the variable, and what configuration installs on behalf
 /// of the layers above it.
 unsafe extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
-    // SAFETY: nginx passes a valid configuration context.
-    let cf = unsafe { &mut *cf };
-    if !glue::value_bits::layout_matches() {
-        ngx::ngx_conf_log_error!(
-            NGX_LOG_EMERG,
-            cf,
-            "rate_limit: unexpected ngx_variable_value_t layout on this platform"
-        );
-        return Status::NGX_ERROR.into();
-    }
-    let Some(mcf) = conf::main_conf(cf) else {
-        return Status::NGX_ERROR.into();
-    };
-    mcf.hooks.admin_handler = Some(admin::admin_handler);
-    mcf.hooks.zone_init = Some(control::zone_init);
-    match handler::add_variables(cf) {
-        Ok(()) => Status::NGX_OK.into(),
-        Err(error) => {
-            cf.log(&error);
-            Status::NGX_ERROR.into()
-        }
-    }
+    crate::glue::guard::entry(
+        "preconfiguration",
+        || ngx_int_t::from(ngx::core::Status::NGX_ERROR),
+        || {
+            // SAFETY: nginx passes a valid configuration context.
+            let cf = unsafe { &mut *cf };
+            if !glue::value_bits::layout_matches() {
+                ngx::ngx_conf_log_error!(
+                    NGX_LOG_EMERG,
+                    cf,
+                    "rate_limit: unexpected ngx_variable_value_t layout on this platform"
+                );
+                return Status::NGX_ERROR.into();
+            }
+            let Some(mcf) = conf::main_conf(cf) else {
+                return Status::NGX_ERROR.into();
+            };
+            mcf.hooks.admin_handler = Some(admin::admin_handler);
+            mcf.hooks.zone_init = Some(control::zone_init);
+            match handler::add_variables(cf) {
+                Ok(()) => Status::NGX_OK.into(),
+                Err(error) => {
+                    cf.log(&error);
+                    Status::NGX_ERROR.into()
+                }
+            }
+        },
+    )
 }
 
 /// Once the `http` block is read: the references checked, the state file and the admin
 /// filters set up, the preaccess handler installed.
 unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
-    // SAFETY: nginx passes a valid configuration context.
-    let cf = unsafe { &mut *cf };
-    if let Err(error) = conf::postconfiguration(cf) {
-        cf.log(&error);
-        return Status::NGX_ERROR.into();
-    }
-    admin::postconfiguration();
-    // The log phase measures the latency of requests holding concurrency slots (only with a
-    // concurrency zone) and gives back what `on_status=` charged for other statuses (only
-    // with an `on_status=` line).
-    let concurrency = conf::main_conf(cf)
-        .is_some_and(|mcf| conf::zones(mcf).any(|zone| zone.algorithm.counts_in_flight()));
-    let on_status = conf::main_conf(cf).is_some_and(|mcf| mcf.on_status_used);
-    // Usage-based lines: the body reader's filters, and the settlement at the log phase.
-    let usage = conf::main_conf(cf).is_some_and(|mcf| mcf.usage_used);
-    if usage {
-        handler::usage::install_filters();
-    }
-    let Some(cmcf) = NgxHttpCoreModule::main_conf_mut(cf) else {
-        return Status::NGX_ERROR.into();
-    };
-    let mut phases = vec![(
-        ngx_http_phases_NGX_HTTP_PREACCESS_PHASE,
-        handler::preaccess_handler as Handler,
-    )];
-    if concurrency {
-        phases.push((
-            ngx_http_phases_NGX_HTTP_LOG_PHASE,
-            handler::concurrency_log_handler,
-        ));
-    }
-    if on_status {
-        phases.push((
-            ngx_http_phases_NGX_HTTP_LOG_PHASE,
-            handler::charge_log_handler,
-        ));
-    }
-    if usage {
-        phases.push((
-            ngx_http_phases_NGX_HTTP_LOG_PHASE,
-            handler::usage_log_handler,
-        ));
-    }
-    for (phase, handler) in phases {
-        let phase = &mut cmcf.phases[phase as usize];
-        // SAFETY: the phase's handler array is initialized by the core module before
-        // postconfiguration; it holds `ngx_http_handler_pt` elements.
-        let slot = unsafe { ngx_array_push(&mut phase.handlers) }.cast::<ngx_http_handler_pt>();
-        if slot.is_null() {
-            return Status::NGX_ERROR.into();
-        }
-        // SAFETY: `slot` is a fresh element of the array.
-        unsafe { *slot = Some(handler) };
-    }
-    Status::NGX_OK.into()
+    crate::glue::guard::entry(
+        "postconfiguration",
+        || ngx_int_t::from(ngx::core::Status::NGX_ERROR),
+        || {
+            // SAFETY: nginx passes a valid configuration context.
+            let cf = unsafe { &mut *cf };
+            if let Err(error) = conf::postconfiguration(cf) {
+                cf.log(&error);
+                return Status::NGX_ERROR.into();
+            }
+            admin::postconfiguration();
+            // The log phase measures the latency of requests holding concurrency slots (only with a
+            // concurrency zone) and gives back what `on_status=` charged for other statuses (only
+            // with an `on_status=` line).
+            let concurrency = conf::main_conf(cf)
+                .is_some_and(|mcf| conf::zones(mcf).any(|zone| zone.algorithm.counts_in_flight()));
+            let on_status = conf::main_conf(cf).is_some_and(|mcf| mcf.on_status_used);
+            // Usage-based lines: the body reader's filters, and the settlement at the log phase.
+            let usage = conf::main_conf(cf).is_some_and(|mcf| mcf.usage_used);
+            if usage {
+                handler::usage::install_filters();
+            }
+            let Some(cmcf) = NgxHttpCoreModule::main_conf_mut(cf) else {
+                return Status::NGX_ERROR.into();
+            };
+            let mut phases = vec![(
+                ngx_http_phases_NGX_HTTP_PREACCESS_PHASE,
+                handler::preaccess_handler as Handler,
+            )];
+            if concurrency {
+                phases.push((
+                    ngx_http_phases_NGX_HTTP_LOG_PHASE,
+                    handler::concurrency_log_handler,
+                ));
+            }
+            if on_status {
+                phases.push((
+                    ngx_http_phases_NGX_HTTP_LOG_PHASE,
+                    handler::charge_log_handler,
+                ));
+            }
+            if usage {
+                phases.push((
+                    ngx_http_phases_NGX_HTTP_LOG_PHASE,
+                    handler::usage_log_handler,
+                ));
+            }
+            for (phase, handler) in phases {
+                let phase = &mut cmcf.phases[phase as usize];
+                // SAFETY: the phase's handler array is initialized by the core module before
+                // postconfiguration; it holds `ngx_http_handler_pt` elements.
+                let slot =
+                    unsafe { ngx_array_push(&mut phase.handlers) }.cast::<ngx_http_handler_pt>();
+                if slot.is_null() {
+                    return Status::NGX_ERROR.into();
+                }
+                // SAFETY: `slot` is a fresh element of the array.
+                unsafe { *slot = Some(handler) };
+            }
+            Status::NGX_OK.into()
+        },
+    )
 }
 
 /// A phase handler.
@@ -281,11 +294,17 @@ unsafe extern "C" fn registry_init_conf(
     cycle: *mut ngx_cycle_t,
     _conf: *mut core::ffi::c_void,
 ) -> *mut core::ffi::c_char {
-    // SAFETY: nginx passes the cycle being configured.
-    if let Some(cycle) = unsafe { cycle.as_ref() } {
-        control::configuration_read(cycle);
-    }
-    ngx::core::NGX_CONF_OK
+    crate::glue::guard::entry(
+        "registry_init_conf",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: nginx passes the cycle being configured.
+            if let Some(cycle) = unsafe { cycle.as_ref() } {
+                control::configuration_read(cycle);
+            }
+            ngx::core::NGX_CONF_OK
+        },
+    )
 }
 
 #[used]
@@ -304,28 +323,48 @@ pub static mut ngx_http_rate_limit_module: ngx_module_t = ngx_module_t {
 
 /// Runs in the master (or the single process) once a configuration cycle is complete.
 extern "C" fn init_module(cycle: *mut ngx_cycle_t) -> ngx_int_t {
-    // SAFETY: nginx passes the cycle being initialized.
-    if let Some(cycle) = unsafe { cycle.as_ref() } {
-        conf::key::resolve_query_arg_keys(cycle);
-    }
-    Status::NGX_OK.into()
+    crate::glue::guard::entry(
+        "init_module",
+        || ngx_int_t::from(ngx::core::Status::NGX_ERROR),
+        || {
+            // SAFETY: nginx passes the cycle being initialized.
+            if let Some(cycle) = unsafe { cycle.as_ref() } {
+                conf::key::resolve_query_arg_keys(cycle);
+            }
+            Status::NGX_OK.into()
+        },
+    )
 }
 
 /// Runs in each worker (or the single process) after fork.
 extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
-    // SAFETY: nginx passes the running cycle.
-    if let Some(cycle) = unsafe { cycle.as_mut() } {
-        control::init_process(cycle);
-        sync::init_process(cycle);
-    }
-    Status::NGX_OK.into()
+    // The worker's environment is what the configuration's `env` lines give it.
+    glue::guard::configure();
+    crate::glue::guard::entry(
+        "init_process",
+        || ngx_int_t::from(ngx::core::Status::NGX_ERROR),
+        || {
+            // SAFETY: nginx passes the running cycle.
+            if let Some(cycle) = unsafe { cycle.as_mut() } {
+                control::init_process(cycle);
+                sync::init_process(cycle);
+            }
+            Status::NGX_OK.into()
+        },
+    )
 }
 
 /// Runs in each worker when it exits.
 extern "C" fn exit_process(cycle: *mut ngx_cycle_t) {
-    // SAFETY: nginx passes the running cycle.
-    if let Some(cycle) = unsafe { cycle.as_ref() } {
-        control::exit_process(cycle);
-    }
-    sync::exit_process();
+    crate::glue::guard::entry(
+        "exit_process",
+        || (),
+        || {
+            // SAFETY: nginx passes the running cycle.
+            if let Some(cycle) = unsafe { cycle.as_ref() } {
+                control::exit_process(cycle);
+            }
+            sync::exit_process();
+        },
+    )
 }

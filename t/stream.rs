@@ -17,7 +17,9 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{check_config, config, nginx_binary, send, Config, Nginx, Request};
+use common::{
+    check_config, config, nginx_binary, send, stream_module_path, Config, Nginx, Request,
+};
 use serde_json::Value;
 
 /// A TCP echo server on a free loopback port: every connection gets back what it sends.
@@ -53,29 +55,11 @@ fn udp_echo() -> u16 {
     port
 }
 
-/// The `load_module` line the stream module needs first when this nginx has it as a dynamic
-/// module (`--with-stream=dynamic`, Debian's `libnginx-mod-stream`), else `None`.
-fn stream_module() -> Option<String> {
-    let output = Command::new(nginx_binary())
-        .arg("-V")
-        .output()
-        .expect("run nginx -V");
-    let info = String::from_utf8_lossy(&output.stderr).into_owned();
-    if !info.contains("--with-stream=dynamic") {
-        return None;
-    }
-    let modules = info
-        .split_whitespace()
-        .find_map(|word| word.strip_prefix("--modules-path="))
-        .unwrap_or("modules");
-    Some(format!("{modules}/ngx_stream_module.so"))
-}
-
 /// `config()` with the stream module loaded first when it is dynamic, and `stream` as the
 /// stream block's body (`%%PORT2%%` and on are free for it; `%%PORT%%` is the http server).
 fn with_stream(stream: &str) -> Config {
     let mut config = config();
-    if let Some(path) = stream_module() {
+    if let Some(path) = stream_module_path() {
         config = config.load(&path);
     }
     config.main(&format!("stream {{\n{stream}\n}}"))
@@ -545,7 +529,7 @@ fn a_sync_stream_zone_is_one_limit_across_the_fleet() {
     // A sync stream zone needs rate_limit_sync in an http block read before the stream block.
     let instance = || {
         let mut config = config();
-        if let Some(path) = stream_module() {
+        if let Some(path) = stream_module_path() {
             config = config.load(&path);
         }
         let http = config
@@ -591,7 +575,7 @@ fn a_sync_stream_zone_is_one_limit_across_the_fleet() {
 /// holds with no stream module loaded at all.
 #[test]
 fn the_dynamic_stream_module_may_be_loaded_after_this_one() {
-    let order: Vec<String> = match stream_module() {
+    let order: Vec<String> = match stream_module_path() {
         Some(stream) => vec![common::config::MODULE.to_string(), stream],
         None => {
             let output = Command::new(nginx_binary()).arg("-V").output().unwrap();

@@ -43,10 +43,16 @@ pub extern "C" fn cmd_rate_limit_zone(
     _cmd: *mut ngx_command_t,
     _conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: nginx calls directive handlers with a valid configuration context.
-    let cf = unsafe { &mut *cf };
-    let result = rate_limit_zone(cf);
-    answer(cf, result)
+    crate::glue::guard::entry(
+        "conf::directives::cmd_rate_limit_zone",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: nginx calls directive handlers with a valid configuration context.
+            let cf = unsafe { &mut *cf };
+            let result = rate_limit_zone(cf);
+            answer(cf, result)
+        },
+    )
 }
 
 fn rate_limit_zone(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
@@ -234,11 +240,17 @@ pub extern "C" fn cmd_rate_limit(
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: nginx calls directive handlers with a valid configuration context, and `conf`
-    // is this module's location configuration (NGX_HTTP_LOC_CONF_OFFSET).
-    let (cf, lcf) = unsafe { (&mut *cf, &mut *conf.cast::<LocConf>()) };
-    let result = rate_limit(cf, lcf);
-    answer(cf, result)
+    crate::glue::guard::entry(
+        "conf::directives::cmd_rate_limit",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: nginx calls directive handlers with a valid configuration context, and `conf`
+            // is this module's location configuration (NGX_HTTP_LOC_CONF_OFFSET).
+            let (cf, lcf) = unsafe { (&mut *cf, &mut *conf.cast::<LocConf>()) };
+            let result = rate_limit(cf, lcf);
+            answer(cf, result)
+        },
+    )
 }
 
 fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
@@ -441,13 +453,19 @@ extern "C" fn check_status(
     _post: *mut c_void,
     data: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: nginx calls the post handler with the configuration context and the number
-    // `ngx_conf_set_num_slot` just stored.
-    let (cf, code) = unsafe { (&mut *cf, *data.cast::<ngx_int_t>()) };
-    if (400..=599).contains(&code) {
-        return NGX_CONF_OK;
-    }
-    cf.fail(&ConfError::InvalidStatus(code))
+    crate::glue::guard::entry(
+        "conf::directives::check_status",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: nginx calls the post handler with the configuration context and the number
+            // `ngx_conf_set_num_slot` just stored.
+            let (cf, code) = unsafe { (&mut *cf, *data.cast::<ngx_int_t>()) };
+            if (400..=599).contains(&code) {
+                return NGX_CONF_OK;
+            }
+            cf.fail(&ConfError::InvalidStatus(code))
+        },
+    )
 }
 
 /// `rate_limit_log_level info|notice|warn|error;` (its own handler: the error names the value).
@@ -456,10 +474,16 @@ pub extern "C" fn cmd_log_level(
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: as for every directive handler; `conf` is our location configuration.
-    let (cf, lcf) = unsafe { (&mut *cf, &mut *conf.cast::<LocConf>()) };
-    let result = log_level(cf, lcf);
-    answer(cf, result)
+    crate::glue::guard::entry(
+        "conf::directives::cmd_log_level",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: as for every directive handler; `conf` is our location configuration.
+            let (cf, lcf) = unsafe { (&mut *cf, &mut *conf.cast::<LocConf>()) };
+            let result = log_level(cf, lcf);
+            answer(cf, result)
+        },
+    )
 }
 
 fn log_level(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
@@ -492,10 +516,16 @@ pub extern "C" fn cmd_admin(
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: as for every directive handler; `conf` is our location configuration.
-    let (cf, lcf) = unsafe { (&mut *cf, &mut *conf.cast::<LocConf>()) };
-    let result = admin(cf, lcf);
-    answer(cf, result)
+    crate::glue::guard::entry(
+        "conf::directives::cmd_admin",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: as for every directive handler; `conf` is our location configuration.
+            let (cf, lcf) = unsafe { (&mut *cf, &mut *conf.cast::<LocConf>()) };
+            let result = admin(cf, lcf);
+            answer(cf, result)
+        },
+    )
 }
 
 fn admin(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
@@ -559,10 +589,16 @@ pub extern "C" fn cmd_state_file(
     _cmd: *mut ngx_command_t,
     _conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: as for every directive handler.
-    let cf = unsafe { &mut *cf };
-    let result = state_file(cf);
-    answer(cf, result)
+    crate::glue::guard::entry(
+        "conf::directives::cmd_state_file",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: as for every directive handler.
+            let cf = unsafe { &mut *cf };
+            let result = state_file(cf);
+            answer(cf, result)
+        },
+    )
 }
 
 /// `rate_limit_state_file PATH;` in `http {}` or `stream {}`: one per configuration, for

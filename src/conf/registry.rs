@@ -77,13 +77,17 @@ pub fn running() -> Option<&'static Registry> {
     of(cycle).map(|registry| &*registry)
 }
 
-/// The core module's `create_conf`: an empty registry in the cycle's pool.
+/// The core module's `create_conf`: an empty registry in the cycle's pool. The first callback
+/// of each configuration, with or without an `http` block: the panic policy is set up here.
 pub unsafe extern "C" fn create_conf(cycle: *mut ngx_cycle_t) -> *mut c_void {
-    // SAFETY: nginx passes the cycle being created, whose pool lives as long as it.
-    let Some(cycle) = (unsafe { cycle.as_ref() }) else {
-        return ptr::null_mut();
-    };
-    // SAFETY: the cycle's pool is live; the registry is dropped with it (a pool cleanup).
-    let pool = unsafe { Pool::from_ngx_pool(cycle.pool) };
-    pool.allocate(Registry::default()).cast()
+    crate::glue::guard::configure();
+    crate::glue::guard::entry("conf::registry::create_conf", core::ptr::null_mut, || {
+        // SAFETY: nginx passes the cycle being created, whose pool lives as long as it.
+        let Some(cycle) = (unsafe { cycle.as_ref() }) else {
+            return ptr::null_mut();
+        };
+        // SAFETY: the cycle's pool is live; the registry is dropped with it (a pool cleanup).
+        let pool = unsafe { Pool::from_ngx_pool(cycle.pool) };
+        pool.allocate(Registry::default()).cast()
+    })
 }

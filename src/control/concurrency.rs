@@ -346,12 +346,18 @@ const HOLDING_CLEANUP: unsafe extern "C" fn(*mut core::ffi::c_void) = holding_cl
 /// The pool's cleanup: give the slots back, or the queue's place.
 #[inline(never)]
 unsafe extern "C" fn holding_cleanup(data: *mut core::ffi::c_void) {
-    // SAFETY: `data` is the Holding written by `new_holding`, alive until the pool's memory
-    // is freed after its cleanups ran.
-    let Some(holding) = (unsafe { data.cast::<Holding>().as_mut() }) else {
-        return;
-    };
-    holding.end(now_ns());
+    crate::glue::guard::entry(
+        "control::concurrency::holding_cleanup",
+        || (),
+        || {
+            // SAFETY: `data` is the Holding written by `new_holding`, alive until the pool's memory
+            // is freed after its cleanups ran.
+            let Some(holding) = (unsafe { data.cast::<Holding>().as_mut() }) else {
+                return;
+            };
+            holding.end(now_ns());
+        },
+    )
 }
 
 impl Holding {

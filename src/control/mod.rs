@@ -70,47 +70,53 @@ pub fn exit_process(cycle: &ngx_cycle_t) {
 /// Init callback of a `rate_limit_zone`'s shared memory: lay out (or adopt across a reload)
 /// the zone's store; a fresh one gets what the state file holds for it.
 pub extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) -> ngx_int_t {
-    // SAFETY: nginx passes the zone being initialized; `data` was set to our `ZoneConf` by
-    // `rate_limit_zone`, in this cycle's configuration pool.
-    let shm_zone = unsafe { &mut *shm_zone };
-    // SAFETY: as above.
-    let Some(zone_conf) = (unsafe { shm_zone.data.cast::<ZoneConf>().as_mut() }) else {
-        return Status::NGX_ERROR.into();
-    };
-    let shpool = shm_zone.shm.addr.cast::<ngx::ffi::ngx_slab_pool_t>();
-    // A zone without the previous cycle's data is new (or resized): its memory is fresh.
-    let fresh = data.is_null();
-    // SAFETY: the slab pool at the start of the mapping was initialized by nginx before this
-    // callback, which runs in the master before workers exist.
-    let result = unsafe { Zone::init(shpool, &zone_conf.layout(), now_ns()) };
-    let log = shm_zone.shm.log;
-    match result {
-        Ok((zone, kept)) => {
-            zone_conf.zone = Some(zone);
-            if !kept && !fresh {
-                ngx_log_error!(
+    crate::glue::guard::entry(
+        "control::zone_init",
+        || ngx_int_t::from(ngx::core::Status::NGX_ERROR),
+        || {
+            // SAFETY: nginx passes the zone being initialized; `data` was set to our `ZoneConf` by
+            // `rate_limit_zone`, in this cycle's configuration pool.
+            let shm_zone = unsafe { &mut *shm_zone };
+            // SAFETY: as above.
+            let Some(zone_conf) = (unsafe { shm_zone.data.cast::<ZoneConf>().as_mut() }) else {
+                return Status::NGX_ERROR.into();
+            };
+            let shpool = shm_zone.shm.addr.cast::<ngx::ffi::ngx_slab_pool_t>();
+            // A zone without the previous cycle's data is new (or resized): its memory is fresh.
+            let fresh = data.is_null();
+            // SAFETY: the slab pool at the start of the mapping was initialized by nginx before this
+            // callback, which runs in the master before workers exist.
+            let result = unsafe { Zone::init(shpool, &zone_conf.layout(), now_ns()) };
+            let log = shm_zone.shm.log;
+            match result {
+                Ok((zone, kept)) => {
+                    zone_conf.zone = Some(zone);
+                    if !kept && !fresh {
+                        ngx_log_error!(
                     NGX_LOG_NOTICE,
                     log,
                     "rate_limit zone \"{}\" changed its key, algorithm or block=: its state starts afresh",
                     zone_conf.name
                 );
+                    }
+                    if fresh {
+                        persist::restore(zone_conf);
+                    }
+                    Status::NGX_OK.into()
+                }
+                Err(error) => {
+                    // SAFETY: ngx_pagesize is set at startup, before any configuration is read.
+                    let pagesize = unsafe { nginx_sys::ngx_pagesize };
+                    let hint = size_hint(&zone_conf.layout(), pagesize);
+                    ngx_log_error!(
+                        NGX_LOG_EMERG,
+                        log,
+                        "zone \"{}\" {error}{hint}",
+                        zone_conf.name
+                    );
+                    Status::NGX_ERROR.into()
+                }
             }
-            if fresh {
-                persist::restore(zone_conf);
-            }
-            Status::NGX_OK.into()
-        }
-        Err(error) => {
-            // SAFETY: ngx_pagesize is set at startup, before any configuration is read.
-            let pagesize = unsafe { nginx_sys::ngx_pagesize };
-            let hint = size_hint(&zone_conf.layout(), pagesize);
-            ngx_log_error!(
-                NGX_LOG_EMERG,
-                log,
-                "zone \"{}\" {error}{hint}",
-                zone_conf.name
-            );
-            Status::NGX_ERROR.into()
-        }
-    }
+        },
+    )
 }

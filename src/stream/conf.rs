@@ -96,40 +96,44 @@ fn answer(cf: &mut ngx_conf_t, result: Result<(), ConfError>) -> *mut c_char {
 }
 
 pub unsafe extern "C" fn create_main_conf(cf: *mut ngx_conf_t) -> *mut c_void {
-    // SAFETY: nginx passes a valid configuration context.
-    let cf = unsafe { &mut *cf };
-    let api = match StreamApi::resolve() {
-        Ok(api) => api,
-        Err(missing) => {
-            ngx_conf_log_error!(
-                NGX_LOG_EMERG,
-                cf,
-                "rate_limit: the stream function \"{}\" is not found in this nginx",
-                missing.to_string_lossy()
-            );
-            return ptr::null_mut();
-        }
-    };
-    let main = MainConf {
-        api,
-        zones: Vec::new(),
-        references: Vec::new(),
-        status_variable: None,
-        preread_used: false,
-    };
-    cf.alloc(main).map_or(ptr::null_mut(), |main| main.cast())
+    crate::glue::guard::entry("stream::create_main_conf", core::ptr::null_mut, || {
+        // SAFETY: nginx passes a valid configuration context.
+        let cf = unsafe { &mut *cf };
+        let api = match StreamApi::resolve() {
+            Ok(api) => api,
+            Err(missing) => {
+                ngx_conf_log_error!(
+                    NGX_LOG_EMERG,
+                    cf,
+                    "rate_limit: the stream function \"{}\" is not found in this nginx",
+                    missing.to_string_lossy()
+                );
+                return ptr::null_mut();
+            }
+        };
+        let main = MainConf {
+            api,
+            zones: Vec::new(),
+            references: Vec::new(),
+            status_variable: None,
+            preread_used: false,
+        };
+        cf.alloc(main).map_or(ptr::null_mut(), |main| main.cast())
+    })
 }
 
 pub unsafe extern "C" fn create_srv_conf(cf: *mut ngx_conf_t) -> *mut c_void {
-    // SAFETY: nginx passes a valid configuration context.
-    let cf = unsafe { &mut *cf };
-    let srv = SrvConf {
-        limits: None,
-        content: None,
-        dry_run: UNSET,
-        log_level: None,
-    };
-    cf.alloc(srv).map_or(ptr::null_mut(), |srv| srv.cast())
+    crate::glue::guard::entry("stream::create_srv_conf", core::ptr::null_mut, || {
+        // SAFETY: nginx passes a valid configuration context.
+        let cf = unsafe { &mut *cf };
+        let srv = SrvConf {
+            limits: None,
+            content: None,
+            dry_run: UNSET,
+            log_level: None,
+        };
+        cf.alloc(srv).map_or(ptr::null_mut(), |srv| srv.cast())
+    })
 }
 
 pub unsafe extern "C" fn merge_srv_conf(
@@ -137,16 +141,23 @@ pub unsafe extern "C" fn merge_srv_conf(
     parent: *mut c_void,
     child: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: nginx passes two server configurations this module created.
-    let (prev, conf) = unsafe { (&*parent.cast::<SrvConf>(), &mut *child.cast::<SrvConf>()) };
-    if conf.limits.is_none() {
-        conf.limits = prev.limits.clone();
-    }
-    if conf.dry_run == UNSET {
-        conf.dry_run = prev.dry_run;
-    }
-    conf.log_level = conf.log_level.or(prev.log_level);
-    NGX_CONF_OK
+    crate::glue::guard::entry(
+        "stream::merge_srv_conf",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: nginx passes two server configurations this module created.
+            let (prev, conf) =
+                unsafe { (&*parent.cast::<SrvConf>(), &mut *child.cast::<SrvConf>()) };
+            if conf.limits.is_none() {
+                conf.limits = prev.limits.clone();
+            }
+            if conf.dry_run == UNSET {
+                conf.dry_run = prev.dry_run;
+            }
+            conf.log_level = conf.log_level.or(prev.log_level);
+            NGX_CONF_OK
+        },
+    )
 }
 
 /// `rate_limit_zone KEY zone=NAME:SIZE ...;` in `stream {}`.
@@ -155,11 +166,17 @@ pub unsafe extern "C" fn cmd_rate_limit_zone(
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: nginx calls directive handlers with a valid configuration context, and `conf`
-    // is this module's stream main configuration (NGX_STREAM_MAIN_CONF_OFFSET).
-    let (cf, main) = unsafe { (&mut *cf, &mut *conf.cast::<MainConf>()) };
-    let result = rate_limit_zone(cf, main);
-    answer(cf, result)
+    crate::glue::guard::entry(
+        "stream::cmd_rate_limit_zone",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: nginx calls directive handlers with a valid configuration context, and `conf`
+            // is this module's stream main configuration (NGX_STREAM_MAIN_CONF_OFFSET).
+            let (cf, main) = unsafe { (&mut *cf, &mut *conf.cast::<MainConf>()) };
+            let result = rate_limit_zone(cf, main);
+            answer(cf, result)
+        },
+    )
 }
 
 fn rate_limit_zone(cf: &mut ngx_conf_t, main: &mut MainConf) -> Result<(), ConfError> {
@@ -236,10 +253,16 @@ pub unsafe extern "C" fn cmd_rate_limit(
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: as for every directive handler; `conf` is our stream server configuration.
-    let (cf, srv) = unsafe { (&mut *cf, &mut *conf.cast::<SrvConf>()) };
-    let result = rate_limit(cf, srv);
-    answer(cf, result)
+    crate::glue::guard::entry(
+        "stream::cmd_rate_limit",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: as for every directive handler; `conf` is our stream server configuration.
+            let (cf, srv) = unsafe { (&mut *cf, &mut *conf.cast::<SrvConf>()) };
+            let result = rate_limit(cf, srv);
+            answer(cf, result)
+        },
+    )
 }
 
 fn rate_limit(cf: &mut ngx_conf_t, srv: &mut SrvConf) -> Result<(), ConfError> {
@@ -271,14 +294,20 @@ pub unsafe extern "C" fn cmd_log_level(
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: as for every directive handler; `conf` is our stream server configuration.
-    let (cf, srv) = unsafe { (&mut *cf, &mut *conf.cast::<SrvConf>()) };
-    let result = if srv.log_level.is_some() {
-        Err(ConfError::Duplicate("rate_limit_log_level"))
-    } else {
-        log_level_value(cf).map(|level| srv.log_level = Some(level))
-    };
-    answer(cf, result)
+    crate::glue::guard::entry(
+        "stream::cmd_log_level",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: as for every directive handler; `conf` is our stream server configuration.
+            let (cf, srv) = unsafe { (&mut *cf, &mut *conf.cast::<SrvConf>()) };
+            let result = if srv.log_level.is_some() {
+                Err(ConfError::Duplicate("rate_limit_log_level"))
+            } else {
+                log_level_value(cf).map(|level| srv.log_level = Some(level))
+            };
+            answer(cf, result)
+        },
+    )
 }
 
 /// This module's stream main configuration in the stream block being read.

@@ -41,15 +41,21 @@ pub fn module_ptr() -> *mut ngx_module_t {
 /// Once the stream block is read: the references checked, `$rate_limit_status` added and
 /// indexed, the preaccess handler installed.
 unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
-    // SAFETY: nginx passes a valid configuration context.
-    let cf = unsafe { &mut *cf };
-    match install(cf) {
-        Ok(()) => Status::NGX_OK.into(),
-        Err(error) => {
-            cf.log(&error);
-            Status::NGX_ERROR.into()
-        }
-    }
+    crate::glue::guard::entry(
+        "stream::postconfiguration",
+        || ngx_int_t::from(ngx::core::Status::NGX_ERROR),
+        || {
+            // SAFETY: nginx passes a valid configuration context.
+            let cf = unsafe { &mut *cf };
+            match install(cf) {
+                Ok(()) => Status::NGX_OK.into(),
+                Err(error) => {
+                    cf.log(&error);
+                    Status::NGX_ERROR.into()
+                }
+            }
+        },
+    )
 }
 
 fn install(cf: &mut ngx_conf_t) -> Result<(), ConfError> {

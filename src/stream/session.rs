@@ -98,8 +98,14 @@ unsafe extern "C" fn status_variable(
     v: *mut ngx_variable_value_t,
     _data: usize,
 ) -> ngx_int_t {
-    value_bits::write(v, value_bits::NOT_FOUND);
-    Status::NGX_OK.into()
+    crate::glue::guard::entry(
+        "stream::status_variable",
+        || crate::glue::guard::not_found(v),
+        || {
+            value_bits::write(v, value_bits::NOT_FOUND);
+            Status::NGX_OK.into()
+        },
+    )
 }
 
 fn main_conf(s: &ngx_stream_session_t) -> Option<&'static MainConf> {
@@ -235,20 +241,26 @@ enum Act {
 
 /// The stream preaccess phase handler.
 pub unsafe extern "C" fn preaccess_handler(s: *mut ngx_stream_session_t) -> ngx_int_t {
-    // SAFETY: nginx calls phase handlers with the live session.
-    let s = unsafe { &mut *s };
-    let Some((main, srv, state)) = session_conf(s) else {
-        return Status::NGX_DECLINED.into();
-    };
-    if state.is_set() {
-        // Resumed after its delay.
-        return Status::NGX_DECLINED.into();
-    }
-    match decide_phase(s, main, srv, state, Phase::Preaccess) {
-        Act::Continue => Status::NGX_DECLINED.into(),
-        Act::Close(rc) => rc,
-        Act::Delay(delay_ns) => start_delay(s, main, delay_ns, delay_expired),
-    }
+    crate::glue::guard::entry(
+        "stream::preaccess_handler",
+        || nginx_sys::NGX_STREAM_INTERNAL_SERVER_ERROR as ngx_int_t,
+        || {
+            // SAFETY: nginx calls phase handlers with the live session.
+            let s = unsafe { &mut *s };
+            let Some((main, srv, state)) = session_conf(s) else {
+                return Status::NGX_DECLINED.into();
+            };
+            if state.is_set() {
+                // Resumed after its delay.
+                return Status::NGX_DECLINED.into();
+            }
+            match decide_phase(s, main, srv, state, Phase::Preaccess) {
+                Act::Continue => Status::NGX_DECLINED.into(),
+                Act::Close(rc) => rc,
+                Act::Delay(delay_ns) => start_delay(s, main, delay_ns, delay_expired),
+            }
+        },
+    )
 }
 
 /// The content handler of a server with lines decided after the preread phase (their zone
@@ -256,28 +268,34 @@ pub unsafe extern "C" fn preaccess_handler(s: *mut ngx_stream_session_t) -> ngx_
 /// which it calls once those lines let the session go on. A preread handler could not be
 /// sure to run: ssl_preread, once it found a server name, skips the phase's other handlers.
 pub unsafe extern "C" fn content_handler(s: *mut ngx_stream_session_t) {
-    // SAFETY: nginx calls the content handler with the live session.
-    let session = unsafe { &mut *s };
-    let Some(content) = srv_conf(session).and_then(|srv| srv.content) else {
-        if let Some(main) = main_conf(session) {
-            // SAFETY: the live session.
-            unsafe { (main.api.finalize_session)(s, INTERNAL_ERROR) };
-        }
-        return;
-    };
-    let Some((main, srv, state)) = session_conf(session) else {
-        // SAFETY: the server's own handler, with the live session.
-        return unsafe { content(s) };
-    };
-    match decide_phase(session, main, srv, state, Phase::AfterPreread) {
-        // SAFETY: as above.
-        Act::Continue => unsafe { content(s) },
-        // SAFETY: the live session.
-        Act::Close(rc) => unsafe { (main.api.finalize_session)(s, rc as ngx_uint_t) },
-        Act::Delay(delay_ns) => {
-            start_delay(session, main, delay_ns, content_delay_expired);
-        }
-    }
+    crate::glue::guard::entry(
+        "stream::content_handler",
+        || fail_session(s),
+        || {
+            // SAFETY: nginx calls the content handler with the live session.
+            let session = unsafe { &mut *s };
+            let Some(content) = srv_conf(session).and_then(|srv| srv.content) else {
+                if let Some(main) = main_conf(session) {
+                    // SAFETY: the live session.
+                    unsafe { (main.api.finalize_session)(s, INTERNAL_ERROR) };
+                }
+                return;
+            };
+            let Some((main, srv, state)) = session_conf(session) else {
+                // SAFETY: the server's own handler, with the live session.
+                return unsafe { content(s) };
+            };
+            match decide_phase(session, main, srv, state, Phase::AfterPreread) {
+                // SAFETY: as above.
+                Act::Continue => unsafe { content(s) },
+                // SAFETY: the live session.
+                Act::Close(rc) => unsafe { (main.api.finalize_session)(s, rc as ngx_uint_t) },
+                Act::Delay(delay_ns) => {
+                    start_delay(session, main, delay_ns, content_delay_expired);
+                }
+            }
+        },
+    )
 }
 
 /// The session's configuration and outcome record; `None` when no line applies to it.
@@ -532,6 +550,29 @@ fn start_delay(
 
 const INTERNAL_ERROR: ngx_uint_t = nginx_sys::NGX_STREAM_INTERNAL_SERVER_ERROR as ngx_uint_t;
 
+/// A session whose handler panicked: closed, `$status` 500.
+fn fail_session(s: *mut ngx_stream_session_t) {
+    // SAFETY: the live session nginx called the handler with.
+    if let Some(main) = unsafe { s.as_ref() }.and_then(main_conf) {
+        // SAFETY: as above.
+        unsafe { (main.api.finalize_session)(s, INTERNAL_ERROR) };
+    }
+}
+
+/// The session of a connection event whose handler panicked: closed, `$status` 500.
+fn fail_event_session(event: *mut ngx_event_t) {
+    // SAFETY: the live event of a session's connection, as nginx called the handler with.
+    let s = unsafe {
+        let Some(event) = event.as_ref() else {
+            return;
+        };
+        (*event.data.cast::<ngx::ffi::ngx_connection_t>())
+            .data
+            .cast::<ngx_stream_session_t>()
+    };
+    fail_session(s);
+}
+
 /// Whether a delay watches the client's socket for its close: a TCP connection, under an
 /// edge-triggered event method (epoll, kqueue).
 fn watches_client(connection: &ngx::ffi::ngx_connection_t) -> bool {
@@ -542,22 +583,34 @@ fn watches_client(connection: &ngx::ffi::ngx_connection_t) -> bool {
 
 /// The read handler while delayed in the preaccess phase: at the timer, the phases go on.
 unsafe extern "C" fn delay_expired(event: *mut ngx_event_t) {
-    // SAFETY: nginx calls event handlers with the live event.
-    unsafe { delay_event(event, |s, main| (main.api.run_phases)(s)) }
+    crate::glue::guard::entry(
+        "stream::delay_expired",
+        || fail_event_session(event),
+        || {
+            // SAFETY: nginx calls event handlers with the live event.
+            unsafe { delay_event(event, |s, main| (main.api.run_phases)(s)) }
+        },
+    )
 }
 
 /// The read handler while delayed before the content handler: at the timer, the server's own
 /// content handler runs.
 unsafe extern "C" fn content_delay_expired(event: *mut ngx_event_t) {
-    // SAFETY: nginx calls event handlers with the live event.
-    unsafe {
-        delay_event(event, |s, main| {
-            match srv_conf(&*s).and_then(|srv| srv.content) {
-                Some(content) => content(s),
-                None => (main.api.finalize_session)(s, INTERNAL_ERROR),
+    crate::glue::guard::entry(
+        "stream::content_delay_expired",
+        || fail_event_session(event),
+        || {
+            // SAFETY: nginx calls event handlers with the live event.
+            unsafe {
+                delay_event(event, |s, main| {
+                    match srv_conf(&*s).and_then(|srv| srv.content) {
+                        Some(content) => content(s),
+                        None => (main.api.finalize_session)(s, INTERNAL_ERROR),
+                    }
+                })
             }
-        })
-    }
+        },
+    )
 }
 
 /// A delayed session's read event: at the timer, `resume`; before it, the client sent data

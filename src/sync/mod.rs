@@ -118,12 +118,18 @@ pub fn exit_process() {
 }
 
 unsafe extern "C" fn watch(event: *mut ngx_event_t) {
-    // SAFETY: `CYCLE` was set in init_process of this process; the cycle outlives its timers.
-    let Some(cycle) = (unsafe { CYCLE.as_mut() }) else {
-        return;
-    };
-    let _ = event;
-    watch_now(cycle);
+    crate::glue::guard::entry(
+        "sync::watch",
+        || (),
+        || {
+            // SAFETY: `CYCLE` was set in init_process of this process; the cycle outlives its timers.
+            let Some(cycle) = (unsafe { CYCLE.as_mut() }) else {
+                return;
+            };
+            let _ = event;
+            watch_now(cycle);
+        },
+    )
 }
 
 fn watch_now(cycle: &mut ngx_cycle_t) {
