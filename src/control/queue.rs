@@ -47,6 +47,8 @@ pub enum Owner {
     },
     /// A Lua call, which asks again itself ([`lua_turn`]).
     Lua,
+    /// A stream session, which never waits (a stream line has no queue): never in a queue.
+    Session,
 }
 
 /// The record of a waiting request, which its queue keeps up to date: its owner (the slots'
@@ -322,7 +324,7 @@ unsafe extern "C" fn tick(_event: *mut ngx_event_t) {
                 while index < waiters.len() {
                     let waiter = &mut waiters[index];
                     // Lua asks itself; a dead worker's head is skipped for it here too.
-                    if let Held::By(Owner::Lua) = waiter.held {
+                    if let Held::By(Owner::Lua | Owner::Session) = waiter.held {
                         if let Some(words) = waiter.zone.key_words(waiter.slot) {
                             tickets::skip_stale_head(&words, waiter.queue_timeout_ns, now);
                         }

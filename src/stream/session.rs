@@ -398,7 +398,7 @@ fn take_slots(
         // SAFETY: a live session's connection has its pool, freed when the session ends.
         let pool = unsafe { (*s.connection).pool };
         // No queue (`queue: Some(0)`): nothing ever waits, so no owner is ever told.
-        match slots::arrive(pool, &line, now, dry_run, Owner::Lua) {
+        match slots::arrive(pool, &line, now, dry_run, Owner::Session) {
             Arrival::Admitted { .. } => found.zone.count(Counter::Passed),
             Arrival::Unlimited | Arrival::Queued { .. } => {}
             Arrival::Rejected(refusal) | Arrival::DryRun { refusal, .. } => {
