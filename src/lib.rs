@@ -104,10 +104,12 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
             let Some(cmcf) = NgxHttpCoreModule::main_conf_mut(cf) else {
                 return Status::NGX_ERROR.into();
             };
-            let mut phases = vec![(
-                ngx_http_phases_NGX_HTTP_PREACCESS_PHASE,
-                handler::preaccess_handler as Handler,
-            )];
+            let preaccess: Handler = if glue::guard::provoked("handler::preaccess_handler") {
+                handler::panicking_preaccess_handler
+            } else {
+                handler::preaccess_handler
+            };
+            let mut phases = vec![(ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, preaccess)];
             if concurrency {
                 phases.push((
                     ngx_http_phases_NGX_HTTP_LOG_PHASE,
@@ -338,8 +340,6 @@ extern "C" fn init_module(cycle: *mut ngx_cycle_t) -> ngx_int_t {
 
 /// Runs in each worker (or the single process) after fork.
 extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
-    // The worker's environment is what the configuration's `env` lines give it.
-    glue::guard::configure();
     crate::glue::guard::entry(
         "init_process",
         || ngx_int_t::from(ngx::core::Status::NGX_ERROR),

@@ -1,6 +1,7 @@
 //! One panic policy for every `extern "C"` entry (src/glue/guard.rs): a panic fails the
 //! request (500) or the session (closed) and logs one line naming the entry; the worker goes
-//! on serving. Provoked with `RATE_LIMIT_PANIC_AT`, given to the workers by an `env` line.
+//! on serving. Provoked with `RATE_LIMIT_PANIC_AT` in the environment nginx starts with (this
+//! binary's one test sets it for each nginx in turn: the environment is the process's).
 
 mod common;
 
@@ -11,17 +12,29 @@ use std::time::Duration;
 
 use common::{config, get};
 
+/// nginx started with `RATE_LIMIT_PANIC_AT=entry`.
+fn start_provoking(entry: &str, config: &common::Config) -> common::Nginx {
+    std::env::set_var("RATE_LIMIT_PANIC_AT", entry);
+    let nginx = config.start();
+    std::env::remove_var("RATE_LIMIT_PANIC_AT");
+    nginx
+}
+
 #[test]
-fn a_panic_in_the_http_preaccess_handler_is_a_500_and_the_worker_lives() {
-    let nginx = config()
-        .main("env RATE_LIMIT_PANIC_AT=handler::preaccess_handler;")
+fn a_panic_in_an_entry_fails_its_request_or_session_and_the_worker_lives() {
+    http_preaccess_handler();
+    stream_preaccess_handler();
+}
+
+fn http_preaccess_handler() {
+    let config = config()
         .http("rate_limit_zone $binary_remote_addr zone=one:1m rate=100r/s;")
         // `return` answers in the rewrite phase, before the preaccess handler runs.
         .locations(
             "location / { rate_limit zone=one nodelay; }\n\
              location /alive { return 200 alive; }",
-        )
-        .start();
+        );
+    let nginx = start_provoking("handler::preaccess_handler", &config);
     let workers = nginx.worker_pids();
     for _ in 0..3 {
         assert_eq!(get(nginx.port(), "/").status, 500);
@@ -47,8 +60,7 @@ fn a_panic_in_the_http_preaccess_handler_is_a_500_and_the_worker_lives() {
     assert!(!errors.contains("exited on signal"), "{errors}");
 }
 
-#[test]
-fn a_panic_in_the_stream_preaccess_handler_closes_the_session_and_the_worker_lives() {
+fn stream_preaccess_handler() {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind an upstream");
     let upstream = listener.local_addr().expect("upstream address").port();
     thread::spawn(move || {
@@ -57,19 +69,16 @@ fn a_panic_in_the_stream_preaccess_handler_closes_the_session_and_the_worker_liv
             let _ = stream.write_all(b"hello\n");
         }
     });
-    let mut config = config()
-        .main("env RATE_LIMIT_PANIC_AT=stream::preaccess_handler;")
-        .without_http();
+    let mut config = config().without_http();
     if let Some(module) = common::stream_module_path() {
         config = config.load(&module);
     }
-    let nginx = config
-        .main(&format!(
-            "stream {{ rate_limit_zone $binary_remote_addr zone=s:1m rate=100r/s;\n\
+    let config = config.main(&format!(
+        "stream {{ rate_limit_zone $binary_remote_addr zone=s:1m rate=100r/s;\n\
              server {{ listen 127.0.0.1:%%PORT2%%; rate_limit zone=s nodelay;\n\
              proxy_pass 127.0.0.1:{upstream}; }} }}"
-        ))
-        .start();
+    ));
+    let nginx = start_provoking("stream::preaccess_handler", &config);
     let workers = nginx.worker_pids();
     let read = |port: u16| {
         let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to nginx");

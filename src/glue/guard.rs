@@ -5,12 +5,12 @@
 //! and the entry answers what its caller takes for a failure (a request's 500, a closed
 //! session, `NGX_ERROR`, a failed directive).
 //!
-//! A test provokes one through `RATE_LIMIT_PANIC_AT`, an environment variable read when a
-//! configuration is read (the master's environment) and when a worker starts (what the
-//! configuration's `env` lines give it): the entry it names (`handler::preaccess_handler`)
-//! panics. Only who writes nginx's configuration or starts it can set it; no client can.
+//! A test provokes one through `RATE_LIMIT_PANIC_AT`, an environment variable of the master,
+//! read when a configuration is read: the handler it names (`handler::preaccess_handler`,
+//! `stream::preaccess_handler`) is installed as one that panics in its guard, in place of the
+//! real one, so that the request path pays nothing for the test. Only who starts nginx can set
+//! it; no client can.
 
-use core::sync::atomic::{AtomicBool, Ordering};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, Once};
 
@@ -22,12 +22,11 @@ use ngx::ngx_log_error;
 /// not panic.
 static LAST_PANIC: Mutex<Option<String>> = Mutex::new(None);
 
-/// `RATE_LIMIT_PANIC_AT` names an entry: checked by every entry only while armed.
-static ARMED: AtomicBool = AtomicBool::new(false);
+/// The entry `RATE_LIMIT_PANIC_AT` names, read with the configuration.
 static PANIC_AT: Mutex<String> = Mutex::new(String::new());
 
 /// Install the panic hook (once per process) and read `RATE_LIMIT_PANIC_AT`; called when a
-/// configuration is read and when a worker starts.
+/// configuration is read.
 pub fn configure() {
     static HOOK: Once = Once::new();
     HOOK.call_once(|| {
@@ -42,7 +41,6 @@ pub fn configure() {
         }));
     });
     let at = std::env::var("RATE_LIMIT_PANIC_AT").unwrap_or_default();
-    ARMED.store(!at.is_empty(), Ordering::Relaxed);
     *PANIC_AT.lock().unwrap_or_else(|e| e.into_inner()) = at;
 }
 
@@ -50,12 +48,7 @@ pub fn configure() {
 /// `failed()`.
 #[inline]
 pub fn entry<T>(name: &'static str, failed: impl FnOnce() -> T, work: impl FnOnce() -> T) -> T {
-    let result = catch_unwind(AssertUnwindSafe(|| {
-        if ARMED.load(Ordering::Relaxed) {
-            provoke(name);
-        }
-        work()
-    }));
+    let result = catch_unwind(AssertUnwindSafe(work));
     match result {
         Ok(value) => value,
         Err(_) => {
@@ -82,12 +75,16 @@ fn logged(name: &str) {
     );
 }
 
+/// Whether `RATE_LIMIT_PANIC_AT` names the entry `name` (its handler is then installed as one
+/// that calls [`provoke`]).
+pub fn provoked(name: &str) -> bool {
+    *PANIC_AT.lock().unwrap_or_else(|e| e.into_inner()) == name
+}
+
+/// The work of a handler installed by `RATE_LIMIT_PANIC_AT`.
 #[cold]
-fn provoke(name: &str) {
-    let at = PANIC_AT.lock().map(|at| at.clone()).unwrap_or_default();
-    if at == name {
-        panic!("RATE_LIMIT_PANIC_AT={at}");
-    }
+pub fn provoke(name: &str) -> ! {
+    panic!("RATE_LIMIT_PANIC_AT={name}");
 }
 
 /// A request whose event handler panicked: finished with a 500.
