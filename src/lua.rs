@@ -20,13 +20,12 @@ use std::borrow::Cow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use ngx::ffi::ngx_http_request_t;
-use ngx::http::HttpModuleMainConf;
 use ratelimit_core::penalty::BlockPolicy;
 use ratelimit_core::usage::settle::Settlement;
 use ratelimit_core::{Decision, DelayMode, LimitSpec, Limits, Outcome, Rate};
 
-use crate::conf::RateLimitModule;
-use crate::conf::{LimitConf, MainConf, ZoneConf};
+use crate::conf::registry;
+use crate::conf::{LimitConf, ZoneConf};
 use crate::control::concurrency::{self as slots, Arrival, Line, Peek, Refusal};
 use crate::control::decide::{self, Applied, AppliedLimit, Charge};
 use crate::control::queue::{self, LuaTurn, Owner};
@@ -208,16 +207,11 @@ unsafe fn write_error(err: *mut u8, len: *mut usize, message: &str) {
 
 /// The request's zone called `name`, with its shared memory.
 fn zone_by_name<'r>(
-    r: &'r ngx_http_request_t,
+    _r: &'r ngx_http_request_t,
     name: &[u8],
 ) -> Result<(&'r ZoneConf, &'r Zone), Status> {
-    let mcf: &MainConf = RateLimitModule::main_conf(r).ok_or(Status::UnknownZone)?;
-    let zone_conf = mcf
-        .zones
-        .iter()
-        // SAFETY: zone configurations live in the pool of the cycle serving the request.
-        .filter_map(|&zone_conf| unsafe { zone_conf.as_ref() })
-        .find(|zone_conf| zone_conf.name.as_bytes() == name)
+    let zone_conf = registry::running()
+        .and_then(|registry| registry.zone(name))
         .ok_or(Status::UnknownZone)?;
     let zone = zone_conf.zone.as_ref().ok_or(Status::Internal)?;
     Ok((zone_conf, zone))
@@ -562,7 +556,7 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_set_limits(
         // SAFETY: the caller's contract.
         let rate = unsafe { bytes(rate, rate_len) }.ok_or(Status::BadArgument)?;
         let (zone_conf, _) = zone_by_name(r, name)?;
-        let mcf: &MainConf = RateLimitModule::main_conf(r).ok_or(Status::UnknownZone)?;
+        let registry = registry::running().ok_or(Status::UnknownZone)?;
         let refused = |message: String| {
             // SAFETY: the caller's contract.
             unsafe { write_error(err, err_len, &message) };
@@ -597,7 +591,7 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_set_limits(
                 "nothing to change: give a rate (such as \"10r/s\") or a burst".to_string(),
             ));
         }
-        crate::control::zones::patch_zone(mcf, &zone_conf.name, &patch, connection_log(r))
+        crate::control::zones::patch_zone(registry, &zone_conf.name, &patch, connection_log(r))
             .map_err(|error| refused(error.to_string()))
     })
 }
@@ -860,7 +854,7 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_conn_set(
         if !zone_conf.algorithm.counts_in_flight() {
             return Err(Status::WrongKind);
         }
-        let mcf: &MainConf = RateLimitModule::main_conf(r).ok_or(Status::UnknownZone)?;
+        let registry = registry::running().ok_or(Status::UnknownZone)?;
         let refused = |message: String| {
             // SAFETY: the caller's contract.
             unsafe { write_error(err, err_len, &message) };
@@ -885,8 +879,13 @@ pub unsafe extern "C" fn ngx_http_rate_limit_lua_conn_set(
             queue: field(queue, "queue", 0, ratelimit_core::concurrency::MAX_QUEUE)?,
             ..Default::default()
         };
-        crate::control::zones::patch_concurrency(mcf, &zone_conf.name, &patch, connection_log(r))
-            .map_err(|error| refused(error.to_string()))
+        crate::control::zones::patch_concurrency(
+            registry,
+            &zone_conf.name,
+            &patch,
+            connection_log(r),
+        )
+        .map_err(|error| refused(error.to_string()))
     })
 }
 

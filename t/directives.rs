@@ -342,6 +342,34 @@ fn nginx_t_refuses_bad_configuration() {
             "burst 100 is too large for rate \"0.001r/d\" (at most 36: a token_bucket must \
              refill within 100 years) in ",
         ),
+        (
+            "a usage= line charged by its own settlement's result",
+            format!(
+                "rate_limit_zone $arg_k zone=tpm:1m rate=1000r/m {token};\n{}",
+                server("location / { rate_limit zone=tpm usage=$rate_limit_usage_cost; }")
+            ),
+            "invalid \"usage=$rate_limit_usage_cost\": $rate_limit_usage_cost is what a usage= \
+             line settled",
+        ),
+        (
+            "reserve= from a settlement's result",
+            format!(
+                "rate_limit_zone $arg_k zone=tpm:1m rate=1000r/m {token};\n{}",
+                server(
+                    "location / { rate_limit zone=tpm usage=openai \
+                     reserve=$rate_limit_usage_total_tokens; }"
+                )
+            ),
+            "invalid \"reserve=$rate_limit_usage_total_tokens\"",
+        ),
+        (
+            "cost= from a settlement's result",
+            format!(
+                "rate_limit_zone $arg_k zone=tpm:1m rate=1000r/m {token};\n{}",
+                server("location / { rate_limit zone=tpm cost=$rate_limit_usage_prompt_tokens; }")
+            ),
+            "invalid \"cost=$rate_limit_usage_prompt_tokens\"",
+        ),
     ];
 
     let mut failures = Vec::new();

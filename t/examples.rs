@@ -31,22 +31,10 @@ fn with_dynamic_stream_module(config: String) -> String {
     if !config.contains(LINE) {
         return config;
     }
-    let output = std::process::Command::new(nginx_binary())
-        .arg("-V")
-        .output()
-        .expect("run nginx -V");
-    let info = String::from_utf8_lossy(&output.stderr).into_owned();
-    if !info.contains("--with-stream=dynamic") {
+    let Some(module) = common::stream_module_path() else {
         return config;
-    }
-    let modules = info
-        .split_whitespace()
-        .find_map(|word| word.strip_prefix("--modules-path="))
-        .unwrap_or("modules");
-    config.replace(
-        LINE,
-        &format!("load_module {modules}/ngx_stream_module.so;"),
-    )
+    };
+    config.replace(LINE, &format!("load_module {module};"))
 }
 
 /// An example as this test starts it: `%%REDIS%%` (nginx-conf/cluster.conf) is a port where

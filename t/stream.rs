@@ -17,7 +17,9 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{check_config, config, nginx_binary, send, Config, Nginx, Request};
+use common::{
+    check_config, config, nginx_binary, send, stream_module_path, Config, Nginx, Request,
+};
 use serde_json::Value;
 
 /// A TCP echo server on a free loopback port: every connection gets back what it sends.
@@ -53,29 +55,11 @@ fn udp_echo() -> u16 {
     port
 }
 
-/// The `load_module` line the stream module needs first when this nginx has it as a dynamic
-/// module (`--with-stream=dynamic`, Debian's `libnginx-mod-stream`), else `None`.
-fn stream_module() -> Option<String> {
-    let output = Command::new(nginx_binary())
-        .arg("-V")
-        .output()
-        .expect("run nginx -V");
-    let info = String::from_utf8_lossy(&output.stderr).into_owned();
-    if !info.contains("--with-stream=dynamic") {
-        return None;
-    }
-    let modules = info
-        .split_whitespace()
-        .find_map(|word| word.strip_prefix("--modules-path="))
-        .unwrap_or("modules");
-    Some(format!("{modules}/ngx_stream_module.so"))
-}
-
 /// `config()` with the stream module loaded first when it is dynamic, and `stream` as the
 /// stream block's body (`%%PORT2%%` and on are free for it; `%%PORT%%` is the http server).
 fn with_stream(stream: &str) -> Config {
     let mut config = config();
-    if let Some(path) = stream_module() {
+    if let Some(path) = stream_module_path() {
         config = config.load(&path);
     }
     config.main(&format!("stream {{\n{stream}\n}}"))
@@ -130,7 +114,7 @@ fn directives_are_checked_as_in_http() {
         (
             "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s;\n\
              server { listen 127.0.0.1:%%PORT2%%; rate_limit zone=b; proxy_pass 127.0.0.1:1; }",
-            "unknown zone \"b\": the only zone is \"a\"",
+            "unknown zone \"b\"",
         ),
         (
             "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s;\n\
@@ -175,6 +159,15 @@ fn directives_are_checked_as_in_http() {
             "rate_limit_zone $binary_remote_addr zone=a:8k rate=1r/s;",
             "zone \"a\" is too small",
         ),
+        (
+            "rate_limit_zone $binary_remote_addr zone=a:1m algorithm=concurrency limit=adaptive;",
+            "\"limit=adaptive\" is not available in the stream block: it follows the \
+             upstream's response times",
+        ),
+        (
+            "rate_limit_state_file a.json; rate_limit_state_file b.json;",
+            "\"rate_limit_state_file\" directive is duplicate",
+        ),
     ];
     for (stream, expected) in cases {
         let (ok, output) = check_config(&with_stream(stream).to_string());
@@ -208,6 +201,14 @@ fn directives_are_checked_as_in_http() {
     );
     let (ok, output) = check_config(&good.to_string());
     assert!(ok, "nginx -t refused:\n{output}");
+    // One state file per configuration, in either block.
+    let twice = with_stream("rate_limit_state_file a.json;").http("rate_limit_state_file b.json;");
+    let (ok, output) = check_config(&twice.to_string());
+    assert!(!ok, "nginx -t accepted a state file in both blocks");
+    assert!(
+        output.contains("\"rate_limit_state_file\" directive is duplicate"),
+        "{output}"
+    );
 }
 
 #[test]
@@ -533,7 +534,7 @@ fn a_sync_stream_zone_is_one_limit_across_the_fleet() {
     // A sync stream zone needs rate_limit_sync in an http block read before the stream block.
     let instance = || {
         let mut config = config();
-        if let Some(path) = stream_module() {
+        if let Some(path) = stream_module_path() {
             config = config.load(&path);
         }
         let http = config
@@ -579,7 +580,7 @@ fn a_sync_stream_zone_is_one_limit_across_the_fleet() {
 /// holds with no stream module loaded at all.
 #[test]
 fn the_dynamic_stream_module_may_be_loaded_after_this_one() {
-    let order: Vec<String> = match stream_module() {
+    let order: Vec<String> = match stream_module_path() {
         Some(stream) => vec![common::config::MODULE.to_string(), stream],
         None => {
             let output = Command::new(nginx_binary()).arg("-V").output().unwrap();
@@ -692,6 +693,329 @@ fn the_state_file_keeps_a_stream_zones_changes_across_a_restart() {
     );
     assert_eq!(passes(nginx.port_n(2), 5), [true, true, true, true, false]);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Sessions held open until `count` are held, within `within`.
+fn hold(port: u16, count: usize, within: Duration) -> Vec<TcpStream> {
+    let mut held = Vec::new();
+    wait_for(&format!("{count} sessions admitted"), within, || {
+        if let Some(stream) = open(port) {
+            held.push(stream);
+        }
+        held.len() == count
+    });
+    held
+}
+
+#[test]
+fn a_stream_only_config_sweeps_a_dead_workers_permits_and_a_reload_keeps_the_counts() {
+    let upstream = tcp_echo();
+    let mut nginx = with_stream(&format!(
+        "rate_limit_zone $binary_remote_addr zone=conn:1m algorithm=concurrency limit=3;\n\
+         server {{ listen 127.0.0.1:%%PORT2%%; rate_limit zone=conn;\n\
+         proxy_pass 127.0.0.1:{upstream}; }}"
+    ))
+    .without_http()
+    .start();
+    let port = nginx.port_n(2);
+    let held = hold(port, 3, Duration::from_secs(5));
+    assert!(open(port).is_none(), "a fourth session at once is closed");
+
+    // The worker dies with its three permits held: its replacement's sweep gives them back.
+    let old = nginx.kill_workers();
+    nginx.wait_workers_replaced(&old);
+    drop(held);
+    let started = Instant::now();
+    let held = hold(port, 3, Duration::from_secs(5));
+    let swept_in = started.elapsed();
+    assert!(open(port).is_none(), "the limit holds after the sweep");
+    let errors = nginx.error_log();
+    assert!(
+        errors.contains("rate_limit zone \"conn\": gave back 3 slots"),
+        "{errors}"
+    );
+
+    // A reload keeps the zone and its counts: the old worker still serves the three sessions,
+    // and the new one refuses a fourth.
+    nginx.reload();
+    assert!(
+        open(port).is_none(),
+        "the three sessions of the old worker still count after a reload"
+    );
+    drop(held);
+    let _held = hold(port, 3, Duration::from_secs(5));
+    assert!(open(port).is_none(), "three held again");
+    eprintln!("permits swept within {swept_in:?}");
+}
+
+#[test]
+fn the_state_file_works_in_a_stream_only_config() {
+    let dir = std::env::temp_dir().join(format!(
+        "ngx-rate-limit-stream-only-state-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).expect("state dir");
+    let state = dir.join("state.json");
+    let upstream = tcp_echo();
+    let stream = format!(
+        "rate_limit_state_file {};\n\
+         rate_limit_zone $binary_remote_addr zone=kept:1m rate=1r/m;\n\
+         server {{ listen 127.0.0.1:%%PORT2%%; rate_limit zone=kept nodelay;\n\
+         proxy_pass 127.0.0.1:{upstream}; }}",
+        state.display()
+    );
+    // First with an admin API beside it, to change the zone's burst...
+    let nginx = with_stream(&stream)
+        .main("user root;")
+        .locations("location /ratelimit/ { rate_limit_admin write=on; }")
+        .start();
+    let (status, zone) = admin(&nginx, "PATCH", "zones/kept", Some(r#"{"burst": 3}"#));
+    assert_eq!(status, 200, "{zone}");
+    nginx.stop();
+    let saved = std::fs::read_to_string(&state).expect("the state file");
+    assert!(saved.contains("\"kept\""), "{saved}");
+    std::fs::remove_file(&state).expect("remove the state file");
+    std::fs::write(&state, &saved).expect("write the state file back");
+    let written = std::fs::metadata(&state).and_then(|m| m.modified()).ok();
+
+    // ... then without an http block: the zone starts with the burst the file keeps, and the
+    // first worker writes the file again from shared memory.
+    let nginx = with_stream(&stream)
+        .main("user root;")
+        .without_http()
+        .start();
+    assert_eq!(passes(nginx.port_n(2), 5), [true, true, true, true, false]);
+    let errors = nginx.error_log();
+    assert!(
+        errors.contains("zone \"kept\" restored: rate 1r/m burst 3"),
+        "{errors}"
+    );
+    wait_for(
+        "the state file rewritten by the first worker",
+        Duration::from_secs(5),
+        || std::fs::metadata(&state).and_then(|m| m.modified()).ok() != written,
+    );
+    let rewritten = std::fs::read_to_string(&state).expect("the state file");
+    assert!(rewritten.contains("\"kept\""), "{rewritten}");
+    nginx.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A TCP upstream that counts the connections it accepts (and echoes, as [`tcp_echo`]).
+fn counting_upstream() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a counting upstream");
+    let port = listener.local_addr().expect("upstream address").port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            count.fetch_add(1, Ordering::SeqCst);
+            thread::spawn(move || {
+                let mut buffer = [0u8; 1024];
+                while let Ok(n) = stream.read(&mut buffer) {
+                    if n == 0 || stream.write_all(&buffer[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    (port, accepted)
+}
+
+/// How many descriptors process `pid` holds.
+fn descriptors(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|entries| entries.count())
+        .unwrap_or_else(|error| panic!("read /proc/{pid}/fd: {error}"))
+}
+
+#[test]
+fn a_delayed_session_ends_when_its_client_resets() {
+    use std::sync::atomic::Ordering;
+    let (upstream, accepted) = counting_upstream();
+    let nginx = with_stream(&format!(
+        "rate_limit_zone $binary_remote_addr zone=paced:1m rate=2r/s burst=600;\n\
+         server {{ listen 127.0.0.1:%%PORT2%% backlog=1024; rate_limit zone=paced;\n\
+         proxy_pass 127.0.0.1:{upstream}; }}"
+    ))
+    .worker_connections(1024)
+    .start();
+    let port = nginx.port_n(2);
+    let worker = nginx.worker_pids()[0];
+    let before = descriptors(worker);
+
+    // 300 connections, each delayed (the first passes): the worker holds them all.
+    let clients: Vec<TcpStream> = (0..300)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).expect("connect to nginx"))
+        .collect();
+    wait_for(
+        "the worker holding the 300 delayed sessions",
+        Duration::from_secs(10),
+        || descriptors(worker) >= before + 290,
+    );
+    // Their clients reset them: the sessions end at once, and none reaches the upstream.
+    for client in clients {
+        abort(client);
+    }
+    thread::sleep(Duration::from_secs(2));
+    let held = descriptors(worker);
+    let upstream_then = accepted.load(Ordering::SeqCst);
+    thread::sleep(Duration::from_secs(3));
+    let upstream_later = accepted.load(Ordering::SeqCst);
+    assert!(
+        held <= before + 20,
+        "2 s after the resets the worker holds {held} descriptors ({before} before)"
+    );
+    assert!(
+        upstream_later - upstream_then <= 2,
+        "the upstream got {} connections of clients gone",
+        upstream_later - upstream_then
+    );
+    let errors = nginx.error_log();
+    assert!(
+        errors.contains("while delayed"),
+        "the end of a delayed session is logged: {errors}"
+    );
+    eprintln!(
+        "descriptors: {before} before, {held} 2 s after 300 resets; upstream: {} connections in \
+         the next 3 s",
+        upstream_later - upstream_then
+    );
+}
+
+/// The first TLS record OpenSSL's client sends (its ClientHello), with `server_name` as SNI
+/// (`None`: no SNI) and `h2` offered by ALPN: captured on a listener of our own, to be sent
+/// to nginx as a real client's.
+fn client_hello(server_name: Option<&str>) -> Vec<u8> {
+    use std::process::Stdio;
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a ClientHello catcher");
+    let address = listener.local_addr().expect("catcher address").to_string();
+    let mut command = Command::new("openssl");
+    command.args(["s_client", "-connect", &address, "-alpn", "h2"]);
+    match server_name {
+        Some(name) => command.args(["-servername", name]),
+        None => command.arg("-noservername"),
+    };
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run `openssl s_client` (package openssl)");
+    let (mut stream, _) = listener.accept().expect("openssl connects");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    let mut header = [0u8; 5];
+    stream.read_exact(&mut header).expect("a TLS record header");
+    assert_eq!(header[0], 0x16, "a TLS handshake record");
+    let mut body = vec![0u8; usize::from(u16::from_be_bytes([header[3], header[4]]))];
+    stream.read_exact(&mut body).expect("the ClientHello");
+    let _ = child.kill();
+    let _ = child.wait();
+    [&header[..], &body].concat()
+}
+
+/// Send `hello` as a new connection's first bytes: `Some(elapsed)` when the echo upstream
+/// sent them back (the session was proxied), `None` when nginx closed it.
+fn tls_session(port: u16, hello: &[u8]) -> Option<Duration> {
+    let start = Instant::now();
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to nginx");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    stream.write_all(hello).ok()?;
+    let mut echo = vec![0u8; hello.len()];
+    match stream.read_exact(&mut echo) {
+        Ok(()) => {
+            assert_eq!(echo, hello, "the echo of the ClientHello");
+            Some(start.elapsed())
+        }
+        Err(error)
+            if error.kind() == ErrorKind::WouldBlock || error.kind() == ErrorKind::TimedOut =>
+        {
+            panic!("no echo and no close within 10 s on port {port}")
+        }
+        Err(_) => None,
+    }
+}
+
+#[test]
+fn a_connection_rate_per_tls_server_name_holds_per_name() {
+    let upstream = tcp_echo();
+    let nginx = with_stream(&format!(
+        "rate_limit_zone $ssl_preread_server_name zone=sni:1m rate=1r/m burst=1;\n\
+         rate_limit_zone $ssl_preread_alpn_protocols zone=alpn:1m rate=2r/s burst=5;\n\
+         log_format sni '$ssl_preread_server_name $rate_limit_status';\n\
+         server {{ listen 127.0.0.1:%%PORT2%%; ssl_preread on; rate_limit zone=sni nodelay;\n\
+         access_log logs/sni.log sni; proxy_pass 127.0.0.1:{upstream}; }}\n\
+         server {{ listen 127.0.0.1:%%PORT3%%; ssl_preread on; rate_limit zone=alpn;\n\
+         proxy_pass 127.0.0.1:{upstream}; }}"
+    ))
+    .start();
+    let port = nginx.port_n(2);
+    let (a, b, none) = (
+        client_hello(Some("a.example")),
+        client_hello(Some("b.example")),
+        client_hello(None),
+    );
+    let sessions: Vec<bool> = [&a, &b, &a, &b, &a, &b, &none, &none, &none]
+        .iter()
+        .map(|hello| tls_session(port, hello).is_some())
+        .collect();
+    assert_eq!(
+        sessions,
+        [true, true, true, true, false, false, true, true, true],
+        "two sessions per server name (a, b, a, b, a, b), and a ClientHello without SNI is \
+         not limited"
+    );
+    let errors = nginx.error_log();
+    let refusals = errors
+        .lines()
+        .filter(|line| line.contains("limiting connections, excess: "))
+        .filter(|line| line.contains("by zone \"sni\""))
+        .count();
+    assert_eq!(refusals, 2, "{errors}");
+
+    // A delay decided after ssl_preread: the second session of the same ALPN list waits for
+    // its turn at 2 r/s, then reaches the upstream.
+    let port = nginx.port_n(3);
+    let first = tls_session(port, &a).expect("the first session passes");
+    let second = tls_session(port, &a).expect("the second session passes, delayed");
+    assert!(
+        first < Duration::from_millis(300) && second >= Duration::from_millis(300),
+        "first {first:?}, second {second:?}"
+    );
+
+    // `$rate_limit_status` per session; a session whose key is empty (no SNI) had no line
+    // applied: not found, `-`.
+    let log_path = nginx.prefix().join("logs/sni.log");
+    let mut lines = Vec::new();
+    wait_for("the nine sessions logged", Duration::from_secs(10), || {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        lines = log.lines().map(str::to_string).collect::<Vec<_>>();
+        lines.len() >= 9
+    });
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            " -",
+            " -",
+            " -",
+            "a.example PASSED",
+            "a.example PASSED",
+            "a.example REJECTED",
+            "b.example PASSED",
+            "b.example PASSED",
+            "b.example REJECTED",
+        ],
+        "the stream access log"
+    );
 }
 
 /// Connect with a PROXY protocol header naming `client`, send a line, read its echo: whether

@@ -66,74 +66,86 @@ fn replacement(r: &ngx_http_request_t) -> Option<String> {
 }
 
 extern "C" fn header_filter(r: *mut ngx_http_request_t) -> ngx_int_t {
-    // SAFETY: nginx passes the live request whose header is being sent.
-    let Some(request) = (unsafe { r.as_mut() }) else {
-        return NGX_ERROR;
-    };
-    if let Some(body) = replacement(request) {
-        let out = &mut request.headers_out;
-        out.content_type.len = JSON_TYPE.len();
-        out.content_type.data = JSON_TYPE.as_ptr().cast_mut();
-        out.content_type_len = JSON_TYPE.len();
-        out.content_type_lowcase = ptr::null_mut();
-        out.charset.len = 0;
-        out.content_length_n = body.len() as off_t;
-        // SAFETY: a set Content-Length header is an element of headers_out.headers.
-        if let Some(header) = unsafe { out.content_length.as_mut() } {
-            header.hash = 0;
-        }
-        out.content_length = ptr::null_mut();
-    }
-    // SAFETY: read once the filter was installed; the next filter is nginx's, called as
-    // every header filter calls the next one.
-    match unsafe { NEXT_HEADER_FILTER } {
-        Some(next) => unsafe { next(r) },
-        None => NGX_ERROR,
-    }
+    crate::glue::guard::entry(
+        "admin::errors::header_filter",
+        || ngx_int_t::from(ngx::core::Status::NGX_ERROR),
+        || {
+            // SAFETY: nginx passes the live request whose header is being sent.
+            let Some(request) = (unsafe { r.as_mut() }) else {
+                return NGX_ERROR;
+            };
+            if let Some(body) = replacement(request) {
+                let out = &mut request.headers_out;
+                out.content_type.len = JSON_TYPE.len();
+                out.content_type.data = JSON_TYPE.as_ptr().cast_mut();
+                out.content_type_len = JSON_TYPE.len();
+                out.content_type_lowcase = ptr::null_mut();
+                out.charset.len = 0;
+                out.content_length_n = body.len() as off_t;
+                // SAFETY: a set Content-Length header is an element of headers_out.headers.
+                if let Some(header) = unsafe { out.content_length.as_mut() } {
+                    header.hash = 0;
+                }
+                out.content_length = ptr::null_mut();
+            }
+            // SAFETY: read once the filter was installed; the next filter is nginx's, called as
+            // every header filter calls the next one.
+            match unsafe { NEXT_HEADER_FILTER } {
+                Some(next) => unsafe { next(r) },
+                None => NGX_ERROR,
+            }
+        },
+    )
 }
 
 extern "C" fn body_filter(r: *mut ngx_http_request_t, chain: *mut ngx_chain_t) -> ngx_int_t {
-    // SAFETY: read once the filter was installed.
-    let Some(next) = (unsafe { NEXT_BODY_FILTER }) else {
-        return NGX_ERROR;
-    };
-    // SAFETY: nginx passes the live request whose body is being sent.
-    let Some(request) = (unsafe { r.as_ref() }) else {
-        return NGX_ERROR;
-    };
-    let Some(body) = replacement(request) else {
-        // SAFETY: passing the chain on unchanged, as every body filter does.
-        return unsafe { next(r, chain) };
-    };
-    // nginx's page is dropped (its buffers marked as sent); ours goes out with its last one.
-    let mut last = false;
-    let mut link = chain;
-    // SAFETY: `chain` is a well-formed list of links with valid buffers.
-    while let Some(current) = unsafe { link.as_ref() } {
-        if let Some(buf) = unsafe { current.buf.as_mut() } {
-            buf.pos = buf.last;
-            buf.file_pos = buf.file_last;
-            last |= buf.last_buf() != 0 || buf.last_in_chain() != 0;
-        }
-        link = current.next;
-    }
-    if !last {
-        return NGX_OK;
-    }
-    // SAFETY: the request's pool lives as long as the request; the buffer is filled below
-    // within its size.
-    unsafe {
-        let buf = ngx_create_temp_buf(request.pool, body.len());
-        let out = ngx_alloc_chain_link(request.pool);
-        if buf.is_null() || out.is_null() {
-            return NGX_ERROR;
-        }
-        ptr::copy_nonoverlapping(body.as_ptr(), (*buf).last, body.len());
-        (*buf).last = (*buf).last.add(body.len());
-        (*buf).set_last_buf(u32::from(ptr::eq(request.main, r)));
-        (*buf).set_last_in_chain(1);
-        (*out).buf = buf;
-        (*out).next = ptr::null_mut();
-        next(r, out)
-    }
+    crate::glue::guard::entry(
+        "admin::errors::body_filter",
+        || ngx_int_t::from(ngx::core::Status::NGX_ERROR),
+        || {
+            // SAFETY: read once the filter was installed.
+            let Some(next) = (unsafe { NEXT_BODY_FILTER }) else {
+                return NGX_ERROR;
+            };
+            // SAFETY: nginx passes the live request whose body is being sent.
+            let Some(request) = (unsafe { r.as_ref() }) else {
+                return NGX_ERROR;
+            };
+            let Some(body) = replacement(request) else {
+                // SAFETY: passing the chain on unchanged, as every body filter does.
+                return unsafe { next(r, chain) };
+            };
+            // nginx's page is dropped (its buffers marked as sent); ours goes out with its last one.
+            let mut last = false;
+            let mut link = chain;
+            // SAFETY: `chain` is a well-formed list of links with valid buffers.
+            while let Some(current) = unsafe { link.as_ref() } {
+                if let Some(buf) = unsafe { current.buf.as_mut() } {
+                    buf.pos = buf.last;
+                    buf.file_pos = buf.file_last;
+                    last |= buf.last_buf() != 0 || buf.last_in_chain() != 0;
+                }
+                link = current.next;
+            }
+            if !last {
+                return NGX_OK;
+            }
+            // SAFETY: the request's pool lives as long as the request; the buffer is filled below
+            // within its size.
+            unsafe {
+                let buf = ngx_create_temp_buf(request.pool, body.len());
+                let out = ngx_alloc_chain_link(request.pool);
+                if buf.is_null() || out.is_null() {
+                    return NGX_ERROR;
+                }
+                ptr::copy_nonoverlapping(body.as_ptr(), (*buf).last, body.len());
+                (*buf).last = (*buf).last.add(body.len());
+                (*buf).set_last_buf(u32::from(ptr::eq(request.main, r)));
+                (*buf).set_last_in_chain(1);
+                (*out).buf = buf;
+                (*out).next = ptr::null_mut();
+                next(r, out)
+            }
+        },
+    )
 }

@@ -9,10 +9,10 @@ use ngx::ffi::{
     ngx_http_output_filter, ngx_http_read_client_request_body, ngx_http_request_t,
     ngx_http_send_header, ngx_int_t, ngx_str_t,
 };
-use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
+use ngx::http::{HttpModuleLocationConf, NgxHttpCoreModule};
 use ratelimit_admin::{ApiError, Response, Route, MAX_BODY_BYTES};
 
-use crate::conf::RateLimitModule;
+use crate::conf::{registry, RateLimitModule};
 use crate::control::zones::shared_zones;
 use crate::glue::response::add_header;
 use crate::glue::{connection_log, now_ns};
@@ -25,48 +25,60 @@ const DASHBOARD_POLICY: &[u8] = b"default-src 'none'; script-src 'unsafe-inline'
 
 /// `clcf->handler` of a location with `rate_limit_admin`.
 pub unsafe extern "C" fn admin_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
-    // SAFETY: nginx calls content handlers with the live request.
-    let r = unsafe { &mut *r };
-    let route = match plan(r) {
-        Ok(route) => route,
-        Err(error) => return answer_without_body(r, Response::error(&error)),
-    };
-    if !route.takes_body() {
-        let response = execute(r, &route, &[]);
-        return answer_without_body(r, response);
-    }
-    // A declared length over the limit is refused before anything is read; a chunked body is
-    // counted once read (nginx's client_max_body_size bounds it meanwhile).
-    if r.headers_in.content_length_n > MAX_BODY_BYTES as i64 {
-        let too_large = ApiError::BodyTooLarge {
-            limit: MAX_BODY_BYTES,
-        };
-        return answer_without_body(r, Response::error(&too_large));
-    }
-    // SAFETY: `r` is the live main request; `body_read` finalizes it.
-    let rc = unsafe { ngx_http_read_client_request_body(r, Some(body_read)) };
-    if rc >= nginx_sys::NGX_HTTP_SPECIAL_RESPONSE as ngx_int_t {
-        return rc;
-    }
-    Status::NGX_DONE.into()
+    crate::glue::guard::entry(
+        "admin::admin_handler",
+        || nginx_sys::NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t,
+        || {
+            // SAFETY: nginx calls content handlers with the live request.
+            let r = unsafe { &mut *r };
+            let route = match plan(r) {
+                Ok(route) => route,
+                Err(error) => return answer_without_body(r, Response::error(&error)),
+            };
+            if !route.takes_body() {
+                let response = execute(r, &route, &[]);
+                return answer_without_body(r, response);
+            }
+            // A declared length over the limit is refused before anything is read; a chunked body is
+            // counted once read (nginx's client_max_body_size bounds it meanwhile).
+            if r.headers_in.content_length_n > MAX_BODY_BYTES as i64 {
+                let too_large = ApiError::BodyTooLarge {
+                    limit: MAX_BODY_BYTES,
+                };
+                return answer_without_body(r, Response::error(&too_large));
+            }
+            // SAFETY: `r` is the live main request; `body_read` finalizes it.
+            let rc = unsafe { ngx_http_read_client_request_body(r, Some(body_read)) };
+            if rc >= nginx_sys::NGX_HTTP_SPECIAL_RESPONSE as ngx_int_t {
+                return rc;
+            }
+            Status::NGX_DONE.into()
+        },
+    )
 }
 
 /// The body is read (possibly later, from the event loop): answer and finalize.
 unsafe extern "C" fn body_read(r: *mut ngx_http_request_t) {
-    // SAFETY: nginx calls the post handler with the live request whose body was read.
-    let r = unsafe { &mut *r };
-    let response = match plan(r) {
-        Err(error) => Response::error(&error),
-        Ok(route) => match request_body(r) {
-            Some(body) => execute(r, &route, &body),
-            None => Response::error(&ApiError::BodyTooLarge {
-                limit: MAX_BODY_BYTES,
-            }),
+    crate::glue::guard::entry(
+        "admin::body_read",
+        || crate::glue::guard::fail_request(r),
+        || {
+            // SAFETY: nginx calls the post handler with the live request whose body was read.
+            let r = unsafe { &mut *r };
+            let response = match plan(r) {
+                Err(error) => Response::error(&error),
+                Ok(route) => match request_body(r) {
+                    Some(body) => execute(r, &route, &body),
+                    None => Response::error(&ApiError::BodyTooLarge {
+                        limit: MAX_BODY_BYTES,
+                    }),
+                },
+            };
+            let rc = send(r, &response);
+            // SAFETY: the request is live; this ends the reference taken by reading the body.
+            unsafe { ngx_http_finalize_request(r, rc) };
         },
-    };
-    let rc = send(r, &response);
-    // SAFETY: the request is live; this ends the reference taken by reading the body.
-    unsafe { ngx_http_finalize_request(r, rc) };
+    )
 }
 
 /// The route from the method, the path after the location's prefix and `write=on`.
@@ -107,12 +119,12 @@ fn wants_html(r: &ngx_http_request_t) -> bool {
 }
 
 fn execute(r: &ngx_http_request_t, route: &Route, body: &[u8]) -> Response {
-    let Some(mcf) = RateLimitModule::main_conf(r) else {
+    let Some(registry) = registry::running() else {
         return Response::error(&ApiError::UnknownPath(String::new()));
     };
-    let response = ratelimit_admin::execute(route, body, &shared_zones(mcf, now_ns()));
+    let response = ratelimit_admin::execute(route, body, &shared_zones(registry, now_ns()));
     if response.changed {
-        crate::control::changed(mcf, connection_log(r));
+        crate::control::changed(registry, connection_log(r));
     }
     response
 }

@@ -14,12 +14,13 @@ use ngx::ffi::{
     ngx_uint_t, NGX_LOG_ERR, NGX_LOG_INFO, NGX_LOG_NOTICE, NGX_LOG_WARN,
 };
 use ngx::http::{HttpModuleLocationConf, HttpModuleServerConf, NgxHttpCoreModule};
-use ratelimit_core::concurrency::ConcurrencySpec;
+use ratelimit_core::concurrency::{ConcurrencyLimit, ConcurrencySpec};
 use ratelimit_core::key_form::{KeyForm, NetPrefixes};
 use ratelimit_core::usage::{Amount, UsageSource, UsageSpec};
 use ratelimit_core::{Algorithm, DelayMode, LimitSpec, Rate, RateUnit, SpecError, ZoneSpec};
 
 use super::ext::ConfExt;
+use super::registry;
 use super::unreached::LimitedPlace;
 use super::{
     add_shared_zone, main_conf, variable_index, AdminConf, AmountConf, ConfError, LimitConf,
@@ -43,10 +44,16 @@ pub extern "C" fn cmd_rate_limit_zone(
     _cmd: *mut ngx_command_t,
     _conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: nginx calls directive handlers with a valid configuration context.
-    let cf = unsafe { &mut *cf };
-    let result = rate_limit_zone(cf);
-    answer(cf, result)
+    crate::glue::guard::entry(
+        "conf::directives::cmd_rate_limit_zone",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: nginx calls directive handlers with a valid configuration context.
+            let cf = unsafe { &mut *cf };
+            let result = rate_limit_zone(cf);
+            answer(cf, result)
+        },
+    )
 }
 
 fn rate_limit_zone(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
@@ -85,6 +92,9 @@ fn rate_limit_zone(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
     shm_zone.data = zone_conf.cast();
     shm_zone.init = zone_init;
     mcf.zones.push(zone_conf);
+    registry::configuring(cf)
+        .ok_or(ConfError::Logged)?
+        .add(zone_conf);
     Ok(())
 }
 
@@ -98,6 +108,13 @@ pub struct ParsedZone {
 }
 
 impl ParsedZone {
+    /// `algorithm=concurrency limit=adaptive`.
+    pub fn adaptive(&self) -> bool {
+        self.concurrency
+            .as_ref()
+            .is_some_and(|spec| matches!(spec.limit, ConcurrencyLimit::Adaptive(_)))
+    }
+
     /// The zone's configuration, its key not compiled yet (an empty complex value, no
     /// variable index): the caller compiles it in its context.
     pub fn into_zone_conf(self, shm_zone: *mut ngx_shm_zone_t, key_text: &[u8]) -> ZoneConf {
@@ -224,11 +241,17 @@ pub extern "C" fn cmd_rate_limit(
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: nginx calls directive handlers with a valid configuration context, and `conf`
-    // is this module's location configuration (NGX_HTTP_LOC_CONF_OFFSET).
-    let (cf, lcf) = unsafe { (&mut *cf, &mut *conf.cast::<LocConf>()) };
-    let result = rate_limit(cf, lcf);
-    answer(cf, result)
+    crate::glue::guard::entry(
+        "conf::directives::cmd_rate_limit",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: nginx calls directive handlers with a valid configuration context, and `conf`
+            // is this module's location configuration (NGX_HTTP_LOC_CONF_OFFSET).
+            let (cf, lcf) = unsafe { (&mut *cf, &mut *conf.cast::<LocConf>()) };
+            let result = rate_limit(cf, lcf);
+            answer(cf, result)
+        },
+    )
 }
 
 fn rate_limit(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
@@ -291,7 +314,10 @@ pub fn limit_line(
         }
     }
     let cost_variable = match &spec.cost_variable {
-        Some(name) => Some(variable_index(cf, name.as_bytes())?),
+        Some(name) => {
+            not_a_usage_result("cost", name)?;
+            Some(variable_index(cf, name.as_bytes())?)
+        }
         None => None,
     };
     let usage = match &spec.usage {
@@ -370,6 +396,22 @@ pub enum LineContext {
     Stream,
 }
 
+/// A line's cost cannot come from `$rate_limit_usage_*`: those are the settlement's result,
+/// set in the log phase after the line was charged (the line would read its own outcome).
+fn not_a_usage_result(word: &'static str, name: &str) -> Result<(), ConfError> {
+    let prefix = "rate_limit_usage_";
+    let own = name
+        .get(..prefix.len())
+        .is_some_and(|start| start.eq_ignore_ascii_case(prefix));
+    if own {
+        return Err(ConfError::OwnUsageVariable {
+            word,
+            name: name.to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// `usage=` and its words, with their variables indexed.
 fn usage_conf(
     cf: &mut ngx_conf_t,
@@ -389,12 +431,16 @@ fn usage_conf(
     let source = match &usage.source {
         UsageSource::Reader(provider) => UsageSourceConf::Reader(*provider),
         UsageSource::Variable(name) => {
+            not_a_usage_result("usage", name)?;
             UsageSourceConf::Variable(variable_index(cf, name.as_bytes())?)
         }
     };
     let reserve = match &usage.reserve {
         Amount::Fixed(tokens) => AmountConf::Fixed(*tokens),
-        Amount::Variable(name) => AmountConf::Variable(variable_index(cf, name.as_bytes())?),
+        Amount::Variable(name) => {
+            not_a_usage_result("reserve", name)?;
+            AmountConf::Variable(variable_index(cf, name.as_bytes())?)
+        }
     };
     Ok(UsageConf {
         source,
@@ -416,13 +462,19 @@ extern "C" fn check_status(
     _post: *mut c_void,
     data: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: nginx calls the post handler with the configuration context and the number
-    // `ngx_conf_set_num_slot` just stored.
-    let (cf, code) = unsafe { (&mut *cf, *data.cast::<ngx_int_t>()) };
-    if (400..=599).contains(&code) {
-        return NGX_CONF_OK;
-    }
-    cf.fail(&ConfError::InvalidStatus(code))
+    crate::glue::guard::entry(
+        "conf::directives::check_status",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: nginx calls the post handler with the configuration context and the number
+            // `ngx_conf_set_num_slot` just stored.
+            let (cf, code) = unsafe { (&mut *cf, *data.cast::<ngx_int_t>()) };
+            if (400..=599).contains(&code) {
+                return NGX_CONF_OK;
+            }
+            cf.fail(&ConfError::InvalidStatus(code))
+        },
+    )
 }
 
 /// `rate_limit_log_level info|notice|warn|error;` (its own handler: the error names the value).
@@ -431,10 +483,16 @@ pub extern "C" fn cmd_log_level(
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: as for every directive handler; `conf` is our location configuration.
-    let (cf, lcf) = unsafe { (&mut *cf, &mut *conf.cast::<LocConf>()) };
-    let result = log_level(cf, lcf);
-    answer(cf, result)
+    crate::glue::guard::entry(
+        "conf::directives::cmd_log_level",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: as for every directive handler; `conf` is our location configuration.
+            let (cf, lcf) = unsafe { (&mut *cf, &mut *conf.cast::<LocConf>()) };
+            let result = log_level(cf, lcf);
+            answer(cf, result)
+        },
+    )
 }
 
 fn log_level(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
@@ -467,12 +525,18 @@ pub extern "C" fn cmd_remote_net(
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: as for every directive handler; `conf` is our location configuration.
-    let (cf, lcf) = unsafe { (&mut *cf, &mut *conf.cast::<LocConf>()) };
-    let result = remote_net_value(cf, lcf.remote_net.is_some()).map(|prefixes| {
-        lcf.remote_net = Some(prefixes);
-    });
-    answer(cf, result)
+    crate::glue::guard::entry(
+        "conf::directives::cmd_remote_net",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: as for every directive handler; `conf` is our location configuration.
+            let (cf, lcf) = unsafe { (&mut *cf, &mut *conf.cast::<LocConf>()) };
+            let result = remote_net_value(cf, lcf.remote_net.is_some()).map(|prefixes| {
+                lcf.remote_net = Some(prefixes);
+            });
+            answer(cf, result)
+        },
+    )
 }
 
 /// The prefix lengths a `rate_limit_remote_net` line gives (`http` or `stream`); `given`: the
@@ -494,10 +558,16 @@ pub extern "C" fn cmd_admin(
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: as for every directive handler; `conf` is our location configuration.
-    let (cf, lcf) = unsafe { (&mut *cf, &mut *conf.cast::<LocConf>()) };
-    let result = admin(cf, lcf);
-    answer(cf, result)
+    crate::glue::guard::entry(
+        "conf::directives::cmd_admin",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: as for every directive handler; `conf` is our location configuration.
+            let (cf, lcf) = unsafe { (&mut *cf, &mut *conf.cast::<LocConf>()) };
+            let result = admin(cf, lcf);
+            answer(cf, result)
+        },
+    )
 }
 
 fn admin(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
@@ -555,27 +625,35 @@ fn admin(cf: &mut ngx_conf_t, lcf: &mut LocConf) -> Result<(), ConfError> {
     Ok(())
 }
 
-/// `rate_limit_state_file PATH;`
+/// `rate_limit_state_file PATH;` (the http and the stream directive)
 pub extern "C" fn cmd_state_file(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
     _conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: as for every directive handler.
-    let cf = unsafe { &mut *cf };
-    let result = state_file(cf);
-    answer(cf, result)
+    crate::glue::guard::entry(
+        "conf::directives::cmd_state_file",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: as for every directive handler.
+            let cf = unsafe { &mut *cf };
+            let result = state_file(cf);
+            answer(cf, result)
+        },
+    )
 }
 
-fn state_file(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
+/// `rate_limit_state_file PATH;` in `http {}` or `stream {}`: one per configuration, for
+/// every zone whichever block declared it.
+pub fn state_file(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
     let path = String::from_utf8_lossy(cf.args()[1].as_bytes()).into_owned();
-    let mcf = main_conf(cf).ok_or(ConfError::Logged)?;
-    if mcf.state_file.is_some() {
+    let registry = registry::configuring(cf).ok_or(ConfError::Logged)?;
+    if registry.state_file.is_some() {
         return Err(ConfError::Duplicate("rate_limit_state_file"));
     }
     if path.is_empty() {
         return Err(ConfError::EmptyStateFile);
     }
-    mcf.state_file = Some(path);
+    registry.state_file = Some(path);
     Ok(())
 }

@@ -84,6 +84,13 @@ pub enum ConfError {
     InvalidStatus(isize),
     #[error("invalid state file path \"\"")]
     EmptyStateFile,
+    /// `usage=$rate_limit_usage_cost` and the like: a line charged by its own settlement.
+    #[error(
+        "invalid \"{word}=${name}\": ${name} is what a usage= line settled, known only after \
+         the response, so no line can be charged or reserved by it; use usage=openai, \
+         usage=anthropic, usage=gemini or a variable of your own"
+    )]
+    OwnUsageVariable { word: &'static str, name: String },
     #[error("invalid Redis URL \"{url}\": {reason}")]
     InvalidRedisUrl { url: String, reason: String },
     #[error("invalid Redis URL \"{0}\": several URLs need \"cluster\"")]

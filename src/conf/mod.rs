@@ -10,6 +10,7 @@ mod empty_key;
 mod error;
 pub mod ext;
 pub mod key;
+pub mod registry;
 pub mod sync;
 mod tls;
 pub mod unreached;
@@ -74,8 +75,6 @@ pub struct MainConf {
     /// Index of `$rate_limit_status` in `r->variables`: where a request's outcome is kept
     /// (it survives internal redirects, unlike module contexts, and subrequests share it).
     pub status_variable: Option<ngx_uint_t>,
-    /// `rate_limit_state_file`: where changes are persisted.
-    pub state_file: Option<String>,
     /// `rate_limit_sync`: the fleet's shared store.
     pub sync: Option<SyncConf>,
     /// Some `rate_limit` line has `on_status=`: the log-phase handler is installed.

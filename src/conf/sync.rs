@@ -25,12 +25,18 @@ pub extern "C" fn cmd_rate_limit_sync(
     _cmd: *mut ngx_command_t,
     _conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: nginx calls directive handlers with a valid configuration context.
-    let cf = unsafe { &mut *cf };
-    match rate_limit_sync(cf) {
-        Ok(()) => NGX_CONF_OK,
-        Err(error) => cf.fail(&error),
-    }
+    crate::glue::guard::entry(
+        "conf::sync::cmd_rate_limit_sync",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: nginx calls directive handlers with a valid configuration context.
+            let cf = unsafe { &mut *cf };
+            match rate_limit_sync(cf) {
+                Ok(()) => NGX_CONF_OK,
+                Err(error) => cf.fail(&error),
+            }
+        },
+    )
 }
 
 fn rate_limit_sync(cf: &mut ngx_conf_t) -> Result<(), ConfError> {

@@ -16,7 +16,6 @@ use ngx::ffi::{
     ngx_cycle_t, ngx_http_request_t, ngx_http_upstream_state_t, ngx_log_t, ngx_pool_cleanup_add,
     ngx_pool_t, NGX_LOG_NOTICE,
 };
-use ngx::http::HttpModuleMainConf;
 use ngx::ngx_log_error;
 use ratelimit_core::adaptive::{
     bucket_position, histogram_add, AdaptiveBounds, AdaptiveLimit, Phase, Window,
@@ -28,7 +27,7 @@ use ratelimit_core::NANOS_PER_SEC;
 
 use super::queue;
 use super::tickets::{key_limit, process_slot, skip_stale_head};
-use crate::conf::{self, RateLimitModule, ZoneConf};
+use crate::conf::{registry, ZoneConf};
 use crate::glue::now_ns;
 use crate::store::concurrency::KeyWords;
 use crate::store::{SlotIndex, Zone};
@@ -347,12 +346,18 @@ const HOLDING_CLEANUP: unsafe extern "C" fn(*mut core::ffi::c_void) = holding_cl
 /// The pool's cleanup: give the slots back, or the queue's place.
 #[inline(never)]
 unsafe extern "C" fn holding_cleanup(data: *mut core::ffi::c_void) {
-    // SAFETY: `data` is the Holding written by `new_holding`, alive until the pool's memory
-    // is freed after its cleanups ran.
-    let Some(holding) = (unsafe { data.cast::<Holding>().as_mut() }) else {
-        return;
-    };
-    holding.end(now_ns());
+    crate::glue::guard::entry(
+        "control::concurrency::holding_cleanup",
+        || (),
+        || {
+            // SAFETY: `data` is the Holding written by `new_holding`, alive until the pool's memory
+            // is freed after its cleanups ran.
+            let Some(holding) = (unsafe { data.cast::<Holding>().as_mut() }) else {
+                return;
+            };
+            holding.end(now_ns());
+        },
+    )
 }
 
 impl Holding {
@@ -564,11 +569,11 @@ pub fn reclaim(cycle: &ngx_cycle_t, exiting: bool) {
         return;
     }
     let now = now_ns();
-    let Some(mcf) = RateLimitModule::main_conf(cycle) else {
+    let Some(registry) = registry::of(cycle) else {
         return;
     };
     let process_slot = process_slot();
-    for zone_conf in conf::zones(mcf) {
+    for zone_conf in registry.zones() {
         let Some(zone) = zone_conf
             .zone
             .filter(|zone| zone.algorithm().counts_in_flight())

@@ -23,18 +23,19 @@ use core::ffi::c_void;
 
 use ngx::core::Status;
 use ngx::ffi::NGX_LOG_NOTICE;
-use ngx::ffi::{ngx_conf_t, ngx_cycle_t, ngx_int_t, ngx_log_t, ngx_shm_zone_t, NGX_LOG_EMERG};
+use ngx::ffi::{ngx_cycle_t, ngx_int_t, ngx_log_t, ngx_shm_zone_t, NGX_LOG_EMERG};
 use ngx::ngx_log_error;
 
-use crate::conf::{MainConf, ZoneConf};
+use crate::conf::registry::{self, Registry};
+use crate::conf::ZoneConf;
 use crate::glue::now_ns;
 use crate::store::sizing::size_hint;
 use crate::store::{counters, sync_record, Zone};
 
 /// After a change of a zone's limits or overrides: the state file keeps it, and the sync
 /// loop pushes it to the fleet now rather than at its next round.
-pub fn changed(mcf: &MainConf, log: *mut ngx_log_t) {
-    persist::save(mcf, log);
+pub fn changed(registry: &Registry, log: *mut ngx_log_t) {
+    persist::save(registry, log);
     wake_sync_loop();
 }
 
@@ -45,9 +46,12 @@ pub fn wake_sync_loop() {
     }
 }
 
-/// Once the `http` block is read.
-pub fn postconfiguration(cf: &mut ngx_conf_t) {
-    persist::configure(cf);
+/// Once the whole configuration (`http` and `stream` blocks) is read, before its zones are
+/// initialized: the zone registry's `init_conf`.
+pub fn configuration_read(cycle: &ngx_cycle_t) {
+    if let Some(registry) = registry::of(cycle) {
+        persist::configure(cycle, registry);
+    }
 }
 
 /// In each worker at start.
@@ -66,47 +70,53 @@ pub fn exit_process(cycle: &ngx_cycle_t) {
 /// Init callback of a `rate_limit_zone`'s shared memory: lay out (or adopt across a reload)
 /// the zone's store; a fresh one gets what the state file holds for it.
 pub extern "C" fn zone_init(shm_zone: *mut ngx_shm_zone_t, data: *mut c_void) -> ngx_int_t {
-    // SAFETY: nginx passes the zone being initialized; `data` was set to our `ZoneConf` by
-    // `rate_limit_zone`, in this cycle's configuration pool.
-    let shm_zone = unsafe { &mut *shm_zone };
-    // SAFETY: as above.
-    let Some(zone_conf) = (unsafe { shm_zone.data.cast::<ZoneConf>().as_mut() }) else {
-        return Status::NGX_ERROR.into();
-    };
-    let shpool = shm_zone.shm.addr.cast::<ngx::ffi::ngx_slab_pool_t>();
-    // A zone without the previous cycle's data is new (or resized): its memory is fresh.
-    let fresh = data.is_null();
-    // SAFETY: the slab pool at the start of the mapping was initialized by nginx before this
-    // callback, which runs in the master before workers exist.
-    let result = unsafe { Zone::init(shpool, &zone_conf.layout(), now_ns()) };
-    let log = shm_zone.shm.log;
-    match result {
-        Ok((zone, kept)) => {
-            zone_conf.zone = Some(zone);
-            if !kept && !fresh {
-                ngx_log_error!(
+    crate::glue::guard::entry(
+        "control::zone_init",
+        || ngx_int_t::from(ngx::core::Status::NGX_ERROR),
+        || {
+            // SAFETY: nginx passes the zone being initialized; `data` was set to our `ZoneConf` by
+            // `rate_limit_zone`, in this cycle's configuration pool.
+            let shm_zone = unsafe { &mut *shm_zone };
+            // SAFETY: as above.
+            let Some(zone_conf) = (unsafe { shm_zone.data.cast::<ZoneConf>().as_mut() }) else {
+                return Status::NGX_ERROR.into();
+            };
+            let shpool = shm_zone.shm.addr.cast::<ngx::ffi::ngx_slab_pool_t>();
+            // A zone without the previous cycle's data is new (or resized): its memory is fresh.
+            let fresh = data.is_null();
+            // SAFETY: the slab pool at the start of the mapping was initialized by nginx before this
+            // callback, which runs in the master before workers exist.
+            let result = unsafe { Zone::init(shpool, &zone_conf.layout(), now_ns()) };
+            let log = shm_zone.shm.log;
+            match result {
+                Ok((zone, kept)) => {
+                    zone_conf.zone = Some(zone);
+                    if !kept && !fresh {
+                        ngx_log_error!(
                     NGX_LOG_NOTICE,
                     log,
                     "rate_limit zone \"{}\" changed its key, algorithm or block=: its state starts afresh",
                     zone_conf.name
                 );
+                    }
+                    if fresh {
+                        persist::restore(zone_conf);
+                    }
+                    Status::NGX_OK.into()
+                }
+                Err(error) => {
+                    // SAFETY: ngx_pagesize is set at startup, before any configuration is read.
+                    let pagesize = unsafe { nginx_sys::ngx_pagesize };
+                    let hint = size_hint(&zone_conf.layout(), pagesize);
+                    ngx_log_error!(
+                        NGX_LOG_EMERG,
+                        log,
+                        "zone \"{}\" {error}{hint}",
+                        zone_conf.name
+                    );
+                    Status::NGX_ERROR.into()
+                }
             }
-            if fresh {
-                persist::restore(zone_conf);
-            }
-            Status::NGX_OK.into()
-        }
-        Err(error) => {
-            // SAFETY: ngx_pagesize is set at startup, before any configuration is read.
-            let pagesize = unsafe { nginx_sys::ngx_pagesize };
-            let hint = size_hint(&zone_conf.layout(), pagesize);
-            ngx_log_error!(
-                NGX_LOG_EMERG,
-                log,
-                "zone \"{}\" {error}{hint}",
-                zone_conf.name
-            );
-            Status::NGX_ERROR.into()
-        }
-    }
+        },
+    )
 }

@@ -5,19 +5,18 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use ngx::ffi::{ngx_conf_t, ngx_cycle_t, ngx_log_t, NGX_LOG_ERR, NGX_LOG_NOTICE, NGX_LOG_WARN};
-use ngx::http::HttpModuleMainConf;
+use ngx::ffi::{ngx_cycle_t, ngx_log_t, NGX_LOG_ERR, NGX_LOG_NOTICE, NGX_LOG_WARN};
 use ngx::ngx_log_error;
 use ratelimit_admin::state::{self, Note, StateError, StateFile, ZoneState};
 use ratelimit_admin::AdminZone;
 
 use super::zones::shared_zones;
-use crate::conf::RateLimitModule;
-use crate::conf::{self, MainConf, ZoneConf};
+use crate::conf::registry::{self, Registry};
+use crate::conf::ZoneConf;
 use crate::glue::now_ns;
 
 /// The state file of the configuration being loaded, for the zone inits that follow its
-/// parsing in the same `ngx_init_cycle` (zone init has no way to the `http` configuration).
+/// parsing in the same `ngx_init_cycle` (zone init has no way to the registry).
 /// Only the master touches it, one cycle at a time; the `Mutex` makes the static sound.
 static PENDING: Mutex<Pending> = Mutex::new(Pending::Unset);
 
@@ -31,18 +30,14 @@ enum Pending {
     Loaded(PathBuf, Option<StateFile>),
 }
 
-/// At the end of the `http` block: make the path absolute (relative to nginx's prefix) and
-/// remember it for this cycle's zone inits.
-pub fn configure(cf: &mut ngx_conf_t) {
-    let Some(mcf) = conf::main_conf(cf) else {
-        return;
-    };
-    let path = mcf.state_file.as_ref().map(|path| {
-        // SAFETY: `cf.cycle` is the cycle being configured; its prefix is set before parsing.
-        let prefix = unsafe { (*cf.cycle).prefix.to_string() };
-        Path::new(&prefix).join(path)
-    });
-    mcf.state_file = path.as_ref().map(|path| path.display().to_string());
+/// Once the whole configuration is read (before its zones are initialized): make the path
+/// absolute (relative to nginx's prefix) and remember it for this cycle's zone inits.
+pub fn configure(cycle: &ngx_cycle_t, registry: &mut Registry) {
+    let path = registry
+        .state_file
+        .as_ref()
+        .map(|path| Path::new(&cycle.prefix.to_string()).join(path));
+    registry.state_file = path.as_ref().map(|path| path.display().to_string());
     let mut pending = PENDING.lock().unwrap_or_else(|e| e.into_inner());
     *pending = match path {
         Some(path) => Pending::Configured(path),
@@ -162,14 +157,14 @@ pub fn worker_started(cycle: &ngx_cycle_t) {
     if !crate::glue::is_worker_process() || worker != 0 {
         return;
     }
-    let Some(mcf) = RateLimitModule::main_conf(cycle) else {
+    let Some(registry) = registry::of(cycle) else {
         return;
     };
-    let Some(path) = &mcf.state_file else {
+    let Some(path) = &registry.state_file else {
         return;
     };
     if let Ok(old) = state::load(Path::new(path)) {
-        let zones = shared_zones(mcf, 0);
+        let zones = shared_zones(registry, 0);
         let configured = |name: &str| zones.iter().any(|zone| zone.name() == name);
         for text in state::gone_zones(&old, configured) {
             ngx_log_error!(
@@ -179,15 +174,15 @@ pub fn worker_started(cycle: &ngx_cycle_t) {
             );
         }
     }
-    save(mcf, cycle.log);
+    save(registry, cycle.log);
 }
 
 /// Rewrite the state file (when there is one) from the zones' shared memory.
-pub fn save(mcf: &MainConf, log: *mut ngx_log_t) {
-    let Some(path) = &mcf.state_file else {
+pub fn save(registry: &Registry, log: *mut ngx_log_t) {
+    let Some(path) = &registry.state_file else {
         return;
     };
-    if let Err(error) = state::save(Path::new(path), || snapshot(mcf)) {
+    if let Err(error) = state::save(Path::new(path), || snapshot(registry)) {
         ngx_log_error!(
             NGX_LOG_ERR,
             log,
@@ -196,8 +191,8 @@ pub fn save(mcf: &MainConf, log: *mut ngx_log_t) {
     }
 }
 
-fn snapshot(mcf: &MainConf) -> StateFile {
-    let zones = shared_zones(mcf, now_ns());
+fn snapshot(registry: &Registry) -> StateFile {
+    let zones = shared_zones(registry, now_ns());
     let mut file = StateFile::default();
     // A concurrency zone's limits are not kept (the file has a rate zone's shape): a restart
     // gives it the configuration's.

@@ -47,6 +47,8 @@ pub enum Owner {
     },
     /// A Lua call, which asks again itself ([`lua_turn`]).
     Lua,
+    /// A stream session, which never waits (a stream line has no queue): never in a queue.
+    Session,
 }
 
 /// The record of a waiting request, which its queue keeps up to date: its owner (the slots'
@@ -310,47 +312,53 @@ fn step(waiter: &mut Waiter, now: u64) -> (Step, bool) {
 /// The tick: every ticket of this worker looked at once; requests whose wait is over are
 /// resumed after (resuming runs their phases, which may queue them again).
 unsafe extern "C" fn tick(_event: *mut ngx_event_t) {
-    let now = now_ns();
-    let mut resumed = Vec::new();
-    let waiting = WAITERS.with(|waiters| {
-        let mut waiters = waiters.borrow_mut();
-        let mut index = 0;
-        while index < waiters.len() {
-            let waiter = &mut waiters[index];
-            // Lua asks itself; a dead worker's head is skipped for it here too.
-            if let Held::By(Owner::Lua) = waiter.held {
-                if let Some(words) = waiter.zone.key_words(waiter.slot) {
-                    tickets::skip_stale_head(&words, waiter.queue_timeout_ns, now);
+    crate::glue::guard::entry(
+        "control::queue::tick",
+        || (),
+        || {
+            let now = now_ns();
+            let mut resumed = Vec::new();
+            let waiting = WAITERS.with(|waiters| {
+                let mut waiters = waiters.borrow_mut();
+                let mut index = 0;
+                while index < waiters.len() {
+                    let waiter = &mut waiters[index];
+                    // Lua asks itself; a dead worker's head is skipped for it here too.
+                    if let Held::By(Owner::Lua | Owner::Session) = waiter.held {
+                        if let Some(words) = waiter.zone.key_words(waiter.slot) {
+                            tickets::skip_stale_head(&words, waiter.queue_timeout_ns, now);
+                        }
+                        index += 1;
+                        continue;
+                    }
+                    let owner = waiter.held;
+                    let (step, keep) = step(waiter, now);
+                    if let Held::By(Owner::Request { r, resume }) = owner {
+                        match step {
+                            Step::Admitted => resumed.push((r, resume, Resolution::Admitted)),
+                            Step::Refused => resumed.push((r, resume, Resolution::Refused)),
+                            Step::Wait => {}
+                        }
+                    }
+                    if keep {
+                        index += 1;
+                    } else {
+                        let gone = waiters.remove(index);
+                        removed(&waiters, &gone);
+                    }
                 }
-                index += 1;
-                continue;
+                !waiters.is_empty()
+            });
+            for (r, resume, resolution) in resumed {
+                // SAFETY: a request waiting in the queue is alive: it ends only through its pool's
+                // cleanup, which turns its ticket into a gone one first.
+                unsafe { resume(r, resolution) };
             }
-            let owner = waiter.held;
-            let (step, keep) = step(waiter, now);
-            if let Held::By(Owner::Request { r, resume }) = owner {
-                match step {
-                    Step::Admitted => resumed.push((r, resume, Resolution::Admitted)),
-                    Step::Refused => resumed.push((r, resume, Resolution::Refused)),
-                    Step::Wait => {}
-                }
+            if waiting {
+                arm(TICK_MS);
             }
-            if keep {
-                index += 1;
-            } else {
-                let gone = waiters.remove(index);
-                removed(&waiters, &gone);
-            }
-        }
-        !waiters.is_empty()
-    });
-    for (r, resume, resolution) in resumed {
-        // SAFETY: a request waiting in the queue is alive: it ends only through its pool's
-        // cleanup, which turns its ticket into a gone one first.
-        unsafe { resume(r, resolution) };
-    }
-    if waiting {
-        arm(TICK_MS);
-    }
+        },
+    )
 }
 
 /// This worker's timer event, made on first use; null if it could not be.

@@ -15,7 +15,8 @@ use ratelimit_core::key_form::KeyForm;
 use ratelimit_core::top::{TopKind, TopWindow};
 use ratelimit_core::{DelayMode, Limits, Policy};
 
-use crate::conf::{self, MainConf, ZoneConf};
+use crate::conf::registry::Registry;
+use crate::conf::ZoneConf;
 use crate::glue::{now_ms, now_ns, unix_ms_of};
 use crate::store::concurrency::KeyWords;
 use crate::store::sync_record::{self, Mode};
@@ -32,9 +33,10 @@ pub struct SharedZone<'a> {
     now_ns: u64,
 }
 
-/// Every zone of `mcf` whose shared memory is set up, in the configuration's order.
-pub fn shared_zones(mcf: &MainConf, now_ns: u64) -> Vec<SharedZone<'_>> {
-    conf::zones(mcf)
+/// Every zone of the registry whose shared memory is set up, in the configuration's order.
+pub fn shared_zones(registry: &Registry, now_ns: u64) -> Vec<SharedZone<'_>> {
+    registry
+        .zones()
         .filter_map(|conf| SharedZone::new(conf, now_ns))
         .collect()
 }
@@ -43,28 +45,28 @@ pub fn shared_zones(mcf: &MainConf, now_ns: u64) -> Vec<SharedZone<'_>> {
 /// sees it at once, the state file keeps it, the fleet gets it. The Lua API's `set_rate` and
 /// `set_burst`.
 pub fn patch_zone(
-    mcf: &MainConf,
+    registry: &Registry,
     name: &str,
     patch: &LimitsBody,
     log: *mut ngx_log_t,
 ) -> Result<(), ApiError> {
-    let zones = shared_zones(mcf, now_ns());
+    let zones = shared_zones(registry, now_ns());
     ratelimit_admin::patch_zone(&zones, name, patch)?;
-    super::changed(mcf, log);
+    super::changed(registry, log);
     Ok(())
 }
 
 /// Change concurrency zone `name`'s limit and/or queue the way `PATCH zones/NAME` does: every
 /// worker sees it at once, the state file keeps it. The Lua API's `set_conn` and `set_burst`.
 pub fn patch_concurrency(
-    mcf: &MainConf,
+    registry: &Registry,
     name: &str,
     patch: &ratelimit_admin::concurrency::PatchBody,
     log: *mut ngx_log_t,
 ) -> Result<(), ApiError> {
-    let zones = shared_zones(mcf, now_ns());
+    let zones = shared_zones(registry, now_ns());
     ratelimit_admin::patch_concurrency(&zones, name, patch)?;
-    super::changed(mcf, log);
+    super::changed(registry, log);
     Ok(())
 }
 

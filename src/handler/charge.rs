@@ -73,43 +73,55 @@ fn keep(r: &mut ngx_http_request_t, charges: Vec<(StatusMatcher, Charged)>) {
 
 /// Frees what [`keep`] left, with the request's pool (also when no log phase ran).
 unsafe extern "C" fn drop_pending(data: *mut c_void) {
-    if !data.is_null() {
-        // SAFETY: `data` is the box `keep` leaked for this cleanup, dropped only here.
-        drop(unsafe { Box::from_raw(data.cast::<Pending>()) });
-    }
+    crate::glue::guard::entry(
+        "handler::charge::drop_pending",
+        || (),
+        || {
+            if !data.is_null() {
+                // SAFETY: `data` is the box `keep` leaked for this cleanup, dropped only here.
+                drop(unsafe { Box::from_raw(data.cast::<Pending>()) });
+            }
+        },
+    )
 }
 
 /// The log-phase handler: give back every charge whose statuses the response's status is not
 /// one of.
 pub unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
-    // SAFETY: nginx calls phase handlers with the live request.
-    let r = unsafe { &mut *r };
-    // Subrequests share the main request's pool; only the main request's status counts.
-    if !ptr::eq(r.main, r) {
-        return Status::NGX_OK.into();
-    }
-    // SAFETY: the pool of a live request; its cleanups form a null-terminated list.
-    let mut cleanup = unsafe { (*r.pool).cleanup };
-    // SAFETY: each element of the list is live until the pool is destroyed.
-    while let Some(element) = unsafe { cleanup.as_mut() } {
-        let ours = element
-            .handler
-            .is_some_and(|handler| ptr::fn_addr_eq(handler, DROP_PENDING));
-        if ours && !element.data.is_null() {
-            // SAFETY: `data` is the box `keep` leaked; it is taken here, once.
-            let pending = unsafe { Box::from_raw(element.data.cast::<Pending>()) };
-            element.data = ptr::null_mut();
-            let status = final_status(r);
-            let now = now_ns();
-            for (on_status, charged) in &pending.charges {
-                if !on_status.matches(status) {
-                    charged.give_back(now);
-                }
+    crate::glue::guard::entry(
+        "handler::charge::log_handler",
+        || ngx_int_t::from(ngx::core::Status::NGX_ERROR),
+        || {
+            // SAFETY: nginx calls phase handlers with the live request.
+            let r = unsafe { &mut *r };
+            // Subrequests share the main request's pool; only the main request's status counts.
+            if !ptr::eq(r.main, r) {
+                return Status::NGX_OK.into();
             }
-        }
-        cleanup = element.next;
-    }
-    Status::NGX_OK.into()
+            // SAFETY: the pool of a live request; its cleanups form a null-terminated list.
+            let mut cleanup = unsafe { (*r.pool).cleanup };
+            // SAFETY: each element of the list is live until the pool is destroyed.
+            while let Some(element) = unsafe { cleanup.as_mut() } {
+                let ours = element
+                    .handler
+                    .is_some_and(|handler| ptr::fn_addr_eq(handler, DROP_PENDING));
+                if ours && !element.data.is_null() {
+                    // SAFETY: `data` is the box `keep` leaked; it is taken here, once.
+                    let pending = unsafe { Box::from_raw(element.data.cast::<Pending>()) };
+                    element.data = ptr::null_mut();
+                    let status = final_status(r);
+                    let now = now_ns();
+                    for (on_status, charged) in &pending.charges {
+                        if !on_status.matches(status) {
+                            charged.give_back(now);
+                        }
+                    }
+                }
+                cleanup = element.next;
+            }
+            Status::NGX_OK.into()
+        },
+    )
 }
 
 /// The response's status as `$status` shows it.

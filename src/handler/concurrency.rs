@@ -343,18 +343,24 @@ unsafe fn resume(r: *mut ngx_http_request_t, resolution: Resolution) {
 /// The log phase: each slot the request holds learns its latency (for an adaptive limit),
 /// before its pool's cleanup gives it back.
 pub unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
-    // SAFETY: nginx calls phase handlers with the live request.
-    let r = unsafe { &mut *r };
-    if ptr::eq(r.main, r) {
-        let mut measured = None;
-        // SAFETY: the live request's pool.
-        unsafe {
-            slots::each_holding(r.pool, |holding| {
-                let (upstream_ms, now) =
-                    *measured.get_or_insert_with(|| (slots::upstream_ms(r), now_ns()));
-                holding.measure(upstream_ms, now);
-            })
-        };
-    }
-    Status::NGX_OK.into()
+    crate::glue::guard::entry(
+        "handler::concurrency::log_handler",
+        || ngx_int_t::from(ngx::core::Status::NGX_ERROR),
+        || {
+            // SAFETY: nginx calls phase handlers with the live request.
+            let r = unsafe { &mut *r };
+            if ptr::eq(r.main, r) {
+                let mut measured = None;
+                // SAFETY: the live request's pool.
+                unsafe {
+                    slots::each_holding(r.pool, |holding| {
+                        let (upstream_ms, now) =
+                            *measured.get_or_insert_with(|| (slots::upstream_ms(r), now_ns()));
+                        holding.measure(upstream_ms, now);
+                    })
+                };
+            }
+            Status::NGX_OK.into()
+        },
+    )
 }

@@ -34,26 +34,35 @@ pub fn start_delay(r: &mut ngx_http_request_t, delay_ns: u64) -> ngx_int_t {
 /// The write handler while delayed: when the timer fires, resume the phases (the preaccess
 /// handler then declines, the request's outcome being set).
 unsafe extern "C" fn delay_expired(r: *mut ngx_http_request_t) {
-    // SAFETY: nginx calls request event handlers with the live request.
-    let r = unsafe { &mut *r };
-    // SAFETY: the connection and its events are live while the request is.
-    unsafe {
-        let write = (*r.connection).write;
-        if (*write).delayed() != 0 {
-            if ngx_handle_write_event(write, 0) != 0 {
-                ngx_http_finalize_request(
-                    r,
-                    nginx_sys::NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t,
-                );
+    crate::glue::guard::entry(
+        "handler::delay::delay_expired",
+        || crate::glue::guard::fail_request(r),
+        || {
+            // SAFETY: nginx calls request event handlers with the live request.
+            let r = unsafe { &mut *r };
+            // SAFETY: the connection and its events are live while the request is.
+            unsafe {
+                let write = (*r.connection).write;
+                if (*write).delayed() != 0 {
+                    if ngx_handle_write_event(write, 0) != 0 {
+                        ngx_http_finalize_request(
+                            r,
+                            nginx_sys::NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t,
+                        );
+                    }
+                    return;
+                }
+                if ngx_handle_read_event((*r.connection).read, 0) != 0 {
+                    ngx_http_finalize_request(
+                        r,
+                        nginx_sys::NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t,
+                    );
+                    return;
+                }
+                r.read_event_handler = Some(ngx_http_block_reading);
+                r.write_event_handler = Some(ngx_http_core_run_phases);
+                ngx_http_core_run_phases(r);
             }
-            return;
-        }
-        if ngx_handle_read_event((*r.connection).read, 0) != 0 {
-            ngx_http_finalize_request(r, nginx_sys::NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t);
-            return;
-        }
-        r.read_event_handler = Some(ngx_http_block_reading);
-        r.write_event_handler = Some(ngx_http_core_run_phases);
-        ngx_http_core_run_phases(r);
-    }
+        },
+    )
 }

@@ -96,43 +96,61 @@ pub fn add_variables(cf: &mut ngx::ffi::ngx_conf_t) -> Result<(), crate::conf::C
     usage::add_variables(cf)
 }
 
+/// In place of [`preaccess_handler`] when `RATE_LIMIT_PANIC_AT=handler::preaccess_handler`
+/// (t/panic.rs): a handler that panics inside its guard.
+pub unsafe extern "C" fn panicking_preaccess_handler(_r: *mut ngx_http_request_t) -> ngx_int_t {
+    const NAME: &str = "handler::preaccess_handler";
+    crate::glue::guard::entry(
+        NAME,
+        || nginx_sys::NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t,
+        || crate::glue::guard::provoke(NAME),
+    )
+}
+
 /// The preaccess phase handler.
 pub unsafe extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
-    // SAFETY: nginx calls phase handlers with the live request.
-    let r = unsafe { &mut *r };
-    if !ptr::eq(r.main, r) {
-        return Status::NGX_DECLINED.into();
-    }
-    let Some(lcf) = RateLimitModule::location_conf(r) else {
-        return Status::NGX_DECLINED.into();
-    };
-    if lcf.limits().is_empty() {
-        return Status::NGX_DECLINED.into();
-    }
-    let Some(index) = RateLimitModule::main_conf(r).and_then(|mcf| mcf.status_variable) else {
-        return Status::NGX_DECLINED.into();
-    };
-    let state = RequestState::of(r, index);
-    let shape = shape(lcf);
-    if shape == Shape::Quick {
-        // No concurrency line: no queued request to resume.
-        if state.is_set() {
-            return Status::NGX_DECLINED.into();
-        }
-        if let [limit] = lcf.limits() {
-            return limit_quick(r, lcf, state, limit);
-        }
-    }
-    if let Some(rc) = concurrency::resumed(r, lcf, state) {
-        return rc;
-    }
-    if state.is_set() {
-        return Status::NGX_DECLINED.into();
-    }
-    if shape == Shape::Concurrency {
-        return concurrency::limit(r, lcf, state);
-    }
-    limit_request(r, lcf, state)
+    crate::glue::guard::entry(
+        "handler::preaccess_handler",
+        || nginx_sys::NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t,
+        || {
+            // SAFETY: nginx calls phase handlers with the live request.
+            let r = unsafe { &mut *r };
+            if !ptr::eq(r.main, r) {
+                return Status::NGX_DECLINED.into();
+            }
+            let Some(lcf) = RateLimitModule::location_conf(r) else {
+                return Status::NGX_DECLINED.into();
+            };
+            if lcf.limits().is_empty() {
+                return Status::NGX_DECLINED.into();
+            }
+            let Some(index) = RateLimitModule::main_conf(r).and_then(|mcf| mcf.status_variable)
+            else {
+                return Status::NGX_DECLINED.into();
+            };
+            let state = RequestState::of(r, index);
+            let shape = shape(lcf);
+            if shape == Shape::Quick {
+                // No concurrency line: no queued request to resume.
+                if state.is_set() {
+                    return Status::NGX_DECLINED.into();
+                }
+                if let [limit] = lcf.limits() {
+                    return limit_quick(r, lcf, state, limit);
+                }
+            }
+            if let Some(rc) = concurrency::resumed(r, lcf, state) {
+                return rc;
+            }
+            if state.is_set() {
+                return Status::NGX_DECLINED.into();
+            }
+            if shape == Shape::Concurrency {
+                return concurrency::limit(r, lcf, state);
+            }
+            limit_request(r, lcf, state)
+        },
+    )
 }
 
 /// The location's [`Shape`], worked out on its first request.

@@ -31,12 +31,18 @@ unsafe extern "C" fn remote_net_variable(
     v: *mut ngx_http_variable_value_t,
     _data: usize,
 ) -> ngx_int_t {
-    // SAFETY: nginx calls variable handlers with the live request and its value to fill.
-    let r = unsafe { &*r };
-    let prefixes = RateLimitModule::location_conf(r)
-        .and_then(|lcf| lcf.remote_net)
-        .unwrap_or_default();
-    // SAFETY: `v` is the value to fill; the request's connection, its address and its pool
-    // are live, and the pool outlives the value.
-    unsafe { fill_remote_net(v, r.pool, (*r.connection).sockaddr, prefixes) }
+    crate::glue::guard::entry(
+        "handler::remote_net::remote_net_variable",
+        || crate::glue::guard::not_found(v),
+        || {
+            // SAFETY: nginx calls variable handlers with the live request and its value to fill.
+            let r = unsafe { &*r };
+            let prefixes = RateLimitModule::location_conf(r)
+                .and_then(|lcf| lcf.remote_net)
+                .unwrap_or_default();
+            // SAFETY: `v` is the value to fill; the request's connection, its address and its
+            // pool are live, and the pool outlives the value.
+            unsafe { fill_remote_net(v, r.pool, (*r.connection).sockaddr, prefixes) }
+        },
+    )
 }

@@ -107,6 +107,12 @@ unsafe extern "C" fn status_variable(
     v: *mut ngx_http_variable_value_t,
     _data: usize,
 ) -> ngx_int_t {
-    value_bits::write(v, value_bits::NOT_FOUND);
-    Status::NGX_OK.into()
+    crate::glue::guard::entry(
+        "handler::status::status_variable",
+        || crate::glue::guard::not_found(v),
+        || {
+            value_bits::write(v, value_bits::NOT_FOUND);
+            Status::NGX_OK.into()
+        },
+    )
 }

@@ -160,10 +160,16 @@ pub fn keep(r: &mut ngx_http_request_t, applied: &[AppliedLimit], lines: &[&Limi
 /// Frees what [`keep`] left, with the request's pool. A request that never reached the log
 /// phase keeps its reservations (a cut response with no usage found).
 unsafe extern "C" fn drop_state(data: *mut c_void) {
-    if !data.is_null() {
-        // SAFETY: `data` is the box `keep` leaked for this cleanup, dropped only here.
-        drop(unsafe { Box::from_raw(data.cast::<UsageState>()) });
-    }
+    crate::glue::guard::entry(
+        "handler::usage::drop_state",
+        || (),
+        || {
+            if !data.is_null() {
+                // SAFETY: `data` is the box `keep` leaked for this cleanup, dropped only here.
+                drop(unsafe { Box::from_raw(data.cast::<UsageState>()) });
+            }
+        },
+    )
 }
 
 /// The usage state of the main request of `r`, if it has one.
@@ -201,20 +207,26 @@ pub fn install_filters() {
 
 /// The response's header: a reader for its body, unless the body is compressed.
 unsafe extern "C" fn header_filter(r: *mut ngx_http_request_t) -> ngx_int_t {
-    // SAFETY: nginx passes the live request whose header is being sent.
-    if let Some(request) = unsafe { r.as_ref() } {
-        if ptr::eq(request.main, r) {
-            if let Some(state) = state_of(request) {
-                start_reading(request, state);
+    crate::glue::guard::entry(
+        "handler::usage::header_filter",
+        || ngx_int_t::from(ngx::core::Status::NGX_ERROR),
+        || {
+            // SAFETY: nginx passes the live request whose header is being sent.
+            if let Some(request) = unsafe { r.as_ref() } {
+                if ptr::eq(request.main, r) {
+                    if let Some(state) = state_of(request) {
+                        start_reading(request, state);
+                    }
+                }
             }
-        }
-    }
-    // SAFETY: read once the filter was installed; the next filter is nginx's, called as
-    // every header filter calls the next one.
-    match unsafe { NEXT_HEADER_FILTER } {
-        Some(next) => unsafe { next(r) },
-        None => NGX_ERROR,
-    }
+            // SAFETY: read once the filter was installed; the next filter is nginx's, called as
+            // every header filter calls the next one.
+            match unsafe { NEXT_HEADER_FILTER } {
+                Some(next) => unsafe { next(r) },
+                None => NGX_ERROR,
+            }
+        },
+    )
 }
 
 fn start_reading(r: &ngx_http_request_t, state: &mut UsageState) {
@@ -235,20 +247,26 @@ fn start_reading(r: &ngx_http_request_t, state: &mut UsageState) {
 
 /// Every buffer of the body, read as it passes and passed on at once, unchanged.
 unsafe extern "C" fn body_filter(r: *mut ngx_http_request_t, chain: *mut ngx_chain_t) -> ngx_int_t {
-    // SAFETY: read once the filter was installed.
-    let Some(next) = (unsafe { NEXT_BODY_FILTER }) else {
-        return NGX_ERROR;
-    };
-    // SAFETY: nginx passes the live request whose body is being sent.
-    if let Some(request) = unsafe { r.as_ref() } {
-        if ptr::eq(request.main, r) {
-            if let Some(state) = state_of(request) {
-                read_chain(state, chain);
+    crate::glue::guard::entry(
+        "handler::usage::body_filter",
+        || ngx_int_t::from(ngx::core::Status::NGX_ERROR),
+        || {
+            // SAFETY: read once the filter was installed.
+            let Some(next) = (unsafe { NEXT_BODY_FILTER }) else {
+                return NGX_ERROR;
+            };
+            // SAFETY: nginx passes the live request whose body is being sent.
+            if let Some(request) = unsafe { r.as_ref() } {
+                if ptr::eq(request.main, r) {
+                    if let Some(state) = state_of(request) {
+                        read_chain(state, chain);
+                    }
+                }
             }
-        }
-    }
-    // SAFETY: passing the chain on unchanged, as every body filter does.
-    unsafe { next(r, chain) }
+            // SAFETY: passing the chain on unchanged, as every body filter does.
+            unsafe { next(r, chain) }
+        },
+    )
 }
 
 fn read_chain(state: &mut UsageState, chain: *mut ngx_chain_t) {
@@ -313,46 +331,52 @@ impl UsageState {
 
 /// The log-phase handler: settle every usage-based line the request was charged by.
 pub unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
-    // SAFETY: nginx calls phase handlers with the live request.
-    let r = unsafe { &mut *r };
-    if !ptr::eq(r.main, r) {
-        return Status::NGX_OK.into();
-    }
-    let Some(state) = state_of(r) else {
-        return Status::NGX_OK.into();
-    };
-    if state.settled {
-        return Status::NGX_OK.into();
-    }
-    state.settled = true;
-    let now = now_ns();
-    for line in &state.lines {
-        let (owed, found) = state.owed(r, line);
-        let zone = line.charged.zone();
-        zone.count_by(Counter::TokensUsed, owed);
-        if let Some(key) = &line.key {
-            let amount = u32::try_from(owed).unwrap_or(u32::MAX);
-            zone.record_top_amount(TopKind::Tokens, now, key, amount);
-        }
-        zone.count(if found {
-            Counter::UsageFound
-        } else {
-            Counter::UsageMissing
-        });
-        match settle::settlement(line.reserved, owed) {
-            Settlement::Refund(tokens) => {
-                line.charged.give_back_tokens(tokens, now);
-                zone.count_by(Counter::TokensRefunded, tokens);
+    crate::glue::guard::entry(
+        "handler::usage::log_handler",
+        || ngx_int_t::from(ngx::core::Status::NGX_ERROR),
+        || {
+            // SAFETY: nginx calls phase handlers with the live request.
+            let r = unsafe { &mut *r };
+            if !ptr::eq(r.main, r) {
+                return Status::NGX_OK.into();
             }
-            Settlement::Charge(tokens) => {
-                let forgiven = line.charged.charge_into_debt(tokens, line.usage.debt, now);
-                zone.count_by(Counter::TokensOverrun, tokens);
-                zone.count_by(Counter::TokensForgiven, forgiven);
+            let Some(state) = state_of(r) else {
+                return Status::NGX_OK.into();
+            };
+            if state.settled {
+                return Status::NGX_OK.into();
             }
-            Settlement::Even => {}
-        }
-    }
-    Status::NGX_OK.into()
+            state.settled = true;
+            let now = now_ns();
+            for line in &state.lines {
+                let (owed, found) = state.owed(r, line);
+                let zone = line.charged.zone();
+                zone.count_by(Counter::TokensUsed, owed);
+                if let Some(key) = &line.key {
+                    let amount = u32::try_from(owed).unwrap_or(u32::MAX);
+                    zone.record_top_amount(TopKind::Tokens, now, key, amount);
+                }
+                zone.count(if found {
+                    Counter::UsageFound
+                } else {
+                    Counter::UsageMissing
+                });
+                match settle::settlement(line.reserved, owed) {
+                    Settlement::Refund(tokens) => {
+                        line.charged.give_back_tokens(tokens, now);
+                        zone.count_by(Counter::TokensRefunded, tokens);
+                    }
+                    Settlement::Charge(tokens) => {
+                        let forgiven = line.charged.charge_into_debt(tokens, line.usage.debt, now);
+                        zone.count_by(Counter::TokensOverrun, tokens);
+                        zone.count_by(Counter::TokensForgiven, forgiven);
+                    }
+                    Settlement::Even => {}
+                }
+            }
+            Status::NGX_OK.into()
+        },
+    )
 }
 
 /// The `$rate_limit_usage_*` variables, by the value their handler's `data` selects.
@@ -389,43 +413,49 @@ unsafe extern "C" fn usage_variable(
     v: *mut ngx_http_variable_value_t,
     data: usize,
 ) -> ngx_int_t {
-    // SAFETY: nginx passes the live request and the value to fill.
-    let Some(r) = (unsafe { r.as_mut() }) else {
-        return NGX_ERROR;
-    };
-    let value = state_of(r).and_then(|state| {
-        if data == 4 {
-            let line = state.lines.first()?;
-            return Some(state.owed(r, line).0);
-        }
-        let usage = state.usage()?;
-        Some(match data {
-            0 => usage.prompt_tokens,
-            1 => usage.completion_tokens,
-            2 => usage.cached_tokens,
-            _ => usage.total_tokens,
-        })
-    });
-    let Some(value) = value else {
-        value_bits::write(v, value_bits::NOT_FOUND);
-        return Status::NGX_OK.into();
-    };
-    let mut digits = itoa::Buffer::new();
-    let text = digits.format(value).as_bytes();
-    // SAFETY: the request's pool is live; the copy stays within the allocation.
-    unsafe {
-        let at = ngx_pnalloc(r.pool, text.len()).cast::<u8>();
-        if at.is_null() {
-            return NGX_ERROR;
-        }
-        ptr::copy_nonoverlapping(text.as_ptr(), at, text.len());
-        (*v).data = at;
-    }
-    value_bits::write(
-        v,
-        text.len() as u32 | value_bits::VALID | value_bits::NO_CACHEABLE,
-    );
-    Status::NGX_OK.into()
+    crate::glue::guard::entry(
+        "handler::usage::usage_variable",
+        || crate::glue::guard::not_found(v),
+        || {
+            // SAFETY: nginx passes the live request and the value to fill.
+            let Some(r) = (unsafe { r.as_mut() }) else {
+                return NGX_ERROR;
+            };
+            let value = state_of(r).and_then(|state| {
+                if data == 4 {
+                    let line = state.lines.first()?;
+                    return Some(state.owed(r, line).0);
+                }
+                let usage = state.usage()?;
+                Some(match data {
+                    0 => usage.prompt_tokens,
+                    1 => usage.completion_tokens,
+                    2 => usage.cached_tokens,
+                    _ => usage.total_tokens,
+                })
+            });
+            let Some(value) = value else {
+                value_bits::write(v, value_bits::NOT_FOUND);
+                return Status::NGX_OK.into();
+            };
+            let mut digits = itoa::Buffer::new();
+            let text = digits.format(value).as_bytes();
+            // SAFETY: the request's pool is live; the copy stays within the allocation.
+            unsafe {
+                let at = ngx_pnalloc(r.pool, text.len()).cast::<u8>();
+                if at.is_null() {
+                    return NGX_ERROR;
+                }
+                ptr::copy_nonoverlapping(text.as_ptr(), at, text.len());
+                (*v).data = at;
+            }
+            value_bits::write(
+                v,
+                text.len() as u32 | value_bits::VALID | value_bits::NO_CACHEABLE,
+            );
+            Status::NGX_OK.into()
+        },
+    )
 }
 
 /// The line of each kind that is nearest its limit: `(line, kind)` for the tokens

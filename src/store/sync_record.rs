@@ -316,38 +316,44 @@ pub fn name_seed(name: &str) -> u64 {
 /// The zone's `data` is the configured interval in nanoseconds (a `u64` in the
 /// configuration's pool).
 pub extern "C" fn init_zone(shm_zone: *mut ngx_shm_zone_t, _data: *mut c_void) -> ngx_int_t {
-    // SAFETY: nginx passes the zone being initialized.
-    let shm_zone = unsafe { &mut *shm_zone };
-    let shpool = shm_zone.shm.addr.cast::<ngx_slab_pool_t>();
-    // SAFETY: the slab pool at the start of the mapping is initialized by nginx before this
-    // callback, which runs in the master before workers exist.
-    let existing = unsafe { (*shpool).data }.cast::<SyncShared>();
-    // SAFETY: a non-null `data` is a record an earlier cycle laid out.
-    let record = if !existing.is_null() && unsafe { (*existing).magic } == SYNC_MAGIC {
-        existing
-    } else {
-        let size = core::mem::size_of::<SyncShared>();
-        // SAFETY: as above; the allocator takes the pool's mutex itself.
-        let fresh = unsafe { ngx::ffi::ngx_slab_alloc(shpool, size) }.cast::<SyncShared>();
-        if fresh.is_null() {
-            return Status::NGX_ERROR.into();
-        }
-        // SAFETY: the chunk is ours and `size` long; all-zero bytes are a valid record.
-        unsafe {
-            ptr::write_bytes(fresh.cast::<u8>(), 0, size);
-            (*fresh).magic = SYNC_MAGIC;
-            (*fresh).instance_id = random_id();
-            (*shpool).data = fresh.cast();
-        }
-        fresh
-    };
-    // SAFETY: `data` was set by the directive to a u64 in the configuration's pool.
-    if let Some(&interval_ns) = unsafe { shm_zone.data.cast::<u64>().as_ref() } {
-        // SAFETY: `record` points at the live record.
-        unsafe { (*record).interval_ns.store(interval_ns, Ordering::Relaxed) };
-    }
-    SYNC.store(record, Ordering::Release);
-    Status::NGX_OK.into()
+    crate::glue::guard::entry(
+        "store::sync_record::init_zone",
+        || ngx_int_t::from(ngx::core::Status::NGX_ERROR),
+        || {
+            // SAFETY: nginx passes the zone being initialized.
+            let shm_zone = unsafe { &mut *shm_zone };
+            let shpool = shm_zone.shm.addr.cast::<ngx_slab_pool_t>();
+            // SAFETY: the slab pool at the start of the mapping is initialized by nginx before this
+            // callback, which runs in the master before workers exist.
+            let existing = unsafe { (*shpool).data }.cast::<SyncShared>();
+            // SAFETY: a non-null `data` is a record an earlier cycle laid out.
+            let record = if !existing.is_null() && unsafe { (*existing).magic } == SYNC_MAGIC {
+                existing
+            } else {
+                let size = core::mem::size_of::<SyncShared>();
+                // SAFETY: as above; the allocator takes the pool's mutex itself.
+                let fresh = unsafe { ngx::ffi::ngx_slab_alloc(shpool, size) }.cast::<SyncShared>();
+                if fresh.is_null() {
+                    return Status::NGX_ERROR.into();
+                }
+                // SAFETY: the chunk is ours and `size` long; all-zero bytes are a valid record.
+                unsafe {
+                    ptr::write_bytes(fresh.cast::<u8>(), 0, size);
+                    (*fresh).magic = SYNC_MAGIC;
+                    (*fresh).instance_id = random_id();
+                    (*shpool).data = fresh.cast();
+                }
+                fresh
+            };
+            // SAFETY: `data` was set by the directive to a u64 in the configuration's pool.
+            if let Some(&interval_ns) = unsafe { shm_zone.data.cast::<u64>().as_ref() } {
+                // SAFETY: `record` points at the live record.
+                unsafe { (*record).interval_ns.store(interval_ns, Ordering::Relaxed) };
+            }
+            SYNC.store(record, Ordering::Release);
+            Status::NGX_OK.into()
+        },
+    )
 }
 
 fn random_id() -> u64 {

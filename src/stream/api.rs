@@ -28,6 +28,7 @@ type ComplexValue = unsafe extern "C" fn(
     *mut ngx_str_t,
 ) -> ngx_int_t;
 type RunPhases = unsafe extern "C" fn(*mut ngx_stream_session_t);
+type FinalizeSession = unsafe extern "C" fn(*mut ngx_stream_session_t, ngx_uint_t);
 
 /// The stream functions and module the stream part calls, as this nginx has them.
 pub struct StreamApi {
@@ -37,6 +38,7 @@ pub struct StreamApi {
     pub compile_complex_value: CompileComplexValue,
     pub complex_value: ComplexValue,
     pub run_phases: RunPhases,
+    pub finalize_session: FinalizeSession,
     /// `ngx_stream_core_module`: its `ctx_index` finds the core's configuration.
     pub core_module: *const ngx_module_t,
 }
@@ -74,6 +76,7 @@ impl StreamApi {
             ),
             complex_value: function!(c"ngx_stream_complex_value", ComplexValue),
             run_phases: function!(c"ngx_stream_core_run_phases", RunPhases),
+            finalize_session: function!(c"ngx_stream_finalize_session", FinalizeSession),
             core_module: symbol(c"ngx_stream_core_module")?.cast_const().cast(),
         })
     }

@@ -6,7 +6,9 @@ use core::ffi::{c_char, c_void};
 use core::mem;
 use core::ptr;
 
-use nginx_sys::{ngx_stream_compile_complex_value_t, ngx_stream_complex_value_t};
+use nginx_sys::{
+    ngx_stream_compile_complex_value_t, ngx_stream_complex_value_t, ngx_stream_content_handler_pt,
+};
 use ngx::core::NGX_CONF_OK;
 use ngx::ffi::{ngx_command_t, ngx_conf_t, ngx_flag_t, ngx_uint_t, NGX_LOG_EMERG};
 use ngx::http::HttpModuleMainConf;
@@ -19,7 +21,7 @@ use crate::conf::directives::{
     LineContext,
 };
 use crate::conf::ext::ConfExt;
-use crate::conf::{self, ConfError, LimitConf, ZoneConf, ZoneReference, UNSET};
+use crate::conf::{self, registry, ConfError, LimitConf, ZoneConf, ZoneReference, UNSET};
 
 /// A `rate_limit_zone` of the stream block. `conf` comes first: the zone's `shm_zone.data`
 /// points at both, so that the control layer sees the [`ZoneConf`] it knows.
@@ -29,6 +31,9 @@ pub struct StreamZone {
     pub key: ngx_stream_complex_value_t,
     /// When KEY is a single variable (`$binary_remote_addr`), its stream index.
     pub key_variable: Option<ngx_uint_t>,
+    /// KEY uses a variable ssl_preread sets (`$ssl_preread_server_name`): the zone's lines are
+    /// decided in the preread phase, after ssl_preread has read the ClientHello.
+    pub after_preread: bool,
 }
 
 /// The stream block's state: nginx's stream functions, the zones declared, the zone names
@@ -39,6 +44,8 @@ pub struct MainConf {
     pub references: Vec<ZoneReference>,
     /// Index of the stream `$rate_limit_status` in `s->variables`.
     pub status_variable: Option<ngx_uint_t>,
+    /// Some zone is keyed by an `$ssl_preread_*` variable: the preread handler is installed.
+    pub preread_used: bool,
 }
 
 impl MainConf {
@@ -54,6 +61,9 @@ impl MainConf {
 /// A stream `server`'s settings (and the `stream` block's, which servers inherit).
 pub struct SrvConf {
     pub limits: Option<Vec<LimitConf>>,
+    /// The server's own content handler, when [`super::session::content_handler`] took its
+    /// place (some line's zone is keyed by an `$ssl_preread_*` variable). Not merged.
+    pub content: ngx_stream_content_handler_pt,
     pub dry_run: ngx_flag_t,
     pub log_level: Option<ngx_uint_t>,
     /// `rate_limit_remote_net`: the prefix lengths of `$rate_limit_remote_net`.
@@ -90,39 +100,45 @@ fn answer(cf: &mut ngx_conf_t, result: Result<(), ConfError>) -> *mut c_char {
 }
 
 pub unsafe extern "C" fn create_main_conf(cf: *mut ngx_conf_t) -> *mut c_void {
-    // SAFETY: nginx passes a valid configuration context.
-    let cf = unsafe { &mut *cf };
-    let api = match StreamApi::resolve() {
-        Ok(api) => api,
-        Err(missing) => {
-            ngx_conf_log_error!(
-                NGX_LOG_EMERG,
-                cf,
-                "rate_limit: the stream function \"{}\" is not found in this nginx",
-                missing.to_string_lossy()
-            );
-            return ptr::null_mut();
-        }
-    };
-    let main = MainConf {
-        api,
-        zones: Vec::new(),
-        references: Vec::new(),
-        status_variable: None,
-    };
-    cf.alloc(main).map_or(ptr::null_mut(), |main| main.cast())
+    crate::glue::guard::entry("stream::create_main_conf", core::ptr::null_mut, || {
+        // SAFETY: nginx passes a valid configuration context.
+        let cf = unsafe { &mut *cf };
+        let api = match StreamApi::resolve() {
+            Ok(api) => api,
+            Err(missing) => {
+                ngx_conf_log_error!(
+                    NGX_LOG_EMERG,
+                    cf,
+                    "rate_limit: the stream function \"{}\" is not found in this nginx",
+                    missing.to_string_lossy()
+                );
+                return ptr::null_mut();
+            }
+        };
+        let main = MainConf {
+            api,
+            zones: Vec::new(),
+            references: Vec::new(),
+            status_variable: None,
+            preread_used: false,
+        };
+        cf.alloc(main).map_or(ptr::null_mut(), |main| main.cast())
+    })
 }
 
 pub unsafe extern "C" fn create_srv_conf(cf: *mut ngx_conf_t) -> *mut c_void {
-    // SAFETY: nginx passes a valid configuration context.
-    let cf = unsafe { &mut *cf };
-    let srv = SrvConf {
-        limits: None,
-        dry_run: UNSET,
-        log_level: None,
-        remote_net: None,
-    };
-    cf.alloc(srv).map_or(ptr::null_mut(), |srv| srv.cast())
+    crate::glue::guard::entry("stream::create_srv_conf", core::ptr::null_mut, || {
+        // SAFETY: nginx passes a valid configuration context.
+        let cf = unsafe { &mut *cf };
+        let srv = SrvConf {
+            limits: None,
+            content: None,
+            dry_run: UNSET,
+            log_level: None,
+            remote_net: None,
+        };
+        cf.alloc(srv).map_or(ptr::null_mut(), |srv| srv.cast())
+    })
 }
 
 pub unsafe extern "C" fn merge_srv_conf(
@@ -130,17 +146,24 @@ pub unsafe extern "C" fn merge_srv_conf(
     parent: *mut c_void,
     child: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: nginx passes two server configurations this module created.
-    let (prev, conf) = unsafe { (&*parent.cast::<SrvConf>(), &mut *child.cast::<SrvConf>()) };
-    if conf.limits.is_none() {
-        conf.limits = prev.limits.clone();
-    }
-    if conf.dry_run == UNSET {
-        conf.dry_run = prev.dry_run;
-    }
-    conf.log_level = conf.log_level.or(prev.log_level);
-    conf.remote_net = conf.remote_net.or(prev.remote_net);
-    NGX_CONF_OK
+    crate::glue::guard::entry(
+        "stream::merge_srv_conf",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: nginx passes two server configurations this module created.
+            let (prev, conf) =
+                unsafe { (&*parent.cast::<SrvConf>(), &mut *child.cast::<SrvConf>()) };
+            if conf.limits.is_none() {
+                conf.limits = prev.limits.clone();
+            }
+            if conf.dry_run == UNSET {
+                conf.dry_run = prev.dry_run;
+            }
+            conf.log_level = conf.log_level.or(prev.log_level);
+            conf.remote_net = conf.remote_net.or(prev.remote_net);
+            NGX_CONF_OK
+        },
+    )
 }
 
 /// `rate_limit_zone KEY zone=NAME:SIZE ...;` in `stream {}`.
@@ -149,16 +172,29 @@ pub unsafe extern "C" fn cmd_rate_limit_zone(
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: nginx calls directive handlers with a valid configuration context, and `conf`
-    // is this module's stream main configuration (NGX_STREAM_MAIN_CONF_OFFSET).
-    let (cf, main) = unsafe { (&mut *cf, &mut *conf.cast::<MainConf>()) };
-    let result = rate_limit_zone(cf, main);
-    answer(cf, result)
+    crate::glue::guard::entry(
+        "stream::cmd_rate_limit_zone",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: nginx calls directive handlers with a valid configuration context, and `conf`
+            // is this module's stream main configuration (NGX_STREAM_MAIN_CONF_OFFSET).
+            let (cf, main) = unsafe { (&mut *cf, &mut *conf.cast::<MainConf>()) };
+            let result = rate_limit_zone(cf, main);
+            answer(cf, result)
+        },
+    )
 }
 
 fn rate_limit_zone(cf: &mut ngx_conf_t, main: &mut MainConf) -> Result<(), ConfError> {
     let args = cf.args();
     let parsed = parse_zone(cf)?;
+    if parsed.adaptive() {
+        return Err(ConfError::NotInStream {
+            word: "limit=adaptive",
+            why: "it follows the upstream's response times, and a stream session has no \
+                  response to time (use limit=N)",
+        });
+    }
 
     // SAFETY: all-zero is a valid (empty) complex value, filled by the compiler below.
     let mut key: ngx_stream_complex_value_t = unsafe { mem::zeroed() };
@@ -190,15 +226,30 @@ fn rate_limit_zone(cf: &mut ngx_conf_t, main: &mut MainConf) -> Result<(), ConfE
     check_unclaimed(shm_zone, &name, true)?;
     let mut zone_conf = parsed.into_zone_conf(shm_zone, args[1].as_bytes());
     zone_conf.stream = true;
+    let after_preread = uses_ssl_preread(args[1].as_bytes());
+    main.preread_used |= after_preread;
     let zone = cf.alloc(StreamZone {
         conf: zone_conf,
         key,
         key_variable,
+        after_preread,
     })?;
     shm_zone.data = zone.cast();
     shm_zone.init = Some(crate::control::zone_init);
     main.zones.push(zone);
+    // The registry knows the zone by its ZoneConf, the first field of the StreamZone.
+    registry::configuring(cf)
+        .ok_or(ConfError::Logged)?
+        .add(zone.cast());
     Ok(())
+}
+
+/// Whether a key names a variable of ssl_preread (`$ssl_preread_server_name`,
+/// `${ssl_preread_alpn_protocols}`, ...), which is empty before the preread phase.
+fn uses_ssl_preread(key: &[u8]) -> bool {
+    [&b"$ssl_preread_"[..], &b"${ssl_preread_"[..]]
+        .iter()
+        .any(|prefix| key.windows(prefix.len()).any(|window| window == *prefix))
 }
 
 /// `rate_limit zone=NAME [burst=N] [nodelay | delay=N] [cost=N];` in `stream {}` or a stream
@@ -208,10 +259,16 @@ pub unsafe extern "C" fn cmd_rate_limit(
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: as for every directive handler; `conf` is our stream server configuration.
-    let (cf, srv) = unsafe { (&mut *cf, &mut *conf.cast::<SrvConf>()) };
-    let result = rate_limit(cf, srv);
-    answer(cf, result)
+    crate::glue::guard::entry(
+        "stream::cmd_rate_limit",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: as for every directive handler; `conf` is our stream server configuration.
+            let (cf, srv) = unsafe { (&mut *cf, &mut *conf.cast::<SrvConf>()) };
+            let result = rate_limit(cf, srv);
+            answer(cf, result)
+        },
+    )
 }
 
 fn rate_limit(cf: &mut ngx_conf_t, srv: &mut SrvConf) -> Result<(), ConfError> {
@@ -243,14 +300,20 @@ pub unsafe extern "C" fn cmd_log_level(
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: as for every directive handler; `conf` is our stream server configuration.
-    let (cf, srv) = unsafe { (&mut *cf, &mut *conf.cast::<SrvConf>()) };
-    let result = if srv.log_level.is_some() {
-        Err(ConfError::Duplicate("rate_limit_log_level"))
-    } else {
-        log_level_value(cf).map(|level| srv.log_level = Some(level))
-    };
-    answer(cf, result)
+    crate::glue::guard::entry(
+        "stream::cmd_log_level",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: as for every directive handler; `conf` is our stream server configuration.
+            let (cf, srv) = unsafe { (&mut *cf, &mut *conf.cast::<SrvConf>()) };
+            let result = if srv.log_level.is_some() {
+                Err(ConfError::Duplicate("rate_limit_log_level"))
+            } else {
+                log_level_value(cf).map(|level| srv.log_level = Some(level))
+            };
+            answer(cf, result)
+        },
+    )
 }
 
 /// `rate_limit_remote_net [ipv4=N] [ipv6=M];` in `stream {}` or a stream `server {}`.
@@ -259,12 +322,18 @@ pub unsafe extern "C" fn cmd_remote_net(
     _cmd: *mut ngx_command_t,
     conf: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: as for every directive handler; `conf` is our stream server configuration.
-    let (cf, srv) = unsafe { (&mut *cf, &mut *conf.cast::<SrvConf>()) };
-    let result = remote_net_value(cf, srv.remote_net.is_some()).map(|prefixes| {
-        srv.remote_net = Some(prefixes);
-    });
-    answer(cf, result)
+    crate::glue::guard::entry(
+        "stream::cmd_remote_net",
+        || ngx::core::NGX_CONF_ERROR,
+        || {
+            // SAFETY: as for every directive handler; `conf` is our stream server configuration.
+            let (cf, srv) = unsafe { (&mut *cf, &mut *conf.cast::<SrvConf>()) };
+            let result = remote_net_value(cf, srv.remote_net.is_some()).map(|prefixes| {
+                srv.remote_net = Some(prefixes);
+            });
+            answer(cf, result)
+        },
+    )
 }
 
 /// This module's stream main configuration in the stream block being read.

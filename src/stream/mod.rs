@@ -3,8 +3,9 @@
 //! zones in the stream preaccess phase; over the limit it is closed, with `burst` and no
 //! `nodelay` it waits for its turn, and a concurrency zone holds a slot for the whole
 //! session. The zones are the http part's: the same store, algorithms and decision pipeline
-//! (`crate::control::decide`), the same admin API, state file and fleet once [`init_module`]
-//! has put them beside the http zones.
+//! (`crate::control::decide`), and the same zone registry (`crate::conf::registry`), through
+//! which the admin API, the state file, the fleet and the owner sweep see them, with or
+//! without an `http` block.
 //!
 //! The module is a second `ngx_module_t` of type `NGX_STREAM_MODULE` in the same shared
 //! object (`lib.rs` exports both). It names no stream symbol at link time ([`api`]): the
@@ -17,20 +18,19 @@ mod session;
 use core::ptr;
 
 use nginx_sys::{
-    ngx_stream_conf_ctx_t, ngx_stream_core_main_conf_t, ngx_stream_handler_pt, ngx_stream_module_t,
-    ngx_stream_phases_NGX_STREAM_PREACCESS_PHASE, NGX_STREAM_MAIN_CONF, NGX_STREAM_MODULE,
-    NGX_STREAM_SRV_CONF,
+    ngx_stream_conf_ctx_t, ngx_stream_core_main_conf_t, ngx_stream_core_srv_conf_t,
+    ngx_stream_handler_pt, ngx_stream_module_t, ngx_stream_phases_NGX_STREAM_PREACCESS_PHASE,
+    NGX_STREAM_MAIN_CONF, NGX_STREAM_MODULE, NGX_STREAM_SRV_CONF,
 };
 use ngx::core::Status;
 use ngx::ffi::{
-    ngx_array_push, ngx_command_t, ngx_conf_set_flag_slot, ngx_conf_t, ngx_cycle_t, ngx_int_t,
-    ngx_module_t, ngx_str_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_FLAG, NGX_CONF_TAKE1,
+    ngx_array_push, ngx_command_t, ngx_conf_set_flag_slot, ngx_conf_t, ngx_int_t, ngx_module_t,
+    ngx_str_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_FLAG, NGX_CONF_TAKE1,
 };
-use ngx::http::HttpModuleMainConf;
 use ngx::ngx_string;
 
 use crate::conf::ext::ConfExt;
-use crate::conf::{ConfError, RateLimitModule};
+use crate::conf::ConfError;
 
 /// This part's module (the tag of nothing: stream zones use the http module's tag, so that
 /// a zone name is one shared memory whichever block declares it).
@@ -41,15 +41,21 @@ pub fn module_ptr() -> *mut ngx_module_t {
 /// Once the stream block is read: the references checked, `$rate_limit_status` added and
 /// indexed, the preaccess handler installed.
 unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
-    // SAFETY: nginx passes a valid configuration context.
-    let cf = unsafe { &mut *cf };
-    match install(cf) {
-        Ok(()) => Status::NGX_OK.into(),
-        Err(error) => {
-            cf.log(&error);
-            Status::NGX_ERROR.into()
-        }
-    }
+    crate::glue::guard::entry(
+        "stream::postconfiguration",
+        || ngx_int_t::from(ngx::core::Status::NGX_ERROR),
+        || {
+            // SAFETY: nginx passes a valid configuration context.
+            let cf = unsafe { &mut *cf };
+            match install(cf) {
+                Ok(()) => Status::NGX_OK.into(),
+                Err(error) => {
+                    cf.log(&error);
+                    Status::NGX_ERROR.into()
+                }
+            }
+        },
+    )
 }
 
 fn install(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
@@ -73,61 +79,56 @@ fn install(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
         &mut *(*ctx.main_conf.add(index)).cast::<ngx_stream_core_main_conf_t>()
     };
     let phase = &mut cmcf.phases[ngx_stream_phases_NGX_STREAM_PREACCESS_PHASE as usize];
+    let preaccess = if crate::glue::guard::provoked("stream::preaccess_handler") {
+        session::panicking_preaccess_handler
+    } else {
+        session::preaccess_handler
+    };
+    push_handler(&mut phase.handlers, preaccess)?;
+    if main.preread_used {
+        wrap_content_handlers(cmcf)?;
+    }
+    Ok(())
+}
+
+/// In every server with a line decided after ssl_preread, the session's content handler takes
+/// the place of the server's own (which it calls).
+fn wrap_content_handlers(cmcf: &ngx_stream_core_main_conf_t) -> Result<(), ConfError> {
+    // SAFETY: the core's servers array holds a pointer to each server's core configuration.
+    let servers =
+        unsafe { crate::glue::array_slice::<*mut ngx_stream_core_srv_conf_t>(&cmcf.servers) };
+    for &server in servers {
+        // SAFETY: each server's core configuration and its context live in the configuration
+        // pool; our server configuration is at our ctx_index.
+        let (cscf, srv) = unsafe {
+            let cscf = &mut *server;
+            let index = (*module_ptr()).ctx_index;
+            let srv = (*(*cscf.ctx).srv_conf.add(index)).cast::<conf::SrvConf>();
+            (cscf, &mut *srv)
+        };
+        if cscf.handler.is_none() || !srv.limits().iter().any(session::decided_after_preread) {
+            continue;
+        }
+        srv.content = cscf.handler;
+        cscf.handler = Some(session::content_handler);
+    }
+    Ok(())
+}
+
+/// Add `handler` to a phase's handler array.
+fn push_handler(
+    handlers: &mut nginx_sys::ngx_array_t,
+    handler: unsafe extern "C" fn(*mut nginx_sys::ngx_stream_session_t) -> ngx_int_t,
+) -> Result<(), ConfError> {
     // SAFETY: the phase's handler array is initialized by the core module before
     // postconfiguration; it holds `ngx_stream_handler_pt` elements.
-    let slot = unsafe { ngx_array_push(&mut phase.handlers) }.cast::<ngx_stream_handler_pt>();
+    let slot = unsafe { ngx_array_push(handlers) }.cast::<ngx_stream_handler_pt>();
     if slot.is_null() {
         return Err(ConfError::Logged);
     }
     // SAFETY: `slot` is a fresh element of the array.
-    unsafe { *slot = Some(session::preaccess_handler) };
+    unsafe { *slot = Some(handler) };
     Ok(())
-}
-
-/// In the master (or the single process) once a configuration cycle is complete: the stream
-/// zones join the http zones, which the admin API, the state file, the fleet and the sweep
-/// of a dead worker's slots go through. Without an `http` block they have none of those.
-pub fn init_module(cycle: &ngx_cycle_t) {
-    let Some(mcf) = RateLimitModule::main_conf_mut(cycle) else {
-        return;
-    };
-    let Some(main) = stream_main_conf(cycle) else {
-        return;
-    };
-    for &zone in &main.zones {
-        let zone_conf = zone.cast::<crate::conf::ZoneConf>();
-        if !mcf.zones.contains(&zone_conf) {
-            mcf.zones.push(zone_conf);
-        }
-    }
-}
-
-/// This module's stream main configuration in `cycle`, when it has a stream block.
-fn stream_main_conf(cycle: &ngx_cycle_t) -> Option<&'static conf::MainConf> {
-    // The core module `ngx_stream_module` keeps the stream block's context in the cycle's
-    // conf_ctx at its index: found by name, since the stream module may be absent.
-    // SAFETY: the cycle's modules array is null-terminated and live with the cycle.
-    let index = unsafe {
-        let mut module = cycle.modules;
-        loop {
-            let current = (*module).as_ref()?;
-            if !current.name.is_null()
-                && core::ffi::CStr::from_ptr(current.name).to_bytes() == b"ngx_stream_module"
-            {
-                break current.index;
-            }
-            module = module.add(1);
-        }
-    };
-    // SAFETY: conf_ctx has an element per core module; the stream module's, when its block
-    // was read, is its ngx_stream_conf_ctx_t, whose main_conf holds ours at our ctx_index.
-    unsafe {
-        let ctx = (*cycle.conf_ctx.add(index))
-            .cast::<ngx_stream_conf_ctx_t>()
-            .as_ref()?;
-        let ours = (*module_ptr()).ctx_index;
-        (*ctx.main_conf.add(ours)).cast::<conf::MainConf>().as_ref()
-    }
 }
 
 // nginx-sys defines these only where the stream module is built in; the same offsets here.
@@ -136,7 +137,7 @@ const SRV_CONF_OFFSET: usize = core::mem::offset_of!(ngx_stream_conf_ctx_t, srv_
 
 const SRV_ANY: u32 = NGX_STREAM_MAIN_CONF | NGX_STREAM_SRV_CONF;
 
-static mut COMMANDS: [ngx_command_t; 6] = [
+static mut COMMANDS: [ngx_command_t; 7] = [
     ngx_command_t {
         name: ngx_string!("rate_limit_zone"),
         type_: (NGX_STREAM_MAIN_CONF | NGX_CONF_1MORE) as ngx_uint_t,
@@ -174,6 +175,14 @@ static mut COMMANDS: [ngx_command_t; 6] = [
         type_: (SRV_ANY | NGX_CONF_1MORE) as ngx_uint_t,
         set: Some(conf::cmd_remote_net),
         conf: SRV_CONF_OFFSET,
+        offset: 0,
+        post: ptr::null_mut(),
+    },
+    ngx_command_t {
+        name: ngx_string!("rate_limit_state_file"),
+        type_: (NGX_STREAM_MAIN_CONF | NGX_CONF_TAKE1) as ngx_uint_t,
+        set: Some(crate::conf::directives::cmd_state_file),
+        conf: MAIN_CONF_OFFSET,
         offset: 0,
         post: ptr::null_mut(),
     },

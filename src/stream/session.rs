@@ -108,17 +108,23 @@ unsafe extern "C" fn remote_net_variable(
     v: *mut ngx_variable_value_t,
     _data: usize,
 ) -> ngx_int_t {
-    // SAFETY: nginx calls variable handlers with the live session and its value to fill.
-    let s = unsafe { &*s };
-    let prefixes = srv_conf(s)
-        .and_then(|srv| srv.remote_net)
-        .unwrap_or_default();
-    // SAFETY: `v` is the value to fill; the session's connection, its address and its pool
-    // are live, and the pool outlives the value.
-    unsafe {
-        let connection = &*s.connection;
-        fill_remote_net(v, connection.pool, connection.sockaddr, prefixes)
-    }
+    crate::glue::guard::entry(
+        "stream::remote_net_variable",
+        || crate::glue::guard::not_found(v),
+        || {
+            // SAFETY: nginx calls variable handlers with the live session and its value to fill.
+            let s = unsafe { &*s };
+            let prefixes = srv_conf(s)
+                .and_then(|srv| srv.remote_net)
+                .unwrap_or_default();
+            // SAFETY: `v` is the value to fill; the session's connection, its address and its
+            // pool are live, and the pool outlives the value.
+            unsafe {
+                let connection = &*s.connection;
+                fill_remote_net(v, connection.pool, connection.sockaddr, prefixes)
+            }
+        },
+    )
 }
 
 /// Called only while no outcome is stored in the session's variables: no limit applied.
@@ -127,8 +133,14 @@ unsafe extern "C" fn status_variable(
     v: *mut ngx_variable_value_t,
     _data: usize,
 ) -> ngx_int_t {
-    value_bits::write(v, value_bits::NOT_FOUND);
-    Status::NGX_OK.into()
+    crate::glue::guard::entry(
+        "stream::status_variable",
+        || crate::glue::guard::not_found(v),
+        || {
+            value_bits::write(v, value_bits::NOT_FOUND);
+            Status::NGX_OK.into()
+        },
+    )
 }
 
 fn main_conf(s: &ngx_stream_session_t) -> Option<&'static MainConf> {
@@ -243,31 +255,136 @@ fn key_bytes(
         .map(<[u8]>::to_vec)
 }
 
+/// Where a session's lines are decided: most in the preaccess phase, as the connection
+/// arrives; those whose zone key uses a variable `ssl_preread` sets (`$ssl_preread_server_name`)
+/// after the preread phase, once ssl_preread has read the ClientHello ([`content_handler`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Preaccess,
+    AfterPreread,
+}
+
+/// What the door does with a session once its lines of one phase are decided.
+enum Act {
+    /// Go on to the next handler.
+    Continue,
+    /// End the session with this stream status.
+    Close(ngx_int_t),
+    /// Wait this long, then go on.
+    Delay(u64),
+}
+
+/// In place of [`preaccess_handler`] when `RATE_LIMIT_PANIC_AT=stream::preaccess_handler`
+/// (t/panic.rs): a handler that panics inside its guard.
+pub unsafe extern "C" fn panicking_preaccess_handler(_s: *mut ngx_stream_session_t) -> ngx_int_t {
+    const NAME: &str = "stream::preaccess_handler";
+    crate::glue::guard::entry(
+        NAME,
+        || nginx_sys::NGX_STREAM_INTERNAL_SERVER_ERROR as ngx_int_t,
+        || crate::glue::guard::provoke(NAME),
+    )
+}
+
 /// The stream preaccess phase handler.
 pub unsafe extern "C" fn preaccess_handler(s: *mut ngx_stream_session_t) -> ngx_int_t {
-    // SAFETY: nginx calls phase handlers with the live session.
-    let s = unsafe { &mut *s };
-    let (Some(main), Some(srv)) = (main_conf(s), srv_conf(s)) else {
-        return Status::NGX_DECLINED.into();
-    };
+    crate::glue::guard::entry(
+        "stream::preaccess_handler",
+        || nginx_sys::NGX_STREAM_INTERNAL_SERVER_ERROR as ngx_int_t,
+        || {
+            // SAFETY: nginx calls phase handlers with the live session.
+            let s = unsafe { &mut *s };
+            let Some((main, srv, state)) = session_conf(s) else {
+                return Status::NGX_DECLINED.into();
+            };
+            if state.is_set() {
+                // Resumed after its delay.
+                return Status::NGX_DECLINED.into();
+            }
+            match decide_phase(s, main, srv, state, Phase::Preaccess) {
+                Act::Continue => Status::NGX_DECLINED.into(),
+                Act::Close(rc) => rc,
+                Act::Delay(delay_ns) => start_delay(s, main, delay_ns, delay_expired),
+            }
+        },
+    )
+}
+
+/// The content handler of a server with lines decided after the preread phase (their zone
+/// key uses a variable ssl_preread sets): in place of the server's own (proxy_pass, return),
+/// which it calls once those lines let the session go on. A preread handler could not be
+/// sure to run: ssl_preread, once it found a server name, skips the phase's other handlers.
+pub unsafe extern "C" fn content_handler(s: *mut ngx_stream_session_t) {
+    crate::glue::guard::entry(
+        "stream::content_handler",
+        || fail_session(s),
+        || {
+            // SAFETY: nginx calls the content handler with the live session.
+            let session = unsafe { &mut *s };
+            let Some(content) = srv_conf(session).and_then(|srv| srv.content) else {
+                if let Some(main) = main_conf(session) {
+                    // SAFETY: the live session.
+                    unsafe { (main.api.finalize_session)(s, INTERNAL_ERROR) };
+                }
+                return;
+            };
+            let Some((main, srv, state)) = session_conf(session) else {
+                // SAFETY: the server's own handler, with the live session.
+                return unsafe { content(s) };
+            };
+            match decide_phase(session, main, srv, state, Phase::AfterPreread) {
+                // SAFETY: as above.
+                Act::Continue => unsafe { content(s) },
+                // SAFETY: the live session.
+                Act::Close(rc) => unsafe { (main.api.finalize_session)(s, rc as ngx_uint_t) },
+                Act::Delay(delay_ns) => {
+                    start_delay(session, main, delay_ns, content_delay_expired);
+                }
+            }
+        },
+    )
+}
+
+/// The session's configuration and outcome record; `None` when no line applies to it.
+fn session_conf(
+    s: &ngx_stream_session_t,
+) -> Option<(&'static MainConf, &'static SrvConf, SessionState)> {
+    let (main, srv) = (main_conf(s)?, srv_conf(s)?);
     if srv.limits().is_empty() {
-        return Status::NGX_DECLINED.into();
+        return None;
     }
-    let Some(index) = main.status_variable else {
-        return Status::NGX_DECLINED.into();
-    };
-    let state = SessionState::of(s, index);
-    if state.is_set() {
-        // Resumed after its delay.
-        return Status::NGX_DECLINED.into();
-    }
+    let state = SessionState::of(s, main.status_variable?);
+    Some((main, srv, state))
+}
+
+/// Whether a line is decided after ssl_preread (its zone is keyed by an `$ssl_preread_*`
+/// variable).
+pub fn decided_after_preread(limit: &LimitConf) -> bool {
+    stream_zone(limit).is_some_and(|zone| zone.after_preread)
+}
+
+/// The stream zone of a line, when the line is decided in `phase`.
+fn zone_in_phase(limit: &LimitConf, phase: Phase) -> Option<&'static StreamZone> {
+    let zone = stream_zone(limit)?;
+    (zone.after_preread == (phase == Phase::AfterPreread)).then_some(zone)
+}
+
+/// Decide the session's lines of `phase`: concurrency lines first, then the rate lines
+/// together (a session refused by one is charged to none of them).
+fn decide_phase(
+    s: &mut ngx_stream_session_t,
+    main: &MainConf,
+    srv: &SrvConf,
+    state: SessionState,
+    phase: Phase,
+) -> Act {
     let now = now_ns();
-    if let Some(rc) = take_slots(s, main, srv, state, now) {
-        return rc;
-    }
+    let held = match take_slots(s, main, srv, state, phase, now) {
+        Ok(held) => held,
+        Err(rc) => return Act::Close(rc),
+    };
     let mut applied: SmallVec<[AppliedLimit; 2]> = SmallVec::new();
     for limit in srv.limits() {
-        let Some(zone) = stream_zone(limit) else {
+        let Some(zone) = zone_in_phase(limit, phase) else {
             continue;
         };
         if zone.conf.algorithm.counts_in_flight() {
@@ -281,28 +398,32 @@ pub unsafe extern "C" fn preaccess_handler(s: *mut ngx_stream_session_t) -> ngx_
         }
     }
     if applied.is_empty() {
-        if !state.is_set() {
+        // No line applied (every key empty): `$rate_limit_status` stays not found.
+        if held && !state.is_set() {
             state.set(SessionStatus::Passed);
         }
-        return Status::NGX_DECLINED.into();
+        return Act::Continue;
     }
     let verdict = decide::decide(&mut applied, now, Charge::Now);
     finish(s, main, srv, state, &applied, &verdict, now)
 }
 
 /// The session's concurrency lines: a slot of each, held in a cleanup of the session's pool
-/// (given back however the session ends). `Some` with the answer when a line refuses it.
-/// A stream session over the limit is closed at once: it does not wait in a queue.
+/// (given back however the session ends). `Ok(whether a line applied)`, `Err` with the
+/// answer when a line refuses it. A stream session over the limit is closed at once: it does
+/// not wait in a queue.
 fn take_slots(
     s: &mut ngx_stream_session_t,
     main: &MainConf,
     srv: &SrvConf,
     state: SessionState,
+    phase: Phase,
     now: u64,
-) -> Option<ngx_int_t> {
+) -> Result<bool, ngx_int_t> {
     let dry_run = srv.dry_run();
+    let mut applied = false;
     for limit in srv.limits() {
-        let Some(zone) = stream_zone(limit) else {
+        let Some(zone) = zone_in_phase(limit, phase) else {
             continue;
         };
         if !zone.conf.algorithm.counts_in_flight() {
@@ -311,6 +432,7 @@ fn take_slots(
         let Some(found) = find_key(s, main, zone, now) else {
             continue;
         };
+        applied = true;
         let line = Line {
             zone_conf: &zone.conf,
             zone: *found.zone,
@@ -322,7 +444,7 @@ fn take_slots(
         // SAFETY: a live session's connection has its pool, freed when the session ends.
         let pool = unsafe { (*s.connection).pool };
         // No queue (`queue: Some(0)`): nothing ever waits, so no owner is ever told.
-        match slots::arrive(pool, &line, now, dry_run, Owner::Lua) {
+        match slots::arrive(pool, &line, now, dry_run, Owner::Session) {
             Arrival::Admitted { .. } => found.zone.count(Counter::Passed),
             Arrival::Unlimited | Arrival::Queued { .. } => {}
             Arrival::Rejected(refusal) | Arrival::DryRun { refusal, .. } => {
@@ -347,11 +469,11 @@ fn take_slots(
                 state.set(SessionStatus::Rejected);
                 // The slots taken at earlier lines come back when the session's pool is freed,
                 // right after.
-                return Some(NGX_STREAM_SERVICE_UNAVAILABLE as ngx_int_t);
+                return Err(NGX_STREAM_SERVICE_UNAVAILABLE as ngx_int_t);
             }
         }
     }
-    None
+    Ok(applied)
 }
 
 /// Act on the verdict of the rate lines: log, account, `$rate_limit_status`, then close,
@@ -364,7 +486,7 @@ fn finish(
     applied: &[AppliedLimit],
     verdict: &Verdict,
     now: u64,
-) -> ngx_int_t {
+) -> Act {
     let dry_run = srv.dry_run();
     let dry = if dry_run { ", dry run" } else { "" };
     let decision = verdict.decision;
@@ -372,9 +494,9 @@ fn finish(
     let status = |state: SessionState, real: SessionStatus, dry: SessionStatus| {
         state.set(if dry_run { dry } else { real });
         if dry_run {
-            Status::NGX_DECLINED.into()
+            Act::Continue
         } else {
-            NGX_STREAM_SERVICE_UNAVAILABLE as ngx_int_t
+            Act::Close(NGX_STREAM_SERVICE_UNAVAILABLE as ngx_int_t)
         }
     };
 
@@ -422,7 +544,7 @@ fn finish(
         if !state.is_set() {
             state.set(SessionStatus::Passed);
         }
-        return Status::NGX_DECLINED.into();
+        return Act::Continue;
     };
     ngx_log_error!(
         srv.delay_log_level(),
@@ -433,47 +555,192 @@ fn finish(
     );
     if dry_run {
         state.set(SessionStatus::DelayedDryRun);
-        return Status::NGX_DECLINED.into();
+        return Act::Continue;
     }
     state.set(SessionStatus::Delayed);
-    start_delay(s, decision.delay_ns)
+    Act::Delay(decision.delay_ns)
 }
 
 /// Hold the session on a timer of its connection's read event: when it fires, the phases
 /// run again (the handler then declines, the outcome being set). Data the client sends
 /// meanwhile waits in the socket (TCP); a datagram of a UDP session that arrives meanwhile
-/// is dropped, as nginx drops what no handler reads.
-fn start_delay(s: &mut ngx_stream_session_t, delay_ns: u64) -> ngx_int_t {
+/// is dropped, as nginx drops what no handler reads. A TCP client that closes or resets its
+/// connection meanwhile ends the session at once ([`delay_expired`]), as limit_req ends a
+/// delayed request whose client has gone.
+fn start_delay(
+    s: &mut ngx_stream_session_t,
+    main: &MainConf,
+    delay_ns: u64,
+    expired: unsafe extern "C" fn(*mut ngx_event_t),
+) -> ngx_int_t {
     // SAFETY: the session's connection and its read event are live while the session is.
     unsafe {
-        let read = (*s.connection).read;
-        (*read).handler = Some(delay_expired);
+        let connection = &mut *s.connection;
+        let read = connection.read;
+        (*read).handler = Some(expired);
         let delay_ms = delay_ns.div_ceil(1_000_000).max(1);
         nginx_sys::ngx_add_timer(read, delay_ms as ngx::ffi::ngx_msec_t);
+        // Watch the client's socket during the delay (with epoll nginx has not added it yet
+        // at this phase): its close or reset wakes the handler. Only where events are edge
+        // triggered: a level-triggered method would wake it again and again for data that
+        // waits to be proxied.
+        if watches_client(connection)
+            && nginx_sys::ngx_handle_read_event(read, 0) != ngx_int_t::from(Status::NGX_OK)
+        {
+            (main.api.finalize_session)(s, INTERNAL_ERROR);
+            return Status::NGX_DONE.into();
+        }
     }
     Status::NGX_AGAIN.into()
 }
 
-/// The read handler while delayed.
-unsafe extern "C" fn delay_expired(event: *mut ngx_event_t) {
-    // SAFETY: nginx calls event handlers with the live event, whose data is the session's
-    // connection, whose data is the session.
-    let (event, s) = unsafe {
-        let event = &mut *event;
-        let connection = event.data.cast::<ngx::ffi::ngx_connection_t>();
-        (event, (*connection).data.cast::<ngx_stream_session_t>())
-    };
-    if event.timedout() == 0 {
-        // The client sent something (or closed) before the delay ended: read after it.
-        return;
+const INTERNAL_ERROR: ngx_uint_t = nginx_sys::NGX_STREAM_INTERNAL_SERVER_ERROR as ngx_uint_t;
+
+/// A session whose handler panicked: closed, `$status` 500.
+fn fail_session(s: *mut ngx_stream_session_t) {
+    // SAFETY: the live session nginx called the handler with.
+    if let Some(main) = unsafe { s.as_ref() }.and_then(main_conf) {
+        // SAFETY: as above.
+        unsafe { (main.api.finalize_session)(s, INTERNAL_ERROR) };
     }
-    event.set_timedout(0);
+}
+
+/// The session of a connection event whose handler panicked: closed, `$status` 500.
+fn fail_event_session(event: *mut ngx_event_t) {
+    // SAFETY: the live event of a session's connection, as nginx called the handler with.
+    let s = unsafe {
+        let Some(event) = event.as_ref() else {
+            return;
+        };
+        (*event.data.cast::<ngx::ffi::ngx_connection_t>())
+            .data
+            .cast::<ngx_stream_session_t>()
+    };
+    fail_session(s);
+}
+
+/// Whether a delay watches the client's socket for its close: a TCP connection, under an
+/// edge-triggered event method (epoll, kqueue).
+fn watches_client(connection: &ngx::ffi::ngx_connection_t) -> bool {
+    // SAFETY: ngx_event_flags is set once the event module is initialized, before any session.
+    let flags = unsafe { nginx_sys::ngx_event_flags };
+    connection.type_ == libc::SOCK_STREAM && flags & nginx_sys::NGX_USE_LEVEL_EVENT as usize == 0
+}
+
+/// The read handler while delayed in the preaccess phase: at the timer, the phases go on.
+unsafe extern "C" fn delay_expired(event: *mut ngx_event_t) {
+    crate::glue::guard::entry(
+        "stream::delay_expired",
+        || fail_event_session(event),
+        || {
+            // SAFETY: nginx calls event handlers with the live event.
+            unsafe { delay_event(event, |s, main| (main.api.run_phases)(s)) }
+        },
+    )
+}
+
+/// The read handler while delayed before the content handler: at the timer, the server's own
+/// content handler runs.
+unsafe extern "C" fn content_delay_expired(event: *mut ngx_event_t) {
+    crate::glue::guard::entry(
+        "stream::content_delay_expired",
+        || fail_event_session(event),
+        || {
+            // SAFETY: nginx calls event handlers with the live event.
+            unsafe {
+                delay_event(event, |s, main| {
+                    match srv_conf(&*s).and_then(|srv| srv.content) {
+                        Some(content) => content(s),
+                        None => (main.api.finalize_session)(s, INTERNAL_ERROR),
+                    }
+                })
+            }
+        },
+    )
+}
+
+/// A delayed session's read event: at the timer, `resume`; before it, the client sent data
+/// (which waits) or closed its connection (the session ends).
+///
+/// # Safety
+/// `event` is the live read event of a stream session's connection; `resume` is called with
+/// the live session.
+unsafe fn delay_event(
+    event: *mut ngx_event_t,
+    resume: impl FnOnce(*mut ngx_stream_session_t, &MainConf),
+) {
+    // SAFETY: the caller's contract: the event's data is the session's connection, whose
+    // data is the session.
+    let (event, connection, s) = unsafe {
+        let event = &mut *event;
+        let connection = &mut *event.data.cast::<ngx::ffi::ngx_connection_t>();
+        let s = connection.data.cast::<ngx_stream_session_t>();
+        (event, connection, s)
+    };
     // SAFETY: the session is live while its connection is.
     let Some(main) = main_conf(unsafe { &*s }) else {
         return;
     };
-    // SAFETY: the session is live; running its phases goes on where the delay stopped them.
-    unsafe { (main.api.run_phases)(s) };
+    if event.timedout() == 0 {
+        if watches_client(connection) && client_gone(connection) {
+            // SAFETY: the live session; finalizing closes its connection (and its timer).
+            unsafe { (main.api.finalize_session)(s, nginx_sys::NGX_STREAM_OK as ngx_uint_t) };
+        }
+        return;
+    }
+    event.set_timedout(0);
+    resume(s, main);
+}
+
+/// Whether the client closed or reset the connection: a peek at its socket (the data it sent,
+/// if any, stays there for the upstream), as nginx's `ngx_http_test_reading` does.
+fn client_gone(connection: &mut ngx::ffi::ngx_connection_t) -> bool {
+    // epoll told of the client's FIN (EPOLLRDHUP): gone, even with data still to read (a
+    // ClientHello ssl_preread peeked at), as nginx's own test of a delayed request has it.
+    // SAFETY: the connection's read event is live.
+    if unsafe { (*connection.read).pending_eof() } != 0 {
+        ngx_log_error!(
+            ngx::ffi::NGX_LOG_INFO,
+            connection.log,
+            "client prematurely closed connection while delayed"
+        );
+        return true;
+    }
+    let mut byte = 0u8;
+    // SAFETY: a live TCP socket and a one-byte buffer.
+    let n = unsafe {
+        libc::recv(
+            connection.fd,
+            ptr::addr_of_mut!(byte).cast(),
+            1,
+            libc::MSG_PEEK,
+        )
+    };
+    if n > 0 {
+        return false;
+    }
+    let error = std::io::Error::last_os_error();
+    let code = error.raw_os_error().unwrap_or(0);
+    if n < 0 && (code == libc::EAGAIN || code == libc::EINTR) {
+        // SAFETY: the connection's read event is live.
+        unsafe { (*connection.read).set_ready(0) };
+        return false;
+    }
+    let log = connection.log;
+    if n == 0 {
+        ngx_log_error!(
+            ngx::ffi::NGX_LOG_INFO,
+            log,
+            "client prematurely closed connection while delayed"
+        );
+    } else {
+        ngx_log_error!(
+            ngx::ffi::NGX_LOG_INFO,
+            log,
+            "client connection failed while delayed: {error}"
+        );
+    }
+    true
 }
 
 /// limit_req's "excess: 1.500": whole requests and thousandths.

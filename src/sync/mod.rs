@@ -39,7 +39,7 @@ use ngx::ngx_log_error;
 use ratelimit_core::sync_spec::SyncSpec;
 
 use crate::conf::RateLimitModule;
-use crate::conf::{self, ZoneConf};
+use crate::conf::{registry, ZoneConf};
 use crate::control;
 use crate::glue::{now_ms, process_alive};
 use crate::store::inbox;
@@ -119,12 +119,18 @@ pub fn exit_process() {
 }
 
 unsafe extern "C" fn watch(event: *mut ngx_event_t) {
-    // SAFETY: `CYCLE` was set in init_process of this process; the cycle outlives its timers.
-    let Some(cycle) = (unsafe { CYCLE.as_mut() }) else {
-        return;
-    };
-    let _ = event;
-    watch_now(cycle);
+    crate::glue::guard::entry(
+        "sync::watch",
+        || (),
+        || {
+            // SAFETY: `CYCLE` was set in init_process of this process; the cycle outlives its timers.
+            let Some(cycle) = (unsafe { CYCLE.as_mut() }) else {
+                return;
+            };
+            let _ = event;
+            watch_now(cycle);
+        },
+    )
 }
 
 fn watch_now(cycle: &mut ngx_cycle_t) {
@@ -207,7 +213,8 @@ fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Op
     let mcf = RateLimitModule::main_conf(cycle)?;
     let spec = mcf.sync.as_ref()?.spec.clone();
     let tls = mcf.sync.as_ref()?.tls.clone();
-    let zones = conf::zones(mcf)
+    let zones = registry::of(cycle)?
+        .zones()
         .filter_map(|zone| {
             let view = zone.zone.filter(|view| zone.sync && view.is_sync())?;
             Some(zone::SyncZone {
@@ -290,11 +297,12 @@ fn apply_fleet_blocks(cycle: &mut ngx_cycle_t) {
     if incoming.is_empty() {
         return;
     }
-    let Some(mcf) = RateLimitModule::main_conf(cycle) else {
+    let Some(registry) = registry::of(cycle) else {
         return;
     };
     for record in incoming {
-        let zone = conf::zones(mcf)
+        let zone = registry
+            .zones()
             .find(|zone: &&ZoneConf| zone.sync && name_seed(&zone.name) == record.zone_id);
         if let Some(zone) = zone {
             control::blocks::apply_fleet(zone, &record.key, record.word, record.changed_ms);
@@ -303,13 +311,14 @@ fn apply_fleet_blocks(cycle: &mut ngx_cycle_t) {
 }
 
 fn apply_fleet_overrides(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
-    let Some(mcf) = RateLimitModule::main_conf(cycle) else {
+    let Some(registry) = registry::of(cycle) else {
         return;
     };
     let log = cycle.log;
     let now = Instant::now();
     let applied = sync.inbox.apply(|incoming| {
-        let zone = conf::zones(mcf)
+        let zone = registry
+            .zones()
             .find(|zone: &&ZoneConf| zone.sync && name_seed(&zone.name) == incoming.zone_id);
         let Some(zone) = zone else {
             return inbox::Applied::Failed;
@@ -352,7 +361,7 @@ fn apply_fleet_overrides(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
                 "rate_limit_sync: {applied} override change(s) from the fleet applied"
             );
         }
-        control::persist::save(mcf, log);
+        control::persist::save(registry, log);
     }
 }
 
@@ -471,8 +480,10 @@ fn log_bad_values(cycle: &mut ngx_cycle_t, sync: &SyncShared) {
         }
         note.logged_value.store(value, Ordering::Relaxed);
         let zone_id = note.zone_id.load(Ordering::Relaxed);
-        let zone = RateLimitModule::main_conf(cycle).and_then(|mcf| {
-            conf::zones(mcf).find(|zone: &&ZoneConf| zone.sync && name_seed(&zone.name) == zone_id)
+        let zone = registry::of(cycle).and_then(|registry| {
+            registry
+                .zones()
+                .find(|zone: &&ZoneConf| zone.sync && name_seed(&zone.name) == zone_id)
         });
         let what = bad_value_text(kind, zone, value, bound);
         let zone_name = zone.map_or(String::new(), |zone| format!(" zone \"{}\":", zone.name));

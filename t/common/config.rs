@@ -23,6 +23,8 @@ pub struct Config {
     server: Option<String>,
     reuseport: bool,
     locations: String,
+    /// Whether the config has an `http` block (a stream-only config has none).
+    http_block: bool,
 }
 
 /// This module's path in [`Config::load_order`] (the harness puts the built module there).
@@ -42,6 +44,7 @@ pub fn config() -> Config {
         server: Some(String::new()),
         reuseport: false,
         locations: String::new(),
+        http_block: true,
     }
 }
 
@@ -50,6 +53,12 @@ impl Config {
     pub fn workers(mut self, workers: usize) -> Config {
         self.workers = Some(workers);
         self.connections = 256;
+        self
+    }
+
+    /// `worker_connections N` (64 unless [`Config::workers`] set 256).
+    pub fn worker_connections(mut self, connections: usize) -> Config {
+        self.connections = connections;
         self
     }
 
@@ -121,6 +130,13 @@ impl Config {
         self
     }
 
+    /// No `http` block at all (a stream-only config): the `http` lines, server and locations
+    /// are left out.
+    pub fn without_http(mut self) -> Config {
+        self.http_block = false;
+        self
+    }
+
     /// The server's locations.
     pub fn locations(mut self, text: &str) -> Config {
         self.locations += text;
@@ -139,10 +155,11 @@ impl Config {
         }
         text += &format!("error_log logs/error.log {};\n", self.error_log);
         text += &self.main;
-        text += &format!(
-            "events {{ worker_connections {}; }}\nhttp {{\n{}\n{}",
-            self.connections, self.access_log, self.http
-        );
+        text += &format!("events {{ worker_connections {}; }}\n", self.connections);
+        if !self.http_block {
+            return text;
+        }
+        text += &format!("http {{\n{}\n{}", self.access_log, self.http);
         if let Some(server) = &self.server {
             let reuseport = if self.reuseport { " reuseport" } else { "" };
             text += &format!(

@@ -36,6 +36,6 @@ pub use http::{
     get, key_statuses, send, start_request, statuses, Connection, PendingRequest, Request, Response,
 };
 #[allow(unused_imports)]
-pub use nginx::{check_config, is_running, module_path, nginx_binary, Nginx};
+pub use nginx::{check_config, is_running, module_path, nginx_binary, stream_module_path, Nginx};
 #[allow(unused_imports)]
 pub use timeline::{describe, run_timeline, Outcome, Step};

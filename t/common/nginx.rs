@@ -687,3 +687,21 @@ pub fn check_config(config: &str) -> (bool, String) {
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
 }
+
+/// The `load_module` line the stream module needs first when this nginx has it as a dynamic
+/// module (`--with-stream=dynamic`, Debian's `libnginx-mod-stream`), else `None`.
+pub fn stream_module_path() -> Option<String> {
+    let output = Command::new(nginx_binary())
+        .arg("-V")
+        .output()
+        .expect("run nginx -V");
+    let info = String::from_utf8_lossy(&output.stderr).into_owned();
+    if !info.contains("--with-stream=dynamic") {
+        return None;
+    }
+    let modules = info
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("--modules-path="))
+        .unwrap_or("modules");
+    Some(format!("{modules}/ngx_stream_module.so"))
+}
