@@ -150,16 +150,8 @@ pub fn decide_at<W: Word, T>(
         if !pass(&answer) {
             return decide_again(word, current, now_ns, clock, step);
         }
-        let decided = Decided {
-            answer,
-            state: current,
-            now_ns,
-        };
-        let Some(next) = next else {
-            return decided;
-        };
-        match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return decided,
+        match store(word, current, now_ns, (answer, next)) {
+            Ok(decided) => return decided,
             Err(actual) => current = actual,
         }
     }
@@ -179,18 +171,31 @@ fn decide_again<W: Word, T>(
 ) -> Decided<T> {
     loop {
         now_ns = now_ns.max(clock());
-        let (answer, next) = step(current, now_ns);
-        let decided = Decided {
-            answer,
-            state: current,
-            now_ns,
-        };
-        let Some(next) = next else {
-            return decided;
-        };
-        match word.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return decided,
+        match store(word, current, now_ns, step(current, now_ns)) {
+            Ok(decided) => return decided,
             Err(actual) => current = actual,
         }
+    }
+}
+
+/// Store the state decided on `current` at `now_ns` (`None`: nothing to store) by
+/// compare-and-swap: the decision, or the state another process stored first.
+#[inline(always)]
+fn store<W: Word, T>(
+    word: &W,
+    current: u64,
+    now_ns: u64,
+    (answer, next): (T, Option<u64>),
+) -> Result<Decided<T>, u64> {
+    let decided = Decided {
+        answer,
+        state: current,
+        now_ns,
+    };
+    match next {
+        None => Ok(decided),
+        Some(next) => word
+            .compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
+            .map(|_| decided),
     }
 }
