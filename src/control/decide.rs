@@ -529,23 +529,24 @@ pub fn decide_quick<'a>(found: Found<'a>, limit: &LimitConf, now_ns: u64) -> One
     if let Some(charge) = bucket_charge(limit, zone, hash) {
         // The policy is computed only for a request that does not pass (and by the fallback,
         // for a state the constants cannot decide: a product over 64 bits).
-        let (outcome, previous) = zone.charge_bucket(slot, now_ns, &charge, |state| {
-            match effective_policy(zone, limit, hash) {
-                Some(policy) => ratelimit_core::decide_word(state, now_ns, &policy),
-                None => (Decision::rejected(0, 0, 0), None),
-            }
-        });
-        if outcome == Outcome::Passed {
+        let charged =
+            zone.charge_bucket(slot, now_ns, &charge, |state, now| {
+                match effective_policy(zone, limit, hash) {
+                    Some(policy) => ratelimit_core::decide_word(state, now, &policy),
+                    None => (Decision::rejected(0, 0, 0), None),
+                }
+            });
+        if charged.answer == Outcome::Passed {
             account_passed(zone);
             return One::Passed;
         }
-        return decided_from(found, limit, previous, now_ns);
+        return decided_from(found, limit, charged.state, charged.now_ns);
     }
     decide_quick_by_policy(found, limit, now_ns)
 }
 
-/// The whole decision of a request the quick path did not pass, from the state it was
-/// decided on. Out of line: the passing path stays short.
+/// The whole decision of a request the quick path did not pass, from the state and the time
+/// it was decided at. Out of line: the passing path stays short.
 #[inline(never)]
 fn decided_from<'a>(found: Found<'a>, limit: &LimitConf, previous: u64, now_ns: u64) -> One<'a> {
     let Some(policy) = effective_policy(found.zone, limit, found.hash()) else {
@@ -564,12 +565,12 @@ fn decide_quick_by_policy<'a>(found: Found<'a>, limit: &LimitConf, now_ns: u64) 
         return One::Unlimited;
     };
     if policy.algorithm.is_single_word() {
-        let (outcome, previous) = zone.charge(slot, now_ns, &policy);
-        if outcome == Outcome::Passed {
+        let charged = zone.charge(slot, now_ns, &policy);
+        if charged.answer == Outcome::Passed {
             account_passed(zone);
             return One::Passed;
         }
-        let decision = ratelimit_core::decide_word(previous, now_ns, &policy).0;
+        let decision = ratelimit_core::decide_word(charged.state, charged.now_ns, &policy).0;
         return One::Decided(Applied::decided(found, policy, decision));
     }
     let decision = charge_or_peek(zone, slot, now_ns, &policy, true);

@@ -11,7 +11,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use ratelimit_core::{
     leaky_bucket, token_bucket, Algorithm, BucketCharge, Decision, Limits, Outcome, Policy,
 };
-use ratelimit_slots::{Claim, Table};
+use ratelimit_slots::{decide_at, update, Claim, Decided, Table};
 
 use super::Zone;
 
@@ -291,19 +291,26 @@ impl Zone {
         if policy.algorithm.needs_lock() {
             let _lock = self.lock();
             let words = state_words_mut(pin.state());
+            let decision = ratelimit_core::decide_words(words, now_ns, policy, commit);
+            if decision.outcome != Outcome::Rejected {
+                return decision;
+            }
+            // Refused, nothing stored: decided again at a clock read under the lock, after
+            // every charge the lock ordered before this one (see `decide_at`).
+            let now_ns = now_ns.max(crate::glue::now_ns());
             return ratelimit_core::decide_words(words, now_ns, policy, commit);
         }
         let state = pin.first_state();
         // One loop per algorithm, so each compiles to that algorithm's arithmetic alone.
         match policy.algorithm {
-            Algorithm::LeakyBucket => {
-                decide_and_store(state, commit, |s| leaky_bucket::decide(s, now_ns, policy))
-            }
-            Algorithm::TokenBucket => {
-                decide_and_store(state, commit, |s| token_bucket::decide(s, now_ns, policy))
-            }
-            _ => decide_and_store(state, commit, |s| {
-                ratelimit_core::decide_word(s, now_ns, policy)
+            Algorithm::LeakyBucket => decide_and_store(state, now_ns, commit, |s, now| {
+                leaky_bucket::decide(s, now, policy)
+            }),
+            Algorithm::TokenBucket => decide_and_store(state, now_ns, commit, |s, now| {
+                token_bucket::decide(s, now, policy)
+            }),
+            _ => decide_and_store(state, now_ns, commit, |s, now| {
+                ratelimit_core::decide_word(s, now, policy)
             }),
         }
     }
@@ -333,7 +340,7 @@ impl Zone {
             ratelimit_core::uncommit::uncommit_words(words, policy);
             return;
         }
-        update_word(&pin.state()[0], |state| {
+        update(&pin.state()[0], |state| {
             let next = ratelimit_core::uncommit::uncommit_word(state, now_ns, policy);
             ((), (next != state).then_some(next))
         });
@@ -373,7 +380,7 @@ impl Zone {
         let Some(bucket) = ratelimit_core::usage::settle::Bucket::of(policy) else {
             return 0;
         };
-        update_word(&pin.state()[0], |state| {
+        update(&pin.state()[0], |state| {
             let (next, forgiven) = ratelimit_core::usage::settle::charge_into_debt(
                 state, now_ns, &bucket, tokens, debt,
             );
@@ -382,53 +389,52 @@ impl Zone {
     }
 
     /// Charge a request to a single-word state and return only its outcome, with the state
-    /// it was decided on. The decision's other fields (divisions) are not computed: a caller
-    /// that needs them gets the identical decision from
-    /// `ratelimit_core::decide_word(previous, now_ns, policy)`.
+    /// and the time it was decided at. The decision's other fields (divisions) are not
+    /// computed: a caller that needs them gets the identical decision from
+    /// `ratelimit_core::decide_word(charged.state, charged.now_ns, policy)`.
     #[inline]
-    pub fn charge(&self, index: SlotIndex, now_ns: u64, policy: &Policy) -> (Outcome, u64) {
+    pub fn charge(&self, index: SlotIndex, now_ns: u64, policy: &Policy) -> Decided<Outcome> {
         let Some(pin) = self.pin_to_charge(index, now_ns) else {
             // A key whose window is busy is charged nowhere (decided as a fresh key).
-            return charge_fresh(|s| outcome_of(ratelimit_core::decide_word(s, now_ns, policy)));
+            return charge_fresh(now_ns, |s, now| {
+                outcome_of(ratelimit_core::decide_word(s, now, policy))
+            });
         };
         let state = pin.first_state();
         match policy.algorithm {
-            Algorithm::LeakyBucket => charge_word(state, |s| {
-                outcome_of(leaky_bucket::decide(s, now_ns, policy))
+            Algorithm::LeakyBucket => charge_word(state, now_ns, |s, now| {
+                outcome_of(leaky_bucket::decide(s, now, policy))
             }),
-            Algorithm::TokenBucket => charge_word(state, |s| {
-                outcome_of(token_bucket::decide(s, now_ns, policy))
+            Algorithm::TokenBucket => charge_word(state, now_ns, |s, now| {
+                outcome_of(token_bucket::decide(s, now, policy))
             }),
-            _ => charge_word(state, |s| {
-                outcome_of(ratelimit_core::decide_word(s, now_ns, policy))
+            _ => charge_word(state, now_ns, |s, now| {
+                outcome_of(ratelimit_core::decide_word(s, now, policy))
             }),
         }
     }
 
     /// Charge a request to a bucket with precomputed constants; `fallback` decides the rare
-    /// state the constants cannot (an overflow). Returns the outcome and the state it was
-    /// decided on, as [`Zone::charge`].
+    /// state the constants cannot (an overflow), at a time. Returns the outcome with the state
+    /// and the time it was decided at, as [`Zone::charge`].
     #[inline(always)]
     pub fn charge_bucket(
         &self,
         index: SlotIndex,
         now_ns: u64,
         charge: &BucketCharge,
-        fallback: impl Fn(u64) -> (Decision, Option<u64>),
-    ) -> (Outcome, u64) {
+        fallback: impl Fn(u64, u64) -> (Decision, Option<u64>),
+    ) -> Decided<Outcome> {
+        let decide = |state, now| {
+            charge
+                .charge(state, now)
+                .unwrap_or_else(|| outcome_of(fallback(state, now)))
+        };
         let Some(pin) = self.pin_to_charge(index, now_ns) else {
             // A key whose window is busy is charged nowhere (decided as a fresh key).
-            return charge_fresh(|state| {
-                charge
-                    .charge(state, now_ns)
-                    .unwrap_or_else(|| outcome_of(fallback(state)))
-            });
+            return charge_fresh(now_ns, decide);
         };
-        charge_word(pin.first_state(), |state| {
-            charge
-                .charge(state, now_ns)
-                .unwrap_or_else(|| outcome_of(fallback(state)))
-        })
+        charge_word(pin.first_state(), now_ns, decide)
     }
 
     /// Where the key in `index` stands now, charging nothing: `remaining` and `reset_ns` of its
@@ -541,7 +547,7 @@ impl Zone {
         if old.rate == new.rate || algorithm.needs_lock() {
             return;
         }
-        update_word(&pin.state()[0], |state| {
+        update(&pin.state()[0], |state| {
             let next = ratelimit_core::rescale_word(state, now_ns, algorithm, &old.rate, &new.rate);
             ((), Some(next))
         });
@@ -587,56 +593,54 @@ impl Zone {
     }
 }
 
-/// Update a single-word state by compare-and-swap: `step` gives, for the state it is shown,
-/// what to answer and the state to store (`None`: store nothing). Tried again on the state
-/// another worker stored meanwhile; never locks, so a worker killed here leaves either the
-/// old state or the new one. Inlined, so that each caller compiles to its own arithmetic.
-#[inline(always)]
-fn update_word<T>(state: &AtomicU64, mut step: impl FnMut(u64) -> (T, Option<u64>)) -> T {
-    let mut current = state.load(Ordering::Acquire);
-    loop {
-        let (answer, next) = step(current);
-        let Some(next) = next else {
-            return answer;
-        };
-        match state.compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return answer,
-            Err(actual) => current = actual,
-        }
-    }
-}
-
-/// A decision on a single-word state, stored with `commit`.
+/// A decision on a single-word state at `now_ns` (or, when it does not pass, at a clock
+/// read after the state: `ratelimit_slots::decide_at`), stored with `commit`.
 #[inline(always)]
 fn decide_and_store(
     state: &AtomicU64,
+    now_ns: u64,
     commit: bool,
-    decide: impl Fn(u64) -> (Decision, Option<u64>),
+    decide: impl Fn(u64, u64) -> (Decision, Option<u64>),
 ) -> Decision {
-    update_word(state, |current| {
-        let (decision, next) = decide(current);
-        (decision, next.filter(|_| commit))
-    })
+    let passes = |decision: &Decision| decision.outcome == Outcome::Passed;
+    decide_at(
+        state,
+        now_ns,
+        crate::glue::now_ns,
+        passes,
+        |current, now| {
+            let (decision, next) = decide(current, now);
+            (decision, next.filter(|_| commit))
+        },
+    )
+    .answer
 }
 
-/// A charge that needs only the outcome and the new state; answers the outcome and the state
-/// it was decided on, so that fields of a full decision nobody reads are never computed.
+/// A charge that needs only the outcome and the new state; answers the outcome with the
+/// state and the time it was decided at, so that fields of a full decision nobody reads are
+/// never computed.
 #[inline(always)]
 fn charge_word(
     state: &AtomicU64,
-    decide: impl Fn(u64) -> (Outcome, Option<u64>),
-) -> (Outcome, u64) {
-    update_word(state, |current| {
-        let (outcome, next) = decide(current);
-        ((outcome, current), next)
-    })
+    now_ns: u64,
+    decide: impl Fn(u64, u64) -> (Outcome, Option<u64>),
+) -> Decided<Outcome> {
+    let passes = |outcome: &Outcome| *outcome == Outcome::Passed;
+    decide_at(state, now_ns, crate::glue::now_ns, passes, decide)
 }
 
 /// A charge of a key that has no slot: decided on a fresh state, stored nowhere.
 #[cold]
 #[inline(never)]
-fn charge_fresh(decide: impl Fn(u64) -> (Outcome, Option<u64>)) -> (Outcome, u64) {
-    (decide(0).0, 0)
+fn charge_fresh(
+    now_ns: u64,
+    decide: impl Fn(u64, u64) -> (Outcome, Option<u64>),
+) -> Decided<Outcome> {
+    Decided {
+        answer: decide(0, now_ns).0,
+        state: 0,
+        now_ns,
+    }
 }
 
 /// A decision reduced to what [`charge_word`] needs.

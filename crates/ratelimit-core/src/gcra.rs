@@ -60,8 +60,10 @@ pub(crate) fn decide(
     let interval_ns = NonZeroU64::new(rate.interval_ns()).unwrap_or(NonZeroU64::MIN);
     let interval = u128::from(interval_ns.get());
     let cost = cost.max(1);
-    // `now_ns` earlier than `state` (another worker read a later clock) is "no time passed",
-    // which `max(TAT, now)` gives for free.
+    // `now_ns` earlier than `state` is no time passed for `start`; but a `now_ns` earlier than
+    // the times the state was charged at (another worker read a later clock and charged
+    // first) shows the key further ahead than its requests made it: the store decides a
+    // refusal again at a reading taken after the state (`ratelimit_slots::decide_at`).
     let start = state.max(now_ns);
     let real_ahead_before_ns = start - now_ns;
     let ahead_before_ns = real_ahead_before_ns.saturating_sub(jitter_tolerance_ns(interval_ns));

@@ -26,6 +26,13 @@
 //! unpin (Release), so whatever a pinned caller wrote happens before the eviction's reset, and
 //! the reset happens before every pin that reads the new id (the `fetch_xor` is Release, the
 //! pin Acquire). A key's request therefore lands on its own state or on none.
+//!
+//! # A request's time
+//! A decision is taken at a time read before the state was: [`decide_at`] decides again, at a
+//! reading taken after the state was loaded, any answer that does not pass, so a request is
+//! never refused by a state charged at times later than its own reading (issue 37;
+//! docs/architecture.md, "A request's time"). `tests/stress.rs` runs the module's whole path
+//! with many threads, `tests/loom.rs` and `tests/shuttle.rs` model it.
 
 #![warn(missing_docs)]
 
@@ -33,7 +40,7 @@ mod word;
 
 use core::sync::atomic::Ordering;
 
-pub use word::{update, Word};
+pub use word::{decide_at, update, Decided, Word};
 
 /// Slots in a bucket.
 pub const SLOTS_PER_BUCKET: usize = 4;

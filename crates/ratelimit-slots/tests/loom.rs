@@ -7,6 +7,8 @@
 //! `RUSTFLAGS="--cfg loom" cargo test -p ratelimit-slots --test loom --release`
 #![cfg(loom)]
 
+mod path;
+
 use loom::sync::atomic::AtomicU64;
 use loom::sync::{Arc, Mutex};
 use loom::thread;
@@ -503,4 +505,55 @@ fn busy_keys_never_evicted() {
 #[allow(dead_code)]
 fn word_is_implemented(word: &AtomicU64) -> u64 {
     Word::load(word, Ordering::Relaxed)
+}
+
+/// Issue 37, the whole path (`path.rs`: lookup, a lock-free claim of an empty slot or a claim
+/// under the lock that evicts an idle key and resets its state, pin, charge, unpin) with a
+/// clock: three threads, two requests of key 9 and one of key 10, two fresh keys sharing a
+/// window whose one empty slot goes to whichever claims first (the two requests of key 9 may
+/// claim it at once), so the other evicts. The clock is a counter that ticks at every
+/// reading, in the order the readings happen; the bucket holds two requests: every request
+/// must pass. Within one preemption: the three requests are some forty steps, and two
+/// preemptions already take loom minutes on a loaded two-core machine (the shuttle tests run
+/// the same path on longer schedules); the old sequence's failure needs one.
+fn two_keys_share_a_window(time: path::Time) {
+    let mut model = loom::model::Builder::new();
+    model.preemption_bound = Some(1);
+    model.check(move || {
+        let words = Arc::new(path::window_with_one_empty::<AtomicU64>());
+        let lock = Arc::new(Mutex::new(()));
+        let clock = Arc::new(AtomicU64::new(1_000_000_000_000));
+        let request = |id: u64| {
+            let (words, lock, clock) = (words.clone(), lock.clone(), clock.clone());
+            thread::spawn(move || {
+                path::request(
+                    &Table::new(&words, 2),
+                    &|| lock.lock().unwrap(),
+                    id,
+                    &|| clock.fetch_add(1, Ordering::Relaxed),
+                    &path::bucket(2),
+                    time,
+                )
+            })
+        };
+        let requests = [request(9), request(9), request(10)];
+        for (n, request) in requests.into_iter().enumerate() {
+            let outcome = request.join().unwrap();
+            assert_eq!(outcome, ratelimit_core::Outcome::Passed, "request {n}");
+        }
+    });
+}
+
+#[test]
+fn whole_path_two_keys_share_a_window() {
+    two_keys_share_a_window(path::Time::Module);
+}
+
+/// Before issue 37 the charge was decided at the time read before the lookup: loom finds the
+/// schedule where key 9's second request charges first at a later time, and the first is
+/// refused.
+#[test]
+#[should_panic]
+fn legacy_whole_path_time_read_before_the_lookup() {
+    two_keys_share_a_window(path::Time::BeforeLookupOnly);
 }
