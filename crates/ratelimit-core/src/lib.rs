@@ -36,6 +36,7 @@ pub mod key_form;
 pub mod leaky_bucket;
 pub mod log_format;
 pub mod penalty;
+pub mod period;
 pub mod rate;
 pub mod replay;
 pub mod replay_usage;
