@@ -22,7 +22,7 @@ use ratelimit_core::{Algorithm, DelayMode, LimitSpec, Rate, RateUnit, SpecError,
 use super::ext::ConfExt;
 use super::{
     add_shared_zone, main_conf, variable_index, AdminConf, AmountConf, ConfError, LimitConf,
-    LocConf, LocationBursts, UsageConf, UsageSourceConf, ZoneConf, ZoneReference,
+    LocConf, LocationBursts, QuotaPeriod, UsageConf, UsageSourceConf, ZoneConf, ZoneReference,
 };
 use crate::store::sizing::{size_hint, zone_size_fits};
 use crate::store::ZoneLayout;
@@ -117,6 +117,8 @@ impl ParsedZone {
             sync: self.spec.sync,
             bursts: LocationBursts::default(),
             concurrency: self.concurrency,
+            quota: self.spec.quota,
+            quota_period: Cell::new(QuotaPeriod::default()),
             block: self.spec.block,
             stream: false,
         }
@@ -149,6 +151,7 @@ pub fn parse_zone(cf: &mut ngx_conf_t) -> Result<ParsedZone, ConfError> {
             algorithm: Algorithm::Concurrency,
             sync: false,
             block: None,
+            quota: None,
         },
         None => ZoneSpec::parse_words(&words).map_err(spec_error)?,
     };

@@ -26,6 +26,7 @@ use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Merge, M
 use ratelimit_core::concurrency::ConcurrencySpec;
 use ratelimit_core::key_form::KeyForm;
 use ratelimit_core::penalty::{BlockPolicy, StatusMatcher};
+use ratelimit_core::quota::{QuotaSpec, QuotaWindow};
 use ratelimit_core::usage::{OnMissing, Provider, Weights};
 use ratelimit_core::{Algorithm, BucketCharge, DelayMode, Limits, Rate};
 
@@ -160,6 +161,10 @@ pub struct ZoneConf {
     /// `algorithm=concurrency`: its `limit=`, `queue=` and `queue_timeout=` (its `limits`
     /// are then unused).
     pub concurrency: Option<ConcurrencySpec>,
+    /// `algorithm=quota`: its `limit=`, `period=` and `tz=` (its `limits` hold the limit).
+    pub quota: Option<QuotaSpec>,
+    /// This worker's current period of a quota zone, computed again only once it ended.
+    pub quota_period: Cell<QuotaPeriod>,
     /// `block=` and `block_max=`: a key rejected by the zone is blocked for a while.
     pub block: Option<BlockPolicy>,
     /// Declared in the `stream` block (`src/stream/`, which keeps the key compiled in its
@@ -178,6 +183,17 @@ impl ZoneConf {
             block: self.block.is_some(),
         }
     }
+}
+
+/// A quota zone's period as a worker last computed it: its window (tag and end) and its start,
+/// on the monotonic clock of the request path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QuotaPeriod {
+    /// The period's start (0 for one that began before the monotonic clock did: at boot).
+    pub start_ns: u64,
+    pub window: QuotaWindow,
+    /// Its length in milliseconds (a day may have 23 or 25 hours, a month 28 to 31 days).
+    pub length_ms: u64,
 }
 
 /// The bursts requests of a zone are decided with: a `rate_limit` line's own `burst=` takes
@@ -488,15 +504,15 @@ pub fn check_reference(reference: &ZoneReference, zone: &mut ZoneConf) -> Result
     Ok(())
 }
 
-/// A zone a `usage=` line can settle in: a leaky or token bucket (whose state can carry a
-/// debt), not synced (the fleet's grants count requests at the door only).
+/// A zone a `usage=` line can settle in: a leaky or token bucket or a quota (whose state can
+/// carry a debt), not synced (the fleet's grants count requests at the door only).
 fn check_usage_zone(zone: &ZoneConf) -> Result<(), ConfError> {
     if !matches!(
         zone.algorithm,
-        Algorithm::LeakyBucket | Algorithm::TokenBucket
+        Algorithm::LeakyBucket | Algorithm::TokenBucket | Algorithm::Quota(_)
     ) {
         return Err(ConfError::Usage {
-            reason: "needs a leaky_bucket or token_bucket zone",
+            reason: "needs a leaky_bucket, token_bucket or quota zone",
             zone: zone.name.clone(),
             what: format!("is {}", zone.algorithm),
         });

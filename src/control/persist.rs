@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use ngx::ffi::{ngx_conf_t, ngx_cycle_t, ngx_log_t, NGX_LOG_ERR, NGX_LOG_NOTICE, NGX_LOG_WARN};
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_log_error;
-use ratelimit_admin::state::{self, Note, StateError, StateFile, ZoneState};
+use ratelimit_admin::state::{self, Note, QuotaCounts, StateError, StateFile, ZoneState};
 use ratelimit_admin::AdminZone;
 
 use super::zones::shared_zones;
@@ -52,7 +52,7 @@ pub fn configure(cf: &mut ngx_conf_t) {
 
 /// Restore what the state file holds for a zone whose shared memory is fresh (first start, or
 /// a zone that is new or was resized on reload). Never fails: problems are logged.
-pub fn restore(zone_conf: &ZoneConf) {
+pub fn restore(zone_conf: &mut ZoneConf) {
     // SAFETY: ngx_test_config is written once, at startup, before configuration.
     if unsafe { nginx_sys::ngx_test_config } != 0 {
         return;
@@ -98,6 +98,36 @@ pub fn restore(zone_conf: &ZoneConf) {
             }
         }
     }
+    // A quota zone's keys: their ids need the seed they were hashed with, overrides too.
+    let zone = match saved.quota.as_ref().filter(|_| zone.algorithm().is_quota()) {
+        Some(quota) => {
+            let zone = zone.reseeded(quota.seed);
+            zone_conf.zone = Some(zone);
+            let now = now_ns();
+            let lost = quota
+                .words
+                .iter()
+                .filter(|(id, word)| !zone.restore_word(*id, *word, now))
+                .count();
+            ngx_log_error!(
+                NGX_LOG_NOTICE,
+                log,
+                "rate_limit_state_file \"{path}\": zone \"{name}\" restored the counts of {} \
+                 key(s)",
+                quota.words.len() - lost
+            );
+            if lost > 0 {
+                ngx_log_error!(
+                    NGX_LOG_WARN,
+                    log,
+                    "rate_limit_state_file \"{path}\": zone \"{name}\" has no room for the \
+                     counts of {lost} key(s): make the zone larger"
+                );
+            }
+            zone
+        }
+        None => zone,
+    };
     if let Some(limits) = plan.limits {
         // No worker runs yet (zone init is in the master).
         zone.restore_limits(limits);
@@ -180,6 +210,62 @@ pub fn worker_started(cycle: &ngx_cycle_t) {
         }
     }
     save(mcf, cycle.log);
+    if has_quota_zone(mcf) {
+        arm_quota_saves(cycle);
+    }
+}
+
+/// How often worker 0 writes a quota zone's counts while nginx runs: a crash (the whole host,
+/// or SIGKILL of every process) loses at most the counts of this last interval. A stop, a
+/// restart or a reload loses nothing: each worker writes them as it exits.
+pub const QUOTA_SAVE_INTERVAL_MS: ngx::ffi::ngx_msec_t = 10_000;
+
+fn has_quota_zone(mcf: &MainConf) -> bool {
+    mcf.state_file.is_some()
+        && mcf
+            .zones
+            .iter()
+            // SAFETY: the zones' configurations live in the cycle's pool, as long as `mcf`.
+            .any(|zone| unsafe { &**zone }.quota.is_some())
+}
+
+/// This worker's timer for the periodic writes (only worker 0 arms it).
+static mut QUOTA_SAVE_EVENT: ngx::ffi::ngx_event_t = unsafe { core::mem::zeroed() };
+
+fn arm_quota_saves(cycle: &ngx_cycle_t) {
+    // SAFETY: the event static is used by this process's event loop only (one thread); it is
+    // given its handler and log before it is armed, and is cancelable so that it never holds
+    // a worker that is shutting down.
+    unsafe {
+        let event = &mut *core::ptr::addr_of_mut!(QUOTA_SAVE_EVENT);
+        event.handler = Some(save_quotas);
+        event.log = cycle.log;
+        event.set_cancelable(1);
+        nginx_sys::ngx_add_timer(event, QUOTA_SAVE_INTERVAL_MS);
+    }
+}
+
+/// The periodic write, armed again for the next interval.
+unsafe extern "C" fn save_quotas(event: *mut ngx::ffi::ngx_event_t) {
+    // SAFETY: nginx calls the handler with the armed event; the running cycle outlives it.
+    let (event, cycle) = unsafe { (&mut *event, &*nginx_sys::ngx_cycle) };
+    if let Some(mcf) = RateLimitModule::main_conf(cycle) {
+        save(mcf, cycle.log);
+    }
+    // SAFETY: as above: this process's own event, on its event loop.
+    unsafe { nginx_sys::ngx_add_timer(event, QUOTA_SAVE_INTERVAL_MS) };
+}
+
+/// In each worker as it exits (a stop, a restart, a reload's old workers): write the quota
+/// zones' counts as they are now. The file is replaced under a lock, so the worker exiting
+/// last writes the newest counts.
+pub fn worker_exiting(cycle: &ngx_cycle_t) {
+    if !crate::glue::is_worker_process() {
+        return;
+    }
+    if let Some(mcf) = RateLimitModule::main_conf(cycle).filter(|mcf| has_quota_zone(mcf)) {
+        save(mcf, cycle.log);
+    }
 }
 
 /// Rewrite the state file (when there is one) from the zones' shared memory.
@@ -205,11 +291,16 @@ fn snapshot(mcf: &MainConf) -> StateFile {
         .iter()
         .filter(|zone| !zone.zone().algorithm().counts_in_flight())
     {
+        let algorithm = zone.zone().algorithm();
         let entry = ZoneState {
-            algorithm: zone.zone().algorithm(),
+            algorithm,
             config: zone.config_limits(),
             limits: zone.limits(),
             overrides: zone.overrides(),
+            quota: algorithm.is_quota().then(|| QuotaCounts {
+                seed: zone.zone().seed(),
+                words: zone.zone().state_words(),
+            }),
         };
         file.zones.insert(zone.name().to_string(), entry);
     }

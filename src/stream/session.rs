@@ -247,7 +247,7 @@ pub unsafe extern "C" fn preaccess_handler(s: *mut ngx_stream_session_t) -> ngx_
         let Some(found) = find_key(s, main, zone, now) else {
             continue;
         };
-        if let Some(own) = Applied::new(found, limit) {
+        if let Some(own) = Applied::new(found, limit, now) {
             applied.push(AppliedLimit::new(own, None));
         }
     }

@@ -347,6 +347,7 @@ mod tests {
             evictions: 5,
             no_slot: 0,
             usage: None,
+            quota: None,
             overrides: 1,
             override_capacity: 512,
             concurrency: None,

@@ -56,7 +56,7 @@ impl PeriodUnit {
 }
 
 /// A period and the time zone whose calendar it follows.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Calendar {
     /// Hour, day, week or month.
     pub unit: PeriodUnit,
