@@ -205,6 +205,7 @@ fn usage_counts_tokens_a_month() {
             "location /v1/ { rate_limit zone=tokens usage=openai reserve=1; \
              proxy_pass http://llm; }",
         )
+        .locations("location /ratelimit/ { rate_limit_admin; }")
         .start();
     let mut connection = Connection::open(nginx.port());
     let path = "/v1/chat/completions?prompt=1000&completion=2000";
@@ -220,6 +221,9 @@ fn usage_counts_tokens_a_month() {
     let retry_after: i64 = refused.header("Retry-After").unwrap().parse().unwrap();
     assert!((retry_after - (next_month_in(TZ) - unix_now())).abs() <= 5);
     assert_eq!(llm.requests(), 4);
+    // The fourth request's overrun went into debt: 12,000 used of 10,000.
+    let (_, key) = admin(&nginx, "GET", "zones/tokens/keys/team", None);
+    assert_eq!((key["limit"].as_u64(), key["used"].as_u64()), (Some(10_000), Some(12_000)));
 }
 
 #[test]

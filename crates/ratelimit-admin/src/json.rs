@@ -5,7 +5,7 @@ use ratelimit_core::{Algorithm, Limits, Outcome};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
-use crate::store::{BlockCounts, BlockInfo, KeyState, SyncInfo, ZoneInfo};
+use crate::store::{BlockCounts, BlockInfo, KeyState, Period, SyncInfo, ZoneInfo};
 pub use crate::units::{milliseconds, milliseconds_f};
 
 /// `{"rate": "10r/s", "burst": 5}`, or a quota zone's `{"limit": 1000000}`.
@@ -31,9 +31,21 @@ impl LimitsJson {
     }
 }
 
-/// Unix seconds (millisecond precision) of Unix milliseconds.
-fn unix_seconds(unix_ms: i64) -> f64 {
-    unix_ms as f64 / 1000.0
+/// A quota zone's current period: `period_start` and `period_end` in Unix seconds
+/// (millisecond precision).
+#[derive(Serialize)]
+pub struct PeriodJson {
+    pub period_start: f64,
+    pub period_end: f64,
+}
+
+impl From<&Period> for PeriodJson {
+    fn from(period: &Period) -> PeriodJson {
+        PeriodJson {
+            period_start: period.start_unix_ms as f64 / 1000.0,
+            period_end: period.end_unix_ms as f64 / 1000.0,
+        }
+    }
 }
 
 /// One zone (`GET zones/NAME`, and each value of `GET zones`).
@@ -56,10 +68,8 @@ pub struct ZoneJson<'a> {
     pub period: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tz: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub period_start: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub period_end: Option<f64>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub current: Option<PeriodJson>,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<crate::concurrency::ZoneFieldsJson>,
     pub size: u64,
@@ -144,8 +154,7 @@ impl<'a> From<&'a ZoneInfo> for ZoneJson<'a> {
             limit: quota.map(|_| info.limits.quota_limit()),
             period: quota.map(|quota| quota.period),
             tz: quota.map(|quota| quota.tz.as_str()),
-            period_start: quota.map(|quota| unix_seconds(quota.current.start_unix_ms)),
-            period_end: quota.map(|quota| unix_seconds(quota.current.end_unix_ms)),
+            current: quota.map(|quota| PeriodJson::from(&quota.current)),
             concurrency: concurrency.map(crate::concurrency::ZoneFieldsJson::from),
             size: info.size,
             slots: info.slots,
@@ -181,10 +190,8 @@ pub struct KeyJson<'a> {
     pub limit: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub used: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub period_start: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub period_end: Option<f64>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub period: Option<PeriodJson>,
     #[serde(rename = "override")]
     pub override_limits: Option<LimitsJson>,
     /// Whether a request now would be served (at once or after a delay).
@@ -277,22 +284,22 @@ impl<'a> KeyJson<'a> {
         } else {
             Algorithm::LeakyBucket
         };
-        // A quota's decision imagines a request of cost 1: what it left, plus that one.
-        let left = if would_pass {
-            decision.remaining.saturating_add(1)
-        } else {
-            decision.remaining
-        };
+        // A quota's decision imagines a request of cost 1: passed, it left `remaining` after
+        // it; refused, it went `excess` past the limit (a count in debt is above the limit).
         let limit = state.limits.quota_limit();
+        let used = if would_pass {
+            limit.saturating_sub(decision.remaining.saturating_add(1))
+        } else {
+            (limit + decision.excess_milli / 1000).saturating_sub(1)
+        };
         KeyJson {
             zone,
             key,
             rate: quota.is_none().then(|| state.limits.rate.to_string()),
             burst: quota.is_none().then_some(state.limits.burst),
             limit: quota.map(|_| limit),
-            used: quota.map(|_| limit.saturating_sub(left)),
-            period_start: quota.map(|period| unix_seconds(period.start_unix_ms)),
-            period_end: quota.map(|period| unix_seconds(period.end_unix_ms)),
+            used: quota.map(|_| used),
+            period: quota.as_ref().map(PeriodJson::from),
             override_limits: state
                 .override_limits
                 .as_ref()
