@@ -187,6 +187,48 @@ fn a_month_admits_its_limit_an_override_raises_it_and_a_restart_keeps_the_count(
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Worker 0 writes the counts every 10 seconds: after that, a crash of every nginx process
+/// (SIGKILL, no exit hook runs) loses nothing that was counted before the write.
+#[test]
+fn a_crash_keeps_the_counts_of_the_last_periodic_write() {
+    let dir =
+        std::env::temp_dir().join(format!("ngx-rate-limit-quota-crash-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.join("state.json");
+    let nginx = Nginx::start(&config(&state));
+    nginx.write_file("html/index.html", "ok\n");
+    assert_eq!(statuses(&nginx, "initech", 3), [200, 200, 200]);
+    // The periodic write: the file names one key's count (polled for up to 15 s).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let counted = || {
+        let text = std::fs::read_to_string(&state).unwrap_or_default();
+        let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        value["zones"]["monthly"]["quota"]["counts"]
+            .as_object()
+            .is_some_and(|counts| counts.len() == 1)
+    };
+    while !counted() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no periodic write within 15 s:\n{}",
+            std::fs::read_to_string(&state).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let mut pids = nginx.worker_pids();
+    pids.push(nginx.master_pid());
+    for pid in pids {
+        common::nginx::sys::signal(pid as i32, common::nginx::sys::SIGKILL);
+    }
+    drop(nginx);
+    let nginx = Nginx::start(&config(&state));
+    nginx.write_file("html/index.html", "ok\n");
+    assert_eq!(statuses(&nginx, "initech", 3), [200, 200, 429]);
+    drop(nginx);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `usage=openai` on a quota zone: tokens a month. A request reserves 1 token at the door and
 /// is settled from the usage the (stand-in) upstream reports, into debt past the limit: with
 /// 10,000 tokens a month and 1,000 + 2,000 tokens a request, 4 requests are served (the fourth
@@ -223,7 +265,10 @@ fn usage_counts_tokens_a_month() {
     assert_eq!(llm.requests(), 4);
     // The fourth request's overrun went into debt: 12,000 used of 10,000.
     let (_, key) = admin(&nginx, "GET", "zones/tokens/keys/team", None);
-    assert_eq!((key["limit"].as_u64(), key["used"].as_u64()), (Some(10_000), Some(12_000)));
+    assert_eq!(
+        (key["limit"].as_u64(), key["used"].as_u64()),
+        (Some(10_000), Some(12_000))
+    );
 }
 
 #[test]
