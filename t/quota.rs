@@ -155,6 +155,16 @@ fn a_month_admits_its_limit_an_override_raises_it_and_a_restart_keeps_the_count(
         (key["limit"].as_u64(), key["used"].as_u64()),
         (Some(7), Some(7))
     );
+    // The metrics: the zone's limit, no rate nor burst.
+    let metrics = send(nginx.port(), &Request::get("/ratelimit/metrics")).text();
+    assert!(
+        metrics.contains("rate_limit_quota_limit{zone=\"monthly\"} 5\n"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("rate_limit_burst{zone=\"monthly\"}"),
+        "{metrics}"
+    );
     // A quota zone takes a limit, not a rate.
     let (status, body) = admin(
         &nginx,
