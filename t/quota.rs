@@ -69,14 +69,14 @@ const TZ: &str = "America/New_York";
 
 /// Two workers, a month's quota of 5 per `X-Key` in New York, the admin API, and the state
 /// file at `state` (outside the prefix, so that it outlives one nginx).
-fn config(state: &std::path::Path) -> String {
+fn config(state: &std::path::Path, period: &str) -> String {
     common::config()
         .workers(2)
         .reuseport()
         .error_log("notice")
         .main("user root;")
         .http(&format!(
-            "rate_limit_zone $http_x_key zone=monthly:1m algorithm=quota limit=5 period=month \
+            "rate_limit_zone $http_x_key zone=monthly:1m algorithm=quota limit=5 period={period} \
              tz={TZ};\n\
              rate_limit_state_file {};",
             state.display()
@@ -92,7 +92,7 @@ fn a_month_admits_its_limit_an_override_raises_it_and_a_restart_keeps_the_count(
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let state = dir.join("state.json");
-    let nginx = Nginx::start(&config(&state));
+    let nginx = Nginx::start(&config(&state, "month"));
     nginx.write_file("html/index.html", "ok\n");
 
     // 7 requests admit 5.
@@ -184,7 +184,7 @@ fn a_month_admits_its_limit_an_override_raises_it_and_a_restart_keeps_the_count(
         !log.contains("[alert]") && !log.contains("[emerg]"),
         "{log}"
     );
-    let nginx = Nginx::start(&config(&state));
+    let nginx = Nginx::start(&config(&state, "month"));
     nginx.write_file("html/index.html", "ok\n");
     assert_eq!(statuses(&nginx, "acme", 1), [429]);
     let (_, key) = admin(&nginx, "GET", "zones/monthly/keys/acme", None);
@@ -193,6 +193,18 @@ fn a_month_admits_its_limit_an_override_raises_it_and_a_restart_keeps_the_count(
         (Some(7), Some(7))
     );
     assert_eq!(statuses(&nginx, "globex", 5), [200, 200, 200, 200, 429]);
+    // Another calendar: the counts start afresh (the override stays).
+    nginx.stop();
+    let nginx = Nginx::start(&config(&state, "week"));
+    nginx.write_file("html/index.html", "ok\n");
+    assert_eq!(statuses(&nginx, "acme", 1), [200]);
+    assert!(
+        nginx
+            .error_log()
+            .contains("counted per month in America/New_York and now per week"),
+        "{}",
+        nginx.error_log()
+    );
     drop(nginx);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -206,7 +218,7 @@ fn a_crash_keeps_the_counts_of_the_last_periodic_write() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let state = dir.join("state.json");
-    let nginx = Nginx::start(&config(&state));
+    let nginx = Nginx::start(&config(&state, "month"));
     nginx.write_file("html/index.html", "ok\n");
     assert_eq!(statuses(&nginx, "initech", 3), [200, 200, 200]);
     // The periodic write: the file names one key's count (polled for up to 15 s).
@@ -232,7 +244,7 @@ fn a_crash_keeps_the_counts_of_the_last_periodic_write() {
         common::nginx::sys::signal(pid as i32, common::nginx::sys::SIGKILL);
     }
     drop(nginx);
-    let nginx = Nginx::start(&config(&state));
+    let nginx = Nginx::start(&config(&state, "month"));
     nginx.write_file("html/index.html", "ok\n");
     assert_eq!(statuses(&nginx, "initech", 3), [200, 200, 429]);
     drop(nginx);

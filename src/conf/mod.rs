@@ -177,7 +177,8 @@ impl ZoneConf {
         ZoneLayout {
             algorithm: self.algorithm,
             limits: self.limits,
-            fingerprint: fingerprint(&self.key_text, self.algorithm, self.block.is_some()),
+            fingerprint: fingerprint(&self.key_text, self.algorithm, self.block.is_some())
+                ^ self.quota.as_ref().map_or(0, calendar_fingerprint),
             sync_seed: self.sync.then(|| name_seed(&self.name)),
             concurrency: self.concurrency.as_ref().map(ConcurrencySpec::limits),
             block: self.block.is_some(),
@@ -404,6 +405,15 @@ fn fingerprint(key_text: &str, algorithm: Algorithm, block: bool) -> u64 {
         return seed.hash_one((key_text, algorithm.as_str(), "block"));
     }
     seed.hash_one((key_text, algorithm.as_str()))
+}
+
+/// A quota zone's period and time zone: a reload that changes either starts the counts
+/// afresh (a count's period tag means nothing in another calendar).
+fn calendar_fingerprint(quota: &QuotaSpec) -> u64 {
+    use std::hash::BuildHasher;
+    let calendar = &quota.calendar;
+    foldhash::quality::FixedState::with_seed(0)
+        .hash_one((calendar.unit.as_str(), calendar.tz_name.as_str()))
 }
 
 pub fn main_conf(cf: &ngx_conf_t) -> Option<&'static mut MainConf> {

@@ -99,7 +99,23 @@ pub fn restore(zone_conf: &mut ZoneConf) {
         }
     }
     // A quota zone's keys: their ids need the seed they were hashed with, overrides too.
-    let zone = match saved.quota.as_ref().filter(|_| zone.algorithm().is_quota()) {
+    let calendar = zone_conf
+        .quota
+        .as_ref()
+        .map(|quota| quota.calendar.to_string());
+    let quota = saved.quota.as_ref().filter(|_| zone.algorithm().is_quota());
+    if let Some(quota) = quota.filter(|quota| Some(&quota.calendar) != calendar.as_ref()) {
+        ngx_log_error!(
+            NGX_LOG_NOTICE,
+            log,
+            "rate_limit_state_file \"{path}\": zone \"{name}\" counted per {} and now per {}: \
+             its counts start afresh",
+            quota.calendar,
+            calendar.as_deref().unwrap_or("-")
+        );
+    }
+    let quota = quota.filter(|quota| Some(&quota.calendar) == calendar.as_ref());
+    let zone = match quota {
         Some(quota) => {
             let zone = zone.reseeded(quota.seed);
             zone_conf.zone = Some(zone);
@@ -297,7 +313,8 @@ fn snapshot(mcf: &MainConf) -> StateFile {
             config: zone.config_limits(),
             limits: zone.limits(),
             overrides: zone.overrides(),
-            quota: algorithm.is_quota().then(|| QuotaCounts {
+            quota: zone.calendar().map(|calendar| QuotaCounts {
+                calendar,
                 seed: zone.zone().seed(),
                 words: zone.zone().state_words(),
             }),

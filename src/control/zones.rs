@@ -174,6 +174,11 @@ impl<'a> SharedZone<'a> {
         })
     }
 
+    /// A quota zone's period and time zone (`month in UTC`); `None` for another zone.
+    pub fn calendar(&self) -> Option<String> {
+        Some(self.conf.quota.as_ref()?.calendar.to_string())
+    }
+
     /// A quota zone's calendar and current period; `None` for another zone.
     fn quota_info(&self) -> Option<QuotaInfo> {
         let quota = self.conf.quota.as_ref()?;

@@ -65,6 +65,9 @@ pub struct ZoneState {
 /// ids: the seed lets the next start find the same ids for the same keys.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct QuotaCounts {
+    /// The zone's period and time zone (`month in UTC`): counts are restored only into the
+    /// same calendar.
+    pub calendar: String,
     pub seed: [u64; 2],
     pub words: Vec<(u64, u64)>,
 }
@@ -104,6 +107,7 @@ struct ZoneJson {
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct QuotaJson {
+    calendar: String,
     seed: String,
     counts: BTreeMap<String, String>,
 }
@@ -111,6 +115,7 @@ struct QuotaJson {
 impl QuotaJson {
     fn new(quota: &QuotaCounts) -> QuotaJson {
         QuotaJson {
+            calendar: quota.calendar.clone(),
             seed: format!("{:016x}{:016x}", quota.seed[0], quota.seed[1]),
             counts: quota
                 .words
@@ -143,7 +148,11 @@ impl QuotaJson {
             }
             words.push((id, hex(word, "quota count")?));
         }
-        Ok(QuotaCounts { seed, words })
+        Ok(QuotaCounts {
+            calendar: self.calendar.clone(),
+            seed,
+            words,
+        })
     }
 }
 
@@ -491,6 +500,7 @@ mod tests {
                 limits: Limits::quota(1_000_000),
                 overrides: vec![(b"acme".to_vec(), Limits::quota(3_000_000_000))],
                 quota: Some(QuotaCounts {
+                    calendar: "month in Europe/Berlin".into(),
                     seed: [u64::MAX, 7],
                     words: vec![(1, u64::MAX), (0xabc_def, 42 << 54 | 999_999)],
                 }),
