@@ -574,7 +574,8 @@ impl ConcurrencySpec {
     }
 }
 
-fn parse_zone(word: &str, value: &str) -> Result<(String, u64), SpecError> {
+/// `zone=NAME:SIZE`'s value, for every kind of zone.
+pub(crate) fn parse_zone(word: &str, value: &str) -> Result<(String, u64), SpecError> {
     let (name, size) = value
         .split_once(':')
         .ok_or_else(|| SpecError::InvalidZoneSize(word.into()))?;

@@ -414,16 +414,7 @@ impl ZoneSpec {
             if word == "sync" {
                 sync = true;
             } else if let Some(value) = word.strip_prefix("zone=") {
-                let (name, size) = value
-                    .split_once(':')
-                    .ok_or_else(|| SpecError::InvalidZoneSize(word.into()))?;
-                if name.is_empty() {
-                    return Err(SpecError::InvalidZoneName(word.into()));
-                }
-                let size = parse_size(size)
-                    .filter(|&size| size > 0)
-                    .ok_or_else(|| SpecError::InvalidZoneSize(word.into()))?;
-                zone = Some((name.to_string(), size));
+                zone = Some(crate::concurrency::parse_zone(word, value)?);
             } else if let Some(value) = word.strip_prefix("rate=") {
                 // nginx quotes the whole word: invalid rate "rate=abc"
                 rate = Some(Rate::parse(value).map_err(|_| SpecError::InvalidRate(word.into()))?);
