@@ -281,7 +281,7 @@ unsafe fn target<'r>(
     } else {
         decide::find_existing(zone_conf, zone, &key)
     };
-    let applied = Applied::new(found, &limit).ok_or(Status::Internal)?;
+    let applied = Applied::new(found, &limit, now_ns).ok_or(Status::Internal)?;
     Ok(Target {
         applied,
         key,

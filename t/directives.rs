@@ -404,7 +404,7 @@ fn nginx_t_errors_say_what_is_valid() {
             "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s algorithm=token-bucket;"
                 .to_string(),
             "unknown algorithm \"token-bucket\": it must be leaky_bucket, token_bucket, \
-             sliding_log, sliding_window or concurrency in ",
+             sliding_log, sliding_window, concurrency or quota in ",
         ),
         (
             "rate_limit_zone $binary_remote_addr zone=a:1m rate=1r/s brust=5;".to_string(),

@@ -442,7 +442,7 @@ fn nginx_t_names_the_bad_word() {
             "rate_limit_zone $http_authorization zone=w:1m rate=100r/m algorithm=sliding_window;\n\
              server { listen 127.0.0.1:%%PORT%%; location / { rate_limit zone=w usage=openai; } }"
                 .to_string(),
-            "\"usage\" needs a leaky_bucket or token_bucket zone: zone \"w\" is sliding_window",
+            "\"usage\" needs a leaky_bucket, token_bucket or quota zone: zone \"w\" is sliding_window",
         ),
         (
             format!(

@@ -24,7 +24,7 @@ use super::registry;
 use super::unreached::LimitedPlace;
 use super::{
     add_shared_zone, main_conf, variable_index, AdminConf, AmountConf, ConfError, LimitConf,
-    LocConf, LocationBursts, UsageConf, UsageSourceConf, ZoneConf, ZoneReference,
+    LocConf, LocationBursts, QuotaPeriod, UsageConf, UsageSourceConf, ZoneConf, ZoneReference,
 };
 use crate::store::sizing::{size_hint, zone_size_fits};
 use crate::store::ZoneLayout;
@@ -135,6 +135,8 @@ impl ParsedZone {
             sync: self.spec.sync,
             bursts: LocationBursts::default(),
             concurrency: self.concurrency,
+            quota: self.spec.quota,
+            quota_period: Cell::new(QuotaPeriod::default()),
             block: self.spec.block,
             stream: false,
         }
@@ -167,6 +169,7 @@ pub fn parse_zone(cf: &mut ngx_conf_t) -> Result<ParsedZone, ConfError> {
             algorithm: Algorithm::Concurrency,
             sync: false,
             block: None,
+            quota: None,
         },
         None => ZoneSpec::parse_words(&words).map_err(spec_error)?,
     };

@@ -28,6 +28,7 @@ use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Merge, M
 use ratelimit_core::concurrency::ConcurrencySpec;
 use ratelimit_core::key_form::{KeyForm, NetPrefixes};
 use ratelimit_core::penalty::{BlockPolicy, StatusMatcher};
+use ratelimit_core::quota::{QuotaSpec, QuotaWindow};
 use ratelimit_core::usage::{OnMissing, Provider, Weights};
 use ratelimit_core::{Algorithm, BucketCharge, DelayMode, Limits, Rate};
 
@@ -162,6 +163,10 @@ pub struct ZoneConf {
     /// `algorithm=concurrency`: its `limit=`, `queue=` and `queue_timeout=` (its `limits`
     /// are then unused).
     pub concurrency: Option<ConcurrencySpec>,
+    /// `algorithm=quota`: its `limit=`, `period=` and `tz=` (its `limits` hold the limit).
+    pub quota: Option<QuotaSpec>,
+    /// This worker's current period of a quota zone, computed again only once it ended.
+    pub quota_period: Cell<QuotaPeriod>,
     /// `block=` and `block_max=`: a key rejected by the zone is blocked for a while.
     pub block: Option<BlockPolicy>,
     /// Declared in the `stream` block (`src/stream/`, which keeps the key compiled in its
@@ -174,12 +179,24 @@ impl ZoneConf {
         ZoneLayout {
             algorithm: self.algorithm,
             limits: self.limits,
-            fingerprint: fingerprint(&self.key_text, self.algorithm, self.block.is_some()),
+            fingerprint: fingerprint(&self.key_text, self.algorithm, self.block.is_some())
+                ^ self.quota.as_ref().map_or(0, calendar_fingerprint),
             sync_seed: self.sync.then(|| name_seed(&self.name)),
             concurrency: self.concurrency.as_ref().map(ConcurrencySpec::limits),
             block: self.block.is_some(),
         }
     }
+}
+
+/// A quota zone's period as a worker last computed it: its window (tag and end) and its start,
+/// on the monotonic clock of the request path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QuotaPeriod {
+    /// The period's start (0 for one that began before the monotonic clock did: at boot).
+    pub start_ns: u64,
+    pub window: QuotaWindow,
+    /// Its length in milliseconds (a day may have 23 or 25 hours, a month 28 to 31 days).
+    pub length_ms: u64,
 }
 
 /// The bursts requests of a zone are decided with: a `rate_limit` line's own `burst=` takes
@@ -408,6 +425,15 @@ fn fingerprint(key_text: &str, algorithm: Algorithm, block: bool) -> u64 {
     seed.hash_one((key_text, algorithm.as_str()))
 }
 
+/// A quota zone's period and time zone: a reload that changes either starts the counts
+/// afresh (a count's period tag means nothing in another calendar).
+fn calendar_fingerprint(quota: &QuotaSpec) -> u64 {
+    use std::hash::BuildHasher;
+    let calendar = &quota.calendar;
+    foldhash::quality::FixedState::with_seed(0)
+        .hash_one((calendar.unit.as_str(), calendar.tz_name.as_str()))
+}
+
 pub fn main_conf(cf: &ngx_conf_t) -> Option<&'static mut MainConf> {
     RateLimitModule::main_conf_mut(cf)
 }
@@ -508,15 +534,15 @@ pub fn check_reference(reference: &ZoneReference, zone: &mut ZoneConf) -> Result
     Ok(())
 }
 
-/// A zone a `usage=` line can settle in: a leaky or token bucket (whose state can carry a
-/// debt), not synced (the fleet's grants count requests at the door only).
+/// A zone a `usage=` line can settle in: a leaky or token bucket or a quota (whose state can
+/// carry a debt), not synced (the fleet's grants count requests at the door only).
 fn check_usage_zone(zone: &ZoneConf) -> Result<(), ConfError> {
     if !matches!(
         zone.algorithm,
-        Algorithm::LeakyBucket | Algorithm::TokenBucket
+        Algorithm::LeakyBucket | Algorithm::TokenBucket | Algorithm::Quota(_)
     ) {
         return Err(ConfError::Usage {
-            reason: "needs a leaky_bucket or token_bucket zone",
+            reason: "needs a leaky_bucket, token_bucket or quota zone",
             zone: zone.name.clone(),
             what: format!("is {}", zone.algorithm),
         });

@@ -18,7 +18,7 @@ use ngx::ngx_log_error;
 use ratelimit_core::block_table::BlockChange;
 use ratelimit_core::penalty::{Block, StatusMatcher};
 use ratelimit_core::top::TopKind;
-use ratelimit_core::{BucketCharge, Decision, Limits, Outcome, Policy};
+use ratelimit_core::{Algorithm, BucketCharge, Decision, Limits, Outcome, Policy};
 
 use super::fleet;
 use crate::conf::{LimitConf, ZoneConf};
@@ -109,9 +109,16 @@ impl Found<'_> {
     }
 }
 
-/// The limits for one request in one zone: the zone's live limits, the line's `burst=`, then
-/// a per-key override, which wins over both.
-pub fn effective_policy(zone: &Zone, limit: &LimitConf, hash: u64) -> Option<Policy> {
+/// The limits for one request in one zone at `now_ns`: the zone's live limits, the line's
+/// `burst=`, then a per-key override, which wins over both; a quota zone's in the period of
+/// `now_ns`.
+pub fn effective_policy(
+    zone_conf: &ZoneConf,
+    zone: &Zone,
+    limit: &LimitConf,
+    hash: u64,
+    now_ns: u64,
+) -> Option<Policy> {
     let mut limits = zone.limits()?;
     if let Some(burst) = limit.burst {
         limits.burst = burst;
@@ -119,8 +126,12 @@ pub fn effective_policy(zone: &Zone, limit: &LimitConf, hash: u64) -> Option<Pol
     if let Some(overridden) = zone.override_for(hash) {
         limits = overridden;
     }
+    let mut algorithm = zone.algorithm();
+    if algorithm.is_quota() {
+        algorithm = Algorithm::Quota(super::quota::window(zone_conf, now_ns));
+    }
     Some(Policy {
-        algorithm: zone.algorithm(),
+        algorithm,
         limits,
         delay: limit.delay,
         cost: limit.cost,
@@ -145,9 +156,10 @@ impl<'a> Applied<'a> {
         self.slot.id
     }
 
-    /// The key found, under the limits of `limit`; `None` when the zone has no limits.
-    pub fn new(found: Found<'a>, limit: &LimitConf) -> Option<Applied<'a>> {
-        let policy = effective_policy(found.zone, limit, found.hash())?;
+    /// The key found, under the limits of `limit` at `now_ns`; `None` when the zone has no
+    /// limits.
+    pub fn new(found: Found<'a>, limit: &LimitConf, now_ns: u64) -> Option<Applied<'a>> {
+        let policy = effective_policy(found.zone_conf, found.zone, limit, found.hash(), now_ns)?;
         Some(Applied::decided(found, policy, Decision::rejected(0, 0, 0)))
     }
 
@@ -230,6 +242,13 @@ impl Charged {
     /// Charge `tokens` more than the door did, into debt up to `debt` tokens past the
     /// bucket's capacity (`None`: one capacity); returns the tokens the bound forgave.
     pub fn charge_into_debt(&self, tokens: u64, debt: Option<u64>, now_ns: u64) -> u64 {
+        if self.policy.algorithm.is_quota() {
+            // A quota's debt is one more limit by default: the count may reach twice it.
+            let debt = debt.unwrap_or_else(|| self.policy.limits.quota_limit());
+            return self
+                .zone
+                .charge_into_debt(self.slot, now_ns, &self.policy, tokens, debt);
+        }
         let Some(bucket) = ratelimit_core::usage::settle::Bucket::of(&self.policy) else {
             return 0;
         };
@@ -504,7 +523,7 @@ pub fn decide_one<'a>(found: Found<'a>, limit: &LimitConf, now_ns: u64, report: 
     let (zone, hash, slot) = (found.zone, found.hash(), found.slot);
     if found.zone_conf.block.is_some() {
         if let Some(left_ns) = zone.blocked_for_ns(hash, now_ns) {
-            return match Applied::new(found, limit) {
+            return match Applied::new(found, limit, now_ns) {
                 Some(applied) => One::Blocked(applied, left_ns),
                 None => One::Unlimited,
             };
@@ -514,7 +533,7 @@ pub fn decide_one<'a>(found: Found<'a>, limit: &LimitConf, now_ns: u64, report: 
     if !report && !zone.is_sync() {
         return decide_quick(found, limit, now_ns);
     }
-    let Some(policy) = effective_policy(zone, limit, hash) else {
+    let Some(policy) = effective_policy(found.zone_conf, zone, limit, hash, now_ns) else {
         return One::Unlimited;
     };
     let decision = charge_or_peek(zone, slot, now_ns, &policy, true);
@@ -531,7 +550,7 @@ pub fn decide_quick<'a>(found: Found<'a>, limit: &LimitConf, now_ns: u64) -> One
         // for a state the constants cannot decide: a product over 64 bits).
         let charged =
             zone.charge_bucket(slot, now_ns, &charge, |state, now| {
-                match effective_policy(zone, limit, hash) {
+                match effective_policy(found.zone_conf, zone, limit, hash, now) {
                     Some(policy) => ratelimit_core::decide_word(state, now, &policy),
                     None => (Decision::rejected(0, 0, 0), None),
                 }
@@ -549,7 +568,8 @@ pub fn decide_quick<'a>(found: Found<'a>, limit: &LimitConf, now_ns: u64) -> One
 /// it was decided at. Out of line: the passing path stays short.
 #[inline(never)]
 fn decided_from<'a>(found: Found<'a>, limit: &LimitConf, previous: u64, now_ns: u64) -> One<'a> {
-    let Some(policy) = effective_policy(found.zone, limit, found.hash()) else {
+    let Some(policy) = effective_policy(found.zone_conf, found.zone, limit, found.hash(), now_ns)
+    else {
         return One::Unlimited;
     };
     let decision = ratelimit_core::decide_word(previous, now_ns, &policy).0;
@@ -561,7 +581,7 @@ fn decided_from<'a>(found: Found<'a>, limit: &LimitConf, previous: u64, now_ns: 
 #[inline(never)]
 fn decide_quick_by_policy<'a>(found: Found<'a>, limit: &LimitConf, now_ns: u64) -> One<'a> {
     let (zone, hash, slot) = (found.zone, found.hash(), found.slot);
-    let Some(policy) = effective_policy(zone, limit, hash) else {
+    let Some(policy) = effective_policy(found.zone_conf, zone, limit, hash, now_ns) else {
         return One::Unlimited;
     };
     if policy.algorithm.is_single_word() {

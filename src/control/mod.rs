@@ -16,6 +16,7 @@ pub mod decide;
 mod fleet;
 pub mod persist;
 pub mod queue;
+pub mod quota;
 mod tickets;
 pub mod zones;
 
@@ -62,9 +63,11 @@ pub fn init_process(cycle: &ngx_cycle_t) {
     counters::set_counter_stripe(unsafe { nginx_sys::ngx_worker });
 }
 
-/// In each worker as it exits: what it still holds of concurrency keys goes back.
+/// In each worker as it exits: what it still holds of concurrency keys goes back, and the
+/// quota zones' counts are written to the state file.
 pub fn exit_process(cycle: &ngx_cycle_t) {
     concurrency::reclaim(cycle, true);
+    persist::worker_exiting(cycle);
 }
 
 /// Init callback of a `rate_limit_zone`'s shared memory: lay out (or adopt across a reload)

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use ngx::ffi::{ngx_cycle_t, ngx_log_t, NGX_LOG_ERR, NGX_LOG_NOTICE, NGX_LOG_WARN};
 use ngx::ngx_log_error;
-use ratelimit_admin::state::{self, Note, StateError, StateFile, ZoneState};
+use ratelimit_admin::state::{self, Note, QuotaCounts, StateError, StateFile, ZoneState};
 use ratelimit_admin::AdminZone;
 
 use super::zones::shared_zones;
@@ -47,7 +47,7 @@ pub fn configure(cycle: &ngx_cycle_t, registry: &mut Registry) {
 
 /// Restore what the state file holds for a zone whose shared memory is fresh (first start, or
 /// a zone that is new or was resized on reload). Never fails: problems are logged.
-pub fn restore(zone_conf: &ZoneConf) {
+pub fn restore(zone_conf: &mut ZoneConf) {
     // SAFETY: ngx_test_config is written once, at startup, before configuration.
     if unsafe { nginx_sys::ngx_test_config } != 0 {
         return;
@@ -93,6 +93,52 @@ pub fn restore(zone_conf: &ZoneConf) {
             }
         }
     }
+    // A quota zone's keys: their ids need the seed they were hashed with, overrides too.
+    let calendar = zone_conf
+        .quota
+        .as_ref()
+        .map(|quota| quota.calendar.to_string());
+    let quota = saved.quota.as_ref().filter(|_| zone.algorithm().is_quota());
+    if let Some(quota) = quota.filter(|quota| Some(&quota.calendar) != calendar.as_ref()) {
+        ngx_log_error!(
+            NGX_LOG_NOTICE,
+            log,
+            "rate_limit_state_file \"{path}\": zone \"{name}\" counted per {} and now per {}: \
+             its counts start afresh",
+            quota.calendar,
+            calendar.as_deref().unwrap_or("-")
+        );
+    }
+    let quota = quota.filter(|quota| Some(&quota.calendar) == calendar.as_ref());
+    let zone = match quota {
+        Some(quota) => {
+            let zone = zone.reseeded(quota.seed);
+            zone_conf.zone = Some(zone);
+            let now = now_ns();
+            let lost = quota
+                .words
+                .iter()
+                .filter(|(id, word)| !zone.restore_word(*id, *word, now))
+                .count();
+            ngx_log_error!(
+                NGX_LOG_NOTICE,
+                log,
+                "rate_limit_state_file \"{path}\": zone \"{name}\" restored the counts of {} \
+                 key(s)",
+                quota.words.len() - lost
+            );
+            if lost > 0 {
+                ngx_log_error!(
+                    NGX_LOG_WARN,
+                    log,
+                    "rate_limit_state_file \"{path}\": zone \"{name}\" has no room for the \
+                     counts of {lost} key(s): make the zone larger"
+                );
+            }
+            zone
+        }
+        None => zone,
+    };
     if let Some(limits) = plan.limits {
         // No worker runs yet (zone init is in the master).
         zone.restore_limits(limits);
@@ -175,6 +221,63 @@ pub fn worker_started(cycle: &ngx_cycle_t) {
         }
     }
     save(registry, cycle.log);
+    if has_quota_zone(registry) {
+        arm_quota_saves(cycle);
+    }
+}
+
+/// How often worker 0 writes a quota zone's counts while nginx runs: a crash (the whole host,
+/// or SIGKILL of every process) loses at most the counts of this last interval. A stop, a
+/// restart or a reload loses nothing: each worker writes them as it exits.
+pub const QUOTA_SAVE_INTERVAL_MS: ngx::ffi::ngx_msec_t = 10_000;
+
+fn has_quota_zone(registry: &Registry) -> bool {
+    registry.state_file.is_some() && registry.zones().any(|zone| zone.quota.is_some())
+}
+
+/// This worker's timer for the periodic writes (only worker 0 arms it).
+static mut QUOTA_SAVE_EVENT: ngx::ffi::ngx_event_t = unsafe { core::mem::zeroed() };
+
+fn arm_quota_saves(cycle: &ngx_cycle_t) {
+    // SAFETY: the event static is used by this process's event loop only (one thread); it is
+    // given its handler and log before it is armed, and is cancelable so that it never holds
+    // a worker that is shutting down.
+    unsafe {
+        let event = &mut *core::ptr::addr_of_mut!(QUOTA_SAVE_EVENT);
+        event.handler = Some(save_quotas);
+        event.log = cycle.log;
+        event.set_cancelable(1);
+        nginx_sys::ngx_add_timer(event, QUOTA_SAVE_INTERVAL_MS);
+    }
+}
+
+/// The periodic write, armed again for the next interval.
+unsafe extern "C" fn save_quotas(event: *mut ngx::ffi::ngx_event_t) {
+    crate::glue::guard::entry(
+        "control::persist::save_quotas",
+        || (),
+        || {
+            // SAFETY: nginx calls the handler with the armed event; the running cycle outlives it.
+            let (event, cycle) = unsafe { (&mut *event, &*nginx_sys::ngx_cycle) };
+            if let Some(registry) = registry::of(cycle) {
+                save(registry, cycle.log);
+            }
+            // SAFETY: as above: this process's own event, on its event loop.
+            unsafe { nginx_sys::ngx_add_timer(event, QUOTA_SAVE_INTERVAL_MS) };
+        },
+    )
+}
+
+/// In each worker as it exits (a stop, a restart, a reload's old workers): write the quota
+/// zones' counts as they are now. The file is replaced under a lock, so the worker exiting
+/// last writes the newest counts.
+pub fn worker_exiting(cycle: &ngx_cycle_t) {
+    if !crate::glue::is_worker_process() {
+        return;
+    }
+    if let Some(registry) = registry::of(cycle).filter(|registry| has_quota_zone(registry)) {
+        save(registry, cycle.log);
+    }
 }
 
 /// Rewrite the state file (when there is one) from the zones' shared memory.
@@ -200,11 +303,17 @@ fn snapshot(registry: &Registry) -> StateFile {
         .iter()
         .filter(|zone| !zone.zone().algorithm().counts_in_flight())
     {
+        let algorithm = zone.zone().algorithm();
         let entry = ZoneState {
-            algorithm: zone.zone().algorithm(),
+            algorithm,
             config: zone.config_limits(),
             limits: zone.limits(),
             overrides: zone.overrides(),
+            quota: zone.calendar().map(|calendar| QuotaCounts {
+                calendar,
+                seed: zone.zone().seed(),
+                words: zone.zone().state_words(),
+            }),
         };
         file.zones.insert(zone.name().to_string(), entry);
     }

@@ -8,12 +8,12 @@ use ratelimit_admin::history::History;
 use ratelimit_admin::top::TopList;
 use ratelimit_admin::{
     AdminZone, ApiError, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverrideRefused,
-    SyncInfo, UsageInfo, ZoneInfo,
+    Period, QuotaInfo, SyncInfo, UsageInfo, ZoneInfo,
 };
 use ratelimit_core::block_table::BlockedKey;
 use ratelimit_core::key_form::KeyForm;
 use ratelimit_core::top::{TopKind, TopWindow};
-use ratelimit_core::{DelayMode, Limits, Policy};
+use ratelimit_core::{Algorithm, DelayMode, Limits, Policy};
 
 use crate::conf::registry::Registry;
 use crate::conf::ZoneConf;
@@ -176,6 +176,30 @@ impl<'a> SharedZone<'a> {
         })
     }
 
+    /// A quota zone's period and time zone (`month in UTC`); `None` for another zone.
+    pub fn calendar(&self) -> Option<String> {
+        Some(self.conf.quota.as_ref()?.calendar.to_string())
+    }
+
+    /// A quota zone's calendar and current period; `None` for another zone.
+    fn quota_info(&self) -> Option<QuotaInfo> {
+        let quota = self.conf.quota.as_ref()?;
+        Some(QuotaInfo {
+            period: quota.calendar.unit.as_str(),
+            tz: quota.calendar.tz_name.clone(),
+            current: self.period()?,
+        })
+    }
+
+    /// A quota zone's current period; `None` for another zone.
+    fn period(&self) -> Option<Period> {
+        let bounds = super::quota::bounds(self.conf, self.now_ns)?;
+        Some(Period {
+            start_unix_ms: bounds.start_ms,
+            end_unix_ms: bounds.end_ms,
+        })
+    }
+
     /// What the configuration file says, as recorded in the zone at the last (re)load.
     pub fn config_limits(&self) -> Limits {
         Limits::unpack(self.zone.config_limits_word()).unwrap_or(self.conf.limits)
@@ -217,7 +241,12 @@ impl AdminZone for SharedZone<'_> {
             sync: self.zone.is_sync().then(sync_info).flatten(),
             concurrency: self.concurrency_info(),
             usage: usage_info(&self.zone),
+            quota: self.quota_info(),
         }
+    }
+
+    fn algorithm(&self) -> Algorithm {
+        self.zone.algorithm()
     }
 
     fn concurrency_limits(&self) -> Option<ConcurrencyLimits> {
@@ -259,17 +288,25 @@ impl AdminZone for SharedZone<'_> {
         let limits = override_limits.unwrap_or_else(|| self.limits());
         // A location's own `burst=` or `delay=` may differ; the zone's view is what the key
         // gets where the location adds nothing, with the burst served at once.
+        let mut algorithm = self.zone.algorithm();
+        if algorithm.is_quota() {
+            algorithm = Algorithm::Quota(super::quota::window(self.conf, self.now_ns));
+        }
         let policy = Policy {
-            algorithm: self.zone.algorithm(),
+            algorithm,
             limits,
             delay: DelayMode::NoDelay,
             cost: 1,
         };
         let mut decision = self.zone.decide(slot, self.now_ns, &policy, false);
         // The decision's reset counts the request it imagines; the key's own is without it.
-        decision.reset_ns = self.zone.time_to_fresh_ns(slot, &limits, self.now_ns);
+        // A quota's count goes at the period's end, as the decision says.
+        if !algorithm.is_quota() {
+            decision.reset_ns = self.zone.time_to_fresh_ns(slot, &limits, self.now_ns);
+        }
         Some(KeyState {
             limits,
+            period: self.period(),
             override_limits,
             decision,
             debt: self.zone.debt_tokens(slot, &policy, self.now_ns),

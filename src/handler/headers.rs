@@ -52,7 +52,11 @@ fn write_rate_limit_headers<'a, 'z: 'a>(
         if position > 0 {
             out.put(b", ");
         }
-        put_policy_item(&mut out, applied.zone_conf, &applied.policy.limits.rate);
+        if applied.policy.algorithm.is_quota() {
+            put_quota_item(&mut out, applied);
+        } else {
+            put_policy_item(&mut out, applied.zone_conf, &applied.policy.limits.rate);
+        }
     }
     let policy = out.take();
     for (position, applied) in items.enumerate() {
@@ -107,6 +111,25 @@ fn put_policy_item(out: &mut PoolWriter, zone_conf: &ZoneConf, rate: &Rate) {
             *cached = Some((*rate, item));
         }
     }
+}
+
+/// `"NAME";q=N;w=W` for a quota zone: its key's limit over the current period's length in
+/// seconds (a day may have 23 or 25 hours, a month 28 to 31 days).
+#[cold]
+fn put_quota_item(out: &mut PoolWriter, applied: &Applied) {
+    let period = applied.zone_conf.quota_period.get();
+    let window_secs = period.length_ms.div_ceil(1000);
+    let mut numbers = itoa::Buffer::new();
+    out.put(b"\"");
+    out.put(applied.zone_conf.name.as_bytes());
+    out.put(b"\";q=");
+    out.put(
+        numbers
+            .format(applied.policy.limits.quota_limit())
+            .as_bytes(),
+    );
+    out.put(b";w=");
+    out.put(numbers.format(window_secs).as_bytes());
 }
 
 /// The rate as whole requests `q` per `w` seconds: `10r/s` is q=10 w=1, `0.5r/s` is q=1 w=2.

@@ -85,7 +85,7 @@ fn resolve<'a>(
     limit: &LimitConf,
     now_ns: u64,
 ) -> Option<Applied<'a>> {
-    Applied::new(find_key(r, shm_zone, now_ns)?, limit)
+    Applied::new(find_key(r, shm_zone, now_ns)?, limit, now_ns)
 }
 
 /// Register the module's variables: `$rate_limit_status`, `$rate_limit_usage_*`,

@@ -43,6 +43,7 @@ pub mod counters;
 pub mod history;
 pub mod inbox;
 pub mod overrides;
+mod quota;
 pub mod sizing;
 pub mod slots;
 pub mod sync_record;

@@ -357,7 +357,9 @@ impl Zone {
         tokens: u64,
         debt: u64,
     ) -> u64 {
-        if ratelimit_core::usage::settle::Bucket::of(policy).is_none() {
+        if ratelimit_core::usage::settle::Bucket::of(policy).is_none()
+            && !policy.algorithm.is_quota()
+        {
             return 0;
         }
         // A key that lost its slot since its reservation lost its state with it: there is no
@@ -377,6 +379,13 @@ impl Zone {
         tokens: u64,
         debt: u64,
     ) -> u64 {
+        if policy.algorithm.is_quota() {
+            return update(&pin.state()[0], |state| {
+                let (next, forgiven) =
+                    ratelimit_core::quota::charge_into_debt(state, policy, tokens, debt);
+                (forgiven, (next != state).then_some(next))
+            });
+        }
         let Some(bucket) = ratelimit_core::usage::settle::Bucket::of(policy) else {
             return 0;
         };

@@ -393,7 +393,7 @@ fn decide_phase(
         let Some(found) = find_key(s, main, zone, now) else {
             continue;
         };
-        if let Some(own) = Applied::new(found, limit) {
+        if let Some(own) = Applied::new(found, limit, now) {
             applied.push(AppliedLimit::new(own, None));
         }
     }

@@ -14,14 +14,39 @@ use crate::error::ApiError;
 pub struct LimitsBody {
     pub rate: Option<Rate>,
     pub burst: Option<u64>,
+    /// A quota zone's `limit` (1 to 2^53).
+    pub limit: Option<u64>,
 }
 
 impl LimitsBody {
     /// The limits after applying this body to `current`.
     pub fn apply_to(&self, current: Limits) -> Limits {
+        if let Some(limit) = self.limit {
+            return Limits::quota(limit);
+        }
         Limits {
             rate: self.rate.unwrap_or(current.rate),
             burst: self.burst.unwrap_or(current.burst),
+        }
+    }
+
+    /// For a zone of `algorithm`: a quota zone takes `limit` alone, another zone `rate` and
+    /// `burst`.
+    pub fn check_fields(&self, zone: &str, algorithm: Algorithm) -> Result<(), ApiError> {
+        let rate_field = if self.rate.is_some() {
+            Some("rate")
+        } else {
+            self.burst.map(|_| "burst")
+        };
+        match (algorithm.is_quota(), rate_field, self.limit) {
+            (true, Some(field), _) => Err(ApiError::BadValue(format!(
+                "zone \"{zone}\" is a quota zone: it takes \"limit\", not \"{field}\""
+            ))),
+            (false, _, Some(_)) => Err(ApiError::BadValue(format!(
+                "zone \"{zone}\" is a {algorithm} zone: it takes \"rate\" and \"burst\", not \
+                 \"limit\" (a quota zone's)"
+            ))),
+            _ => Ok(()),
         }
     }
 }
@@ -33,6 +58,8 @@ struct RawBody {
     rate: Option<RateField>,
     #[serde(default)]
     burst: Option<BurstField>,
+    #[serde(default)]
+    limit: Option<QuotaLimitField>,
 }
 
 /// Parse the body of `PATCH zones/NAME`: an object with `rate` and/or `burst`; `{}` changes
@@ -60,14 +87,18 @@ pub fn parse_patch(body: &[u8]) -> Result<LimitsBody, ApiError> {
     Ok(LimitsBody {
         rate: raw.rate.map(|field| field.0),
         burst: raw.burst.map(|field| field.0),
+        limit: raw.limit.map(|field| field.0),
     })
 }
 
-/// Parse the body of `PUT zones/NAME/overrides/KEY`: as for a patch, but `rate` is required.
+/// Parse the body of `PUT zones/NAME/overrides/KEY`: as for a patch, but `rate` (a quota
+/// zone's `limit`) is required.
 pub fn parse_override(body: &[u8]) -> Result<LimitsBody, ApiError> {
     let parsed = parse_patch(body)?;
-    if parsed.rate.is_none() {
-        return Err(ApiError::BadBody("missing field `rate`".to_string()));
+    if parsed.rate.is_none() && parsed.limit.is_none() {
+        return Err(ApiError::BadBody(
+            "missing field `rate` (`limit` for a quota zone)".to_string(),
+        ));
     }
     Ok(parsed)
 }
@@ -150,6 +181,42 @@ impl<'de> Deserialize<'de> for RateField {
     }
 }
 
+struct QuotaLimitField(u64);
+
+impl<'de> Deserialize<'de> for QuotaLimitField {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use ratelimit_core::quota::MAX_LIMIT;
+        struct LimitVisitor;
+        fn invalid<E: de::Error>(shown: impl fmt::Display) -> E {
+            E::custom(format_args!(
+                "invalid limit {shown}: must be an integer from 1 to {MAX_LIMIT}"
+            ))
+        }
+        impl Visitor<'_> for LimitVisitor {
+            type Value = QuotaLimitField;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                write!(f, "an integer from 1 to {MAX_LIMIT}")
+            }
+            fn visit_u64<E: de::Error>(self, value: u64) -> Result<QuotaLimitField, E> {
+                if !(1..=MAX_LIMIT).contains(&value) {
+                    return Err(invalid(value));
+                }
+                Ok(QuotaLimitField(value))
+            }
+            fn visit_i64<E: de::Error>(self, value: i64) -> Result<QuotaLimitField, E> {
+                match u64::try_from(value) {
+                    Ok(value) => self.visit_u64(value),
+                    Err(_) => Err(invalid(value)),
+                }
+            }
+            fn visit_f64<E: de::Error>(self, value: f64) -> Result<QuotaLimitField, E> {
+                Err(invalid(value))
+            }
+        }
+        deserializer.deserialize_any(LimitVisitor)
+    }
+}
+
 struct BurstField(u64);
 
 impl<'de> Deserialize<'de> for BurstField {
@@ -209,6 +276,10 @@ pub fn check_limits(
     burst_given: bool,
     log_capacity: u64,
 ) -> Result<(), ApiError> {
+    if algorithm.is_quota() {
+        // Any limit the body's field accepted.
+        return Ok(());
+    }
     if algorithm.takes_burst() {
         // The largest bucket the rate allows, as `rate_limit_zone` checks it.
         return limits
@@ -253,10 +324,11 @@ mod tests {
         let rate = |text| Some(Rate::parse(text).unwrap());
         #[rustfmt::skip]
         let rows = [
-            (r#"{"rate": "20r/s", "burst": 10}"#, LimitsBody { rate: rate("20r/s"), burst: Some(10) }),
-            (r#"{"rate": "0.5r/m"}"#, LimitsBody { rate: rate("0.5r/m"), burst: None }),
-            (r#" {"burst": 0} "#, LimitsBody { rate: None, burst: Some(0) }),
-            (r#"{"burst": 4194303}"#, LimitsBody { rate: None, burst: Some(4194303) }),
+            (r#"{"rate": "20r/s", "burst": 10}"#, LimitsBody { rate: rate("20r/s"), burst: Some(10), limit: None }),
+            (r#"{"rate": "0.5r/m"}"#, LimitsBody { rate: rate("0.5r/m"), burst: None, limit: None }),
+            (r#" {"burst": 0} "#, LimitsBody { rate: None, burst: Some(0), limit: None }),
+            (r#"{"burst": 4194303}"#, LimitsBody { rate: None, burst: Some(4194303), limit: None }),
+            (r#"{"limit": 9007199254740992}"#, LimitsBody { limit: Some(1 << 53), ..LimitsBody::default() }),
             (r#"{"rate": null, "burst": null}"#, LimitsBody::default()),
             ("{}", LimitsBody::default()),
         ];
@@ -288,7 +360,9 @@ mod tests {
             (r#"{"burst": 4194304}"#, "invalid burst 4194304"),
             (r#"{"burst": 1e30}"#, "invalid burst 1000000000000000000000000000000"),
             (r#"{"burst": true}"#, "invalid type: boolean `true`"),
-            (r#"{"rates": "1r/s"}"#, "unknown field `rates`, expected `rate` or `burst`"),
+            (r#"{"rates": "1r/s"}"#, "unknown field `rates`, expected one of `rate`, `burst`, `limit`"),
+            (r#"{"limit": 0}"#, "invalid limit 0: must be an integer from 1 to 9007199254740992"),
+            (r#"{"limit": 9007199254740993}"#, "invalid limit 9007199254740993"),
             (r#"{"rate": "1r/s", "rate": "2r/s"}"#, "duplicate field `rate`"),
             ("{\"rate\": \"\u{e9}\"}", "invalid rate \"\u{e9}\""),
         ];
@@ -314,8 +388,12 @@ mod tests {
     #[test]
     fn override_needs_a_rate() {
         let error = parse_override(br#"{"burst": 3}"#).unwrap_err();
-        assert_eq!(error.to_string(), "missing field `rate`");
+        assert_eq!(
+            error.to_string(),
+            "missing field `rate` (`limit` for a quota zone)"
+        );
         assert!(parse_override(br#"{"rate": "3r/s"}"#).is_ok());
+        assert!(parse_override(br#"{"limit": 7}"#).is_ok());
     }
 
     #[test]

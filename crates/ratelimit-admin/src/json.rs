@@ -1,25 +1,49 @@
 //! The JSON the API answers with. Field order is fixed by the structs (no map reordering).
 
 use ratelimit_core::key_form::KeyForm;
-use ratelimit_core::{Limits, Outcome};
+use ratelimit_core::{Algorithm, Limits, Outcome};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 
-use crate::store::{BlockCounts, BlockInfo, KeyState, SyncInfo, ZoneInfo};
+use crate::store::{BlockCounts, BlockInfo, KeyState, Period, SyncInfo, ZoneInfo};
 pub use crate::units::{milliseconds, milliseconds_f};
 
-/// `{"rate": "10r/s", "burst": 5}`
+/// `{"rate": "10r/s", "burst": 5}`, or a quota zone's `{"limit": 1000000}`.
 #[derive(Serialize)]
-pub struct LimitsJson {
-    pub rate: String,
-    pub burst: u64,
+#[serde(untagged)]
+pub enum LimitsJson {
+    Rate { rate: String, burst: u64 },
+    Quota { limit: u64 },
 }
 
-impl From<&Limits> for LimitsJson {
-    fn from(limits: &Limits) -> LimitsJson {
-        LimitsJson {
+impl LimitsJson {
+    /// `limits` of a zone of `algorithm`.
+    pub fn new(algorithm: Algorithm, limits: &Limits) -> LimitsJson {
+        if algorithm.is_quota() {
+            return LimitsJson::Quota {
+                limit: limits.quota_limit(),
+            };
+        }
+        LimitsJson::Rate {
             rate: limits.rate.to_string(),
             burst: limits.burst,
+        }
+    }
+}
+
+/// A quota zone's current period: `period_start` and `period_end` in Unix seconds
+/// (millisecond precision).
+#[derive(Serialize)]
+pub struct PeriodJson {
+    pub period_start: f64,
+    pub period_end: f64,
+}
+
+impl From<&Period> for PeriodJson {
+    fn from(period: &Period) -> PeriodJson {
+        PeriodJson {
+            period_start: period.start_unix_ms as f64 / 1000.0,
+            period_end: period.end_unix_ms as f64 / 1000.0,
         }
     }
 }
@@ -37,6 +61,15 @@ pub struct ZoneJson<'a> {
     pub rate: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub burst: Option<u64>,
+    /// A quota zone's limit, `period=`, `tz=` and current period (Unix seconds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub period: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tz: Option<&'a str>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub current: Option<PeriodJson>,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<crate::concurrency::ZoneFieldsJson>,
     pub size: u64,
@@ -104,18 +137,24 @@ pub enum ConfigJson {
 impl<'a> From<&'a ZoneInfo> for ZoneJson<'a> {
     fn from(info: &'a ZoneInfo) -> ZoneJson<'a> {
         let concurrency = info.concurrency.as_ref();
+        let quota = info.quota.as_ref();
+        let rate_zone = concurrency.is_none() && quota.is_none();
         let config = match concurrency {
             Some(concurrency) => {
                 ConfigJson::Concurrency(crate::concurrency::LimitsJson::from(&concurrency.config))
             }
-            None => ConfigJson::Rate(LimitsJson::from(&info.config_limits)),
+            None => ConfigJson::Rate(LimitsJson::new(info.algorithm, &info.config_limits)),
         };
         ZoneJson {
             context: info.stream.then_some("stream"),
             algorithm: info.algorithm.as_str(),
             key: &info.key,
-            rate: concurrency.is_none().then(|| info.limits.rate.to_string()),
-            burst: concurrency.is_none().then_some(info.limits.burst),
+            rate: rate_zone.then(|| info.limits.rate.to_string()),
+            burst: rate_zone.then_some(info.limits.burst),
+            limit: quota.map(|_| info.limits.quota_limit()),
+            period: quota.map(|quota| quota.period),
+            tz: quota.map(|quota| quota.tz.as_str()),
+            current: quota.map(|quota| PeriodJson::from(&quota.current)),
             concurrency: concurrency.map(crate::concurrency::ZoneFieldsJson::from),
             size: info.size,
             slots: info.slots,
@@ -141,8 +180,18 @@ pub struct KeyJson<'a> {
     pub zone: &'a str,
     pub key: String,
     /// The limits this key gets (its override's, or the zone's).
-    pub rate: String,
-    pub burst: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u64>,
+    /// A quota zone's: the key's limit, what it used of the current period, and the period
+    /// (Unix seconds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub used: Option<u64>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub period: Option<PeriodJson>,
     #[serde(rename = "override")]
     pub override_limits: Option<LimitsJson>,
     /// Whether a request now would be served (at once or after a delay).
@@ -229,12 +278,32 @@ impl<'a> KeyJson<'a> {
     pub fn new(zone: &'a str, key: String, state: &KeyState) -> KeyJson<'a> {
         let decision = &state.decision;
         let would_pass = decision.outcome != Outcome::Rejected;
+        let quota = state.period;
+        let algorithm = if quota.is_some() {
+            Algorithm::ALL[5]
+        } else {
+            Algorithm::LeakyBucket
+        };
+        // A quota's decision imagines a request of cost 1: passed, it left `remaining` after
+        // it; refused, it went `excess` past the limit (a count in debt is above the limit).
+        let limit = state.limits.quota_limit();
+        let used = if would_pass {
+            limit.saturating_sub(decision.remaining.saturating_add(1))
+        } else {
+            (limit + decision.excess_milli / 1000).saturating_sub(1)
+        };
         KeyJson {
             zone,
             key,
-            rate: state.limits.rate.to_string(),
-            burst: state.limits.burst,
-            override_limits: state.override_limits.as_ref().map(LimitsJson::from),
+            rate: quota.is_none().then(|| state.limits.rate.to_string()),
+            burst: quota.is_none().then_some(state.limits.burst),
+            limit: quota.map(|_| limit),
+            used: quota.map(|_| used),
+            period: quota.as_ref().map(PeriodJson::from),
+            override_limits: state
+                .override_limits
+                .as_ref()
+                .map(|limits| LimitsJson::new(algorithm, limits)),
             would_pass,
             // The decision counts what remains after the request it imagines.
             remaining: if would_pass {
@@ -259,18 +328,22 @@ impl<'a> KeyJson<'a> {
 pub struct OverrideJson<'a> {
     pub zone: &'a str,
     pub key: String,
-    pub rate: String,
-    pub burst: u64,
+    #[serde(flatten)]
+    pub limits: LimitsJson,
 }
 
 impl<'a> OverrideJson<'a> {
-    /// `key` is the key as shown (`KeyForm::show`).
-    pub fn new(zone: &'a str, key: String, limits: &Limits) -> OverrideJson<'a> {
+    /// `key` is the key as shown (`KeyForm::show`), of a zone of `algorithm`.
+    pub fn new(
+        zone: &'a str,
+        key: String,
+        algorithm: Algorithm,
+        limits: &Limits,
+    ) -> OverrideJson<'a> {
         OverrideJson {
             zone,
             key,
-            rate: limits.rate.to_string(),
-            burst: limits.burst,
+            limits: LimitsJson::new(algorithm, limits),
         }
     }
 }

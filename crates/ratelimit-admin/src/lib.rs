@@ -57,8 +57,8 @@ pub mod units;
 pub use error::ApiError;
 pub use route::Route;
 pub use store::{
-    AdminZone, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverrideRefused, SyncInfo,
-    UsageInfo, ZoneInfo,
+    AdminZone, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverrideRefused, Period,
+    QuotaInfo, SyncInfo, UsageInfo, ZoneInfo,
 };
 
 use std::borrow::Cow;
@@ -261,6 +261,7 @@ pub fn patch_zone<'a, Z: AdminZone>(
         )));
     }
     let info = zone.info();
+    patch.check_fields(name, info.algorithm)?;
     let mut current = zone.limits();
     for _ in 0..REPLACE_ATTEMPTS {
         let new = patch.apply_to(current);
@@ -522,10 +523,11 @@ fn release_blocked<Z: AdminZone>(
 /// `GET zones/NAME/overrides`.
 fn list_overrides<Z: AdminZone>(zones: &[Z], name: &str) -> Result<Response, ApiError> {
     let zone = find(zones, name)?;
+    let algorithm = zone.algorithm();
     let entries = zone
         .overrides()
         .iter()
-        .map(|(key, limits)| (shown(zone, key), LimitsJson::from(limits)))
+        .map(|(key, limits)| (shown(zone, key), LimitsJson::new(algorithm, limits)))
         .collect();
     Ok(Response::json(200, &Entries(entries)))
 }
@@ -541,7 +543,7 @@ fn get_override<Z: AdminZone>(zones: &[Z], name: &str, key: &[u8]) -> Result<Res
         })?;
     Ok(Response::json(
         200,
-        &OverrideJson::new(name, shown(zone, &key), &limits),
+        &OverrideJson::new(name, shown(zone, &key), zone.algorithm(), &limits),
     ))
 }
 
@@ -563,6 +565,7 @@ fn put_override<Z: AdminZone>(
     }
     let request = body::parse_override(body)?;
     let info = zone.info();
+    request.check_fields(name, info.algorithm)?;
     let limits = request.apply_to(info.limits);
     let burst_given = request.burst.is_some();
     let capacity = info.log_capacity();
@@ -581,7 +584,7 @@ fn put_override<Z: AdminZone>(
             },
         })?;
     let status = if created { 201 } else { 200 };
-    let json = OverrideJson::new(name, shown(zone, &key), &limits);
+    let json = OverrideJson::new(name, shown(zone, &key), info.algorithm, &limits);
     Ok(Response::json(status, &json).changed())
 }
 

@@ -101,6 +101,7 @@ impl MemoryZone {
             evictions: 0,
             no_slot: 0,
             usage: None,
+            quota: None,
             overrides: 0,
             override_capacity: 4,
             line_burst: None,
@@ -333,6 +334,7 @@ impl AdminZone for MemoryZone {
             let override_limits = state.overrides.get(key).copied();
             Some(KeyState {
                 limits: override_limits.unwrap_or(state.info.limits),
+                period: None,
                 override_limits,
                 decision,
                 debt: 0,

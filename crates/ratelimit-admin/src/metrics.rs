@@ -17,7 +17,7 @@ struct Family {
     help: &'static str,
 }
 
-const FAMILIES: [Family; 26] = [
+const FAMILIES: [Family; 27] = [
     Family {
         name: "rate_limit_requests_total",
         kind: "counter",
@@ -78,6 +78,11 @@ const FAMILIES: [Family; 26] = [
         name: "rate_limit_burst",
         kind: "gauge",
         help: "The zone's burst now.",
+    },
+    Family {
+        name: "rate_limit_quota_limit",
+        kind: "gauge",
+        help: "A quota zone's limit per period now (keys without an override).",
     },
     Family {
         name: "rate_limit_blocked_keys",
@@ -229,7 +234,12 @@ pub fn render_with_blocks(zones: &[(String, ZoneInfo)], blocks: &[Option<BlockCo
                         );
                     }
                 }
-                "rate_limit_rate_per_second" | "rate_limit_burst" if info.concurrency.is_some() => {
+                "rate_limit_rate_per_second" | "rate_limit_burst"
+                    if info.concurrency.is_some() || info.quota.is_some() => {}
+                "rate_limit_quota_limit" => {
+                    if info.quota.is_some() {
+                        sample("", &info.limits.quota_limit().to_string());
+                    }
                 }
                 "rate_limit_rate_per_second" => sample("", &per_second(&info.limits)),
                 "rate_limit_burst" => sample("", &info.limits.burst.to_string()),
@@ -347,6 +357,7 @@ mod tests {
             evictions: 5,
             no_slot: 0,
             usage: None,
+            quota: None,
             overrides: 1,
             override_capacity: 512,
             concurrency: None,
@@ -424,8 +435,9 @@ mod tests {
         deduped.dedup();
         // Every family but rate_limit_blocked_keys and rate_limit_blocks_not_recorded_total
         // (zones with block= only) and the two rate_limit_usage_* (zones a usage= line
-        // charged only: t/usage.rs).
-        assert_eq!(deduped.len(), FAMILIES.len() - 4);
+        // charged only: t/usage.rs), and rate_limit_quota_limit (quota zones only:
+        // t/quota.rs).
+        assert_eq!(deduped.len(), FAMILIES.len() - 5);
         assert!(text.ends_with('\n'));
         // A concurrency zone has no rate nor burst.
         assert!(!text.contains("rate_limit_burst{zone=\"app\"}"), "{text}");

@@ -56,6 +56,20 @@ pub struct ZoneState {
     /// The limits in force when the entry was written.
     pub limits: Limits,
     pub overrides: Vec<(Vec<u8>, Limits)>,
+    /// A quota zone's counts, which a restart must not lose.
+    pub quota: Option<QuotaCounts>,
+}
+
+/// A quota zone's keys: the zone's hash seed and, by key id (a hash with that seed), each
+/// key's state word (its period's tag and count). Keys are not kept in the zone, only their
+/// ids: the seed lets the next start find the same ids for the same keys.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QuotaCounts {
+    /// The zone's period and time zone (`month in UTC`): counts are restored only into the
+    /// same calendar.
+    pub calendar: String,
+    pub seed: [u64; 2],
+    pub words: Vec<(u64, u64)>,
 }
 
 /// Why a state file was not used.
@@ -84,6 +98,62 @@ struct ZoneJson {
     limits: LimitsJson,
     #[serde(default)]
     overrides: BTreeMap<String, LimitsJson>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    quota: Option<QuotaJson>,
+}
+
+/// `{"seed": "32 hex digits", "counts": {"ID in hex": "WORD in hex"}}`: hex, since JSON
+/// readers other than this one may hold numbers as doubles.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QuotaJson {
+    calendar: String,
+    seed: String,
+    counts: BTreeMap<String, String>,
+}
+
+impl QuotaJson {
+    fn new(quota: &QuotaCounts) -> QuotaJson {
+        QuotaJson {
+            calendar: quota.calendar.clone(),
+            seed: format!("{:016x}{:016x}", quota.seed[0], quota.seed[1]),
+            counts: quota
+                .words
+                .iter()
+                .map(|(id, word)| (format!("{id:x}"), format!("{word:x}")))
+                .collect(),
+        }
+    }
+
+    fn counts(&self, place: &str) -> Result<QuotaCounts, StateError> {
+        let corrupt = |what: &str| StateError::Corrupt(format!("{place}: invalid {what}"));
+        let hex = |text: &str, what: &str| {
+            if text.is_empty() || text.len() > 16 {
+                return Err(corrupt(what));
+            }
+            u64::from_str_radix(text, 16).map_err(|_| corrupt(what))
+        };
+        if self.seed.len() != 32 || !self.seed.is_ascii() {
+            return Err(corrupt("quota seed"));
+        }
+        let seed = [
+            hex(&self.seed[..16], "quota seed")?,
+            hex(&self.seed[16..], "quota seed")?,
+        ];
+        let mut words = Vec::with_capacity(self.counts.len());
+        for (id, word) in &self.counts {
+            let id = hex(id, "quota key id")?;
+            if id == 0 {
+                return Err(corrupt("quota key id"));
+            }
+            words.push((id, hex(word, "quota count")?));
+        }
+        Ok(QuotaCounts {
+            calendar: self.calendar.clone(),
+            seed,
+            words,
+        })
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -136,6 +206,7 @@ impl StateFile {
                         config: LimitsJson::new(&zone.config),
                         limits: LimitsJson::new(&zone.limits),
                         overrides,
+                        quota: zone.quota.as_ref().map(QuotaJson::new),
                     };
                     (name.clone(), entry)
                 })
@@ -175,11 +246,16 @@ impl StateFile {
                     .map_err(|error| StateError::Corrupt(format!("{place}: {error}")))?;
                 overrides.push((decoded, limits.limits(&place)?));
             }
+            let quota = match &zone.quota {
+                Some(quota) => Some(quota.counts(&format!("zone \"{name}\""))?),
+                None => None,
+            };
             let state = ZoneState {
                 algorithm,
                 config: zone.config.limits(&format!("zone \"{name}\", config"))?,
                 limits: zone.limits.limits(&format!("zone \"{name}\", limits"))?,
                 overrides,
+                quota,
             };
             zones.insert(name, state);
         }
@@ -293,6 +369,7 @@ pub struct Restore {
 ///     config: limits("10r/s"),
 ///     limits: limits("20r/s"),
 ///     overrides: vec![(b"vip".to_vec(), limits("100r/s"))],
+///     quota: None,
 /// };
 /// // Same configuration: the runtime value comes back.
 /// let restore = plan_restore(&saved, "api", Algorithm::LeakyBucket, limits("10r/s"));
@@ -402,6 +479,7 @@ mod tests {
                     (b"user/7 \xff\"".to_vec(), limits("100r/m", 20)),
                     (b"vip".to_vec(), limits("1r/d", 0)),
                 ],
+                quota: None,
             },
         );
         zones.insert(
@@ -411,6 +489,21 @@ mod tests {
                 config: limits("100r/m", 0),
                 limits: limits("50r/m", 0),
                 overrides: Vec::new(),
+                quota: None,
+            },
+        );
+        zones.insert(
+            "monthly".to_string(),
+            ZoneState {
+                algorithm: Algorithm::parse("quota").unwrap(),
+                config: Limits::quota(1_000_000),
+                limits: Limits::quota(1_000_000),
+                overrides: vec![(b"acme".to_vec(), Limits::quota(3_000_000_000))],
+                quota: Some(QuotaCounts {
+                    calendar: "month in Europe/Berlin".into(),
+                    seed: [u64::MAX, 7],
+                    words: vec![(1, u64::MAX), (0xabc_def, 42 << 54 | 999_999)],
+                }),
             },
         );
         StateFile { zones }
@@ -602,7 +695,7 @@ mod tests {
 
     #[test]
     fn zones_no_longer_configured_are_named() {
-        let notes = gone_zones(&sample(), |name| name == "api");
+        let notes = gone_zones(&sample(), |name| name == "api" || name == "monthly");
         assert_eq!(
             notes,
             ["zone \"log\" is no longer configured: its runtime limits and 0 override(s) are dropped"]

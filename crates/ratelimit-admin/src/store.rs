@@ -69,6 +69,18 @@ pub struct ZoneInfo {
     /// Tokens of the usage-based lines (`usage=`) that charged the zone; `None` until one
     /// has.
     pub usage: Option<UsageInfo>,
+    /// For a quota zone: `period=`, `tz=` and the current period.
+    pub quota: Option<QuotaInfo>,
+}
+
+/// A quota zone's calendar (`period=`, `tz=`) and its current period.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuotaInfo {
+    /// `hour`, `day`, `week` or `month`.
+    pub period: &'static str,
+    /// `tz=` as configured, `UTC` by default.
+    pub tz: String,
+    pub current: Period,
 }
 
 /// What usage-based lines (`usage=`) charged a zone, in tokens, since it was created.
@@ -129,6 +141,8 @@ impl ZoneInfo {
 pub struct KeyState {
     /// The limits this key gets: the zone's, or its override.
     pub limits: Limits,
+    /// For a quota zone: the current period, in Unix milliseconds.
+    pub period: Option<Period>,
     pub override_limits: Option<Limits>,
     /// What a request of cost 1 would get now (nothing is charged), except `reset_ns`: the
     /// time until the key is back to a fresh key's state as it is, without that request.
@@ -136,6 +150,13 @@ pub struct KeyState {
     /// Tokens the key owes past its bucket's capacity (usage-based lines charge into debt);
     /// 0 when it owes none.
     pub debt: u64,
+}
+
+/// A quota zone's current period: from `start_unix_ms` up to `end_unix_ms`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Period {
+    pub start_unix_ms: i64,
+    pub end_unix_ms: i64,
 }
 
 /// One blocked key (`block=`), as the admin API lists it. Times are wall-clock milliseconds
@@ -201,6 +222,11 @@ pub trait AdminZone {
 
     /// The zone as it is now.
     fn info(&self) -> ZoneInfo;
+
+    /// The zone's algorithm (what [`AdminZone::info`] says, without counting its keys).
+    fn algorithm(&self) -> Algorithm {
+        self.info().algorithm
+    }
 
     /// How the zone's keys are shown and given (`$binary_remote_addr` keys as addresses).
     fn key_form(&self) -> KeyForm {

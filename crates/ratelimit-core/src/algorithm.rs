@@ -1,16 +1,18 @@
 //! What callers need to know about each [`Algorithm`], asked of the algorithm rather than
 //! matched on its name: adding an algorithm is adding its answers here (and its arithmetic).
 
+use crate::quota::QuotaWindow;
 use crate::{sliding_log, Algorithm, Rate};
 
 impl Algorithm {
     /// Every algorithm, in the order of their [`Algorithm::code`]s.
-    pub const ALL: [Algorithm; 5] = [
+    pub const ALL: [Algorithm; 6] = [
         Algorithm::LeakyBucket,
         Algorithm::TokenBucket,
         Algorithm::SlidingLog,
         Algorithm::SlidingWindow,
         Algorithm::Concurrency,
+        Algorithm::Quota(QuotaWindow { tag: 0, end_ns: 0 }),
     ];
 
     /// A number for the algorithm that never changes (shared memory keeps it across
@@ -22,6 +24,7 @@ impl Algorithm {
             Algorithm::SlidingLog => 3,
             Algorithm::SlidingWindow => 4,
             Algorithm::Concurrency => 5,
+            Algorithm::Quota(_) => 6,
         }
     }
 
@@ -80,9 +83,16 @@ impl Algorithm {
     }
 
     /// Whether a fleet can share it (`rate_limit_sync`): a state one grant can be taken from.
+    /// (A quota's count is not shared yet: its period's counter would live in Redis.)
     #[inline]
     pub fn can_sync(self) -> bool {
-        self.is_single_word()
+        self.is_single_word() && !self.is_quota()
+    }
+
+    /// Whether it counts per calendar period (`algorithm=quota`).
+    #[inline]
+    pub fn is_quota(self) -> bool {
+        matches!(self, Algorithm::Quota(_))
     }
 }
 
@@ -109,6 +119,7 @@ mod tests {
             (Algorithm::SlidingLog, false, true, false, false, false),
             (Algorithm::SlidingWindow, true, false, false, false, true),
             (Algorithm::Concurrency, false, false, false, false, false),
+            (Algorithm::ALL[5], true, false, false, false, false),
         ];
         for (algorithm, single, lock, burst, rescaled, sync) in table {
             assert_eq!(algorithm.is_single_word(), single, "{algorithm}");

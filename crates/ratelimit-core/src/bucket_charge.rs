@@ -37,9 +37,10 @@ impl BucketCharge {
         let (slots, delay) = match policy.algorithm {
             Algorithm::LeakyBucket => (policy.limits.burst.checked_add(1)?, policy.delay),
             Algorithm::TokenBucket => (policy.limits.burst.max(1), DelayMode::NoDelay),
-            Algorithm::SlidingLog | Algorithm::SlidingWindow | Algorithm::Concurrency => {
-                return None
-            }
+            Algorithm::SlidingLog
+            | Algorithm::SlidingWindow
+            | Algorithm::Concurrency
+            | Algorithm::Quota(_) => return None,
         };
         let delay_free_ns = match delay {
             DelayMode::NoDelay => u64::MAX,

@@ -62,7 +62,7 @@ impl FleetShape {
             Algorithm::LeakyBucket => limits.burst.saturating_add(1),
             Algorithm::TokenBucket => limits.burst.max(1),
             Algorithm::SlidingWindow => crate::sliding_window::window_limit(&limits.rate).max(1),
-            Algorithm::SlidingLog | Algorithm::Concurrency => return None,
+            Algorithm::SlidingLog | Algorithm::Concurrency | Algorithm::Quota(_) => return None,
         };
         Some(FleetShape {
             interval_ns,

@@ -38,6 +38,8 @@ pub mod leaky_bucket;
 pub mod lease;
 pub mod log_format;
 pub mod penalty;
+pub mod period;
+pub mod quota;
 pub mod rate;
 pub mod replay;
 pub mod replay_usage;
@@ -89,6 +91,7 @@ pub fn decide_word(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Optio
         Algorithm::LeakyBucket => leaky_bucket::decide(state, now_ns, policy),
         Algorithm::TokenBucket => token_bucket::decide(state, now_ns, policy),
         Algorithm::SlidingWindow => sliding_window::decide(state, now_ns, policy),
+        Algorithm::Quota(_) => quota::decide(state, now_ns, policy),
         Algorithm::SlidingLog | Algorithm::Concurrency => (Decision::rejected(0, 0, 0), None),
     }
 }
@@ -119,7 +122,10 @@ pub fn word_idle_at_ns(state: u64, limits: &Limits, algorithm: Algorithm) -> u64
         Algorithm::LeakyBucket => leaky_bucket::idle_at_ns(state, limits),
         Algorithm::TokenBucket => token_bucket::idle_at_ns(state, limits),
         Algorithm::SlidingWindow => sliding_window::idle_at_ns(state, limits),
-        Algorithm::SlidingLog | Algorithm::Concurrency => 0,
+        // A count is fresh again at its period's end, which a state alone does not tell: a
+        // key with a count is kept as long as the zone has room.
+        Algorithm::Quota(_) if state != 0 => u64::MAX,
+        Algorithm::SlidingLog | Algorithm::Concurrency | Algorithm::Quota(_) => 0,
     }
 }
 
@@ -152,10 +158,13 @@ const STANDING_COST: u64 = u32::MAX as u64;
 /// header of a zone that did not itself decide a rejected request).
 #[inline]
 pub fn standing_policy(policy: &Policy) -> Policy {
-    Policy {
-        cost: STANDING_COST,
-        ..*policy
-    }
+    // A quota's limit goes up to 2^53: only a cost above every limit is refused by all.
+    let cost = if policy.algorithm.is_quota() {
+        u64::MAX
+    } else {
+        STANDING_COST
+    };
+    Policy { cost, ..*policy }
 }
 
 /// Re-express a single-word state after its rate changed from `old` to `new`, so that the

@@ -26,7 +26,9 @@ pub fn decide_word(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Optio
         Algorithm::LeakyBucket => leaky_bucket::decide(state, now_ns, policy),
         Algorithm::TokenBucket => token_bucket::decide(state, now_ns, policy),
         Algorithm::SlidingWindow => sliding_window::decide(state, now_ns, policy),
-        Algorithm::SlidingLog | Algorithm::Concurrency => (Decision::rejected(0, 0, 0), None),
+        Algorithm::SlidingLog | Algorithm::Concurrency | Algorithm::Quota(_) => {
+            (Decision::rejected(0, 0, 0), None)
+        }
     }
 }
 
@@ -35,7 +37,7 @@ pub fn word_idle_at_ns(state: u64, limits: &Limits, algorithm: Algorithm) -> u64
         Algorithm::LeakyBucket => leaky_bucket::idle_at_ns(state, limits),
         Algorithm::TokenBucket => token_bucket::idle_at_ns(state, limits),
         Algorithm::SlidingWindow => sliding_window::idle_at_ns(state, limits),
-        Algorithm::SlidingLog | Algorithm::Concurrency => 0,
+        Algorithm::SlidingLog | Algorithm::Concurrency | Algorithm::Quota(_) => 0,
     }
 }
 

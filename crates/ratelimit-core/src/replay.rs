@@ -425,8 +425,9 @@ impl Unlimited {
                 let elapsed = u128::from(now_ns % window_ns);
                 (u128::from(prev) * (w - elapsed) + u128::from(cur) * w).div_ceil(w)
             }
-            // Never replayed: `ZoneSpec` refuses concurrency zones (no request durations).
-            Algorithm::Concurrency => 0,
+            // Never replayed: `ZoneSpec` refuses concurrency zones (no request durations), the
+            // replay refuses quota zones (a timeline's seconds are not a calendar).
+            Algorithm::Concurrency | Algorithm::Quota(_) => 0,
         };
         self.most = self.most.max(u64::try_from(need).unwrap_or(u64::MAX));
     }
@@ -440,7 +441,7 @@ impl Unlimited {
             Algorithm::SlidingLog | Algorithm::SlidingWindow => {
                 Needed::RequestsPerWindow(self.most)
             }
-            Algorithm::Concurrency => Needed::Burst(0),
+            Algorithm::Concurrency | Algorithm::Quota(_) => Needed::Burst(0),
         }
     }
 }

@@ -98,7 +98,8 @@ pub enum SpecError {
 pub use crate::rate::RATE_SYNTAX;
 
 /// Every `algorithm=`, for the error that quotes an unknown one.
-const ALGORITHMS: &str = "leaky_bucket, token_bucket, sliding_log, sliding_window or concurrency";
+const ALGORITHMS: &str =
+    "leaky_bucket, token_bucket, sliding_log, sliding_window, concurrency or quota";
 
 /// The parameters of `rate_limit_zone` after its key, for the error that quotes an unknown one.
 pub const ZONE_PARAMETERS: &[&str] = &[
@@ -109,6 +110,9 @@ pub const ZONE_PARAMETERS: &[&str] = &[
     "sync",
     "block=",
     "block_max=",
+    "limit=",
+    "period=",
+    "tz=",
 ];
 
 /// The parameters of `rate_limit`, for the error that quotes an unknown one.
@@ -150,6 +154,10 @@ pub enum Algorithm {
     /// `concurrency`: requests in flight, not a rate; its zone words are a
     /// [`crate::concurrency::ConcurrencySpec`]. See [`crate::concurrency`].
     Concurrency,
+    /// `quota`: at most N per calendar period, decided in the period of its
+    /// [`crate::quota::QuotaWindow`] (a zone's algorithm has the default window; each
+    /// decision gets its period's). See [`crate::quota`].
+    Quota(crate::quota::QuotaWindow),
 }
 
 impl Algorithm {
@@ -161,6 +169,7 @@ impl Algorithm {
             "sliding_log" => Ok(Algorithm::SlidingLog),
             "sliding_window" => Ok(Algorithm::SlidingWindow),
             "concurrency" => Ok(Algorithm::Concurrency),
+            "quota" => Ok(Algorithm::Quota(Default::default())),
             other => Err(SpecError::UnknownAlgorithm(other.to_string())),
         }
     }
@@ -173,6 +182,7 @@ impl Algorithm {
             Algorithm::SlidingLog => "sliding_log",
             Algorithm::SlidingWindow => "sliding_window",
             Algorithm::Concurrency => "concurrency",
+            Algorithm::Quota(_) => "quota",
         }
     }
 }
@@ -224,7 +234,10 @@ impl Limits {
         let max = match algorithm {
             Algorithm::LeakyBucket => requests.saturating_sub(1),
             Algorithm::TokenBucket => requests,
-            Algorithm::SlidingLog | Algorithm::SlidingWindow | Algorithm::Concurrency => return 0,
+            Algorithm::SlidingLog
+            | Algorithm::SlidingWindow
+            | Algorithm::Concurrency
+            | Algorithm::Quota(_) => return 0,
         };
         max.min(Limits::MAX_BURST)
     }
@@ -345,6 +358,7 @@ impl Policy {
             Algorithm::SlidingWindow => crate::sliding_window::window_limit(&self.limits.rate),
             // Slots are counted by crate::concurrency, never by a policy's decision.
             Algorithm::Concurrency => u64::MAX,
+            Algorithm::Quota(_) => self.limits.quota_limit(),
         }
     }
 }
@@ -367,6 +381,8 @@ pub struct ZoneSpec {
     pub sync: bool,
     /// `block=DURATION [block_max=DURATION]`: block a key after a rejection.
     pub block: Option<BlockPolicy>,
+    /// `algorithm=quota limit=N period=... [tz=...]` (its `rate` is then unused).
+    pub quota: Option<crate::quota::QuotaSpec>,
 }
 
 impl ZoneSpec {
@@ -407,6 +423,7 @@ impl ZoneSpec {
         let mut burst = None;
         let mut algorithm = Algorithm::LeakyBucket;
         let mut sync = false;
+        let (mut quota_limit, mut period, mut tz) = (None, None, None);
 
         for &word in words {
             if word == "sync" {
@@ -432,12 +449,49 @@ impl ZoneSpec {
                 block = Some(parse_block_duration("block", word, value)?);
             } else if let Some(value) = word.strip_prefix("block_max=") {
                 block_max = Some((word, parse_block_duration("block_max", word, value)?));
+            } else if let Some(value) = word.strip_prefix("limit=") {
+                quota_limit = Some(crate::quota::parse_limit(word, value)?);
+            } else if let Some(value) = word.strip_prefix("period=") {
+                period = Some(value);
+            } else if let Some(value) = word.strip_prefix("tz=") {
+                tz = Some(value);
             } else {
                 return Err(SpecError::invalid_parameter(word, ZONE_PARAMETERS));
             }
         }
 
-        let rate = rate.ok_or(SpecError::MissingParameter("rate"))?;
+        let quota = match algorithm {
+            Algorithm::Quota(_) => {
+                if rate.is_some() || burst.is_some() {
+                    return Err(SpecError::Conflict(
+                        "\"rate\" and \"burst\" are not used by quota zones, which count up to \
+                         \"limit\" per \"period\""
+                            .into(),
+                    ));
+                }
+                Some(crate::quota::QuotaSpec::new(quota_limit, period, tz)?)
+            }
+            _ => {
+                if let Some(word) = [
+                    quota_limit.map(|_| "limit"),
+                    period.map(|_| "period"),
+                    tz.map(|_| "tz"),
+                ]
+                .into_iter()
+                .flatten()
+                .next()
+                {
+                    return Err(SpecError::Conflict(format!(
+                        "\"{word}\" is used by quota zones only (algorithm=quota)"
+                    )));
+                }
+                None
+            }
+        };
+        let rate = match &quota {
+            Some(quota) => Limits::quota(quota.limit).rate,
+            None => rate.ok_or(SpecError::MissingParameter("rate"))?,
+        };
         let block = match (block, block_max) {
             (None, None) => None,
             (None, Some(_)) => {
@@ -469,9 +523,17 @@ impl ZoneSpec {
             algorithm,
             sync,
             block,
+            quota,
         };
         spec.check_sliding()?;
         spec.limits().check_bucket(algorithm)?;
+        if sync && algorithm.is_quota() {
+            return Err(SpecError::Conflict(
+                "\"sync\" is not supported by quota zones yet: each instance counts its own \
+                 requests"
+                    .into(),
+            ));
+        }
         if sync && !algorithm.can_sync() {
             return Err(SpecError::Conflict(
                 "\"sync\" is not supported by sliding_log: its log of request times cannot be \
@@ -488,9 +550,10 @@ impl ZoneSpec {
         let maximum = match self.algorithm {
             Algorithm::SlidingLog => ZoneSpec::MAX_SLIDING_LOG_REQUESTS,
             Algorithm::SlidingWindow => ZoneSpec::MAX_SLIDING_WINDOW_REQUESTS,
-            Algorithm::LeakyBucket | Algorithm::TokenBucket | Algorithm::Concurrency => {
-                return Ok(())
-            }
+            Algorithm::LeakyBucket
+            | Algorithm::TokenBucket
+            | Algorithm::Concurrency
+            | Algorithm::Quota(_) => return Ok(()),
         };
         let algorithm = self.algorithm;
         let rate = self.rate;
@@ -515,6 +578,9 @@ impl ZoneSpec {
 
     /// The limits this spec configures (burst defaults to 0).
     pub fn limits(&self) -> Limits {
+        if let Some(quota) = &self.quota {
+            return Limits::quota(quota.limit);
+        }
         Limits {
             rate: self.rate,
             burst: self.burst.unwrap_or(0),
@@ -800,12 +866,12 @@ mod tests {
              "algorithm \"concurrency\" limits requests in flight, not a rate: a replay of \
               arrival times cannot show it (its zone words are read by ConcurrencySpec)"),
             ("rate=1r/s algorithm=token-bucket", "unknown algorithm \"token-bucket\": it must \
-              be leaky_bucket, token_bucket, sliding_log, sliding_window or concurrency"),
+              be leaky_bucket, token_bucket, sliding_log, sliding_window, concurrency or quota"),
             ("rate=1r/s foo", "invalid parameter \"foo\": it must be zone=, rate=, burst=, \
-              algorithm=, sync, block= or block_max="),
+              algorithm=, sync, block=, block_max=, limit=, period= or tz="),
             ("rate=1r/s brust=5", "invalid parameter \"brust=5\", did you mean \"burst=\"?"),
             ("rate=1r/s nodelay", "invalid parameter \"nodelay\": it must be zone=, rate=, \
-              burst=, algorithm=, sync, block= or block_max="),
+              burst=, algorithm=, sync, block=, block_max=, limit=, period= or tz="),
             ("rate=0.5r/s algorithm=sliding_log",
              "rate \"0.5r/s\" is not a whole number of requests for sliding_log"),
             ("rate=5000r/s algorithm=sliding_log",

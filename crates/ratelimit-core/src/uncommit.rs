@@ -38,6 +38,7 @@ pub fn uncommit_word(state: u64, now_ns: u64, policy: &Policy) -> u64 {
             state.saturating_sub(charged).max(now_ns)
         }
         Algorithm::SlidingWindow => sliding_window::uncommit(state, now_ns, policy),
+        Algorithm::Quota(_) => crate::quota::uncommit(state, policy),
         Algorithm::SlidingLog | Algorithm::Concurrency => state,
     }
 }

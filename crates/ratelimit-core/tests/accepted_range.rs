@@ -120,7 +120,7 @@ fn capacity(algorithm: Algorithm, limits: &Limits) -> u64 {
         Algorithm::TokenBucket => limits.burst.max(1),
         Algorithm::SlidingLog => sliding_log::window_limit(&limits.rate),
         Algorithm::SlidingWindow => sliding_window::window_limit(&limits.rate),
-        Algorithm::Concurrency => unreachable!("not a rate algorithm"),
+        Algorithm::Concurrency | Algorithm::Quota(_) => unreachable!("not a rate algorithm"),
     };
     let policy = Policy {
         algorithm,

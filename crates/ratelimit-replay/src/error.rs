@@ -15,6 +15,11 @@ pub enum ReplayError {
     Zone(SpecError),
     #[error("--limit: {0}")]
     Limit(SpecError),
+    #[error(
+        "--zone: quota zones (algorithm=quota) are not replayed yet: their periods follow the \
+         calendar, which a replay of a log's seconds does not"
+    )]
+    Quota,
     #[error("--key-field counts from 1")]
     KeyFieldZero,
     #[error("--log-format: {0}")]

@@ -440,6 +440,9 @@ fn looks_like_access_log(line: &str) -> bool {
 fn parse_policy(args: &Args) -> Result<(Policy, ZoneSpec, Option<LimitSpec>), ReplayError> {
     let zone_words: Vec<&str> = args.zone.split_whitespace().collect();
     let zone = ZoneSpec::parse_words(&zone_words).map_err(ReplayError::Zone)?;
+    if zone.quota.is_some() {
+        return Err(ReplayError::Quota);
+    }
     let limit = match &args.limit {
         Some(words) => {
             let words: Vec<&str> = words.split_whitespace().collect();
@@ -668,7 +671,10 @@ fn describe(replay: &Replay) -> String {
         }
         Algorithm::TokenBucket => words.push(format!("burst={}", policy.limits.burst)),
         // A concurrency zone is refused when the zone's words are read.
-        Algorithm::SlidingLog | Algorithm::SlidingWindow | Algorithm::Concurrency => {}
+        Algorithm::SlidingLog
+        | Algorithm::SlidingWindow
+        | Algorithm::Concurrency
+        | Algorithm::Quota(_) => {}
     }
     words.push(format!("algorithm={}", policy.algorithm));
     words.push(format!("cost={}", policy.cost));

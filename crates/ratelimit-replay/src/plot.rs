@@ -421,7 +421,7 @@ fn level_course(points: &[Point], policy: &Policy, end_ns: u64) -> Vec<(u64, f64
             course.push((end_ns, level, level));
         }
         // Never plotted: a replay refuses concurrency zones.
-        Algorithm::Concurrency => {}
+        Algorithm::Concurrency | Algorithm::Quota(_) => {}
         Algorithm::SlidingWindow => {
             // prev × (uncovered part of the window) + cur: linear within a window.
             let window = policy.limits.rate.window_ns().max(1);
@@ -476,7 +476,7 @@ fn level(svg: &mut String, points: &[Point], axis: &Axis, policy: &Policy) {
             (n * 1000, format!("limit {n} per window"), "burst")
         }
         // Never plotted: a replay refuses concurrency zones.
-        Algorithm::Concurrency => (0, String::new(), "burst"),
+        Algorithm::Concurrency | Algorithm::Quota(_) => (0, String::new(), "burst"),
     };
     let top_milli = course
         .iter()

@@ -11,6 +11,7 @@
 
 mod json;
 pub mod openai;
+pub mod prices;
 pub mod reader;
 pub mod settle;
 mod sse;
