@@ -332,10 +332,6 @@ fn nginx_t_takes_quotas_up_to_2_53_and_names_what_is_wrong() {
             "\"rate\" and \"burst\" are not used by quota zones",
         ),
         (
-            "algorithm=quota limit=5 period=day sync",
-            "\"sync\" is not supported by quota zones yet",
-        ),
-        (
             "rate=1r/s period=day",
             "\"period\" is used by quota zones only (algorithm=quota)",
         ),

@@ -245,6 +245,16 @@ impl Charged {
         if self.policy.algorithm.is_quota() {
             // A quota's debt is one more limit by default: the count may reach twice it.
             let debt = debt.unwrap_or_else(|| self.policy.limits.quota_limit());
+            if self.zone.is_sync() {
+                return super::quota::charge_into_debt_synced(
+                    &self.zone,
+                    self.slot,
+                    now_ns,
+                    &self.policy,
+                    tokens,
+                    debt,
+                );
+            }
             return self
                 .zone
                 .charge_into_debt(self.slot, now_ns, &self.policy, tokens, debt);

@@ -16,6 +16,9 @@ use crate::store::{SlotIndex, Zone};
 /// zone's own algorithm; a request the algorithm rejects gives its grant back, one it charges
 /// is added to the key's pending delta for the loop.
 pub(super) fn decide(zone: &Zone, index: SlotIndex, now_ns: u64, policy: &Policy) -> Decision {
+    if policy.algorithm.is_quota() {
+        return super::quota::decide_synced(zone, index, now_ns, policy);
+    }
     // One pin covers the grant, the charge and the pending add: all land on this key.
     let Some(pin) = zone.pin_to_charge(index, now_ns) else {
         return zone.decide(index, now_ns, policy, true);
@@ -63,6 +66,9 @@ pub(super) fn decide(zone: &Zone, index: SlotIndex, now_ns: u64, policy: &Policy
 /// already sent stays charged to the fleet (it errs on the strict side, by at most the
 /// requests given back within one interval). Nothing when the key lost its slot since.
 pub(super) fn uncommit(zone: &Zone, index: SlotIndex, now_ns: u64, policy: &Policy) {
+    if policy.algorithm.is_quota() {
+        return super::quota::uncommit_synced(zone, index, now_ns, policy);
+    }
     let Some(pin) = zone.pin_own(index) else {
         return;
     };
@@ -143,7 +149,13 @@ fn take_grant(grant: &AtomicU64, sync: &SyncShared, policy: &Policy, cost: u64) 
 
 /// A rejection for want of a grant (or in `closed` mode): where the key stands, retried after
 /// `retry_ns` (the next sync, or a second when closed).
-fn refused(zone: &Zone, pin: &Pin, now_ns: u64, policy: &Policy, retry_ns: u64) -> Decision {
+pub(super) fn refused(
+    zone: &Zone,
+    pin: &Pin,
+    now_ns: u64,
+    policy: &Policy,
+    retry_ns: u64,
+) -> Decision {
     // What the zone alone would say, charging nothing (a peek never takes a grant).
     let alone = zone.decide_pinned(pin, now_ns, policy, false);
     Decision {

@@ -7,6 +7,7 @@
 //! * `shared`: the record as the loop names it, and the codes of its errors;
 //! * `task`: the loop thread and its rounds; `link`: its connections (every byte read
 //!   bounded), `cluster`: its routing for a Redis Cluster, `tls`: TLS failures told apart;
+//! * `quota`: the period's counters of `sync` quota zones, exchanged after each round;
 //! * `overrides`: the fleet's per-key overrides as the loop agrees on them with Redis; their
 //!   changes reach a worker through the store's inbox, and the worker applies them from its
 //!   watch timer through the control layer (the thread may not take a zone's lock);
@@ -20,6 +21,7 @@ mod blocks;
 mod cluster;
 mod link;
 mod overrides;
+mod quota;
 mod repeats;
 mod sentinel;
 mod shared;
@@ -226,6 +228,10 @@ fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Op
                 overrides: Default::default(),
                 bursts: zone.bursts,
                 block: zone.block,
+                quota: zone
+                    .quota
+                    .as_ref()
+                    .map(|quota| quota::QuotaSync::new(quota.calendar.clone())),
             })
         })
         .collect();

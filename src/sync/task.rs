@@ -631,6 +631,9 @@ impl Task {
                 self.missed(&failed, round, send, mode, state);
             }
         }
+        if !state.failing {
+            self.sync_quotas(link).await;
+        }
         if !sending {
             // Keys that need the fleet while it does not answer: granted from shares.
             self.grant_locally(&candidates, round, self.sync.mode(), state);
@@ -657,6 +660,29 @@ impl Task {
             self.sync.note_bad(Bad::ReplySize, 0, 0, bound as u64);
         }
         super::blocks::received(&self.zones, &sent, replies, self.sync);
+    }
+
+    /// The quota zones' counters (`super::quota`), after a round trip that succeeded: the
+    /// deltas out, the fleet's totals back; a failure puts the deltas back for the next one.
+    async fn sync_quotas(&self, link: &mut Link) {
+        let (sent, commands) = super::quota::commands(&self.zones, &self.spec.prefix);
+        if commands.is_empty() {
+            return;
+        }
+        let timeout = Duration::from_millis(self.spec.timeout_ms);
+        // An integer or a short string per command.
+        let bound = 4096 + commands.len() * 32;
+        link.allow(bound);
+        let replies = match tokio::time::timeout(timeout, self.exchange(link, &commands)).await {
+            Ok(replies) => replies,
+            Err(_) => commands.iter().map(|_| Err(SyncError::Timeout)).collect(),
+        };
+        if link.overflowed() {
+            self.sync.note_bad(Bad::ReplySize, 0, 0, bound as u64);
+        }
+        if super::quota::received(&self.zones, &sent, replies, self.sync).is_some() {
+            self.sync.errors.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Between rounds, after an admin write or a new block: the heartbeat, the zones' limits,

@@ -30,6 +30,8 @@ pub struct SyncZone {
     pub bursts: LocationBursts,
     /// `block=`: the zone's blocks are shared too (`super::blocks`).
     pub block: Option<ratelimit_core::penalty::BlockPolicy>,
+    /// `algorithm=quota`: the period's counters are shared (`super::quota`).
+    pub quota: Option<super::quota::QuotaSync>,
 }
 
 impl SyncZone {

@@ -82,11 +82,11 @@ impl Algorithm {
         matches!(self, Algorithm::LeakyBucket | Algorithm::TokenBucket)
     }
 
-    /// Whether a fleet can share it (`rate_limit_sync`): a state one grant can be taken from.
-    /// (A quota's count is not shared yet: its period's counter would live in Redis.)
+    /// Whether a fleet can share it (`rate_limit_sync`): a state one grant can be taken from,
+    /// or a quota's count (its period's counter lives in Redis, `crate::fleet_quota`).
     #[inline]
     pub fn can_sync(self) -> bool {
-        self.is_single_word() && !self.is_quota()
+        self.is_single_word()
     }
 
     /// Whether it counts per calendar period (`algorithm=quota`).
@@ -119,7 +119,7 @@ mod tests {
             (Algorithm::SlidingLog, false, true, false, false, false),
             (Algorithm::SlidingWindow, true, false, false, false, true),
             (Algorithm::Concurrency, false, false, false, false, false),
-            (Algorithm::ALL[5], true, false, false, false, false),
+            (Algorithm::ALL[5], true, false, false, false, true),
         ];
         for (algorithm, single, lock, burst, rescaled, sync) in table {
             assert_eq!(algorithm.is_single_word(), single, "{algorithm}");

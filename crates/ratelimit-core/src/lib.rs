@@ -28,6 +28,7 @@ pub mod decision;
 pub mod fleet;
 pub mod fleet_blocks;
 pub mod fleet_overrides;
+pub mod fleet_quota;
 pub mod fleet_round;
 pub mod grpc;
 pub mod hint;

@@ -527,13 +527,6 @@ impl ZoneSpec {
         };
         spec.check_sliding()?;
         spec.limits().check_bucket(algorithm)?;
-        if sync && algorithm.is_quota() {
-            return Err(SpecError::Conflict(
-                "\"sync\" is not supported by quota zones yet: each instance counts its own \
-                 requests"
-                    .into(),
-            ));
-        }
         if sync && !algorithm.can_sync() {
             return Err(SpecError::Conflict(
                 "\"sync\" is not supported by sliding_log: its log of request times cannot be \

@@ -1,0 +1,192 @@
+//! `sync` on quota zones against a real redis-server and real nginx instances: the period's
+//! counter of a key lives in Redis, each instance decides from its own view of it (no Redis
+//! call on a request), and once the fleet is synced two instances admit the quota exactly,
+//! an override set on one instance raises it on both, and the count survives a restart.
+//!
+//! "Synced" is read, not slept for: after each admitted request the test waits until both
+//! instances' admin APIs show the key's `used` at the fleet's count.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::redis::Redis;
+use common::{send, Nginx, Request};
+use serde_json::Value;
+
+const LIMIT: u64 = 20;
+
+fn config(redis: &Redis, state: Option<&std::path::Path>) -> String {
+    let state = state.map_or(String::new(), |path| {
+        format!("rate_limit_state_file {};", path.display())
+    });
+    common::config()
+        .workers(2)
+        .reuseport()
+        .main("user root;")
+        .http(&format!(
+            "rate_limit_sync redis://127.0.0.1:{} interval=100ms;\n\
+             rate_limit_zone $http_x_key zone=q:1m algorithm=quota limit={LIMIT} period=day \
+             tz=Europe/Berlin sync;\n{state}",
+            redis.port
+        ))
+        .locations("location / { rate_limit zone=q; }")
+        .locations("location /ratelimit/ { rate_limit_admin write=on; }")
+        .build()
+}
+
+fn hit(nginx: &Nginx, key: &str) -> u16 {
+    send(nginx.port(), &Request::get("/").header("X-Key", key)).status
+}
+
+fn admin(nginx: &Nginx, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+    let mut request = Request::new(method, &format!("/ratelimit/{path}"));
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    let response = send(nginx.port(), &request);
+    let value = serde_json::from_slice(&response.body).unwrap_or(Value::Null);
+    (response.status, value)
+}
+
+/// The key's `used` and `limit` as the instance sees them; `None` while it has no state.
+fn key_view(nginx: &Nginx, key: &str) -> Option<(u64, u64)> {
+    let (status, value) = admin(nginx, "GET", &format!("zones/q/keys/{key}"), None);
+    if status == 404 {
+        return None;
+    }
+    assert_eq!(status, 200, "{value}");
+    Some((value["used"].as_u64()?, value["limit"].as_u64()?))
+}
+
+/// Wait (at most 10 s: rounds are 100 ms) until every instance that knows the key sees
+/// `used` and `limit`.
+fn wait_synced(fleet: &[&Nginx], key: &str, used: u64, limit: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let views: Vec<_> = fleet.iter().map(|nginx| key_view(nginx, key)).collect();
+        if views
+            .iter()
+            .all(|view| view.is_none_or(|view| view == (used, limit)))
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never synced at used={used} limit={limit}: {views:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `count` requests of `key` alternating between the instances, each after the fleet synced
+/// what the one before it admitted; returns how many each instance admitted.
+fn alternate(fleet: &[&Nginx], key: &str, count: usize, limit: u64, used: &mut u64) -> Vec<u64> {
+    let mut admitted = vec![0; fleet.len()];
+    for at in 0..count {
+        let instance = at % fleet.len();
+        match hit(fleet[instance], key) {
+            200 => {
+                admitted[instance] += 1;
+                *used += 1;
+            }
+            429 => {}
+            status => panic!("request {at}: status {status}"),
+        }
+        wait_synced(fleet, key, *used, limit);
+    }
+    admitted
+}
+
+/// The one period counter in Redis (`rl:` `q` `:q:{NN}:START:ID`): its count and PTTL.
+fn redis_count(redis: &Redis) -> (u64, i64) {
+    let names = redis.cli(&["KEYS", "rl:q:q:*"]);
+    let name = names.trim();
+    assert!(!name.is_empty() && !name.contains('\n'), "{names:?}");
+    let count = redis.cli(&["GET", name]).trim().parse().unwrap();
+    let ttl = redis.cli(&["PTTL", name]).trim().parse().unwrap();
+    (count, ttl)
+}
+
+#[test]
+fn two_instances_admit_the_quota_exactly_once_synced_and_an_override_raises_it_on_both() {
+    let redis = Redis::start();
+    let a = Nginx::start(&config(&redis, None));
+    let b = Nginx::start(&config(&redis, None));
+    for nginx in [&a, &b] {
+        nginx.write_file("html/index.html", "ok\n");
+    }
+    redis.wait_instances(2);
+    let fleet = [&a, &b];
+
+    // 30 requests spread over both: exactly the quota, from both instances.
+    let mut used = 0;
+    let admitted = alternate(&fleet, "acme", 30, LIMIT, &mut used);
+    assert_eq!(admitted.iter().sum::<u64>(), LIMIT, "{admitted:?}");
+    assert!(admitted.iter().all(|&n| n >= 5), "{admitted:?}");
+    // Refused on both, with Retry-After up to Berlin's next midnight.
+    for nginx in fleet {
+        let response = send(nginx.port(), &Request::get("/").header("X-Key", "acme"));
+        assert_eq!(response.status, 429);
+        let retry_after: u64 = response.header("Retry-After").unwrap().parse().unwrap();
+        assert!((1..=25 * 3600).contains(&retry_after), "{retry_after}");
+    }
+    let (count, ttl) = redis_count(&redis);
+    assert_eq!(count, LIMIT);
+    // Expiring at the period's end plus an hour's margin: more than an hour, at most 26.
+    assert!((3_600_000..=26 * 3_600_000).contains(&ttl), "PTTL {ttl}");
+
+    // Raised on one instance, the other takes the override: 5 more in total, exactly.
+    let (status, value) = admin(
+        &a,
+        "PUT",
+        "zones/q/overrides/acme",
+        Some(r#"{"limit": 25}"#),
+    );
+    assert!((200..300).contains(&status), "{status} {value}");
+    wait_synced(&fleet, "acme", LIMIT, 25);
+    let admitted = alternate(&fleet, "acme", 12, 25, &mut used);
+    assert_eq!(admitted.iter().sum::<u64>(), 5, "{admitted:?}");
+    assert_eq!(redis_count(&redis).0, 25);
+
+    // Another key is counted apart.
+    assert_eq!(hit(&b, "other"), 200);
+}
+
+#[test]
+fn the_count_survives_a_restart_in_redis() {
+    let redis = Redis::start();
+    let dir = std::env::temp_dir().join(format!("ngx-rate-limit-qsync-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.join("state.json");
+    let a = Nginx::start(&config(&redis, Some(&state)));
+    let b = Nginx::start(&config(&redis, None));
+    for nginx in [&a, &b] {
+        nginx.write_file("html/index.html", "ok\n");
+    }
+    redis.wait_instances(2);
+    let mut used = 0;
+    let admitted = alternate(&[&a, &b], "acme", 24, LIMIT, &mut used);
+    assert_eq!(admitted.iter().sum::<u64>(), LIMIT, "{admitted:?}");
+
+    // B stopped and started afresh (no state file): its first request of the key comes
+    // before any round read the counter, and is admitted within its share; the round that
+    // sends it reads the fleet's count, and every request after it is refused.
+    b.stop();
+    let b = Nginx::start(&config(&redis, None));
+    b.write_file("html/index.html", "ok\n");
+    let first = hit(&b, "acme");
+    let expected = LIMIT + u64::from(first == 200);
+    wait_synced(&[&a, &b], "acme", expected, LIMIT);
+    assert!((0..5).all(|_| hit(&b, "acme") == 429));
+    assert_eq!(redis_count(&redis).0, expected);
+
+    // A stopped and started with its state file: refused from its first request.
+    a.stop();
+    let a = Nginx::start(&config(&redis, Some(&state)));
+    a.write_file("html/index.html", "ok\n");
+    assert!((0..5).all(|_| hit(&a, "acme") == 429));
+    assert_eq!(redis_count(&redis).0, expected);
+    let _ = std::fs::remove_dir_all(&dir);
+}
