@@ -17,6 +17,10 @@ use serde_json::Value;
 const LIMIT: u64 = 20;
 
 fn config(redis: &Redis, state: Option<&std::path::Path>) -> String {
+    config_with(redis, state, "")
+}
+
+fn config_with(redis: &Redis, state: Option<&std::path::Path>, sync_words: &str) -> String {
     let state = state.map_or(String::new(), |path| {
         format!("rate_limit_state_file {};", path.display())
     });
@@ -25,7 +29,7 @@ fn config(redis: &Redis, state: Option<&std::path::Path>) -> String {
         .reuseport()
         .main("user root;")
         .http(&format!(
-            "rate_limit_sync redis://127.0.0.1:{} interval=100ms;\n\
+            "rate_limit_sync redis://127.0.0.1:{} interval=100ms {sync_words};\n\
              rate_limit_zone $http_x_key zone=q:1m algorithm=quota limit={LIMIT} period=day \
              tz=Europe/Berlin sync;\n{state}",
             redis.port
@@ -99,6 +103,19 @@ fn alternate(fleet: &[&Nginx], key: &str, count: usize, limit: u64, used: &mut u
 }
 
 /// The one period counter in Redis (`rl:` `q` `:q:{NN}:START:ID`): its count and PTTL.
+/// Wait (at most 10 s) until the instance's sync mode is `mode`.
+fn wait_mode(nginx: &Nginx, mode: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, zone) = admin(nginx, "GET", "zones/q", None);
+        if zone["sync"]["mode"] == mode {
+            return;
+        }
+        assert!(Instant::now() < deadline, "mode never {mode}: {zone}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn redis_count(redis: &Redis) -> (u64, i64) {
     let names = redis.cli(&["KEYS", "rl:q:q:*"]);
     let name = names.trim();
@@ -189,4 +206,120 @@ fn the_count_survives_a_restart_in_redis() {
     assert!((0..5).all(|_| hit(&a, "acme") == 429));
     assert_eq!(redis_count(&redis).0, expected);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn with_redis_stopped_local_share_admits_each_instance_its_share_of_what_is_left() {
+    let redis = Redis::start();
+    let a = Nginx::start(&config_with(
+        &redis,
+        None,
+        "timeout=50ms on_failure=local_share",
+    ));
+    let b = Nginx::start(&config_with(
+        &redis,
+        None,
+        "timeout=50ms on_failure=local_share",
+    ));
+    for nginx in [&a, &b] {
+        nginx.write_file("html/index.html", "ok\n");
+    }
+    redis.wait_instances(2);
+    let mut used = 0;
+    let admitted = alternate(&[&a, &b], "acme", 8, LIMIT, &mut used);
+    assert_eq!(admitted, [4, 4]);
+
+    // Redis stops answering: once local_share is in force, each instance admits half of
+    // the 12 the fleet had left, whatever it is offered.
+    redis.signal(common::redis::SIGSTOP);
+    for nginx in [&a, &b] {
+        wait_mode(nginx, "local_share");
+    }
+    let passed: Vec<usize> = [&a, &b]
+        .iter()
+        .map(|nginx| (0..20).filter(|_| hit(nginx, "acme") == 200).count())
+        .collect();
+    assert_eq!(passed, [6, 6]);
+
+    // Redis back: what each admitted meanwhile reaches the counter, and the fleet refuses.
+    redis.signal(common::redis::SIGCONT);
+    wait_synced(&[&a, &b], "acme", LIMIT, LIMIT);
+    assert_eq!(redis_count(&redis).0, LIMIT);
+    assert_eq!(hit(&a, "acme"), 429);
+    assert_eq!(hit(&b, "acme"), 429);
+}
+
+#[test]
+fn with_on_failure_closed_a_silent_redis_refuses_every_request() {
+    let redis = Redis::start();
+    let a = Nginx::start(&config_with(&redis, None, "timeout=50ms on_failure=closed"));
+    a.write_file("html/index.html", "ok\n");
+    redis.wait_instances(1);
+    assert_eq!(hit(&a, "acme"), 200);
+    redis.signal(common::redis::SIGSTOP);
+    wait_mode(&a, "closed");
+    assert!((0..5).all(|_| hit(&a, "acme") == 429));
+    redis.signal(common::redis::SIGCONT);
+    wait_mode(&a, "synced");
+    assert_eq!(hit(&a, "acme"), 200);
+}
+
+#[test]
+fn counts_saved_without_sync_are_not_restored_into_a_sync_zone() {
+    let redis = Redis::start();
+    let dir =
+        std::env::temp_dir().join(format!("ngx-rate-limit-qsync-seed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.join("state.json");
+    // The same zone without `sync`: a random seed, saved with its counts.
+    let alone = config(&redis, Some(&state))
+        .replace(" sync;", ";")
+        .replace("rate_limit_sync", "# rate_limit_sync");
+    let nginx = Nginx::start(&alone);
+    nginx.write_file("html/index.html", "ok\n");
+    assert!((0..3).all(|_| hit(&nginx, "acme") == 200));
+    nginx.stop();
+    let nginx = Nginx::start(&config(&redis, Some(&state)));
+    let log = nginx.error_log();
+    assert!(
+        log.contains("zone \"q\" counted 1 key(s) without \"sync\": the fleet's counts in Redis are used instead"),
+        "{log}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "a measurement: cargo test --test quota_sync -- --ignored --nocapture"]
+fn measure_unsynced_bursts() {
+    let redis = Redis::start();
+    let a = Nginx::start(&config(&redis, None));
+    let b = Nginx::start(&config(&redis, None));
+    for nginx in [&a, &b] {
+        nginx.write_file("html/index.html", "ok\n");
+    }
+    redis.wait_instances(2);
+    for (round, gap_ms) in [0u64, 0, 0, 2, 2, 2, 5, 5, 5, 10, 10, 10]
+        .iter()
+        .enumerate()
+    {
+        let key = format!("burst{round}");
+        let mut connections = [
+            common::Connection::open(a.port()),
+            common::Connection::open(b.port()),
+        ];
+        let started = Instant::now();
+        let mut admitted = 0;
+        for at in 0..60 {
+            let request = Request::get("/").header("X-Key", &key);
+            if connections[at % 2].send(&request).status == 200 {
+                admitted += 1;
+            }
+            std::thread::sleep(Duration::from_millis(*gap_ms));
+        }
+        println!(
+            "gap {gap_ms} ms: {admitted} of 60 admitted in {:?} (limit {LIMIT})",
+            started.elapsed()
+        );
+    }
 }

@@ -110,6 +110,18 @@ pub fn restore(zone_conf: &mut ZoneConf) {
         );
     }
     let quota = quota.filter(|quota| Some(&quota.calendar) == calendar.as_ref());
+    // A `sync` zone hashes keys with the seed of its name, as every instance of the fleet
+    // does: counts saved under another seed (the zone had no `sync`) name no key here.
+    if let Some(quota) = quota.filter(|quota| zone.is_sync() && quota.seed != zone.seed()) {
+        ngx_log_error!(
+            NGX_LOG_NOTICE,
+            log,
+            "rate_limit_state_file \"{path}\": zone \"{name}\" counted {} key(s) without \
+             \"sync\": the fleet's counts in Redis are used instead",
+            quota.words.len()
+        );
+    }
+    let quota = quota.filter(|quota| !zone.is_sync() || quota.seed == zone.seed());
     let zone = match quota {
         Some(quota) => {
             let zone = zone.reseeded(quota.seed);
