@@ -167,7 +167,17 @@ fn two_instances_admit_the_quota_exactly_once_synced_and_an_override_raises_it_o
     assert_eq!(redis_count(&redis).0, 25);
 
     // Another key is counted apart.
+    assert_eq!(hit(&a, "other"), 200);
     assert_eq!(hit(&b, "other"), 200);
+    wait_synced(&fleet, "other", 2, LIMIT);
+
+    // The zone's limit changed on one instance reaches the other.
+    let (status, value) = admin(&b, "PATCH", "zones/q", Some(r#"{"limit": 30}"#));
+    assert!((200..300).contains(&status), "{status} {value}");
+    wait_synced(&fleet, "other", 2, 30);
+    assert!(fleet
+        .iter()
+        .all(|nginx| key_view(nginx, "other") == Some((2, 30))));
 }
 
 #[test]
