@@ -39,18 +39,30 @@ fn config_with(redis: &Redis, state: Option<&std::path::Path>, sync_words: &str)
         .build()
 }
 
+/// An empty directory for a state file, outside any nginx prefix (it outlives one nginx).
+fn state_dir(test: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "ngx-rate-limit-qsync-{test}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// One instance of the fleet, serving `html/index.html`.
+fn instance(redis: &Redis, state: Option<&std::path::Path>, sync_words: &str) -> Nginx {
+    let nginx = Nginx::start(&config_with(redis, state, sync_words));
+    nginx.write_file("html/index.html", "ok\n");
+    nginx
+}
+
 fn hit(nginx: &Nginx, key: &str) -> u16 {
     send(nginx.port(), &Request::get("/").header("X-Key", key)).status
 }
 
 fn admin(nginx: &Nginx, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
-    let mut request = Request::new(method, &format!("/ratelimit/{path}"));
-    if let Some(body) = body {
-        request = request.json(body);
-    }
-    let response = send(nginx.port(), &request);
-    let value = serde_json::from_slice(&response.body).unwrap_or(Value::Null);
-    (response.status, value)
+    common::admin::admin_json(nginx, method, path, body)
 }
 
 /// The key's `used` and `limit` as the instance sees them; `None` while it has no state.
@@ -128,11 +140,8 @@ fn redis_count(redis: &Redis) -> (u64, i64) {
 #[test]
 fn two_instances_admit_the_quota_exactly_once_synced_and_an_override_raises_it_on_both() {
     let redis = Redis::start();
-    let a = Nginx::start(&config(&redis, None));
-    let b = Nginx::start(&config(&redis, None));
-    for nginx in [&a, &b] {
-        nginx.write_file("html/index.html", "ok\n");
-    }
+    let a = instance(&redis, None, "");
+    let b = instance(&redis, None, "");
     redis.wait_instances(2);
     let fleet = [&a, &b];
 
@@ -183,15 +192,10 @@ fn two_instances_admit_the_quota_exactly_once_synced_and_an_override_raises_it_o
 #[test]
 fn the_count_survives_a_restart_in_redis() {
     let redis = Redis::start();
-    let dir = std::env::temp_dir().join(format!("ngx-rate-limit-qsync-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = state_dir("restart");
     let state = dir.join("state.json");
-    let a = Nginx::start(&config(&redis, Some(&state)));
-    let b = Nginx::start(&config(&redis, None));
-    for nginx in [&a, &b] {
-        nginx.write_file("html/index.html", "ok\n");
-    }
+    let a = instance(&redis, Some(&state), "");
+    let b = instance(&redis, None, "");
     redis.wait_instances(2);
     let mut used = 0;
     let admitted = alternate(&[&a, &b], "acme", 24, LIMIT, &mut used);
@@ -201,8 +205,7 @@ fn the_count_survives_a_restart_in_redis() {
     // before any round read the counter, and is admitted within its share; the round that
     // sends it reads the fleet's count, and every request after it is refused.
     b.stop();
-    let b = Nginx::start(&config(&redis, None));
-    b.write_file("html/index.html", "ok\n");
+    let b = instance(&redis, None, "");
     let first = hit(&b, "acme");
     let expected = LIMIT + u64::from(first == 200);
     wait_synced(&[&a, &b], "acme", expected, LIMIT);
@@ -211,8 +214,7 @@ fn the_count_survives_a_restart_in_redis() {
 
     // A stopped and started with its state file: refused from its first request.
     a.stop();
-    let a = Nginx::start(&config(&redis, Some(&state)));
-    a.write_file("html/index.html", "ok\n");
+    let a = instance(&redis, Some(&state), "");
     assert!((0..5).all(|_| hit(&a, "acme") == 429));
     assert_eq!(redis_count(&redis).0, expected);
     let _ = std::fs::remove_dir_all(&dir);
@@ -221,19 +223,8 @@ fn the_count_survives_a_restart_in_redis() {
 #[test]
 fn with_redis_stopped_local_share_admits_each_instance_its_share_of_what_is_left() {
     let redis = Redis::start();
-    let a = Nginx::start(&config_with(
-        &redis,
-        None,
-        "timeout=50ms on_failure=local_share",
-    ));
-    let b = Nginx::start(&config_with(
-        &redis,
-        None,
-        "timeout=50ms on_failure=local_share",
-    ));
-    for nginx in [&a, &b] {
-        nginx.write_file("html/index.html", "ok\n");
-    }
+    let a = instance(&redis, None, "timeout=50ms on_failure=local_share");
+    let b = instance(&redis, None, "timeout=50ms on_failure=local_share");
     redis.wait_instances(2);
     let mut used = 0;
     let admitted = alternate(&[&a, &b], "acme", 8, LIMIT, &mut used);
@@ -262,8 +253,7 @@ fn with_redis_stopped_local_share_admits_each_instance_its_share_of_what_is_left
 #[test]
 fn with_on_failure_closed_a_silent_redis_refuses_every_request() {
     let redis = Redis::start();
-    let a = Nginx::start(&config_with(&redis, None, "timeout=50ms on_failure=closed"));
-    a.write_file("html/index.html", "ok\n");
+    let a = instance(&redis, None, "timeout=50ms on_failure=closed");
     redis.wait_instances(1);
     assert_eq!(hit(&a, "acme"), 200);
     redis.signal(common::redis::SIGSTOP);
@@ -303,11 +293,8 @@ fn counts_saved_without_sync_are_not_restored_into_a_sync_zone() {
 #[ignore = "a measurement: cargo test --test quota_sync -- --ignored --nocapture"]
 fn measure_unsynced_bursts() {
     let redis = Redis::start();
-    let a = Nginx::start(&config(&redis, None));
-    let b = Nginx::start(&config(&redis, None));
-    for nginx in [&a, &b] {
-        nginx.write_file("html/index.html", "ok\n");
-    }
+    let a = instance(&redis, None, "");
+    let b = instance(&redis, None, "");
     redis.wait_instances(2);
     for (round, gap_ms) in [0u64, 0, 0, 2, 2, 2, 5, 5, 5, 10, 10, 10]
         .iter()

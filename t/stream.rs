@@ -464,13 +464,7 @@ fn udp_sessions_are_charged_and_datagrams_inside_one_are_free() {
 
 /// The admin API's answer to METHOD /ratelimit/PATH on the http server.
 fn admin(nginx: &Nginx, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
-    let mut request = Request::new(method, &format!("/ratelimit/{path}"));
-    if let Some(body) = body {
-        request = request.json(body);
-    }
-    let response = send(nginx.port(), &request);
-    let value = serde_json::from_slice(&response.body).unwrap_or(Value::Null);
-    (response.status, value)
+    common::admin::admin_json(nginx, method, path, body)
 }
 
 #[test]

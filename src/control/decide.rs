@@ -242,27 +242,15 @@ impl Charged {
     /// Charge `tokens` more than the door did, into debt up to `debt` tokens past the
     /// bucket's capacity (`None`: one capacity); returns the tokens the bound forgave.
     pub fn charge_into_debt(&self, tokens: u64, debt: Option<u64>, now_ns: u64) -> u64 {
-        if self.policy.algorithm.is_quota() {
+        let debt = if self.policy.algorithm.is_quota() {
             // A quota's debt is one more limit by default: the count may reach twice it.
-            let debt = debt.unwrap_or_else(|| self.policy.limits.quota_limit());
-            if self.zone.is_sync() {
-                return super::quota::charge_into_debt_synced(
-                    &self.zone,
-                    self.slot,
-                    now_ns,
-                    &self.policy,
-                    tokens,
-                    debt,
-                );
-            }
-            return self
-                .zone
-                .charge_into_debt(self.slot, now_ns, &self.policy, tokens, debt);
-        }
-        let Some(bucket) = ratelimit_core::usage::settle::Bucket::of(&self.policy) else {
-            return 0;
+            debt.unwrap_or_else(|| self.policy.limits.quota_limit())
+        } else {
+            let Some(bucket) = ratelimit_core::usage::settle::Bucket::of(&self.policy) else {
+                return 0;
+            };
+            debt.unwrap_or_else(|| ratelimit_core::usage::settle::default_debt(&bucket))
         };
-        let debt = debt.unwrap_or_else(|| ratelimit_core::usage::settle::default_debt(&bucket));
         if self.zone.is_sync() {
             return fleet::charge_into_debt(
                 &self.zone,

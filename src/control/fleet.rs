@@ -6,7 +6,7 @@
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use ratelimit_core::fleet::{self, FleetShape, ASKED};
-use ratelimit_core::{Decision, Outcome, Policy};
+use ratelimit_core::{Algorithm, Decision, Outcome, Policy};
 
 use crate::store::slots::Pin;
 use crate::store::sync_record::{self, Mode, SyncShared};
@@ -114,6 +114,17 @@ pub(super) fn charge_into_debt(
         return forgiven;
     }
     if let (Some(sync), Some(words)) = (sync_record::shared(), zone.sync_words(&pin)) {
+        if let Algorithm::Quota(window) = policy.algorithm {
+            // A quota's count has no grant: the charge goes to the fleet's counter.
+            let _ = words
+                .pending
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+                    Some(ratelimit_core::fleet_quota::add_pending(
+                        word, &window, charged,
+                    ))
+                });
+            return forgiven;
+        }
         let _ = words
             .pending
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {

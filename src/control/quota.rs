@@ -127,30 +127,3 @@ pub(super) fn uncommit_synced(zone: &Zone, index: SlotIndex, now_ns: u64, policy
     }
     zone.uncommit_pinned(&pin, now_ns, policy);
 }
-
-/// A usage line's overrun on a `sync` quota zone: charged into debt here, and what was
-/// charged added to the pending delta for the fleet. Returns the tokens forgiven.
-pub(super) fn charge_into_debt_synced(
-    zone: &Zone,
-    index: SlotIndex,
-    now_ns: u64,
-    policy: &Policy,
-    tokens: u64,
-    debt: u64,
-) -> u64 {
-    let Some(pin) = zone.pin_own(index) else {
-        return tokens;
-    };
-    let forgiven = zone.charge_into_debt_pinned(&pin, now_ns, policy, tokens, debt);
-    let charged = tokens.saturating_sub(forgiven);
-    if let (Algorithm::Quota(window), Some(words)) = (policy.algorithm, zone.sync_words(&pin)) {
-        if charged > 0 {
-            let _ = words
-                .pending
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
-                    Some(fleet_quota::add_pending(word, &window, charged))
-                });
-        }
-    }
-    forgiven
-}

@@ -648,18 +648,30 @@ impl Task {
         if commands.is_empty() {
             return;
         }
-        let timeout = Duration::from_millis(self.spec.timeout_ms);
         // Replies of its own size: a page per zone, whatever the key sync's exchange left.
         let bound = 4096 + commands.len() * ratelimit_core::fleet_blocks::PAGE_REPLY_BYTES;
+        let replies = self.exchange_within(link, &commands, bound).await;
+        super::blocks::received(&self.zones, &sent, replies, self.sync);
+    }
+
+    /// One exchange after the round's (blocks, quota counters), its replies bounded by
+    /// `bound` bytes and its time by `timeout=`: each command's reply or error.
+    async fn exchange_within(
+        &self,
+        link: &mut Link,
+        commands: &[cluster::Routed],
+        bound: usize,
+    ) -> Vec<Result<redis::Value, SyncError>> {
+        let timeout = Duration::from_millis(self.spec.timeout_ms);
         link.allow(bound);
-        let replies = match tokio::time::timeout(timeout, self.exchange(link, &commands)).await {
+        let replies = match tokio::time::timeout(timeout, self.exchange(link, commands)).await {
             Ok(replies) => replies,
             Err(_) => commands.iter().map(|_| Err(SyncError::Timeout)).collect(),
         };
         if link.overflowed() {
             self.sync.note_bad(Bad::ReplySize, 0, 0, bound as u64);
         }
-        super::blocks::received(&self.zones, &sent, replies, self.sync);
+        replies
     }
 
     /// The quota zones' counters (`super::quota`), after a round trip that succeeded: the
@@ -669,17 +681,9 @@ impl Task {
         if commands.is_empty() {
             return;
         }
-        let timeout = Duration::from_millis(self.spec.timeout_ms);
         // An integer or a short string per command.
         let bound = 4096 + commands.len() * 32;
-        link.allow(bound);
-        let replies = match tokio::time::timeout(timeout, self.exchange(link, &commands)).await {
-            Ok(replies) => replies,
-            Err(_) => commands.iter().map(|_| Err(SyncError::Timeout)).collect(),
-        };
-        if link.overflowed() {
-            self.sync.note_bad(Bad::ReplySize, 0, 0, bound as u64);
-        }
+        let replies = self.exchange_within(link, &commands, bound).await;
         if super::quota::received(&self.zones, &sent, replies, self.sync).is_some() {
             self.sync.errors.fetch_add(1, Ordering::Relaxed);
         }

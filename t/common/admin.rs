@@ -1,8 +1,27 @@
 //! The configs of the admin API's tests (t/admin.rs), its top keys (t/top.rs) and its
 //! dashboard (t/dashboard.rs): two workers, the API at `/ratelimit/` (`write=on`) and
-//! `/readonly/`, and `location /` limited by zone `one` (`$http_x_key`, `1r/m`, `nodelay`).
+//! `/readonly/`, and `location /` limited by zone `one` (`$http_x_key`, `1r/m`, `nodelay`);
+//! and their answers read as JSON.
 
 use super::config::{config, Config};
+use super::{send, Nginx, Request};
+
+/// The admin API's answer to METHOD /ratelimit/PATH: its status and JSON (`null` when the
+/// body is none).
+pub fn admin_json(
+    nginx: &Nginx,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> (u16, serde_json::Value) {
+    let mut request = Request::new(method, &format!("/ratelimit/{path}"));
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    let response = send(nginx.port(), &request);
+    let value = serde_json::from_slice(&response.body).unwrap_or(serde_json::Value::Null);
+    (response.status, value)
+}
 
 /// What the three share; `zones` are the zones besides `one`, `locations` the locations
 /// besides `/`, `/ratelimit/` and `/readonly/`.
