@@ -114,7 +114,8 @@ fn alternate(fleet: &[&Nginx], key: &str, count: usize, limit: u64, used: &mut u
     admitted
 }
 
-/// The one period counter in Redis (`rl:` `q` `:q:{NN}:START:ID`): its count and PTTL.
+/// The one period counter in Redis (`rl:` `q` `:q:{NN}:START:ID`, a hash): its count and
+/// PTTL.
 /// Wait (at most 10 s) until the instance's sync mode is `mode`.
 fn wait_mode(nginx: &Nginx, mode: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -132,7 +133,7 @@ fn redis_count(redis: &Redis) -> (u64, i64) {
     let names = redis.cli(&["KEYS", "rl:q:q:*"]);
     let name = names.trim();
     assert!(!name.is_empty() && !name.contains('\n'), "{names:?}");
-    let count = redis.cli(&["GET", name]).trim().parse().unwrap();
+    let count = redis.cli(&["HGET", name, "n"]).trim().parse().unwrap();
     let ttl = redis.cli(&["PTTL", name]).trim().parse().unwrap();
     (count, ttl)
 }
@@ -319,4 +320,132 @@ fn measure_unsynced_bursts() {
             started.elapsed()
         );
     }
+}
+
+#[test]
+fn usage_lines_count_tokens_across_the_fleet() {
+    let redis = Redis::start();
+    let llm = common::llm::FakeLlm::start();
+    let tokens = |redis: &Redis| {
+        common::config()
+            .workers(2)
+            .reuseport()
+            .http(&format!(
+                "rate_limit_sync redis://127.0.0.1:{} interval=100ms;\n\
+                 rate_limit_zone $http_x_key zone=q:1m algorithm=quota limit=10000 \
+                 period=month sync;\n\
+                 upstream llm {{ server 127.0.0.1:{}; }}",
+                redis.port,
+                llm.port()
+            ))
+            .locations(
+                "location /v1/ { rate_limit zone=q usage=openai reserve=1; \
+                 proxy_pass http://llm; }",
+            )
+            .locations("location /ratelimit/ { rate_limit_admin; }")
+            .build()
+    };
+    let a = Nginx::start(&tokens(&redis));
+    let b = Nginx::start(&tokens(&redis));
+    redis.wait_instances(2);
+    let fleet = [&a, &b];
+    // 3,000 tokens a request, alternating, each once the fleet synced the one before: the
+    // fourth passes at 9,000 and its overrun goes into debt (12,000), then both refuse.
+    let path = "/v1/chat/completions?prompt=1000&completion=2000";
+    let mut codes = Vec::new();
+    for at in 0..6 {
+        let response = send(
+            fleet[at % 2].port(),
+            &Request::get(path).header("X-Key", "team"),
+        );
+        codes.push(response.status);
+        let used = 3000 * codes.iter().filter(|&&code| code == 200).count() as u64;
+        wait_synced(&fleet, "team", used, 10_000);
+    }
+    assert_eq!(codes, [200, 200, 200, 200, 429, 429]);
+    assert_eq!(llm.requests(), 4);
+    assert_eq!(redis_count(&redis).0, 12_000);
+}
+
+#[test]
+fn a_counter_redis_should_not_hold_is_counted_and_never_lowers_a_count() {
+    let redis = Redis::start();
+    let a = instance(&redis, None, "");
+    redis.wait_instances(1);
+    let mut used = 0;
+    alternate(&[&a], "acme", 3, LIMIT, &mut used);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while redis.cli(&["KEYS", "rl:q:q:*"]).trim().is_empty() {
+        assert!(Instant::now() < deadline, "the counter never reached Redis");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(redis_count(&redis).0, 3);
+    let names = redis.cli(&["KEYS", "rl:q:q:*"]);
+    redis.cli(&["HSET", names.trim(), "n", "-100"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while admin(&a, "GET", "zones/q", None).1["sync"]["bad_values"] == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the counter's -100 was never noticed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The instance keeps its own count, and counts on from it.
+    assert_eq!(key_view(&a, "acme"), Some((3, LIMIT)));
+    let bad_values = || admin(&a, "GET", "zones/q", None).1["sync"]["bad_values"].as_u64();
+    let noticed = bad_values().unwrap();
+    assert_eq!(hit(&a, "acme"), 200);
+    // Two more rounds (each sends or reads the key and finds it out of range, -99 or -100):
+    // the count stays the instance's own.
+    while bad_values().unwrap() < noticed + 2 {
+        assert!(
+            Instant::now() < deadline,
+            "no later round noticed the counter"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(key_view(&a, "acme"), Some((4, LIMIT)));
+}
+
+#[test]
+fn the_counter_script_adds_each_send_once() {
+    let redis = Redis::start();
+    let script = include_str!("../src/sync/quota.lua");
+    let expiry = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 60_000)
+        .to_string();
+    // (instance, send, delta, earlier failed sends as number delta..., the count after it)
+    #[rustfmt::skip]
+    let rows: [(&str, &str, &str, &[&str], i64); 7] = [
+        ("aa", "1", "3", &[], 3),
+        // The same send again (applied, and then retried): nothing more.
+        ("aa", "1", "3", &[], 3),
+        // Send 2 (5) never reached Redis; send 3 carries it again: all of it counts.
+        ("aa", "3", "5", &["2", "5"], 8),
+        // Send 3 was applied but its reply lost; send 4 carries its 5 and 4 more: 4.
+        ("aa", "4", "9", &["3", "5"], 12),
+        // Another instance counts apart.
+        ("bb", "1", "2", &[], 14),
+        // Send 2 of aa reaches Redis at last, after send 4 carried it: nothing.
+        ("aa", "2", "5", &[], 14),
+        // Two failed sends (4, then 7 carrying those 4 and 3 more), the first applied late:
+        // send 4 carries the 7 and 3 more, and adds the 6 not applied yet.
+        ("bb", "4", "10", &["2", "4", "3", "7"], 24),
+    ];
+    // bb's send 2 (4) was applied late before its send 4; its send 3 (7) never was.
+    for (at, (instance, send, delta, earlier, count)) in rows.iter().enumerate() {
+        if at == 6 {
+            let late = redis.cli(&["EVAL", script, "1", "c", "bb", "2", "4", &expiry]);
+            assert_eq!(late.trim(), "18", "bb's late send 2");
+        }
+        let mut args = vec!["EVAL", script, "1", "c", instance, send, delta, &expiry];
+        args.extend_from_slice(earlier);
+        let reply = redis.cli(&args);
+        assert_eq!(reply.trim(), count.to_string(), "row {at}: {args:?}");
+    }
+    let ttl: i64 = redis.cli(&["PTTL", "c"]).trim().parse().unwrap();
+    assert!((1..=60_000).contains(&ttl), "PTTL {ttl}");
 }

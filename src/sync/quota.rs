@@ -1,20 +1,23 @@
-//! The fleet's count of `sync` quota zones (`ratelimit_core::fleet_quota`): each round, after
-//! the keys' own exchange, one short exchange per round of the period's counters in Redis.
+//! The fleet's count of `sync` quota zones (`ratelimit_core::fleet_quota`): after each round
+//! that reached Redis, one short exchange of the period's counters.
 //!
 //! ```text
-//! STRING {prefix}{zone}:q:{NN}:{period start, Unix s}:{key id}   the period's count
+//! HASH {prefix}{zone}:q:{NN}:{period start, Unix s}:{key id}
+//!      n = the period's count, i<instance> = the last send of that instance applied
 //! ```
 //!
-//! A key with a pending delta is sent `INCRBY` by it (the reply is the fleet's new total) and
-//! `PEXPIREAT` the period's end plus [`EXPIRY_MARGIN_MS`]; a key this instance refused for
-//! want of its total, and then every other key counted this period in turns (at most
-//! [`READS_PER_ROUND`] a round), is read with `GET`. Each total read is checked and written
+//! A key with a pending delta is sent by [`QUOTA_SCRIPT`] (the reply is the fleet's new total;
+//! the hash expires at the period's end plus [`EXPIRY_MARGIN_MS`]); a key this instance
+//! refused for want of its total, and then every other key counted this period in turns (at
+//! most [`READS_PER_ROUND`] a round), is read with `HGET`. Each total is checked and written
 //! to the key's slot: its fleet word, and its state raised to the total plus what was
-//! admitted here since. A failed exchange puts the deltas back; a timed-out `INCRBY` that
-//! Redis applies late is counted twice (the strict side).
+//! admitted here since. A failed send puts its delta back, merged with what comes next, and
+//! the next send lists it (its number and delta): the script adds only what the hash has not
+//! applied yet, so a send that timed out and was applied late is not counted twice.
 
-use core::cell::Cell;
+use core::cell::{Cell, RefCell};
 use core::sync::atomic::Ordering;
+use std::collections::HashMap;
 
 use ratelimit_core::fleet_quota::{self, check_total};
 use ratelimit_core::period::Calendar;
@@ -38,11 +41,32 @@ pub const READS_PER_ROUND: usize = 4096;
 /// counts into it, and a late delta still lands.
 pub const EXPIRY_MARGIN_MS: i64 = 3_600_000;
 
+/// Adds a send to a key's counter, once. KEYS[1]: the counter; ARGV: this instance's id,
+/// this send's number (increasing in the instance), its delta (what earlier failed sends
+/// carried, again, and what came since), the expiry (Unix ms), then pairs of (number, delta)
+/// of the earlier sends of the key that failed (each delta including the earlier ones'). A
+/// send numbered at most the instance's last applied one came late and adds nothing; else
+/// it adds its delta less what the latest earlier send that was applied carried. Returns the
+/// period's count.
+pub const QUOTA_SCRIPT: &str = include_str!("quota.lua");
+
+/// Keys whose failed sends a loop remembers per zone: beyond, a key's are forgotten, and a
+/// forgotten send that Redis applied late is counted twice (the strict side).
+const UNCONFIRMED_KEYS: usize = 65_536;
+
+/// Failed sends a key remembers (the oldest go first).
+const UNCONFIRMED: usize = 8;
+
+/// A key's period (its tag) and the (number, delta) of each of its failed sends in it.
+type FailedSends = (u64, Vec<(u64, u64)>);
+
 /// What the loop keeps of a quota zone between rounds.
 pub struct QuotaSync {
     pub calendar: Calendar,
     /// The slot where the next round's reads begin.
     cursor: Cell<usize>,
+    /// Each key's failed sends since its last applied one, by the key's id.
+    unconfirmed: RefCell<HashMap<u64, FailedSends>>,
 }
 
 impl QuotaSync {
@@ -50,6 +74,7 @@ impl QuotaSync {
         QuotaSync {
             calendar,
             cursor: Cell::new(0),
+            unconfirmed: RefCell::new(HashMap::new()),
         }
     }
 
@@ -70,12 +95,21 @@ pub struct Sent {
     slot: usize,
     hash: u64,
     window: QuotaWindow,
-    /// Sent by `INCRBY` (two commands: the count and its expiry); 0: read by `GET`.
+    /// Sent by [`QUOTA_SCRIPT`]; 0: read by `HGET`.
     delta: u64,
+    /// The key's earlier failed sends this one carries again.
+    unconfirmed: Vec<(u64, u64)>,
 }
 
-/// The round's commands for every `sync` quota zone, and the keys they carry in order.
-pub fn commands(zones: &[SyncZone], prefix: &str) -> (Vec<Sent>, Vec<Routed>) {
+/// The round's commands for every `sync` quota zone, and the keys they carry in order: sends
+/// numbered `send` by instance `instance`.
+pub fn commands(
+    zones: &[SyncZone],
+    prefix: &str,
+    instance: u64,
+    send: u64,
+) -> (Vec<Sent>, Vec<Routed>) {
+    let script = redis::Script::new(QUOTA_SCRIPT).get_hash().to_string();
     let (mut keys, mut commands) = (Vec::new(), Vec::new());
     let (mut sends, mut reads) = (0, 0);
     for (index, zone) in zones.iter().enumerate() {
@@ -104,6 +138,7 @@ pub fn commands(zones: &[SyncZone], prefix: &str) -> (Vec<Sent>, Vec<Routed>) {
                 hash,
                 window,
                 delta,
+                unconfirmed: Vec::new(),
             };
             if used(pending.load(Ordering::Acquire), &window) > 0 && sends < SENDS_PER_ROUND {
                 // Swapped out: what is admitted from now on goes to the next round. A delta of
@@ -111,7 +146,16 @@ pub fn commands(zones: &[SyncZone], prefix: &str) -> (Vec<Sent>, Vec<Routed>) {
                 let delta = used(pending.swap(0, Ordering::AcqRel), &window);
                 if delta > 0 {
                     sends += 1;
-                    zone_sends.push(key(delta));
+                    let unconfirmed = quota.unconfirmed.borrow();
+                    let earlier = unconfirmed
+                        .get(&hash)
+                        .filter(|(tag, _)| *tag == window.tag)
+                        .map(|(_, sends)| sends.clone())
+                        .unwrap_or_default();
+                    zone_sends.push(Sent {
+                        unconfirmed: earlier,
+                        ..key(delta)
+                    });
                     continue;
                 }
             }
@@ -136,26 +180,25 @@ pub fn commands(zones: &[SyncZone], prefix: &str) -> (Vec<Sent>, Vec<Routed>) {
         quota.cursor.set(next_cursor);
         for entry in zone_sends.iter().chain(&asked).chain(&zone_reads) {
             let key = key_name(prefix, zone, entry.hash, start_ms);
+            let mut command;
             if entry.delta == 0 {
-                let mut get = redis::cmd("GET");
-                get.arg(&key);
-                commands.push(Routed { key, command: get });
-                continue;
+                command = redis::cmd("HGET");
+                command.arg(&key).arg("n");
+            } else {
+                command = redis::cmd("EVALSHA");
+                command
+                    .arg(&script)
+                    .arg(1)
+                    .arg(&key)
+                    .arg(format!("{instance:016x}"))
+                    .arg(send)
+                    .arg(entry.delta)
+                    .arg(end_ms.saturating_add(EXPIRY_MARGIN_MS));
+                for &(earlier, delta) in &entry.unconfirmed {
+                    command.arg(earlier).arg(delta);
+                }
             }
-            let mut incr = redis::cmd("INCRBY");
-            incr.arg(&key).arg(entry.delta);
-            let mut expire = redis::cmd("PEXPIREAT");
-            expire
-                .arg(&key)
-                .arg(end_ms.saturating_add(EXPIRY_MARGIN_MS));
-            commands.push(Routed {
-                key: key.clone(),
-                command: incr,
-            });
-            commands.push(Routed {
-                key,
-                command: expire,
-            });
+            commands.push(Routed { key, command });
         }
         keys.extend(zone_sends);
         keys.extend(asked);
@@ -180,6 +223,7 @@ fn key_name(prefix: &str, zone: &SyncZone, hash: u64, start_ms: i64) -> String {
 pub fn received(
     zones: &[SyncZone],
     sent: &[Sent],
+    send: u64,
     replies: Vec<Result<redis::Value, SyncError>>,
     sync: &SyncShared,
 ) -> Option<SyncError> {
@@ -188,11 +232,7 @@ pub fn received(
     for entry in sent {
         let zone = &zones[entry.zone];
         let reply = replies.next().unwrap_or(Err(SyncError::Reply));
-        if entry.delta > 0 {
-            // PEXPIREAT's: a failed expiry is set again by the next delta.
-            let _ = replies.next();
-        }
-        let total = reply.and_then(|value| match total_of(&value, entry.delta) {
+        let total = reply.and_then(|value| match total_of(&value) {
             Total::Valid(total) => Ok(total),
             Total::OutOfRange(total) => {
                 sync.note_bad(
@@ -206,8 +246,14 @@ pub fn received(
             Total::Malformed => Err(SyncError::Reply),
         });
         first_error = first_error.or(total.err());
+        let Some(quota) = zone.quota.as_ref() else {
+            continue;
+        };
+        if entry.delta > 0 {
+            remember(quota, entry, send, total.is_ok());
+        }
         // The period moved on since the commands were built: what they carried is over.
-        if zone.quota.as_ref().map(|quota| quota.period().0) != Some(entry.window) {
+        if quota.period().0 != entry.window {
             continue;
         }
         let Some(pinned) = zone.zone.sync_pin(entry.slot, entry.hash) else {
@@ -234,6 +280,24 @@ pub fn received(
     first_error
 }
 
+/// After a send: an applied one clears the key's failed sends, a failed one joins them.
+fn remember(quota: &QuotaSync, entry: &Sent, send: u64, applied: bool) {
+    let mut unconfirmed = quota.unconfirmed.borrow_mut();
+    if applied {
+        unconfirmed.remove(&entry.hash);
+        return;
+    }
+    if unconfirmed.len() >= UNCONFIRMED_KEYS && !unconfirmed.contains_key(&entry.hash) {
+        return;
+    }
+    let mut sends = entry.unconfirmed.clone();
+    if sends.len() >= UNCONFIRMED {
+        sends.remove(0);
+    }
+    sends.push((send, entry.delta));
+    unconfirmed.insert(entry.hash, (entry.window.tag, sends));
+}
+
 /// A counter's reply, checked like user input.
 enum Total {
     Valid(u64),
@@ -241,13 +305,12 @@ enum Total {
     Malformed,
 }
 
-/// `INCRBY`'s reply (the period's total with this round's `delta` in it) or `GET`'s (nothing
-/// counted yet, or a total).
-fn total_of(value: &redis::Value, delta: u64) -> Total {
+/// The script's reply (an integer) or `HGET`'s (nothing counted yet, or a count).
+fn total_of(value: &redis::Value) -> Total {
     let total = match value {
-        redis::Value::Int(total) if delta > 0 => *total,
-        redis::Value::Nil if delta == 0 => 0,
-        redis::Value::BulkString(bytes) if delta == 0 => {
+        redis::Value::Int(total) => *total,
+        redis::Value::Nil => 0,
+        redis::Value::BulkString(bytes) => {
             match std::str::from_utf8(bytes)
                 .ok()
                 .and_then(|text| text.parse().ok())
@@ -258,7 +321,7 @@ fn total_of(value: &redis::Value, delta: u64) -> Total {
         }
         _ => return Total::Malformed,
     };
-    match check_total(total, delta) {
+    match check_total(total, 0) {
         Some(total) => Total::Valid(total),
         None => Total::OutOfRange(total),
     }

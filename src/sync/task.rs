@@ -677,14 +677,17 @@ impl Task {
     /// The quota zones' counters (`super::quota`), after a round trip that succeeded: the
     /// deltas out, the fleet's totals back; a failure puts the deltas back for the next one.
     async fn sync_quotas(&self, link: &mut Link) {
-        let (sent, commands) = super::quota::commands(&self.zones, &self.spec.prefix);
+        let send = self.sync.sends.fetch_add(1, Ordering::AcqRel) + 1;
+        let instance = self.sync.instance_id;
+        let (sent, commands) =
+            super::quota::commands(&self.zones, &self.spec.prefix, instance, send);
         if commands.is_empty() {
             return;
         }
         // An integer or a short string per command.
         let bound = 4096 + commands.len() * 32;
         let replies = self.exchange_within(link, &commands, bound).await;
-        if super::quota::received(&self.zones, &sent, replies, self.sync).is_some() {
+        if super::quota::received(&self.zones, &sent, send, replies, self.sync).is_some() {
             self.sync.errors.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -989,6 +992,7 @@ impl Task {
             HEARTBEAT_SCRIPT,
             LIMITS_SCRIPT,
             OVERRIDES_SCRIPT,
+            super::quota::QUOTA_SCRIPT,
         ];
         match link {
             Link::Cluster(cluster) => cluster.send(commands, &scripts).await,
