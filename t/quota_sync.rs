@@ -291,6 +291,34 @@ fn counts_saved_without_sync_are_not_restored_into_a_sync_zone() {
 }
 
 #[test]
+fn a_redis_cluster_holds_the_counters() {
+    let nodes = common::redis::redis_cluster();
+    let a = instance(&nodes[0], None, "cluster");
+    let b = instance(&nodes[0], None, "cluster");
+    nodes[0].wait_instances(2);
+    let mut used = 0;
+    let admitted = alternate(&[&a, &b], "acme", 30, LIMIT, &mut used);
+    assert_eq!(admitted.iter().sum::<u64>(), LIMIT, "{admitted:?}");
+    // The counter is on the node that owns its slot, whichever it is.
+    let counted: u64 = nodes
+        .iter()
+        .flat_map(|node| {
+            let names = node.cli(&["KEYS", "rl:q:q:*"]);
+            names
+                .split_whitespace()
+                .map(|name| {
+                    node.cli(&["HGET", name, "n"])
+                        .trim()
+                        .parse::<u64>()
+                        .unwrap()
+                })
+                .collect::<Vec<_>>()
+        })
+        .sum();
+    assert_eq!(counted, LIMIT);
+}
+
+#[test]
 #[ignore = "a measurement: cargo test --test quota_sync -- --ignored --nocapture"]
 fn measure_unsynced_bursts() {
     let redis = Redis::start();
