@@ -319,6 +319,54 @@ fn a_redis_cluster_holds_the_counters() {
 }
 
 #[test]
+fn requests_refused_beside_the_quota_or_given_back_are_not_counted_by_the_fleet() {
+    let redis = Redis::start();
+    let config = common::config()
+        .workers(2)
+        .reuseport()
+        .http(&format!(
+            "rate_limit_sync redis://127.0.0.1:{} interval=100ms;\n\
+             rate_limit_zone $http_x_key zone=q:1m algorithm=quota limit={LIMIT} period=day \
+             sync;\n\
+             rate_limit_zone $http_x_key zone=slow:1m rate=1r/m;",
+            redis.port
+        ))
+        .locations("location / { rate_limit zone=q; rate_limit zone=slow nodelay; }")
+        .locations("location /kept/ { rate_limit zone=q on_status=200; }")
+        .locations("location /ratelimit/ { rate_limit_admin; }")
+        .build();
+    let a = Nginx::start(&config);
+    a.write_file("html/index.html", "ok\n");
+    redis.wait_instances(1);
+    // The quota passes each, the rate only the first: the others are given back.
+    let codes: Vec<u16> = (0..5).map(|_| hit(&a, "acme")).collect();
+    assert_eq!(codes, [200, 429, 429, 429, 429]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while redis.cli(&["KEYS", "rl:q:q:*"]).trim().is_empty() {
+        assert!(Instant::now() < deadline, "the counter never reached Redis");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Charged at the door and given back after a 404 (`on_status=200`): out of the delta
+    // before a round sends it (one sent meanwhile would stay counted: the strict side).
+    for _ in 0..5 {
+        let response = send(
+            a.port(),
+            &Request::get("/kept/missing").header("X-Key", "acme"),
+        );
+        assert_eq!(response.status, 404);
+    }
+    // Three more rounds: nothing more reaches the counter.
+    let round_trips = || admin(&a, "GET", "zones/q", None).1["sync"]["round_trips"].as_u64();
+    let seen = round_trips().unwrap();
+    while round_trips().unwrap() < seen + 3 {
+        assert!(Instant::now() < deadline, "no more rounds");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(redis_count(&redis).0, 1);
+    assert_eq!(key_view(&a, "acme"), Some((1, LIMIT)));
+}
+
+#[test]
 #[ignore = "a measurement: cargo test --test quota_sync -- --ignored --nocapture"]
 fn measure_unsynced_bursts() {
     let redis = Redis::start();
