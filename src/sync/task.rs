@@ -729,6 +729,11 @@ impl Task {
         let mut per_zone: Vec<Vec<Candidate>> = Vec::with_capacity(self.zones.len());
         for (zone_index, synced) in self.zones.iter().enumerate() {
             let zone = &synced.zone;
+            if synced.quota.is_some() {
+                // Its keys have no grants: their counters go in `sync_quotas`.
+                per_zone.push(Vec::new());
+                continue;
+            }
             // The `budget` most urgent keys of the zone: a min-heap of the best so far.
             let mut best: BinaryHeap<std::cmp::Reverse<Candidate>> = BinaryHeap::new();
             for slot in 0..zone.slot_count() {
