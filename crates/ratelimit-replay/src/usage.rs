@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::io::{self, BufRead, Write};
 
 use ratelimit_core::log_format::parse_seconds;
+use ratelimit_core::quota::QuotaSpec;
 use ratelimit_core::replay::{InputFormat, LineReader, LogInput, SecondSpreader};
 use ratelimit_core::replay_usage::{smallest_burst, UsageKeySummary, UsageReplay, UsageRequest};
 use ratelimit_core::usage::settle::{self, End};
@@ -46,6 +47,8 @@ pub struct UsageSetup {
     pub reserve: u64,
     pub debt: Option<u64>,
     pub on_missing: OnMissing,
+    /// A quota zone's limit and calendar.
+    pub quota: Option<QuotaSpec>,
 }
 
 /// Check that `usage` can be replayed on `zone` with these options.
@@ -58,9 +61,12 @@ pub fn setup(
 ) -> Result<UsageSetup, ReplayError> {
     if !matches!(
         zone.algorithm,
-        Algorithm::LeakyBucket | Algorithm::TokenBucket
+        Algorithm::LeakyBucket | Algorithm::TokenBucket | Algorithm::Quota(_)
     ) {
         return Err(ReplayError::UsageZone(zone.algorithm.to_string()));
+    }
+    if zone.quota.is_some() && args.calibrate.is_some() {
+        return Err(ReplayError::QuotaUnsupported("--calibrate"));
     }
     let reserve = match &usage.reserve {
         Amount::Fixed(n) => *n,
@@ -82,6 +88,7 @@ pub fn setup(
         reserve,
         debt: usage.debt,
         on_missing: usage.on_missing,
+        quota: zone.quota.clone(),
     })
 }
 
@@ -199,8 +206,11 @@ pub fn run(
     input_name: String,
 ) -> Result<(), ReplayError> {
     let log = usage_input(format, &setup.variable)?;
-    let mut replay = UsageReplay::new(&setup.policy, setup.reserve, setup.debt)
-        .map_err(|error| ReplayError::UsageZone(error.0))?;
+    let mut replay = match &setup.quota {
+        Some(quota) => UsageReplay::quota(&setup.policy, quota.clone(), setup.reserve, setup.debt),
+        None => UsageReplay::new(&setup.policy, setup.reserve, setup.debt),
+    }
+    .map_err(|error| ReplayError::UsageZone(error.0))?;
     let logged = read_log(input, log, &setup, replay.reserved())?;
     if logged.is_empty() {
         return Err(ReplayError::NoRequests { input: input_name });
@@ -261,13 +271,22 @@ pub fn run(
 /// `rate=600r/m burst=1000 algorithm=token_bucket usage=$v reserve=400 debt=1000`
 fn describe(setup: &UsageSetup, burst: u64, reserved: u64) -> String {
     let policy = &setup.policy;
-    let mut words = vec![
-        format!("rate={}", policy.limits.rate),
-        format!("burst={burst}"),
+    let mut words = match &setup.quota {
+        Some(quota) => vec![
+            format!("limit={}", quota.limit),
+            format!("period={}", quota.calendar.unit.as_str()),
+            format!("tz={}", quota.calendar.tz_name),
+        ],
+        None => vec![
+            format!("rate={}", policy.limits.rate),
+            format!("burst={burst}"),
+        ],
+    };
+    words.extend([
         format!("algorithm={}", policy.algorithm),
         setup.usage_word.clone(),
         format!("reserve={reserved}"),
-    ];
+    ]);
     if let Some(debt) = setup.debt {
         words.push(format!("debt={debt}"));
     }
@@ -342,12 +361,21 @@ fn summary(
             s.admitted, s.refused, s.tokens_admitted, s.tokens_refused, s.tokens_forgiven
         )?;
     }
+    let per_minute = per_minute.map_or("-".to_string(), |m| m.to_string());
+    let span = crate::millis_text(span_ns / 1000);
+    if let Some(quota) = &setup.quota {
+        return writeln!(
+            out,
+            "tokens admitted: {admitted_tokens} over {span} s ({per_minute} per minute, all \
+             keys); a key's count starts from 0 each {}, up to limit={}",
+            quota.calendar.unit.as_str(),
+            quota.limit
+        );
+    }
     writeln!(
         out,
-        "tokens admitted: {admitted_tokens} over {} s ({} per minute, all keys); the budget \
-         refills {} per minute a key, on top of burst={}",
-        crate::millis_text(span_ns / 1000),
-        per_minute.map_or("-".to_string(), |m| m.to_string()),
+        "tokens admitted: {admitted_tokens} over {span} s ({per_minute} per minute, all keys); \
+         the budget refills {} per minute a key, on top of burst={}",
         round3(rate),
         setup.policy.limits.burst
     )
