@@ -344,7 +344,15 @@ fn nginx_t_names_the_bad_price() {
         ),
         (
             with("rate_limit_prices modles { a input=1 output=1; }", used),
-            "unknown price table \"models\"",
+            "unknown price table \"models\", did you mean \"modles\"? in ",
+        ),
+        (
+            with("rate_limit_prices other { a input=1 output=1; }", used),
+            "unknown price table \"models\": the only rate_limit_prices table is \"other\" in ",
+        ),
+        (
+            with("", used),
+            "unknown price table \"models\": no rate_limit_prices block is declared in ",
         ),
         (
             with(

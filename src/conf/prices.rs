@@ -48,7 +48,7 @@ pub fn check_declared(mcf: &MainConf) -> Result<(), ConfError> {
             return Err(ConfError::At {
                 error: Box::new(ConfError::UnknownPrices {
                     name: named.name.clone(),
-                    hint: ratelimit_core::hint::unknown_zone_hint(&named.name, &declared),
+                    hint: unknown_table_hint(&named.name, &declared),
                 }),
                 file: file.clone(),
                 line: *line,
@@ -56,6 +56,19 @@ pub fn check_declared(mcf: &MainConf) -> Result<(), ConfError> {
         }
     }
     Ok(())
+}
+
+/// The table meant, or the tables declared.
+fn unknown_table_hint(name: &str, declared: &[&str]) -> String {
+    if let Some(meant) = ratelimit_core::hint::nearest_zone(name, declared) {
+        return format!(", did you mean \"{meant}\"?");
+    }
+    let quoted: Vec<String> = declared.iter().map(|name| format!("\"{name}\"")).collect();
+    match quoted.as_slice() {
+        [] => ": no rate_limit_prices block is declared".to_string(),
+        [only] => format!(": the only rate_limit_prices table is {only}"),
+        _ => format!(": the rate_limit_prices tables are {}", quoted.join(", ")),
+    }
 }
 
 /// `rate_limit_prices NAME { ... }`
