@@ -400,3 +400,88 @@ fn nginx_t_names_the_bad_price() {
         "{output}"
     );
 }
+
+/// A money budget replayed on a log recorded without it: nginx counts tokens only (no
+/// `prices=`) and logs `$rate_limit_usage_model` and the tokens; `ratelimit-replay --prices`
+/// prices that log with the same table and a $1-a-day quota, and admits 4 of 8 requests on
+/// the $10 / $30 model and 65 of 80 on the $0.5 / $1.5 one, as nginx did above.
+#[test]
+fn a_priced_quota_replays_on_a_log_of_tokens() {
+    let llm = FakeLlm::start();
+    let port = llm.port();
+    let nginx = config()
+        .http(&format!(
+            "{PRICES}
+             rate_limit_zone $http_authorization zone=tokens:1m rate=1r/s burst=4000000 \
+                 algorithm=token_bucket;"
+        ))
+        .access_log(
+            "log_format priced '$msec $http_authorization $rate_limit_usage_model \
+             $rate_limit_usage_prompt_tokens $rate_limit_usage_completion_tokens \
+             $rate_limit_usage_cached_tokens';
+             access_log logs/priced.log priced;",
+        )
+        .locations(&format!(
+            "location /v1/ {{ rate_limit zone=tokens usage=openai;
+                 proxy_pass http://127.0.0.1:{port}/v1/; }}"
+        ))
+        .start();
+    for (model, count) in [("big", 8), ("small", 80)] {
+        let path = format!("/v1/chat/completions?prompt=1000&completion=10000&model={model}");
+        for _ in 0..count {
+            assert_eq!(post(&nginx, &path, &format!("team-{model}")).status, 200);
+        }
+    }
+    let log_path = nginx.prefix().join("logs/priced.log");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let log = loop {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if log.lines().count() == 88 {
+            break log;
+        }
+        assert!(Instant::now() < deadline, "{log}");
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        log.lines()
+            .next()
+            .is_some_and(|line| line.ends_with(" team-big big 1000 10000 0")),
+        "{log}"
+    );
+    let conf = nginx.prefix().join("nginx.conf");
+    let output = std::process::Command::new(common::nginx::replay_binary())
+        .args([
+            "--zone",
+            "algorithm=quota limit=1000000 period=day",
+            "--limit",
+            "usage=openai prices=models",
+            "--prices",
+            conf.to_str().unwrap(),
+            "--log-format",
+            "$msec $http_authorization $rate_limit_usage_model $rate_limit_usage_prompt_tokens \
+             $rate_limit_usage_completion_tokens $rate_limit_usage_cached_tokens",
+            "--key",
+            "$http_authorization",
+            "--json",
+            log_path.to_str().unwrap(),
+        ])
+        .output()
+        .expect("ratelimit-replay runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let admitted = |key: &str| {
+        stdout
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|line| line["key"] == key && line["decision"] == "ADMITTED")
+            .count()
+    };
+    // Requests of one key a few ms apart: each is settled before the next (no
+    // $request_time: a request ends as it starts).
+    assert_eq!(admitted("team-big"), 4, "{stdout}");
+    assert_eq!(admitted("team-small"), 65, "{stdout}");
+}

@@ -88,6 +88,9 @@ pub struct MainConf {
     pub limited_places: Vec<unreached::LimitedPlace>,
     /// `rate_limit_prices` tables, by the index a `prices=` word holds (`UsageConf::prices`).
     pub prices: Vec<prices::NamedPrices>,
+    /// `$rate_limit_usage_model` is used (a log format names it): the body reader looks for
+    /// the model of every usage-based request, priced or not.
+    pub usage_model_used: bool,
     pub hooks: Hooks,
 }
 
@@ -474,6 +477,7 @@ pub fn postconfiguration(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
         check_reference(reference, unsafe { &mut *zone })?;
     }
     prices::check_declared(mcf)?;
+    mcf.usage_model_used = prices::variable_used(cf, b"rate_limit_usage_model");
     if mcf.sync.is_none() {
         if let Some(zone) = zones(mcf).find(|zone| zone.sync) {
             return Err(ConfError::SyncNotConfigured(zone.name.clone()));

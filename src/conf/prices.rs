@@ -7,7 +7,8 @@ use core::ffi::{c_char, c_void};
 use core::ptr;
 
 use ngx::core::NGX_CONF_OK;
-use ngx::ffi::{ngx_command_t, ngx_conf_parse, ngx_conf_t};
+use ngx::ffi::{ngx_command_t, ngx_conf_parse, ngx_conf_t, ngx_http_variable_t};
+use ngx::http::{HttpModuleMainConf, NgxHttpCoreModule};
 use ratelimit_core::usage::prices::PriceTable;
 
 use super::ext::ConfExt;
@@ -56,6 +57,20 @@ pub fn check_declared(mcf: &MainConf) -> Result<(), ConfError> {
         }
     }
     Ok(())
+}
+
+/// Whether some directive read so far asked for variable `name` by index (a `log_format`
+/// does): called once the `http` block is read.
+pub fn variable_used(cf: &ngx_conf_t, name: &[u8]) -> bool {
+    let Some(cmcf) = NgxHttpCoreModule::main_conf(cf) else {
+        return false;
+    };
+    // SAFETY: the core module's `variables` array holds the variables indexed so far, each
+    // an `ngx_http_variable_t`, in the configuration pool.
+    let indexed = unsafe { crate::glue::array_slice::<ngx_http_variable_t>(&cmcf.variables) };
+    indexed
+        .iter()
+        .any(|variable| variable.name.as_bytes().eq_ignore_ascii_case(name))
 }
 
 /// The table meant, or the tables declared.

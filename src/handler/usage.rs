@@ -62,7 +62,8 @@ struct UsageState {
     lines: Vec<Line>,
     /// The provider whose body the reader reads (the lines with `usage=$var` read none).
     provider: Option<Provider>,
-    /// Some line has `prices=`: the reader looks for the model the body names.
+    /// Some line has `prices=`, or `$rate_limit_usage_model` is logged: the reader looks for
+    /// the model the body names.
     priced: bool,
     /// Set by the header filter when there is a body to read.
     reader: Option<Reader>,
@@ -151,7 +152,8 @@ pub fn keep(r: &mut ngx_http_request_t, applied: &[AppliedLimit], lines: &[&Limi
         // No memory: the reservations stand, which errs on the strict side.
         return;
     };
-    let priced = kept.iter().any(|line| line.usage.prices.is_some());
+    let model_logged = RateLimitModule::main_conf(r).is_some_and(|mcf| mcf.usage_model_used);
+    let priced = model_logged || kept.iter().any(|line| line.usage.prices.is_some());
     let state = UsageState {
         lines: kept,
         provider,
@@ -477,13 +479,17 @@ fn log_unpriced(
 }
 
 /// The `$rate_limit_usage_*` variables, by the value their handler's `data` selects.
-const VARIABLES: [(&str, usize); 5] = [
+const VARIABLES: [(&str, usize); 6] = [
     ("rate_limit_usage_prompt_tokens", 0),
     ("rate_limit_usage_completion_tokens", 1),
     ("rate_limit_usage_cached_tokens", 2),
     ("rate_limit_usage_total_tokens", 3),
     ("rate_limit_usage_cost", 4),
+    ("rate_limit_usage_model", MODEL),
 ];
+
+/// The `data` of `$rate_limit_usage_model`.
+const MODEL: usize = 5;
 
 /// Register the `$rate_limit_usage_*` variables.
 pub fn add_variables(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
@@ -504,7 +510,8 @@ pub fn add_variables(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
 }
 
 /// `$rate_limit_usage_*`: the tokens the response reported (not found when it reported
-/// none), and `_cost`: what the first usage-based line charges for the request.
+/// none), `_cost`: what the first usage-based line charges for the request, and `_model`:
+/// the model the response named (not found when it named none).
 unsafe extern "C" fn usage_variable(
     r: *mut ngx_http_request_t,
     v: *mut ngx_http_variable_value_t,
@@ -518,25 +525,29 @@ unsafe extern "C" fn usage_variable(
             let Some(r) = (unsafe { r.as_mut() }) else {
                 return NGX_ERROR;
             };
+            let mut digits = itoa::Buffer::new();
             let value = state_of(r).and_then(|state| {
-                if data == 4 {
-                    let line = state.lines.first()?;
-                    return Some(state.owed(r, line).tokens);
+                if data == MODEL {
+                    return state.model().map(|model| model.as_bytes().to_vec());
                 }
-                let usage = state.usage()?;
-                Some(match data {
-                    0 => usage.prompt_tokens,
-                    1 => usage.completion_tokens,
-                    2 => usage.cached_tokens,
-                    _ => usage.total_tokens,
-                })
+                let number = if data == 4 {
+                    let line = state.lines.first()?;
+                    state.owed(r, line).tokens
+                } else {
+                    let usage = state.usage()?;
+                    match data {
+                        0 => usage.prompt_tokens,
+                        1 => usage.completion_tokens,
+                        2 => usage.cached_tokens,
+                        _ => usage.total_tokens,
+                    }
+                };
+                Some(digits.format(number).as_bytes().to_vec())
             });
-            let Some(value) = value else {
+            let Some(text) = value else {
                 value_bits::write(v, value_bits::NOT_FOUND);
                 return Status::NGX_OK.into();
             };
-            let mut digits = itoa::Buffer::new();
-            let text = digits.format(value).as_bytes();
             // SAFETY: the request's pool is live; the copy stays within the allocation.
             unsafe {
                 let at = ngx_pnalloc(r.pool, text.len()).cast::<u8>();

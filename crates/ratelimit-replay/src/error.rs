@@ -15,6 +15,13 @@ pub enum ReplayError {
     Zone(SpecError),
     #[error("--limit: {0}")]
     Limit(SpecError),
+    #[error("--prices: {0}")]
+    Prices(SpecError),
+    #[error(
+        "--prices FILE prices a line with prices=NAME: give --limit 'usage=openai prices=NAME' \
+         (NAME a rate_limit_prices block of FILE)"
+    )]
+    PricesWithoutTable,
     /// `--calibrate` or `--plot` on a quota zone.
     #[error(
         "{0} is not available for quota zones (algorithm=quota): the summary's min_limit is \

@@ -40,6 +40,14 @@ struct Args {
     #[arg(long)]
     limit: Option<String>,
 
+    /// With --limit 'usage=... prices=NAME': the file (nginx.conf, or one holding just the
+    /// block) whose `rate_limit_prices NAME { ... }` prices each request from the model and
+    /// tokens its log line names ($rate_limit_usage_model, _prompt_tokens,
+    /// _completion_tokens, _cached_tokens): a money budget replayed on a log recorded
+    /// without it
+    #[arg(long, value_name = "FILE")]
+    prices: Option<PathBuf>,
+
     /// With --limit usage=...: print the smallest burst (the token budget, at the zone's
     /// rate) that refuses at most MAX_REFUSED of the log's requests, instead of the replay
     #[arg(long, value_name = "MAX_REFUSED")]
