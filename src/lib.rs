@@ -20,7 +20,7 @@ use ngx::ffi::{
     ngx_core_module_t, ngx_cycle_t, ngx_http_handler_pt, ngx_http_module_t,
     ngx_http_phases_NGX_HTTP_LOG_PHASE, ngx_http_phases_NGX_HTTP_PREACCESS_PHASE,
     ngx_http_request_t, ngx_int_t, ngx_module_t, ngx_uint_t, NGX_CONF_1MORE, NGX_CONF_ANY,
-    NGX_CONF_TAKE1, NGX_CORE_MODULE, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
+    NGX_CONF_BLOCK, NGX_CONF_TAKE1, NGX_CORE_MODULE, NGX_HTTP_LOC_CONF, NGX_HTTP_LOC_CONF_OFFSET,
     NGX_HTTP_MAIN_CONF, NGX_HTTP_MAIN_CONF_OFFSET, NGX_HTTP_MODULE, NGX_HTTP_SRV_CONF,
     NGX_LOG_EMERG,
 };
@@ -150,7 +150,7 @@ type Handler = unsafe extern "C" fn(*mut ngx_http_request_t) -> ngx_int_t;
 
 const LOC_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 
-static mut COMMANDS: [ngx_command_t; 13] = [
+static mut COMMANDS: [ngx_command_t; 14] = [
     ngx_command_t {
         name: ngx_string!("rate_limit_zone"),
         type_: (NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE) as ngx_uint_t,
@@ -243,6 +243,14 @@ static mut COMMANDS: [ngx_command_t; 13] = [
         name: ngx_string!("rate_limit_sync"),
         type_: (NGX_HTTP_MAIN_CONF | NGX_CONF_1MORE) as ngx_uint_t,
         set: Some(conf::sync::cmd_rate_limit_sync),
+        conf: NGX_HTTP_MAIN_CONF_OFFSET,
+        offset: 0,
+        post: ptr::null_mut(),
+    },
+    ngx_command_t {
+        name: ngx_string!("rate_limit_prices"),
+        type_: (NGX_HTTP_MAIN_CONF | NGX_CONF_BLOCK | NGX_CONF_TAKE1) as ngx_uint_t,
+        set: Some(conf::prices::cmd_rate_limit_prices),
         conf: NGX_HTTP_MAIN_CONF_OFFSET,
         offset: 0,
         post: ptr::null_mut(),

@@ -595,3 +595,78 @@ fn dashboard_ranks_keys_by_tokens_used() {
         browser.console_errors()
     );
 }
+
+/// A priced quota zone ($1 a day, micro-dollars): the card names the limit, the period and
+/// its end, what the zone spent in dollars, and each top key's use of the period; the
+/// ranking by tokens is by micro-dollars spent; a key's override is listed as a limit.
+#[test]
+fn dashboard_shows_a_priced_quota() {
+    let llm = common::llm::FakeLlm::start();
+    let nginx = common::admin::dashboard()
+        .http(
+            "rate_limit_prices models { big input=10 output=30; }
+             rate_limit_zone $http_authorization zone=daily:1m algorithm=quota limit=1000000 \
+             period=day tz=Europe/Berlin;",
+        )
+        .locations(&format!(
+            "location /v1/ {{ rate_limit zone=daily usage=openai prices=models; \
+             proxy_pass http://127.0.0.1:{}; }}",
+            llm.port()
+        ))
+        .start();
+    // $0.31 a request: three spend $0.93.
+    for _ in 0..3 {
+        let request = Request::new(
+            "POST",
+            "/v1/chat/completions?prompt=1000&completion=10000&model=big",
+        )
+        .header("Authorization", "team-a")
+        .json(r#"{"model":"big","messages":[]}"#);
+        assert_eq!(send(nginx.port(), &request).status, 200);
+    }
+    let browser = Browser::start();
+    browser.goto(&format!("http://127.0.0.1:{}/ratelimit/", nginx.port()));
+    let spent = browser.wait_for("the zone's spend", |b| {
+        let cards = b.find_all("section[data-zone=\"daily\"] dd.spent");
+        let text = cards.first().map(|card| b.text(card)).unwrap_or_default();
+        (text == "$0.93").then_some(text)
+    });
+    assert_eq!(spent, "$0.93");
+    assert_eq!(zone_text(&browser, "daily", "rate"), "1000000");
+    assert_eq!(zone_text(&browser, "daily", "burst"), "day (Europe/Berlin)");
+    let end = api(&nginx, "zones/daily")["period_end"].as_f64().unwrap();
+    assert!(
+        !zone_text(&browser, "daily", "period-end").is_empty(),
+        "{end}"
+    );
+    browser.script(
+        "const select = document.querySelector('section[data-zone=\"daily\"] select.top-by'); \
+         select.value = 'tokens'; select.dispatchEvent(new Event('change')); return null",
+    );
+    let rows = browser.wait_for("the keys by spend", |b| {
+        let rows = b.texts("section[data-zone=\"daily\"] table.top tr");
+        (rows.len() == 2 && rows[0].contains("µ$ spent") && rows[1].contains("of")).then_some(rows)
+    });
+    assert!(
+        rows[1].starts_with("team-a 930000") && rows[1].contains("930000 of 1000000"),
+        "{rows:?}"
+    );
+    let request = Request::new("PUT", "/ratelimit/zones/daily/overrides/team-a")
+        .json(r#"{"limit": 5000000}"#);
+    assert_eq!(send(nginx.port(), &request).status, 201);
+    browser.wait_for("the override", |b| {
+        let rows = b.texts("section[data-zone=\"daily\"] table.override-list tr");
+        rows.iter()
+            .any(|row| row.starts_with("team-a limit 5000000"))
+            .then_some(())
+    });
+    browser.script(
+        "document.querySelector('section[data-zone=\"daily\"]').scrollIntoView(); return null",
+    );
+    browser.screenshot(&screenshot_path("dashboard-quota"));
+    assert!(
+        browser.console_errors().is_empty(),
+        "{:?}",
+        browser.console_errors()
+    );
+}

@@ -418,7 +418,7 @@ fn nginx_t_errors_say_what_is_valid() {
             limited("rate_limit zone=a rate=1r/s;"),
             "invalid parameter \"rate=1r/s\": it must be zone=, burst=, nodelay, delay=, \
              global=, cost=, on_status=, usage=, reserve=, debt=, on_missing=, \
-             usage_weights= or headers= in ",
+             usage_weights=, prices= or headers= in ",
         ),
         (
             limited("rate_limit zone=a headers=no;"),

@@ -15,16 +15,13 @@
 
 mod common;
 
-use std::env;
 use std::fmt::Write as _;
-use std::fs;
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::nginx::dep_info_paths;
+use common::nginx::replay_binary;
 use common::{Connection, Nginx, Response};
 use ratelimit_core::replay::{policy_from_specs, Replay};
 use ratelimit_core::{LimitSpec, Outcome, Policy, ZoneSpec};
@@ -131,44 +128,6 @@ fn near_a_threshold(policy: &Policy, times: &[(Duration, String)], margin: Durat
         }
     }
     near
-}
-
-/// `target/<profile>/ratelimit-replay`, next to this test binary's `deps/` (built by
-/// `cargo build`), or `RATELIMIT_REPLAY`.
-fn replay_binary() -> PathBuf {
-    if let Some(path) = env::var_os("RATELIMIT_REPLAY") {
-        return PathBuf::from(path);
-    }
-    let exe = env::current_exe().expect("cannot find the test binary's path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("the test binary is not in target/<profile>/deps");
-    let path = profile_dir.join("ratelimit-replay");
-    assert!(
-        path.is_file(),
-        "{} does not exist: run `cargo build` first",
-        path.display()
-    );
-    // Like the module: never compare with an outdated binary without saying so.
-    let built = fs::metadata(&path).and_then(|m| m.modified()).ok();
-    let dep_info = fs::read_to_string(path.with_extension("d")).unwrap_or_default();
-    let sources = dep_info
-        .lines()
-        .next()
-        .and_then(|line| line.split_once(": "))
-        .map(|(_, sources)| dep_info_paths(sources))
-        .unwrap_or_default();
-    for source in sources {
-        let modified = fs::metadata(&source).and_then(|m| m.modified()).ok();
-        assert!(
-            modified <= built,
-            "{} is older than {}: run `cargo build` first",
-            path.display(),
-            source.display()
-        );
-    }
-    path
 }
 
 /// One request as sent to nginx: which limit, its key, when it left (from the timeline's

@@ -445,12 +445,23 @@ fn usage_conf(
             AmountConf::Variable(variable_index(cf, name.as_bytes())?)
         }
     };
+    let prices = match &usage.prices {
+        Some(name) => {
+            let at = cf.position();
+            let mcf = main_conf(cf).ok_or(ConfError::Logged)?;
+            let index = super::prices::index_of(mcf, name);
+            mcf.prices[index].used_at.get_or_insert(at);
+            Some(index)
+        }
+        None => None,
+    };
     Ok(UsageConf {
         source,
         reserve,
         debt: usage.debt,
         on_missing: usage.on_missing,
         weights: usage.weights,
+        prices,
     })
 }
 

@@ -61,6 +61,16 @@ pub enum ConfError {
          http block before the stream block"
     )]
     StreamSyncNotConfigured(String),
+    /// `prices=NAME` naming no `rate_limit_prices` block, then the hint of `unknown_zone`.
+    #[error("unknown price table \"{name}\"{hint}")]
+    UnknownPrices { name: String, hint: String },
+    #[error("duplicate rate_limit_prices \"{0}\"")]
+    DuplicatePrices(String),
+    #[error(
+        "rate_limit_prices \"{0}\" has no price: give lines such as \
+         \"gpt-4o input=2.5 output=10;\" or \"default input=1 output=4;\""
+    )]
+    EmptyPrices(String),
     #[error("duplicate limit \"{0}\"")]
     DuplicateLimit(String),
     #[error("\"{0}\" directive is duplicate")]

@@ -10,6 +10,7 @@ mod empty_key;
 mod error;
 pub mod ext;
 pub mod key;
+pub mod prices;
 pub mod registry;
 pub mod sync;
 mod tls;
@@ -85,6 +86,11 @@ pub struct MainConf {
     pub usage_used: bool,
     /// Where each `rate_limit` line is, to warn about the ones `return` keeps from running.
     pub limited_places: Vec<unreached::LimitedPlace>,
+    /// `rate_limit_prices` tables, by the index a `prices=` word holds (`UsageConf::prices`).
+    pub prices: Vec<prices::NamedPrices>,
+    /// `$rate_limit_usage_model` is used (a log format names it): the body reader looks for
+    /// the model of every usage-based request, priced or not.
+    pub usage_model_used: bool,
     pub hooks: Hooks,
 }
 
@@ -272,6 +278,9 @@ pub struct UsageConf {
     pub debt: Option<u64>,
     pub on_missing: OnMissing,
     pub weights: Weights,
+    /// `prices=NAME`: the table's index in `MainConf::prices`; the cost is then in
+    /// micro-dollars, for the model the response names.
+    pub prices: Option<usize>,
 }
 
 /// Where the cost after the response comes from.
@@ -467,6 +476,8 @@ pub fn postconfiguration(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
         // the configuration is being read.
         check_reference(reference, unsafe { &mut *zone })?;
     }
+    prices::check_declared(mcf)?;
+    mcf.usage_model_used = prices::variable_used(cf, b"rate_limit_usage_model");
     if mcf.sync.is_none() {
         if let Some(zone) = zones(mcf).find(|zone| zone.sync) {
             return Err(ConfError::SyncNotConfigured(zone.name.clone()));

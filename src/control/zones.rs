@@ -8,7 +8,7 @@ use ratelimit_admin::history::History;
 use ratelimit_admin::top::TopList;
 use ratelimit_admin::{
     AdminZone, ApiError, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverrideRefused,
-    Period, QuotaInfo, SyncInfo, UsageInfo, ZoneInfo,
+    Period, QuotaInfo, SpendInfo, SyncInfo, UsageInfo, ZoneInfo,
 };
 use ratelimit_core::block_table::BlockedKey;
 use ratelimit_core::key_form::KeyForm;
@@ -434,6 +434,16 @@ impl SharedZone<'_> {
     }
 }
 
+/// What priced lines charged `zone`, once one has.
+fn spend_info(zone: &Zone) -> Option<SpendInfo> {
+    let spent = zone.counter(Counter::SpentMicroUsd);
+    let unpriced = zone.counter(Counter::Unpriced);
+    (spent > 0 || unpriced > 0).then_some(SpendInfo {
+        spent_micro_usd: spent,
+        unpriced,
+    })
+}
+
 /// The tokens usage-based lines charged `zone`, once one has.
 fn usage_info(zone: &Zone) -> Option<UsageInfo> {
     let count = |counter: Counter| zone.counter(counter);
@@ -446,5 +456,6 @@ fn usage_info(zone: &Zone) -> Option<UsageInfo> {
         tokens_forgiven: count(Counter::TokensForgiven),
         settled_with_usage: count(Counter::UsageFound),
         settled_without_usage: count(Counter::UsageMissing),
+        spend: spend_info(zone),
     })
 }

@@ -12,24 +12,28 @@
 
 use core::ffi::c_void;
 use core::ptr;
+use core::sync::atomic::AtomicU64;
 
 use ngx::core::Status;
 use ngx::ffi::{
     ngx_chain_t, ngx_conf_t, ngx_http_add_variable, ngx_http_output_body_filter_pt,
     ngx_http_output_header_filter_pt, ngx_http_request_t, ngx_http_top_body_filter,
     ngx_http_top_header_filter, ngx_http_variable_value_t, ngx_int_t, ngx_pnalloc,
-    ngx_pool_cleanup_add, ngx_str_t, ngx_uint_t, NGX_HTTP_VAR_NOCACHEABLE,
+    ngx_pool_cleanup_add, ngx_str_t, ngx_uint_t, NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_WARN,
 };
+use ngx::http::HttpModuleMainConf;
+use ngx::ngx_log_error;
 use ratelimit_core::top::TopKind;
 use ratelimit_core::usage::reader::{Format, Reader};
 use ratelimit_core::usage::settle::{self, End, Settlement};
-use ratelimit_core::usage::{parse_tokens, Provider, Usage};
+use ratelimit_core::usage::{parse_tokens, Provider, Usage, Weights};
 use ratelimit_core::Outcome;
 
-use crate::conf::{AmountConf, ConfError, LimitConf, UsageConf, UsageSourceConf};
+use crate::conf::{AmountConf, ConfError, LimitConf, RateLimitModule, UsageConf, UsageSourceConf};
 use crate::control::decide::{Applied, AppliedLimit, Charged, Verdict};
 use crate::glue::response::{add_header, answer_now};
 use crate::glue::{now_ns, value_bits};
+use crate::store::counters::once_a_second;
 use crate::store::Counter;
 
 const NGX_ERROR: ngx_int_t = -1;
@@ -58,6 +62,9 @@ struct UsageState {
     lines: Vec<Line>,
     /// The provider whose body the reader reads (the lines with `usage=$var` read none).
     provider: Option<Provider>,
+    /// Some line has `prices=`, or `$rate_limit_usage_model` is logged: the reader looks for
+    /// the model the body names.
+    priced: bool,
     /// Set by the header filter when there is a body to read.
     reader: Option<Reader>,
     /// The body's last buffer passed.
@@ -145,9 +152,12 @@ pub fn keep(r: &mut ngx_http_request_t, applied: &[AppliedLimit], lines: &[&Limi
         // No memory: the reservations stand, which errs on the strict side.
         return;
     };
+    let model_logged = RateLimitModule::main_conf(r).is_some_and(|mcf| mcf.usage_model_used);
+    let priced = model_logged || kept.iter().any(|line| line.usage.prices.is_some());
     let state = UsageState {
         lines: kept,
         provider,
+        priced,
         reader: None,
         ended: false,
         unreadable: false,
@@ -242,7 +252,11 @@ fn start_reading(r: &ngx_http_request_t, state: &mut UsageState) {
         }
     }
     let format = Format::of_content_type(out.content_type.as_bytes());
-    state.reader = Some(Reader::new(provider, format));
+    let mut reader = Reader::new(provider, format);
+    if state.priced {
+        reader.read_model();
+    }
+    state.reader = Some(reader);
 }
 
 /// Every buffer of the body, read as it passes and passed on at once, unchanged.
@@ -307,14 +321,48 @@ impl UsageState {
         self.reader.as_ref()?.usage()
     }
 
-    /// The tokens `line` owes as the request ends now, and whether a usage was found.
-    fn owed(&self, r: &mut ngx_http_request_t, line: &Line) -> (u64, bool) {
+    /// The tokens `line` owes as the request ends now, and whether a usage was found. A
+    /// priced line whose table has no price for the response's model (or whose response named
+    /// none) keeps its reservation.
+    fn owed(&self, r: &mut ngx_http_request_t, line: &Line) -> Owed {
         let found = match line.usage.source {
-            UsageSourceConf::Reader(_) => self.usage().map(|usage| line.usage.weights.cost(&usage)),
+            UsageSourceConf::Reader(_) => match (self.usage(), line.usage.prices) {
+                (Some(usage), Some(index)) => match self.prices(r, index) {
+                    Some(weights) => Some(weights.cost(&usage)),
+                    None => {
+                        return Owed {
+                            tokens: line.reserved,
+                            found: true,
+                            unpriced: Some(index),
+                        }
+                    }
+                },
+                (usage, _) => usage.map(|usage| line.usage.weights.cost(&usage)),
+            },
             UsageSourceConf::Variable(index) => number(r, index),
         };
-        let owed = settle::charged_tokens(line.reserved, found, self.end(r), line.usage.on_missing);
-        (owed, found.is_some())
+        let tokens =
+            settle::charged_tokens(line.reserved, found, self.end(r), line.usage.on_missing);
+        Owed {
+            tokens,
+            found: found.is_some(),
+            unpriced: None,
+        }
+    }
+
+    /// The model the response named.
+    fn model(&self) -> Option<&str> {
+        self.reader.as_ref()?.model()
+    }
+
+    /// The prices of the response's model in table `index`, in micro-dollars per token.
+    fn prices(&self, r: &ngx_http_request_t, index: usize) -> Option<Weights> {
+        let table = RateLimitModule::main_conf(r)?
+            .prices
+            .get(index)?
+            .table
+            .as_ref()?;
+        table.prices(self.model()?)
     }
 
     fn end(&self, r: &ngx_http_request_t) -> End {
@@ -349,9 +397,20 @@ pub unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
             state.settled = true;
             let now = now_ns();
             for line in &state.lines {
-                let (owed, found) = state.owed(r, line);
+                let Owed {
+                    tokens: owed,
+                    found,
+                    unpriced,
+                } = state.owed(r, line);
                 let zone = line.charged.zone();
                 zone.count_by(Counter::TokensUsed, owed);
+                if line.usage.prices.is_some() {
+                    zone.count_by(Counter::SpentMicroUsd, owed);
+                }
+                if let Some(index) = unpriced {
+                    zone.count(Counter::Unpriced);
+                    log_unpriced(r, state.model(), index, line.reserved, now);
+                }
                 if let Some(key) = &line.key {
                     let amount = u32::try_from(owed).unwrap_or(u32::MAX);
                     zone.record_top_amount(TopKind::Tokens, now, key, amount);
@@ -379,14 +438,58 @@ pub unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     )
 }
 
+/// What a line owes as its request ends.
+struct Owed {
+    tokens: u64,
+    /// A usage was found.
+    found: bool,
+    /// The line's price table (its index) has no price for the response's model.
+    unpriced: Option<usize>,
+}
+
+/// The second a worker last logged a model without a price (so at most once a second).
+static UNPRICED_LOGGED_SEC: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// A usage priced by no line of its table: logged at most once a second per worker.
+fn log_unpriced(
+    r: &ngx_http_request_t,
+    model: Option<&str>,
+    index: usize,
+    reserved: u64,
+    now_ns: u64,
+) {
+    if !once_a_second(&UNPRICED_LOGGED_SEC, now_ns) {
+        return;
+    }
+    let table = RateLimitModule::main_conf(r)
+        .and_then(|mcf| mcf.prices.get(index))
+        .map_or("", |named| named.name.as_str());
+    let what = match model {
+        Some(model) => format!("no price for model \"{}\"", model.escape_debug()),
+        None => "the response named no model".to_string(),
+    };
+    // SAFETY: a live request has its connection and its log.
+    let log = unsafe { (*r.connection).log };
+    ngx_log_error!(
+        NGX_LOG_WARN,
+        log,
+        "rate_limit: {what} in rate_limit_prices \"{table}\": the request keeps its \
+         reservation of {reserved}; add the model or a \"default\" line"
+    );
+}
+
 /// The `$rate_limit_usage_*` variables, by the value their handler's `data` selects.
-const VARIABLES: [(&str, usize); 5] = [
+const VARIABLES: [(&str, usize); 6] = [
     ("rate_limit_usage_prompt_tokens", 0),
     ("rate_limit_usage_completion_tokens", 1),
     ("rate_limit_usage_cached_tokens", 2),
     ("rate_limit_usage_total_tokens", 3),
     ("rate_limit_usage_cost", 4),
+    ("rate_limit_usage_model", MODEL),
 ];
+
+/// The `data` of `$rate_limit_usage_model`.
+const MODEL: usize = 5;
 
 /// Register the `$rate_limit_usage_*` variables.
 pub fn add_variables(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
@@ -407,7 +510,8 @@ pub fn add_variables(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
 }
 
 /// `$rate_limit_usage_*`: the tokens the response reported (not found when it reported
-/// none), and `_cost`: what the first usage-based line charges for the request.
+/// none), `_cost`: what the first usage-based line charges for the request, and `_model`:
+/// the model the response named (not found when it named none).
 unsafe extern "C" fn usage_variable(
     r: *mut ngx_http_request_t,
     v: *mut ngx_http_variable_value_t,
@@ -421,25 +525,29 @@ unsafe extern "C" fn usage_variable(
             let Some(r) = (unsafe { r.as_mut() }) else {
                 return NGX_ERROR;
             };
+            let mut digits = itoa::Buffer::new();
             let value = state_of(r).and_then(|state| {
-                if data == 4 {
-                    let line = state.lines.first()?;
-                    return Some(state.owed(r, line).0);
+                if data == MODEL {
+                    return state.model().map(|model| model.as_bytes().to_vec());
                 }
-                let usage = state.usage()?;
-                Some(match data {
-                    0 => usage.prompt_tokens,
-                    1 => usage.completion_tokens,
-                    2 => usage.cached_tokens,
-                    _ => usage.total_tokens,
-                })
+                let number = if data == 4 {
+                    let line = state.lines.first()?;
+                    state.owed(r, line).tokens
+                } else {
+                    let usage = state.usage()?;
+                    match data {
+                        0 => usage.prompt_tokens,
+                        1 => usage.completion_tokens,
+                        2 => usage.cached_tokens,
+                        _ => usage.total_tokens,
+                    }
+                };
+                Some(digits.format(number).as_bytes().to_vec())
             });
-            let Some(value) = value else {
+            let Some(text) = value else {
                 value_bits::write(v, value_bits::NOT_FOUND);
                 return Status::NGX_OK.into();
             };
-            let mut digits = itoa::Buffer::new();
-            let text = digits.format(value).as_bytes();
             // SAFETY: the request's pool is live; the copy stays within the allocation.
             unsafe {
                 let at = ngx_pnalloc(r.pool, text.len()).cast::<u8>();

@@ -5,7 +5,7 @@ use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use super::Zone;
 
 /// Per-zone decision counters, in the order of [`Counter`].
-pub const COUNTERS: usize = 15;
+pub const COUNTERS: usize = 17;
 /// Counters are kept per worker (modulo this many stripes), each stripe on its own cache
 /// line, so that workers counting requests do not contend for one line.
 pub(super) const COUNTER_STRIPES: usize = 16;
@@ -47,6 +47,10 @@ pub enum Counter {
     /// Usage-based requests settled from a usage the response reported, and without one.
     UsageFound = 13,
     UsageMissing = 14,
+    /// Priced lines (`prices=`): micro-dollars owed, and requests whose model the table has
+    /// no price for (they kept their reservation).
+    SpentMicroUsd = 15,
+    Unpriced = 16,
 }
 
 impl Zone {
@@ -96,7 +100,7 @@ impl Zone {
 }
 
 /// True for the first caller of each second that `logged_sec` has not seen.
-fn once_a_second(logged_sec: &AtomicU64, now_ns: u64) -> bool {
+pub fn once_a_second(logged_sec: &AtomicU64, now_ns: u64) -> bool {
     let second = now_ns / 1_000_000_000;
     let last = logged_sec.load(Ordering::Relaxed);
     last != second

@@ -15,7 +15,8 @@
 //! Query parameters: `prompt`, `completion`, `cached` (tokens), `chunks` (content events),
 //! `delay_ms` (before each event, or before a plain answer), `status` (an OpenAI-shaped error with that status),
 //! `cut=1` (close the connection before the stream's usage and its end), `usage_header=1`
-//! (an `X-Usage-Tokens: TOTAL` header).
+//! (an `X-Usage-Tokens: TOTAL` header), `model` (the model the answer names: Chat Completions
+//! say `fake` without it, the other shapes name none).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -84,6 +85,7 @@ struct Ask {
     cut: bool,
     usage_header: bool,
     status: u16,
+    model: Option<String>,
 }
 
 fn serve(stream: TcpStream) {
@@ -135,6 +137,7 @@ fn serve(stream: TcpStream) {
         cut: number("cut", 0) == 1,
         usage_header: number("usage_header", 0) == 1,
         status: number("status", 200) as u16,
+        model: params.get("model").map(|model| model.to_string()),
     };
     let mut out = stream;
     if ask.status != 200 {
@@ -183,6 +186,26 @@ fn serve(stream: TcpStream) {
     let _ = write_stream(&mut out, shape, &ask, header);
 }
 
+impl Ask {
+    /// The model of a Chat Completions answer, and `"model":"NAME",` for the other shapes
+    /// (empty without `model=`).
+    fn names(&self) -> (&str, String) {
+        let chat = self.model.as_deref().unwrap_or("fake");
+        let named = self
+            .model
+            .as_ref()
+            .map_or(String::new(), |model| format!(r#""model":"{model}","#));
+        (chat, named)
+    }
+
+    /// `"modelVersion":"NAME",` (empty without `model=`).
+    fn gemini_version(&self) -> String {
+        self.model.as_ref().map_or(String::new(), |model| {
+            format!(r#""modelVersion":"{model}","#)
+        })
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Shape {
     Chat,
@@ -195,20 +218,22 @@ impl Shape {
     fn document(self, ask: &Ask) -> String {
         let (p, c, k) = (ask.prompt, ask.completion, ask.cached);
         let t = p + c;
+        let (chat_model, named) = ask.names();
+        let gemini = ask.gemini_version();
         match self {
             Shape::Chat => format!(
-                r#"{{"id":"chatcmpl-f","object":"chat.completion","model":"fake","choices":[{{"index":0,"message":{{"role":"assistant","content":"fake"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":{p},"completion_tokens":{c},"total_tokens":{t},"prompt_tokens_details":{{"cached_tokens":{k}}}}}}}"#
+                r#"{{"id":"chatcmpl-f","object":"chat.completion","model":"{chat_model}","choices":[{{"index":0,"message":{{"role":"assistant","content":"fake"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":{p},"completion_tokens":{c},"total_tokens":{t},"prompt_tokens_details":{{"cached_tokens":{k}}}}}}}"#
             ),
             Shape::Responses => format!(
-                r#"{{"id":"resp_f","object":"response","status":"completed","output":[],"usage":{{"input_tokens":{p},"input_tokens_details":{{"cached_tokens":{k}}},"output_tokens":{c},"total_tokens":{t}}}}}"#
+                r#"{{"id":"resp_f","object":"response",{named}"status":"completed","output":[],"usage":{{"input_tokens":{p},"input_tokens_details":{{"cached_tokens":{k}}},"output_tokens":{c},"total_tokens":{t}}}}}"#
             ),
             // Anthropic's input_tokens leaves out the cache reads.
             Shape::Anthropic => format!(
-                r#"{{"id":"msg_f","type":"message","role":"assistant","content":[{{"type":"text","text":"fake"}}],"usage":{{"input_tokens":{},"cache_read_input_tokens":{k},"cache_creation_input_tokens":0,"output_tokens":{c}}}}}"#,
+                r#"{{"id":"msg_f","type":"message",{named}"role":"assistant","content":[{{"type":"text","text":"fake"}}],"usage":{{"input_tokens":{},"cache_read_input_tokens":{k},"cache_creation_input_tokens":0,"output_tokens":{c}}}}}"#,
                 p - k.min(p)
             ),
             Shape::Gemini => format!(
-                r#"[{{"candidates":[{{"content":{{"parts":[{{"text":"fake"}}],"role":"model"}}}}],"usageMetadata":{{"promptTokenCount":{p},"candidatesTokenCount":{c},"totalTokenCount":{t},"cachedContentTokenCount":{k}}}}}]"#
+                r#"[{{"candidates":[{{"content":{{"parts":[{{"text":"fake"}}],"role":"model"}}}}],{gemini}"usageMetadata":{{"promptTokenCount":{p},"candidatesTokenCount":{c},"totalTokenCount":{t},"cachedContentTokenCount":{k}}}}}]"#
             ),
         }
     }
@@ -217,6 +242,8 @@ impl Shape {
     fn events(self, ask: &Ask) -> (Vec<(Option<&'static str>, String)>, usize) {
         let (p, c, k, n) = (ask.prompt, ask.completion, ask.cached, ask.chunks.max(1));
         let t = p + c;
+        let (chat_model, named) = ask.names();
+        let gemini = ask.gemini_version();
         let mut events = Vec::new();
         // The index from which the events carry (or complete) the usage.
         let usage_from;
@@ -227,7 +254,7 @@ impl Shape {
                 }
                 usage_from = events.len();
                 if ask.include_usage {
-                    events.push((None, format!(r#"{{"object":"chat.completion.chunk","choices":[],"usage":{{"prompt_tokens":{p},"completion_tokens":{c},"total_tokens":{t},"prompt_tokens_details":{{"cached_tokens":{k}}}}}}}"#)));
+                    events.push((None, format!(r#"{{"object":"chat.completion.chunk","model":"{chat_model}","choices":[],"usage":{{"prompt_tokens":{p},"completion_tokens":{c},"total_tokens":{t},"prompt_tokens_details":{{"cached_tokens":{k}}}}}}}"#)));
                 }
                 events.push((None, "[DONE]".into()));
             }
@@ -243,10 +270,10 @@ impl Shape {
                     ));
                 }
                 usage_from = events.len();
-                events.push((Some("response.completed"), format!(r#"{{"type":"response.completed","response":{{"status":"completed","usage":{{"input_tokens":{p},"input_tokens_details":{{"cached_tokens":{k}}},"output_tokens":{c},"total_tokens":{t}}}}}}}"#)));
+                events.push((Some("response.completed"), format!(r#"{{"type":"response.completed","response":{{{named}"status":"completed","usage":{{"input_tokens":{p},"input_tokens_details":{{"cached_tokens":{k}}},"output_tokens":{c},"total_tokens":{t}}}}}}}"#)));
             }
             Shape::Anthropic => {
-                events.push((Some("message_start"), format!(r#"{{"type":"message_start","message":{{"usage":{{"input_tokens":{},"cache_read_input_tokens":{k},"output_tokens":1}}}}}}"#, p - k.min(p))));
+                events.push((Some("message_start"), format!(r#"{{"type":"message_start","message":{{{named}"usage":{{"input_tokens":{},"cache_read_input_tokens":{k},"output_tokens":1}}}}}}"#, p - k.min(p))));
                 for i in 0..n {
                     events.push((Some("content_block_delta"), format!(r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":"w{i} "}}}}"#)));
                 }
@@ -261,7 +288,7 @@ impl Shape {
                     events.push((None, format!(r#"{{"candidates":[{{"content":{{"parts":[{{"text":"w{i} "}}]}}}}],"usageMetadata":{{"promptTokenCount":{p},"candidatesTokenCount":{so_far},"totalTokenCount":{}}}}}"#, p + so_far)));
                 }
                 usage_from = events.len();
-                events.push((None, format!(r#"{{"candidates":[{{"content":{{"parts":[{{"text":"end"}}]}},"finishReason":"STOP"}}],"usageMetadata":{{"promptTokenCount":{p},"candidatesTokenCount":{c},"totalTokenCount":{t},"cachedContentTokenCount":{k}}}}}"#)));
+                events.push((None, format!(r#"{{"candidates":[{{"content":{{"parts":[{{"text":"end"}}]}},"finishReason":"STOP"}}],{gemini}"usageMetadata":{{"promptTokenCount":{p},"candidatesTokenCount":{c},"totalTokenCount":{t},"cachedContentTokenCount":{k}}}}}"#)));
             }
         }
         (events, usage_from)

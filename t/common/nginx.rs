@@ -705,3 +705,41 @@ pub fn stream_module_path() -> Option<String> {
         .unwrap_or("modules");
     Some(format!("{modules}/ngx_stream_module.so"))
 }
+
+/// `target/<profile>/ratelimit-replay`, next to this test binary's `deps/` (built by
+/// `cargo build`), or `RATELIMIT_REPLAY`.
+pub fn replay_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("RATELIMIT_REPLAY") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("cannot find the test binary's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test binary is not in target/<profile>/deps");
+    let path = profile_dir.join("ratelimit-replay");
+    assert!(
+        path.is_file(),
+        "{} does not exist: run `cargo build` first",
+        path.display()
+    );
+    // Like the module: never compare with an outdated binary without saying so.
+    let built = fs::metadata(&path).and_then(|m| m.modified()).ok();
+    let dep_info = fs::read_to_string(path.with_extension("d")).unwrap_or_default();
+    let sources = dep_info
+        .lines()
+        .next()
+        .and_then(|line| line.split_once(": "))
+        .map(|(_, sources)| dep_info_paths(sources))
+        .unwrap_or_default();
+    for source in sources {
+        let modified = fs::metadata(&source).and_then(|m| m.modified()).ok();
+        assert!(
+            modified <= built,
+            "{} is older than {}: run `cargo build` first",
+            path.display(),
+            source.display()
+        );
+    }
+    path
+}

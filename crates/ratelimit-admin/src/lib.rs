@@ -58,7 +58,7 @@ pub use error::ApiError;
 pub use route::Route;
 pub use store::{
     AdminZone, BlockCounts, BlockInfo, BlockRefused, Counters, KeyState, OverrideRefused, Period,
-    QuotaInfo, SyncInfo, UsageInfo, ZoneInfo,
+    QuotaInfo, SpendInfo, SyncInfo, UsageInfo, ZoneInfo,
 };
 
 use std::borrow::Cow;

@@ -17,7 +17,7 @@ struct Family {
     help: &'static str,
 }
 
-const FAMILIES: [Family; 27] = [
+const FAMILIES: [Family; 29] = [
     Family {
         name: "rate_limit_requests_total",
         kind: "counter",
@@ -57,6 +57,16 @@ const FAMILIES: [Family; 27] = [
         name: "rate_limit_usage_settled_total",
         kind: "counter",
         help: "Usage-based requests settled, with a usage the response reported (found) or without (missing).",
+    },
+    Family {
+        name: "rate_limit_spent_usd_total",
+        kind: "counter",
+        help: "Dollars priced lines (usage= with prices=) charged: the cost of the models the responses named.",
+    },
+    Family {
+        name: "rate_limit_unpriced_total",
+        kind: "counter",
+        help: "Requests of priced lines whose model had no price (they kept their reservation).",
     },
     Family {
         name: "rate_limit_no_slot_total",
@@ -234,6 +244,15 @@ pub fn render_with_blocks(zones: &[(String, ZoneInfo)], blocks: &[Option<BlockCo
                         );
                     }
                 }
+                "rate_limit_spent_usd_total" | "rate_limit_unpriced_total" => {
+                    if let Some(spend) = info.usage.and_then(|usage| usage.spend) {
+                        let value = match family.name {
+                            "rate_limit_spent_usd_total" => dollars(spend.spent_micro_usd),
+                            _ => spend.unpriced.to_string(),
+                        };
+                        sample("", &value);
+                    }
+                }
                 "rate_limit_rate_per_second" | "rate_limit_burst"
                     if info.concurrency.is_some() || info.quota.is_some() => {}
                 "rate_limit_quota_limit" => {
@@ -303,6 +322,16 @@ fn fullness(info: &ZoneInfo) -> String {
 fn per_second(limits: &Limits) -> String {
     let unit_secs = (limits.rate.unit.nanos() / NANOS_PER_SEC) as f64;
     float(limits.rate.milli_requests as f64 / 1000.0 / unit_secs)
+}
+
+/// Micro-dollars as dollars, exactly (`1.2345` for 1,234,500).
+fn dollars(micro: u64) -> String {
+    let (whole, fraction) = (micro / 1_000_000, micro % 1_000_000);
+    if fraction == 0 {
+        return whole.to_string();
+    }
+    let fraction = format!("{fraction:06}");
+    format!("{whole}.{}", fraction.trim_end_matches('0'))
 }
 
 /// A float as Prometheus reads it (Rust's shortest round-trip form, never `inf`/`NaN` here).
@@ -435,9 +464,9 @@ mod tests {
         deduped.dedup();
         // Every family but rate_limit_blocked_keys and rate_limit_blocks_not_recorded_total
         // (zones with block= only) and the two rate_limit_usage_* (zones a usage= line
-        // charged only: t/usage.rs), and rate_limit_quota_limit (quota zones only:
-        // t/quota.rs).
-        assert_eq!(deduped.len(), FAMILIES.len() - 5);
+        // charged only: t/usage.rs), rate_limit_quota_limit (quota zones only:
+        // t/quota.rs), and the two of priced lines (t/prices.rs).
+        assert_eq!(deduped.len(), FAMILIES.len() - 7);
         assert!(text.ends_with('\n'));
         // A concurrency zone has no rate nor burst.
         assert!(!text.contains("rate_limit_burst{zone=\"app\"}"), "{text}");

@@ -99,6 +99,19 @@ pub struct UsageInfo {
     /// Requests settled from a usage the response reported, and without one.
     pub settled_with_usage: u64,
     pub settled_without_usage: u64,
+    /// Only once a priced line (`prices=`) has charged the zone: what it spent.
+    #[serde(flatten)]
+    pub spend: Option<SpendInfo>,
+}
+
+/// What priced lines (`usage=... prices=NAME`) charged a zone since it was created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SpendInfo {
+    /// Micro-dollars owed by the requests that ended (1 USD = 1,000,000).
+    pub spent_micro_usd: u64,
+    /// Requests whose model the price table has no price for (or whose response named no
+    /// model): they kept their reservation.
+    pub unpriced: u64,
 }
 
 /// The sync state of the instance a `sync` zone belongs to.

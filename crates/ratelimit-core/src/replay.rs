@@ -7,6 +7,8 @@ use std::fmt;
 pub use crate::log_format::parse_seconds;
 use crate::log_format::{FormatError, KeyTemplate, LogFormat, TimeVariable};
 use crate::penalty::{Block, BlockPolicy, BlockWord, StatusMatcher};
+use crate::period::{Bounds, Calendar};
+use crate::quota::{QuotaSpec, QuotaWindow};
 use crate::{
     decide_word, sliding_log, Algorithm, Decision, LimitSpec, Outcome, Policy, SpecError, ZoneSpec,
     NANOS_PER_SEC,
@@ -338,6 +340,8 @@ pub enum Needed {
     Burst(u64),
     /// Sliding algorithms: the smallest N (requests per window) of a rate in the same unit.
     RequestsPerWindow(u64),
+    /// Quotas: the smallest `limit=` (the most a key counted in one period).
+    Limit(u64),
 }
 
 /// One key's totals.
@@ -425,9 +429,16 @@ impl Unlimited {
                 let elapsed = u128::from(now_ns % window_ns);
                 (u128::from(prev) * (w - elapsed) + u128::from(cur) * w).div_ceil(w)
             }
-            // Never replayed: `ZoneSpec` refuses concurrency zones (no request durations), the
-            // replay refuses quota zones (a timeline's seconds are not a calendar).
-            Algorithm::Concurrency | Algorithm::Quota(_) => 0,
+            // A period's count: `counts` holds the period's end and its count.
+            Algorithm::Quota(window) => {
+                let (end_ns, _, count) = self.counts;
+                let count = if end_ns == window.end_ns { count } else { 0 };
+                let count = count.saturating_add(cost);
+                self.counts = (window.end_ns, 0, count);
+                u128::from(count)
+            }
+            // Never replayed: `ZoneSpec` refuses concurrency zones (no request durations).
+            Algorithm::Concurrency => 0,
         };
         self.most = self.most.max(u64::try_from(need).unwrap_or(u64::MAX));
     }
@@ -441,7 +452,8 @@ impl Unlimited {
             Algorithm::SlidingLog | Algorithm::SlidingWindow => {
                 Needed::RequestsPerWindow(self.most)
             }
-            Algorithm::Concurrency | Algorithm::Quota(_) => Needed::Burst(0),
+            Algorithm::Quota(_) => Needed::Limit(self.most),
+            Algorithm::Concurrency => Needed::Burst(0),
         }
     }
 }
@@ -488,10 +500,46 @@ impl Verdict {
     }
 }
 
+/// A quota zone's calendar in a replay, where times are Unix nanoseconds: the period a
+/// request falls in, computed again only when a request leaves the last one.
+#[derive(Clone, Debug)]
+pub(crate) struct PeriodClock {
+    calendar: Calendar,
+    bounds: Option<Bounds>,
+}
+
+impl PeriodClock {
+    pub(crate) fn new(quota: QuotaSpec) -> PeriodClock {
+        PeriodClock {
+            calendar: quota.calendar,
+            bounds: None,
+        }
+    }
+
+    /// `policy` deciding in the period that holds `now_ns`.
+    pub(crate) fn policy_at(&mut self, policy: &Policy, now_ns: u64) -> Policy {
+        let now_ms = i64::try_from(now_ns / 1_000_000).unwrap_or(i64::MAX);
+        let bounds = match &mut self.bounds {
+            Some(known) if (known.start_ms..known.end_ms).contains(&now_ms) => known,
+            slot => slot.insert(self.calendar.bounds(now_ms)),
+        };
+        let ns = |ms: i64| u64::try_from(ms).unwrap_or(0).saturating_mul(1_000_000);
+        Policy {
+            algorithm: Algorithm::Quota(QuotaWindow {
+                tag: QuotaWindow::tag_of(bounds.index),
+                end_ns: ns(bounds.end_ms),
+            }),
+            ..*policy
+        }
+    }
+}
+
 /// Runs requests through one zone's policy, key by key, in input order.
 #[derive(Clone, Debug)]
 pub struct Replay {
     policy: Policy,
+    /// A quota zone's calendar: each request is decided in the period its time falls in.
+    periods: Option<PeriodClock>,
     block: Option<BlockPolicy>,
     on_status: Option<StatusMatcher>,
     keys: Vec<Key>,
@@ -503,10 +551,45 @@ impl Replay {
     pub fn new(policy: Policy) -> Replay {
         Replay {
             policy,
+            periods: None,
             block: None,
             on_status: None,
             keys: Vec::new(),
             index: HashMap::new(),
+        }
+    }
+
+    /// The same replay of a quota zone (`algorithm=quota`): its calendar places each request
+    /// in its period, reading the request's time as Unix time (a log's times are; a
+    /// timeline's seconds count from 1970-01-01 00:00 UTC).
+    ///
+    /// ```
+    /// use ratelimit_core::replay::{policy_from_specs, Replay};
+    /// use ratelimit_core::{Outcome, ZoneSpec};
+    ///
+    /// let zone = ZoneSpec::parse_words(&["algorithm=quota", "limit=2", "period=day"]).unwrap();
+    /// let mut replay = Replay::new(policy_from_specs(&zone, None).unwrap()).with_quota(zone.quota);
+    /// let hour = 3_600_000_000_000;
+    /// let outcomes: Vec<Outcome> =
+    ///     [1, 2, 3, 25].iter().map(|h| replay.decide("a", h * hour).outcome).collect();
+    /// // Two on the first day, the third refused; the next day starts afresh.
+    /// assert_eq!(outcomes, [Outcome::Passed, Outcome::Passed, Outcome::Rejected, Outcome::Passed]);
+    /// ```
+    pub fn with_quota(mut self, quota: Option<QuotaSpec>) -> Replay {
+        self.periods = quota.map(PeriodClock::new);
+        self
+    }
+
+    /// A quota zone's calendar, when the replay has one.
+    pub fn calendar(&self) -> Option<&Calendar> {
+        self.periods.as_ref().map(|periods| &periods.calendar)
+    }
+
+    /// The policy at `now_ns`: a quota's is the period holding it.
+    fn policy_at(&mut self, now_ns: u64) -> Policy {
+        match &mut self.periods {
+            Some(periods) => periods.policy_at(&self.policy, now_ns),
+            None => self.policy,
         }
     }
 
@@ -568,7 +651,7 @@ impl Replay {
     /// assert_eq!(words, ["PASSED", "PASSED", "REJECTED", "BLOCKED", "BLOCKED", "PASSED"]);
     /// ```
     pub fn decide_request(&mut self, key: &str, now_ns: u64, status: Option<u16>) -> Verdict {
-        let policy = self.policy;
+        let policy = self.policy_at(now_ns);
         let position = match self.index.get(key) {
             Some(&position) => position,
             None => {
@@ -733,6 +816,7 @@ impl fmt::Display for Needed {
         match self {
             Needed::Burst(burst) => write!(f, "burst={burst}"),
             Needed::RequestsPerWindow(n) => write!(f, "{n} requests per window"),
+            Needed::Limit(n) => write!(f, "limit={n}"),
         }
     }
 }

@@ -129,6 +129,7 @@ pub const LIMIT_PARAMETERS: &[&str] = &[
     "debt=",
     "on_missing=",
     "usage_weights=",
+    "prices=",
     "headers=",
 ];
 
@@ -924,7 +925,9 @@ mod tests {
         assert_eq!(usage.reserve, Amount::Variable("reserve".into()));
         assert_eq!((usage.debt, usage.on_missing), (None, OnMissing::Refund));
         let usage = limit("usage=anthropic").unwrap().usage.unwrap();
-        assert_eq!(usage.reserve, Amount::Fixed(1));
+        assert_eq!((usage.reserve, usage.prices), (Amount::Fixed(1), None));
+        let usage = limit("usage=openai prices=models").unwrap().usage.unwrap();
+        assert_eq!(usage.prices.as_deref(), Some("models"));
         let spec = limit("cost=$cost").unwrap();
         assert_eq!((spec.cost, spec.cost_variable), (1, Some("cost".into())));
         assert!(spec.usage.is_none());
@@ -960,6 +963,15 @@ mod tests {
             ("reserv=4", "invalid parameter \"reserv=4\", did you mean \"reserve=\"?"),
             ("headers=no", "invalid headers value \"headers=no\": it must be headers=on or \
               headers=off"),
+            ("usage=openai prices=", "invalid prices value \"prices=\": it must name a \
+              rate_limit_prices table, as in prices=models"),
+            ("prices=models", "\"prices\" needs \"usage\": usage=openai|anthropic|gemini|\
+              $variable says where the cost known after the response comes from"),
+            ("usage=$x prices=models", "\"prices\" apply to a built-in reader (openai, \
+              anthropic, gemini): the value of \"$x\" is the cost itself"),
+            ("usage=openai prices=models usage_weights=output:2", "\"prices=models\" and \
+              \"usage_weights\" cannot be used together: the price table gives each kind of \
+              token its price"),
         ];
         for (words, message) in errors {
             assert_eq!(limit(words).unwrap_err(), message, "{words}");
@@ -1001,7 +1013,7 @@ mod tests {
             ("zone=", "invalid zone name \"zone=\""),
             ("rate=1r/s", "invalid parameter \"rate=1r/s\": it must be zone=, burst=, \
               nodelay, delay=, global=, cost=, on_status=, usage=, reserve=, debt=, on_missing=, \
-              usage_weights= or headers="),
+              usage_weights=, prices= or headers="),
             ("nodealy", "invalid parameter \"nodealy\", did you mean \"nodelay\"?"),
             ("burst", "invalid parameter \"burst\", did you mean \"burst=\"?"),
             ("zones=a", "invalid parameter \"zones=a\", did you mean \"zone=\"?"),

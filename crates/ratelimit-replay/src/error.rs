@@ -15,11 +15,19 @@ pub enum ReplayError {
     Zone(SpecError),
     #[error("--limit: {0}")]
     Limit(SpecError),
+    #[error("--prices: {0}")]
+    Prices(SpecError),
     #[error(
-        "--zone: quota zones (algorithm=quota) are not replayed yet: their periods follow the \
-         calendar, which a replay of a log's seconds does not"
+        "--prices FILE prices a line with prices=NAME: give --limit 'usage=openai prices=NAME' \
+         (NAME a rate_limit_prices block of FILE)"
     )]
-    Quota,
+    PricesWithoutTable,
+    /// `--calibrate` or `--plot` on a quota zone.
+    #[error(
+        "{0} is not available for quota zones (algorithm=quota): the summary's min_limit is \
+         the most a key counted in one period"
+    )]
+    QuotaUnsupported(&'static str),
     #[error("--key-field counts from 1")]
     KeyFieldZero,
     #[error("--log-format: {0}")]
@@ -72,8 +80,8 @@ pub enum ReplayError {
     #[error("cannot write \"{}\": {error}", path.display())]
     WritePlot { path: PathBuf, error: io::Error },
     #[error(
-        "--limit: usage= needs a zone with algorithm=leaky_bucket or token_bucket (a key's \
-         overrun is carried as a debt in its bucket); this zone is {0}"
+        "--limit: usage= needs a zone with algorithm=leaky_bucket, token_bucket or quota (a \
+         key's overrun is carried as a debt in its bucket or its count); this zone is {0}"
     )]
     UsageZone(String),
     #[error(

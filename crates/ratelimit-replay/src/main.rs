@@ -40,6 +40,14 @@ struct Args {
     #[arg(long)]
     limit: Option<String>,
 
+    /// With --limit 'usage=... prices=NAME': the file (nginx.conf, or one holding just the
+    /// block) whose `rate_limit_prices NAME { ... }` prices each request from the model and
+    /// tokens its log line names ($rate_limit_usage_model, _prompt_tokens,
+    /// _completion_tokens, _cached_tokens): a money budget replayed on a log recorded
+    /// without it
+    #[arg(long, value_name = "FILE")]
+    prices: Option<PathBuf>,
+
     /// With --limit usage=...: print the smallest burst (the token budget, at the zone's
     /// rate) that refuses at most MAX_REFUSED of the log's requests, instead of the replay
     #[arg(long, value_name = "MAX_REFUSED")]
@@ -182,7 +190,9 @@ fn run(args: &Args) -> Result<(), ReplayError> {
     };
     let mut sink = Sink {
         columns,
-        replay: Replay::new(policy).with_penalty(zone.block, limit.and_then(|l| l.on_status)),
+        replay: Replay::new(policy)
+            .with_quota(zone.quota.clone())
+            .with_penalty(zone.block, limit.and_then(|l| l.on_status)),
         requests: 0,
         plot: args.plot.as_ref().map(|_| plot::Plot::default()),
     };
@@ -440,8 +450,8 @@ fn looks_like_access_log(line: &str) -> bool {
 fn parse_policy(args: &Args) -> Result<(Policy, ZoneSpec, Option<LimitSpec>), ReplayError> {
     let zone_words: Vec<&str> = args.zone.split_whitespace().collect();
     let zone = ZoneSpec::parse_words(&zone_words).map_err(ReplayError::Zone)?;
-    if zone.quota.is_some() {
-        return Err(ReplayError::Quota);
+    if zone.quota.is_some() && args.plot.is_some() {
+        return Err(ReplayError::QuotaUnsupported("--plot"));
     }
     let limit = match &args.limit {
         Some(words) => {
@@ -572,6 +582,7 @@ impl Columns {
         let needed_of = |key: &KeySummary| match key.needed {
             Needed::Burst(n) => ("min_burst", n),
             Needed::RequestsPerWindow(n) => ("min_requests_per_window", n),
+            Needed::Limit(n) => ("min_limit", n),
         };
         if self.json {
             let keys: Vec<_> = keys
@@ -610,6 +621,7 @@ impl Columns {
         }
         let needed_column = match keys.first().map(|key| key.needed) {
             Some(Needed::RequestsPerWindow(_)) => "min_requests_per_window",
+            Some(Needed::Limit(_)) => "min_limit",
             _ => "min_burst",
         };
         writeln!(out)?;
@@ -659,7 +671,14 @@ impl Columns {
 /// zone's algorithm, then `block=`, `block_max=` and `on_status=` when replayed.
 fn describe(replay: &Replay) -> String {
     let policy = replay.policy();
-    let mut words = vec![format!("rate={}", policy.limits.rate)];
+    let mut words = match replay.calendar() {
+        Some(calendar) => vec![
+            format!("limit={}", policy.limits.quota_limit()),
+            format!("period={}", calendar.unit.as_str()),
+            format!("tz={}", calendar.tz_name),
+        ],
+        None => vec![format!("rate={}", policy.limits.rate)],
+    };
     match policy.algorithm {
         Algorithm::LeakyBucket => {
             words.push(format!("burst={}", policy.limits.burst));

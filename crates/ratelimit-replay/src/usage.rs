@@ -7,10 +7,12 @@ use std::collections::HashMap;
 use std::io::{self, BufRead, Write};
 
 use ratelimit_core::log_format::parse_seconds;
+use ratelimit_core::quota::QuotaSpec;
 use ratelimit_core::replay::{InputFormat, LineReader, LogInput, SecondSpreader};
 use ratelimit_core::replay_usage::{smallest_burst, UsageKeySummary, UsageReplay, UsageRequest};
+use ratelimit_core::usage::prices::PriceTable;
 use ratelimit_core::usage::settle::{self, End};
-use ratelimit_core::usage::{Amount, OnMissing, UsageSource, UsageSpec};
+use ratelimit_core::usage::{Amount, OnMissing, Usage, UsageSource, UsageSpec};
 use ratelimit_core::{Algorithm, Limits, Policy, ZoneSpec};
 use serde_json::json;
 
@@ -46,6 +48,30 @@ pub struct UsageSetup {
     pub reserve: u64,
     pub debt: Option<u64>,
     pub on_missing: OnMissing,
+    /// A quota zone's limit and calendar.
+    pub quota: Option<QuotaSpec>,
+    /// `prices=NAME` with `--prices FILE`: each request's cost is priced from the model and
+    /// tokens its log line names ([`PRICED_FIELDS`]) instead of read from `$variable`.
+    pub prices: Option<PriceTable>,
+}
+
+/// The log variables a priced replay reads: the model, then the prompt, completion and cached
+/// tokens.
+pub const PRICED_FIELDS: [&str; 4] = [
+    "rate_limit_usage_model",
+    "rate_limit_usage_prompt_tokens",
+    "rate_limit_usage_completion_tokens",
+    "rate_limit_usage_cached_tokens",
+];
+
+impl UsageSetup {
+    /// The log variables the usage is read from.
+    fn usage_fields(&self) -> Vec<&str> {
+        match &self.prices {
+            Some(_) => PRICED_FIELDS.to_vec(),
+            None => vec![self.variable.as_str()],
+        }
+    }
 }
 
 /// Check that `usage` can be replayed on `zone` with these options.
@@ -58,9 +84,12 @@ pub fn setup(
 ) -> Result<UsageSetup, ReplayError> {
     if !matches!(
         zone.algorithm,
-        Algorithm::LeakyBucket | Algorithm::TokenBucket
+        Algorithm::LeakyBucket | Algorithm::TokenBucket | Algorithm::Quota(_)
     ) {
         return Err(ReplayError::UsageZone(zone.algorithm.to_string()));
+    }
+    if zone.quota.is_some() && args.calibrate.is_some() {
+        return Err(ReplayError::QuotaUnsupported("--calibrate"));
     }
     let reserve = match &usage.reserve {
         Amount::Fixed(n) => *n,
@@ -72,6 +101,18 @@ pub fn setup(
     if on_status {
         return Err(ReplayError::UsageUnsupported("on_status="));
     }
+    let prices = match (&usage.prices, &args.prices) {
+        (Some(name), Some(path)) => {
+            let text = std::fs::read_to_string(path).map_err(|error| ReplayError::Open {
+                path: path.clone(),
+                error,
+            })?;
+            Some(PriceTable::from_conf_text(&text, name).map_err(ReplayError::Prices)?)
+        }
+        (None, Some(_)) => return Err(ReplayError::PricesWithoutTable),
+        // The logged $rate_limit_usage_cost of a priced line is already micro-dollars.
+        (_, None) => None,
+    };
     Ok(UsageSetup {
         policy,
         variable: usage_variable(usage).to_string(),
@@ -82,15 +123,24 @@ pub fn setup(
         reserve,
         debt: usage.debt,
         on_missing: usage.on_missing,
+        quota: zone.quota.clone(),
+        prices,
     })
 }
 
-/// The log format usage mode reads: one with the usage variable.
-fn usage_input(format: Option<InputFormat>, variable: &str) -> Result<LogInput, ReplayError> {
+/// The log format usage mode reads: one with every usage variable.
+fn usage_input(format: Option<InputFormat>, variables: &[&str]) -> Result<LogInput, ReplayError> {
+    let missing = |input: &LogInput| {
+        variables
+            .iter()
+            .find(|variable| !input.format.has(variable))
+            .map(|variable| variable.to_string())
+    };
+    let variable = variables.first().copied().unwrap_or_default();
     match format {
-        Some(InputFormat::Log(input)) if input.format.has(variable) => Ok(input),
+        Some(InputFormat::Log(input)) if missing(&input).is_none() => Ok(input),
         Some(InputFormat::Log(input)) => Err(ReplayError::UsageNotInFormat {
-            variable: variable.to_string(),
+            variable: missing(&input).unwrap_or_default(),
             format: if input.name == "--log-format" {
                 format!("--log-format '{}'", input.format)
             } else {
@@ -117,12 +167,12 @@ fn read_log(
 ) -> Result<Vec<Logged>, ReplayError> {
     let has_request_time = log.format.has("request_time");
     let format = log.format.clone();
-    let fields: &[&str] = if has_request_time {
-        &[&setup.variable, "request_time"]
-    } else {
-        &[&setup.variable]
-    };
-    let mut reader = LineReader::new(InputFormat::Log(log)).with_fields(fields);
+    let mut fields = setup.usage_fields();
+    let usage_count = fields.len();
+    if has_request_time {
+        fields.push("request_time");
+    }
+    let mut reader = LineReader::new(InputFormat::Log(log)).with_fields(&fields);
     let mut spreader = SecondSpreader::default();
     // Per line: (used, missing, request_time_ns), joined to the reader's request by line.
     let mut extras: HashMap<usize, (u64, bool, u64)> = HashMap::new();
@@ -156,7 +206,9 @@ fn read_log(
             }
         };
         let field = request.fields.first().map_or("", |field| field.trim());
-        let (used, missing) = if field.is_empty() || field == "-" {
+        let (used, missing) = if let Some(table) = &setup.prices {
+            priced(number, &request.fields, table, reserved, setup.on_missing)?
+        } else if field.is_empty() || field == "-" {
             let end = End::Complete;
             let used = settle::charged_tokens(reserved, None, end, setup.on_missing);
             (used, true)
@@ -168,7 +220,7 @@ fn read_log(
             })?;
             (used, false)
         };
-        let duration_ns = match request.fields.get(1) {
+        let duration_ns = match request.fields.get(usage_count) {
             Some(text) => {
                 parse_seconds(text.trim()).ok_or_else(|| ReplayError::BadRequestTime {
                     line: number,
@@ -190,6 +242,45 @@ fn read_log(
     Ok(logged)
 }
 
+/// A priced line's cost from its log fields (model, prompt, completion, cached tokens): the
+/// table's price of the model; a usage of `-` follows `on_missing=`, and a model the table
+/// does not price (or `-`) keeps the reservation, as in the module.
+fn priced(
+    line: usize,
+    fields: &[String],
+    table: &PriceTable,
+    reserved: u64,
+    on_missing: OnMissing,
+) -> Result<(u64, bool), ReplayError> {
+    let field = |index: usize| fields.get(index).map_or("", |field| field.trim());
+    let tokens = |index: usize| -> Result<Option<u64>, ReplayError> {
+        let text = field(index);
+        if text.is_empty() || text == "-" {
+            return Ok(None);
+        }
+        text.parse().map(Some).map_err(|_| ReplayError::BadUsage {
+            line,
+            variable: PRICED_FIELDS[index].to_string(),
+            value: text.to_string(),
+        })
+    };
+    let Some(prompt_tokens) = tokens(1)? else {
+        let used = settle::charged_tokens(reserved, None, End::Complete, on_missing);
+        return Ok((used, true));
+    };
+    let usage = Usage {
+        prompt_tokens,
+        completion_tokens: tokens(2)?.unwrap_or(0),
+        cached_tokens: tokens(3)?.unwrap_or(0),
+        total_tokens: 0,
+    };
+    let cost = match field(0) {
+        "" | "-" => None,
+        model => table.prices(model).map(|weights| weights.cost(&usage)),
+    };
+    Ok((cost.unwrap_or(reserved), false))
+}
+
 /// `--limit usage=...`: replay the log, or calibrate with `--calibrate`.
 pub fn run(
     args: &Args,
@@ -198,9 +289,12 @@ pub fn run(
     input: Box<dyn BufRead>,
     input_name: String,
 ) -> Result<(), ReplayError> {
-    let log = usage_input(format, &setup.variable)?;
-    let mut replay = UsageReplay::new(&setup.policy, setup.reserve, setup.debt)
-        .map_err(|error| ReplayError::UsageZone(error.0))?;
+    let log = usage_input(format, &setup.usage_fields())?;
+    let mut replay = match &setup.quota {
+        Some(quota) => UsageReplay::quota(&setup.policy, quota.clone(), setup.reserve, setup.debt),
+        None => UsageReplay::new(&setup.policy, setup.reserve, setup.debt),
+    }
+    .map_err(|error| ReplayError::UsageZone(error.0))?;
     let logged = read_log(input, log, &setup, replay.reserved())?;
     if logged.is_empty() {
         return Err(ReplayError::NoRequests { input: input_name });
@@ -261,13 +355,22 @@ pub fn run(
 /// `rate=600r/m burst=1000 algorithm=token_bucket usage=$v reserve=400 debt=1000`
 fn describe(setup: &UsageSetup, burst: u64, reserved: u64) -> String {
     let policy = &setup.policy;
-    let mut words = vec![
-        format!("rate={}", policy.limits.rate),
-        format!("burst={burst}"),
+    let mut words = match &setup.quota {
+        Some(quota) => vec![
+            format!("limit={}", quota.limit),
+            format!("period={}", quota.calendar.unit.as_str()),
+            format!("tz={}", quota.calendar.tz_name),
+        ],
+        None => vec![
+            format!("rate={}", policy.limits.rate),
+            format!("burst={burst}"),
+        ],
+    };
+    words.extend([
         format!("algorithm={}", policy.algorithm),
         setup.usage_word.clone(),
         format!("reserve={reserved}"),
-    ];
+    ]);
     if let Some(debt) = setup.debt {
         words.push(format!("debt={debt}"));
     }
@@ -342,12 +445,21 @@ fn summary(
             s.admitted, s.refused, s.tokens_admitted, s.tokens_refused, s.tokens_forgiven
         )?;
     }
+    let per_minute = per_minute.map_or("-".to_string(), |m| m.to_string());
+    let span = crate::millis_text(span_ns / 1000);
+    if let Some(quota) = &setup.quota {
+        return writeln!(
+            out,
+            "tokens admitted: {admitted_tokens} over {span} s ({per_minute} per minute, all \
+             keys); a key's count starts from 0 each {}, up to limit={}",
+            quota.calendar.unit.as_str(),
+            quota.limit
+        );
+    }
     writeln!(
         out,
-        "tokens admitted: {admitted_tokens} over {} s ({} per minute, all keys); the budget \
-         refills {} per minute a key, on top of burst={}",
-        crate::millis_text(span_ns / 1000),
-        per_minute.map_or("-".to_string(), |m| m.to_string()),
+        "tokens admitted: {admitted_tokens} over {span} s ({per_minute} per minute, all keys); \
+         the budget refills {} per minute a key, on top of burst={}",
         round3(rate),
         setup.policy.limits.burst
     )

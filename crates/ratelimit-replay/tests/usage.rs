@@ -307,8 +307,8 @@ fn errors_name_the_problem() {
             FORMAT,
         ],
         LOG,
-        "usage= needs a zone with algorithm=leaky_bucket or token_bucket (a key's overrun \
-         is carried as a debt in its bucket); this zone is sliding_window",
+        "usage= needs a zone with algorithm=leaky_bucket, token_bucket or quota (a key's \
+         overrun is carried as a debt in its bucket or its count); this zone is sliding_window",
     );
     // A usage field that is not a non-negative integer: the line and the value.
     for bad in ["12.5", "-3", "ten"] {

@@ -7,9 +7,12 @@
 //!   into debt, up to a bound; what a key in debt waits);
 //! - [`reader`]: an incremental reader of response bodies (plain JSON and SSE) that finds the
 //!   usage OpenAI, Anthropic and Gemini report, for any split of the bytes into chunks;
-//! - [`Usage`] and [`Weights`]: the tokens found and the cost they make.
+//! - [`Usage`] and [`Weights`]: the tokens found and the cost they make;
+//! - [`prices`] and [`model`]: the cost in micro-dollars from a price table and the model
+//!   the response names (`prices=`).
 
 mod json;
+pub mod model;
 pub mod openai;
 pub mod prices;
 pub mod reader;
@@ -203,6 +206,9 @@ pub struct UsageSpec {
     pub on_missing: OnMissing,
     /// `usage_weights=` (only with a built-in reader).
     pub weights: Weights,
+    /// `prices=NAME`: the `rate_limit_prices` table the cost is read from, in micro-dollars
+    /// (only with a built-in reader, instead of `usage_weights=`).
+    pub prices: Option<String>,
 }
 
 /// The `rate_limit` words of usage-based limits, for the error that quotes an unknown one.
@@ -212,6 +218,7 @@ pub const USAGE_PARAMETERS: &[&str] = &[
     "debt=",
     "on_missing=",
     "usage_weights=",
+    "prices=",
 ];
 
 /// The words of [`UsageSpec`] as `rate_limit` collects them.
@@ -222,6 +229,7 @@ pub(crate) struct UsageWords<'a> {
     debt: Option<u64>,
     on_missing: Option<OnMissing>,
     weights: Option<Weights>,
+    prices: Option<&'a str>,
     /// The first word given that needs `usage=`.
     needs_usage: Option<&'a str>,
 }
@@ -279,6 +287,19 @@ impl<'a> UsageWords<'a> {
                 });
             }
             "usage_weights" => self.weights = Some(Weights::parse(word, value)?),
+            "prices" => {
+                let valid = !value.is_empty()
+                    && value
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+                if !valid {
+                    return Err(SpecError::InvalidValue(format!(
+                        "invalid prices value \"{word}\": it must name a rate_limit_prices \
+                         table, as in prices=models"
+                    )));
+                }
+                self.prices = Some(value);
+            }
             _ => return Ok(false),
         }
         self.needs_usage.get_or_insert(word);
@@ -309,12 +330,27 @@ impl<'a> UsageWords<'a> {
                  value of \"${name}\" is the cost itself"
             )));
         }
+        if let Some(prices) = self.prices {
+            if let UsageSource::Variable(name) = &source {
+                return Err(SpecError::Conflict(format!(
+                    "\"prices\" apply to a built-in reader (openai, anthropic, gemini): the \
+                     value of \"${name}\" is the cost itself"
+                )));
+            }
+            if self.weights.is_some() {
+                return Err(SpecError::Conflict(format!(
+                    "\"prices={prices}\" and \"usage_weights\" cannot be used together: the \
+                     price table gives each kind of token its price"
+                )));
+            }
+        }
         Ok(Some(UsageSpec {
             source,
             reserve: self.reserve.unwrap_or(Amount::Fixed(1)),
             debt: self.debt,
             on_missing: self.on_missing.unwrap_or_default(),
             weights: self.weights.unwrap_or_default(),
+            prices: self.prices.map(str::to_string),
         }))
     }
 }

@@ -133,6 +133,75 @@ impl PriceTable {
     }
 }
 
+impl PriceTable {
+    /// The `rate_limit_prices NAME { ... }` block of `text` (an nginx configuration, or just the
+    /// block): for the replay tool, which prices a log with the tables nginx.conf declares.
+    /// `#` comments are skipped; quotes are not read (the model names of a price list need none).
+    ///
+    /// ```
+    /// use ratelimit_core::usage::prices::PriceTable;
+    ///
+    /// let conf = "http {\n  rate_limit_prices models {  # $ per 1M tokens\n    big input=10 output=30;\n  }\n}";
+    /// let table = PriceTable::from_conf_text(conf, "models").unwrap();
+    /// assert_eq!(table.prices("big").unwrap().output_milli, 30_000);
+    /// assert!(PriceTable::from_conf_text(conf, "other").is_err());
+    /// ```
+    pub fn from_conf_text(text: &str, name: &str) -> Result<PriceTable, SpecError> {
+        let words: Vec<&str> = text
+            .lines()
+            .map(|line| line.split('#').next().unwrap_or_default())
+            .flat_map(|line| {
+                line.split_inclusive([';', '{', '}'])
+                    .flat_map(|part| {
+                        let (body, end) = match part.char_indices().last() {
+                            Some((at, ';' | '{' | '}')) => part.split_at(at),
+                            _ => (part, ""),
+                        };
+                        body.split_whitespace()
+                            .chain((!end.is_empty()).then_some(end))
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let start = words
+            .windows(3)
+            .position(|w| w[0] == "rate_limit_prices" && w[1] == name && w[2] == "{")
+            .ok_or_else(|| {
+                SpecError::InvalidValue(format!(
+                    "no \"rate_limit_prices {name} {{ ... }}\" block found"
+                ))
+            })?;
+        let mut table = PriceTable::default();
+        let mut line = Vec::new();
+        for &word in &words[start + 3..] {
+            match word {
+                "}" => {
+                    if !line.is_empty() {
+                        return Err(SpecError::InvalidValue(format!(
+                            "rate_limit_prices {name}: \"{}\" must end with \";\"",
+                            line.join(" ")
+                        )));
+                    }
+                    if table.models.is_empty() && table.default.is_none() {
+                        return Err(SpecError::InvalidValue(format!(
+                            "rate_limit_prices {name} has no price"
+                        )));
+                    }
+                    return Ok(table);
+                }
+                ";" => {
+                    table.add_line(&line)?;
+                    line.clear();
+                }
+                _ => line.push(word),
+            }
+        }
+        Err(SpecError::InvalidValue(format!(
+            "rate_limit_prices {name}: its block has no \"}}\""
+        )))
+    }
+}
+
 /// `2.5`, `0.15`, `0.01875`: dollars per million tokens as thousandths of a micro-dollar per
 /// token, rounded up past three decimals; from 0 to [`MAX_USD_PER_MILLION`].
 fn parse_usd(word: &str, value: &str) -> Result<u64, SpecError> {

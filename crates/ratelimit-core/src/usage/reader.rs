@@ -87,6 +87,14 @@ impl Capped {
         self.truncated = false;
     }
 
+    /// When a model is looked for (`Some(None)`) and these bytes were kept whole, the model
+    /// they name.
+    fn read_model(&self, model: &mut Option<Option<String>>) {
+        if let (Some(slot @ None), false) = (model.as_mut(), self.truncated) {
+            *slot = super::model::model_of(&self.bytes);
+        }
+    }
+
     /// Read the provider's usage from it: the whole document (`event`: the event's name, for
     /// an event's data) when it was kept whole; else the usage object found nearest the end
     /// of the tail, under its key. Whether it carried usage.
@@ -259,6 +267,9 @@ pub struct Reader {
     found: bool,
     /// The provider's usage key (`"usage"`), searched once per buffer and per event.
     needle: &'static Finder<'static>,
+    /// The model the body names, looked for only after [`Reader::read_model`] (a line with
+    /// `prices=`): in a plain body kept whole, or in an event that carries usage.
+    model: Option<Option<String>>,
 }
 
 impl Reader {
@@ -278,7 +289,18 @@ impl Reader {
             counts: Counts::default(),
             found: false,
             needle: usage_finder(provider),
+            model: None,
         }
+    }
+
+    /// Look for the model the body names too ([`Reader::model`]).
+    pub fn read_model(&mut self) {
+        self.model.get_or_insert(None);
+    }
+
+    /// The model the body named, when [`Reader::read_model`] asked for it and one was found.
+    pub fn model(&self) -> Option<&str> {
+        self.model.as_ref()?.as_deref()
     }
 
     /// The next bytes of the body.
@@ -297,7 +319,7 @@ impl Reader {
                     return;
                 }
                 let (provider, counts, found) = (self.provider, &mut self.counts, &mut self.found);
-                let needle = self.needle;
+                let (needle, model) = (self.needle, &mut self.model);
                 events.feed(bytes, &mut |event, data| {
                     // Most events carry no usage (content deltas, or `"usage":null`): they
                     // are not parsed at all.
@@ -305,6 +327,7 @@ impl Reader {
                         return;
                     }
                     *found |= data.read(provider, Some(event), counts);
+                    data.read_model(model);
                 });
             }
             None => self.body.extend(bytes),
@@ -316,6 +339,7 @@ impl Reader {
     pub fn finish(&mut self) {
         if self.format == Format::Json {
             self.found |= self.body.read(self.provider, None, &mut self.counts);
+            self.body.read_model(&mut self.model);
             self.body.clear();
         }
     }
@@ -375,6 +399,34 @@ mod tests {
             cached_tokens: cached,
             total_tokens: total,
         })
+    }
+
+    /// The model is looked for only when asked, in a plain body and in the event that carries
+    /// the usage, for any split of the bytes.
+    #[test]
+    fn model_named_by_the_body() {
+        let plain = br#"{"model":"gpt-4o-mini","usage":{"prompt_tokens":1,"completion_tokens":2}}"#;
+        let stream = b"data: {\"model\":\"gpt-4o\",\"choices\":[],\"usage\":null}\n\n\
+            data: {\"model\":\"gpt-4o-2024-08-06\",\"usage\":{\"prompt_tokens\":3}}\n\n\
+            data: [DONE]\n\n";
+        for (format, body, model) in [
+            (Format::Json, &plain[..], "gpt-4o-mini"),
+            (Format::EventStream, &stream[..], "gpt-4o-2024-08-06"),
+        ] {
+            for split in 1..body.len() {
+                let mut reader = Reader::new(Provider::OpenAi, format);
+                reader.read_model();
+                reader.feed(&body[..split]);
+                reader.feed(&body[split..]);
+                reader.finish();
+                assert_eq!(reader.model(), Some(model), "split at {split}");
+                assert!(reader.usage().is_some());
+            }
+            let mut reader = Reader::new(Provider::OpenAi, format);
+            reader.feed(body);
+            reader.finish();
+            assert_eq!(reader.model(), None, "not asked");
+        }
     }
 
     #[test]
