@@ -14,7 +14,7 @@ use std::borrow::Cow;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use super::reader::Counts;
+use super::counts::Counts;
 use super::Provider;
 
 /// A count: `Some` for a non-negative integer, `None` for any other JSON value.

@@ -9,6 +9,7 @@
 //!   usage OpenAI, Anthropic and Gemini report, for any split of the bytes into chunks;
 //! - [`Usage`] and [`Weights`]: the tokens found and the cost they make.
 
+mod counts;
 mod json;
 pub mod openai;
 pub mod prices;

@@ -18,6 +18,7 @@ use std::sync::OnceLock;
 
 use memchr::memmem::Finder;
 
+use super::counts::{Capped, Counts};
 use super::json;
 use super::sse::EventStream;
 use super::{Provider, Usage};
@@ -29,91 +30,32 @@ pub const EVENT_WHOLE_MAX: usize = 64 << 10;
 /// What is kept of the end of a longer body or event.
 pub const TAIL_MAX: usize = 64 << 10;
 
-/// Bytes kept whole up to a size, then only their end.
-pub(crate) struct Capped {
-    bytes: Vec<u8>,
-    whole_max: usize,
-    tail_max: usize,
-    truncated: bool,
-}
-
-impl Capped {
-    pub(crate) fn new(whole_max: usize, tail_max: usize) -> Capped {
-        Capped {
-            bytes: Vec::new(),
-            whole_max,
-            tail_max,
-            truncated: false,
+/// Read the provider's usage from `kept`: the whole document (`event`: the event's name,
+/// for an event's data) when it was kept whole; else the usage object found nearest the end
+/// of the tail, under its key. Whether it carried usage.
+fn read_kept(kept: &Capped, provider: Provider, event: Option<&[u8]>, counts: &mut Counts) -> bool {
+    if !kept.is_truncated() {
+        return match event {
+            Some(event) => json::read_event(provider, event, kept.bytes(), counts),
+            None => json::read_document(provider, kept.bytes(), counts),
+        };
+    }
+    let key = usage_key(provider);
+    let needle = format!("\"{key}\"");
+    let mut end = kept.bytes().len();
+    while let Some(at) = memchr::memmem::rfind(&kept.bytes()[..end], needle.as_bytes()) {
+        end = at;
+        let rest = trim_start(&kept.bytes()[at + needle.len()..]);
+        let Some(rest) = rest.strip_prefix(b":") else {
+            continue;
+        };
+        // The nearest object that carries counts (an earlier one may, when the last is
+        // cut or empty).
+        if json::read_usage_object(provider, trim_start(rest), counts) {
+            return true;
         }
     }
-
-    pub(crate) fn extend(&mut self, more: &[u8]) {
-        if !self.truncated && self.bytes.len() + more.len() <= self.whole_max {
-            self.bytes.extend_from_slice(more);
-            return;
-        }
-        self.truncated = true;
-        if more.len() >= self.tail_max {
-            self.bytes.clear();
-            self.bytes
-                .extend_from_slice(&more[more.len() - self.tail_max..]);
-            return;
-        }
-        self.bytes.extend_from_slice(more);
-        // Cut back to the tail only once it doubled: each byte is moved a bounded number of
-        // times.
-        if self.bytes.len() > 2 * self.tail_max {
-            let cut = self.bytes.len() - self.tail_max;
-            self.bytes.drain(..cut);
-        }
-    }
-
-    pub(crate) fn bytes(&self) -> &[u8] {
-        &self.bytes
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.bytes.is_empty() && !self.truncated
-    }
-
-    pub(crate) fn strip_last_newline(&mut self) {
-        if self.bytes.last() == Some(&b'\n') {
-            self.bytes.pop();
-        }
-    }
-
-    pub(crate) fn clear(&mut self) {
-        self.bytes.clear();
-        self.truncated = false;
-    }
-
-    /// Read the provider's usage from it: the whole document (`event`: the event's name, for
-    /// an event's data) when it was kept whole; else the usage object found nearest the end
-    /// of the tail, under its key. Whether it carried usage.
-    fn read(&self, provider: Provider, event: Option<&[u8]>, counts: &mut Counts) -> bool {
-        if !self.truncated {
-            return match event {
-                Some(event) => json::read_event(provider, event, &self.bytes, counts),
-                None => json::read_document(provider, &self.bytes, counts),
-            };
-        }
-        let key = usage_key(provider);
-        let needle = format!("\"{key}\"");
-        let mut end = self.bytes.len();
-        while let Some(at) = memchr::memmem::rfind(&self.bytes[..end], needle.as_bytes()) {
-            end = at;
-            let rest = trim_start(&self.bytes[at + needle.len()..]);
-            let Some(rest) = rest.strip_prefix(b":") else {
-                continue;
-            };
-            // The nearest object that carries counts (an earlier one may, when the last is
-            // cut or empty).
-            if json::read_usage_object(provider, trim_start(rest), counts) {
-                return true;
-            }
-        }
-        false
-    }
+    false
 }
 
 /// Whether an event's data names the provider's usage key with a value other than `null`:
@@ -236,19 +178,6 @@ impl Format {
     }
 }
 
-/// The counts reported so far, each as the provider names it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct Counts {
-    pub(super) input: Option<u64>,
-    pub(super) output: Option<u64>,
-    pub(super) total: Option<u64>,
-    pub(super) cached: Option<u64>,
-    /// Anthropic's `cache_creation_input_tokens` (input, written to the cache).
-    pub(super) cache_creation: Option<u64>,
-    /// Gemini's `thoughtsTokenCount` (output).
-    pub(super) thoughts: Option<u64>,
-}
-
 /// The reader of one response body.
 pub struct Reader {
     provider: Provider,
@@ -304,7 +233,7 @@ impl Reader {
                     if !may_carry_usage(data.bytes(), needle) {
                         return;
                     }
-                    *found |= data.read(provider, Some(event), counts);
+                    *found |= read_kept(data, provider, Some(event), counts);
                 });
             }
             None => self.body.extend(bytes),
@@ -315,7 +244,7 @@ impl Reader {
     /// dropped, as the standard says.)
     pub fn finish(&mut self) {
         if self.format == Format::Json {
-            self.found |= self.body.read(self.provider, None, &mut self.counts);
+            self.found |= read_kept(&self.body, self.provider, None, &mut self.counts);
             self.body.clear();
         }
     }
