@@ -17,8 +17,8 @@ use ngx::core::Status;
 use ngx::ffi::{
     ngx_chain_t, ngx_conf_t, ngx_http_add_variable, ngx_http_output_body_filter_pt,
     ngx_http_output_header_filter_pt, ngx_http_request_t, ngx_http_top_body_filter,
-    ngx_http_top_header_filter, ngx_http_variable_value_t, ngx_int_t, ngx_pnalloc,
-    ngx_pool_cleanup_add, ngx_str_t, ngx_uint_t, NGX_HTTP_VAR_NOCACHEABLE,
+    ngx_http_top_header_filter, ngx_http_variable_value_t, ngx_int_t, ngx_pool_cleanup_add,
+    ngx_str_t, ngx_uint_t, NGX_HTTP_VAR_NOCACHEABLE,
 };
 use ratelimit_core::top::TopKind;
 use ratelimit_core::usage::reader::{Format, Reader};
@@ -440,20 +440,9 @@ unsafe extern "C" fn usage_variable(
             };
             let mut digits = itoa::Buffer::new();
             let text = digits.format(value).as_bytes();
-            // SAFETY: the request's pool is live; the copy stays within the allocation.
-            unsafe {
-                let at = ngx_pnalloc(r.pool, text.len()).cast::<u8>();
-                if at.is_null() {
-                    return NGX_ERROR;
-                }
-                ptr::copy_nonoverlapping(text.as_ptr(), at, text.len());
-                (*v).data = at;
-            }
-            value_bits::write(
-                v,
-                text.len() as u32 | value_bits::VALID | value_bits::NO_CACHEABLE,
-            );
-            Status::NGX_OK.into()
+            let bits = value_bits::VALID | value_bits::NO_CACHEABLE;
+            // SAFETY: `v` and the request's pool are live; the pool outlives the value.
+            unsafe { crate::glue::set_value(v, r.pool, text, bits) }
         },
     )
 }
