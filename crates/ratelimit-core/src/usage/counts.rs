@@ -2,9 +2,62 @@
 //! bounded bytes of a body or an event ([`Capped`]). Below the reader, the JSON views and the
 //! event-stream parser, so none of them imports another in a circle.
 
-/// The counts reported so far, each as the provider names it.
+/// The largest count taken as one: 2^53, the largest integer every JSON reader holds exactly.
+/// A provider's figure above it is a wrong figure, not a large one.
+pub const MAX_COUNT: u64 = 1 << 53;
+
+/// The bytes of a wrong figure kept to be logged.
+pub const RAW_MAX: usize = 40;
+
+/// A figure as the body wrote it (rendered again from what the parser read: `1e3` is read as
+/// the float 1000 and shown `1000.0`), cut at [`RAW_MAX`] bytes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Raw {
+    bytes: [u8; RAW_MAX],
+    len: u8,
+    /// Bytes were cut.
+    cut: bool,
+}
+
+impl Raw {
+    pub(crate) fn of(text: &[u8]) -> Raw {
+        let len = text.len().min(RAW_MAX);
+        let mut bytes = [0; RAW_MAX];
+        bytes[..len].copy_from_slice(&text[..len]);
+        Raw {
+            bytes,
+            len: len as u8,
+            cut: text.len() > RAW_MAX,
+        }
+    }
+
+    /// The kept bytes, and `...` when some were cut.
+    pub fn text(&self) -> String {
+        let kept = String::from_utf8_lossy(&self.bytes[..usize::from(self.len)]);
+        if self.cut {
+            format!("{kept}...")
+        } else {
+            kept.into_owned()
+        }
+    }
+}
+
+impl core::fmt::Debug for Raw {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{:?}", self.text())
+    }
+}
+
+/// The counts reported so far, each as the provider names it, and what was wrong with them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Counts {
+    /// A usage object was seen (a count in it or not).
+    pub(crate) reported: bool,
+    /// The first figure that is not an integer from 0 to [`MAX_COUNT`] and not `null`.
+    pub(crate) malformed: Option<Raw>,
+    /// A count was `null` (read as not reported: the providers write `null` for a count they
+    /// do not know, Anthropic's `message_delta` for its input counts).
+    pub(crate) null: bool,
     pub(crate) input: Option<u64>,
     pub(crate) output: Option<u64>,
     pub(crate) total: Option<u64>,

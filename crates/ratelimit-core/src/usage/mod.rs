@@ -10,6 +10,7 @@
 //! - [`Usage`] and [`Weights`]: the tokens found and the cost they make.
 
 mod counts;
+pub use counts::{Raw, MAX_COUNT};
 mod json;
 pub mod openai;
 pub mod prices;
