@@ -446,5 +446,6 @@ fn usage_info(zone: &Zone) -> Option<UsageInfo> {
         tokens_forgiven: count(Counter::TokensForgiven),
         settled_with_usage: count(Counter::UsageFound),
         settled_without_usage: count(Counter::UsageMissing),
+        bad_usage: count(Counter::UsageBad),
     })
 }

@@ -18,18 +18,19 @@ use ngx::ffi::{
     ngx_chain_t, ngx_conf_t, ngx_http_add_variable, ngx_http_output_body_filter_pt,
     ngx_http_output_header_filter_pt, ngx_http_request_t, ngx_http_top_body_filter,
     ngx_http_top_header_filter, ngx_http_variable_value_t, ngx_int_t, ngx_pool_cleanup_add,
-    ngx_str_t, ngx_uint_t, NGX_HTTP_VAR_NOCACHEABLE,
+    ngx_str_t, ngx_uint_t, NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_WARN,
 };
+use ngx::ngx_log_error;
 use ratelimit_core::top::TopKind;
-use ratelimit_core::usage::reader::{Format, Reader};
+use ratelimit_core::usage::reader::{Format, Reader, Reported};
 use ratelimit_core::usage::settle::{self, End, Settlement};
-use ratelimit_core::usage::{parse_tokens, Provider, Usage};
+use ratelimit_core::usage::{parse_tokens, OnMissing, Provider, Raw, Usage, MAX_COUNT};
 use ratelimit_core::Outcome;
 
 use crate::conf::{AmountConf, ConfError, LimitConf, UsageConf, UsageSourceConf};
 use crate::control::decide::{Applied, AppliedLimit, Charged, Verdict};
 use crate::glue::response::{add_header, answer_now};
-use crate::glue::{now_ns, value_bits};
+use crate::glue::{connection_log, now_ns, value_bits};
 use crate::store::Counter;
 
 const NGX_ERROR: ngx_int_t = -1;
@@ -51,6 +52,8 @@ struct Line {
     reserved: u64,
     /// The key's text, when the zone keeps top keys: its tokens are ranked there.
     key: Option<Vec<u8>>,
+    /// The zone's name, for the log line of a malformed usage.
+    zone_name: String,
 }
 
 /// What a request with usage-based lines keeps until it ends.
@@ -96,6 +99,30 @@ pub fn set_cost(r: &mut ngx_http_request_t, limit: &LimitConf, applied: &mut App
     };
 }
 
+/// What a usage-based line found of the request's usage.
+#[derive(Clone, Copy)]
+enum Found {
+    /// The cost of the usage reported.
+    Usage(u64),
+    Missing,
+    /// A figure that is not an integer from 0 to 2^53: no usage either.
+    Malformed(Raw),
+}
+
+/// `usage=$var`'s value: missing when not found or empty, malformed when not a count.
+fn variable_usage(r: &mut ngx_http_request_t, index: ngx_uint_t) -> Found {
+    // SAFETY: `r` is the live request and `index` a variable index of this configuration.
+    let value = unsafe { ngx::ffi::ngx_http_get_flushed_variable(r, index) };
+    // SAFETY: a non-null result is a live variable value of the request, in its pool.
+    let Some(text) = (unsafe { value_bits::found(value) }).filter(|text| !text.is_empty()) else {
+        return Found::Missing;
+    };
+    match parse_tokens(text).filter(|&tokens| tokens <= MAX_COUNT) {
+        Some(tokens) => Found::Usage(tokens),
+        None => Found::Malformed(Raw::of(text)),
+    }
+}
+
 /// A variable's value as a number of tokens.
 fn number(r: &mut ngx_http_request_t, index: ngx_uint_t) -> Option<u64> {
     // SAFETY: `r` is the live request and `index` a variable index of this configuration.
@@ -129,6 +156,7 @@ pub fn keep(r: &mut ngx_http_request_t, applied: &[AppliedLimit], lines: &[&Limi
             usage,
             reserved: limit.own.policy.cost,
             key,
+            zone_name: limit.own.zone_conf.name.clone(),
         });
     }
     if kept.is_empty() {
@@ -307,14 +335,24 @@ impl UsageState {
         self.reader.as_ref()?.usage()
     }
 
-    /// The tokens `line` owes as the request ends now, and whether a usage was found.
-    fn owed(&self, r: &mut ngx_http_request_t, line: &Line) -> (u64, bool) {
+    /// The tokens `line` owes as the request ends now, and what usage it found.
+    fn owed(&self, r: &mut ngx_http_request_t, line: &Line) -> (u64, Found) {
         let found = match line.usage.source {
-            UsageSourceConf::Reader(_) => self.usage().map(|usage| line.usage.weights.cost(&usage)),
-            UsageSourceConf::Variable(index) => number(r, index),
+            UsageSourceConf::Reader(_) => match self.reader.as_ref().map(Reader::reported) {
+                _ if self.unreadable => Found::Missing,
+                Some(Reported::Usage(usage)) => Found::Usage(line.usage.weights.cost(&usage)),
+                Some(Reported::Malformed(raw)) => Found::Malformed(raw),
+                Some(Reported::Nothing) | None => Found::Missing,
+            },
+            UsageSourceConf::Variable(index) => variable_usage(r, index),
         };
-        let owed = settle::charged_tokens(line.reserved, found, self.end(r), line.usage.on_missing);
-        (owed, found.is_some())
+        let tokens = match found {
+            Found::Usage(tokens) => Some(tokens),
+            Found::Missing | Found::Malformed(_) => None,
+        };
+        let owed =
+            settle::charged_tokens(line.reserved, tokens, self.end(r), line.usage.on_missing);
+        (owed, found)
     }
 
     fn end(&self, r: &ngx_http_request_t) -> End {
@@ -348,19 +386,26 @@ pub unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
             }
             state.settled = true;
             let now = now_ns();
+            let mut logged = false;
             for line in &state.lines {
                 let (owed, found) = state.owed(r, line);
                 let zone = line.charged.zone();
                 zone.count_by(Counter::TokensUsed, owed);
                 if let Some(key) = &line.key {
-                    let amount = u32::try_from(owed).unwrap_or(u32::MAX);
-                    zone.record_top_amount(TopKind::Tokens, now, key, amount);
+                    zone.record_top_amount(TopKind::Tokens, now, key, owed);
                 }
-                zone.count(if found {
-                    Counter::UsageFound
-                } else {
-                    Counter::UsageMissing
+                zone.count(match found {
+                    Found::Usage(_) => Counter::UsageFound,
+                    Found::Missing | Found::Malformed(_) => Counter::UsageMissing,
                 });
+                if let Found::Malformed(raw) = found {
+                    zone.count(Counter::UsageBad);
+                    // One line a request, however many zones settle it.
+                    if !logged && zone.should_log_bad_usage(now) {
+                        log_malformed(r, &line.zone_name, &raw, line.usage.on_missing);
+                        logged = true;
+                    }
+                }
                 match settle::settlement(line.reserved, owed) {
                     Settlement::Refund(tokens) => {
                         line.charged.give_back_tokens(tokens, now);
@@ -377,6 +422,22 @@ pub unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
             Status::NGX_OK.into()
         },
     )
+}
+
+/// A malformed usage, at most once a second per zone: what the response said, cut.
+fn log_malformed(r: &ngx_http_request_t, zone_name: &str, raw: &Raw, on_missing: OnMissing) {
+    let charged = match on_missing {
+        OnMissing::Refund => "refund",
+        OnMissing::Keep => "keep",
+    };
+    ngx_log_error!(
+        NGX_LOG_WARN,
+        connection_log(r),
+        "rate_limit: malformed usage in the response, settled by zone \"{zone_name}\" as no \
+         usage (on_missing={charged}): a count must be an integer from 0 to {}, not {}",
+        MAX_COUNT,
+        raw.text()
+    );
 }
 
 /// The `$rate_limit_usage_*` variables, by the value their handler's `data` selects.

@@ -67,7 +67,7 @@ pub use overrides::{OverrideError, OVERRIDE_CAPACITY};
 pub use slots::SlotIndex;
 
 /// Identifies the layout below; a zone inherited over a reload with another magic is reformatted.
-const MAGIC: u64 = 0x726c_7a6f_6e65_000a;
+const MAGIC: u64 = 0x726c_7a6f_6e65_000b;
 
 /// The longest key a zone accepts, in bytes (limit_req's limit).
 pub const MAX_KEY_BYTES: usize = 65535;
@@ -93,6 +93,8 @@ pub struct ZoneShared {
     evictions: AtomicU64,
     /// Seconds (monotonic) of the last "zone is full" log line, to log it once a second.
     full_logged_sec: AtomicU64,
+    /// Seconds (monotonic) of the last log line about a malformed usage.
+    bad_usage_logged_sec: AtomicU64,
     /// New keys refused a slot because every slot of their window was busy (requests in
     /// flight or queued), and the second of the last log line saying so.
     no_slot: AtomicU64,

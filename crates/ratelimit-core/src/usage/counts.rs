@@ -20,7 +20,8 @@ pub struct Raw {
 }
 
 impl Raw {
-    pub(crate) fn of(text: &[u8]) -> Raw {
+    /// `text`, cut at [`RAW_MAX`] bytes.
+    pub fn of(text: &[u8]) -> Raw {
         let len = text.len().min(RAW_MAX);
         let mut bytes = [0; RAW_MAX];
         bytes[..len].copy_from_slice(&text[..len]);

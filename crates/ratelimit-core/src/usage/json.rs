@@ -4,9 +4,10 @@
 //!
 //! The views are lenient where the providers' documents may vary: an object the reader looks
 //! into (`usage`, `response`, `message`, a `*_details`) that is something else is as if it
-//! were absent, and a `null` count is a count not reported. They are strict on the counts: an
-//! integer from 0 to 2^53 is one, anything else (negative, fractional or larger, `1e3`, a
-//! string, an object) is a malformed figure, noted with its text in [`Counts`] and making the
+//! were absent, and `null` is a count not reported where providers write it (a cache's counts,
+//! Gemini's thoughts, Anthropic's input counts, which `message_delta` may leave `null`). They
+//! are strict on the counts: an integer from 0 to 2^53 is one, anything else (negative,
+//! fractional or larger, `1e3`, a string, an object, `null` elsewhere) is a malformed figure, noted with its text in [`Counts`] and making the
 //! whole usage malformed. A document that is not JSON, or an object that names one of the
 //! fields below twice, yields nothing.
 
@@ -247,8 +248,22 @@ impl Count {
 }
 
 /// The field of `counts` that `slot` selects takes `value` when it is a valid count; whether
-/// it was. A `null` or a malformed figure is noted in `counts`.
+/// it was. Anything else is noted as malformed, `null` included: a count every report carries.
 fn take(counts: &mut Counts, slot: fn(&mut Counts) -> &mut Option<u64>, value: Count) -> bool {
+    let value = match value {
+        Count::Null => Count::Malformed(Raw::of(b"null")),
+        value => value,
+    };
+    take_or_null(counts, slot, value)
+}
+
+/// As [`take`], for a count a provider may write `null` when it does not know it (a cache's
+/// counts, Anthropic's input counts in `message_delta`): `null` is then not reported.
+fn take_or_null(
+    counts: &mut Counts,
+    slot: fn(&mut Counts) -> &mut Option<u64>,
+    value: Count,
+) -> bool {
     counts.reported = true;
     match value {
         Count::Valid(count) => {
@@ -280,7 +295,7 @@ impl OpenAiUsage {
         any |= take(counts, |c| &mut c.output, output);
         any |= take(counts, |c| &mut c.total, self.total_tokens);
         if let Some(details) = details {
-            take(counts, |c| &mut c.cached, details.cached_tokens);
+            take_or_null(counts, |c| &mut c.cached, details.cached_tokens);
         }
         any
     }
@@ -288,10 +303,10 @@ impl OpenAiUsage {
 
 impl AnthropicUsage {
     fn read(&self, counts: &mut Counts) -> bool {
-        let mut any = take(counts, |c| &mut c.input, self.input_tokens);
+        let mut any = take_or_null(counts, |c| &mut c.input, self.input_tokens);
         any |= take(counts, |c| &mut c.output, self.output_tokens);
-        take(counts, |c| &mut c.cached, self.cache_read_input_tokens);
-        take(
+        take_or_null(counts, |c| &mut c.cached, self.cache_read_input_tokens);
+        take_or_null(
             counts,
             |c| &mut c.cache_creation,
             self.cache_creation_input_tokens,
@@ -305,8 +320,8 @@ impl GeminiUsage {
         let mut any = take(counts, |c| &mut c.input, self.prompt_token_count);
         any |= take(counts, |c| &mut c.output, self.candidates_token_count);
         any |= take(counts, |c| &mut c.total, self.total_token_count);
-        take(counts, |c| &mut c.cached, self.cached_content_token_count);
-        take(counts, |c| &mut c.thoughts, self.thoughts_token_count);
+        take_or_null(counts, |c| &mut c.cached, self.cached_content_token_count);
+        take_or_null(counts, |c| &mut c.thoughts, self.thoughts_token_count);
         any
     }
 }

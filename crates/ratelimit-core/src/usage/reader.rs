@@ -438,7 +438,8 @@ mod tests {
             // usage malformed, which is no usage (`malformed_figures` below).
             (OpenAi, r#"{"usage":{"prompt_tokens":3.5,"completion_tokens":"4","total_tokens":9,"prompt_tokens_details":null}}"#, None),
             (OpenAi, r#"{"usage":{"prompt_tokens":3,"completion_tokens":4,"prompt_tokens_details":[1],"input_tokens_details":{"cached_tokens":1}}}"#, usage(3, 4, 1, 7)),
-            (OpenAi, r#"{"usage":{"prompt_tokens":3,"completion_tokens":null,"extra":{"deep":[{"a":null}]}}}"#, usage(3, 0, 0, 3)),
+            (OpenAi, r#"{"usage":{"prompt_tokens":3,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":null},"extra":{"deep":[{"a":null}]}}}"#, usage(3, 4, 0, 7)),
+            (OpenAi, r#"{"usage":{"prompt_tokens":3,"completion_tokens":null}}"#, None),
             (OpenAi, r#"{"usage":{"prompt_tokens":3,"completion_tokens":{"n":4}}}"#, None),
             (Anthropic, r#"{"usage":{"input_tokens":5,"output_tokens":2,"cache_read_input_tokens":null,"cache_creation_input_tokens":null}}"#, usage(5, 2, 0, 7)),
             (OpenAi, r#"{"usage":7,"choices":[{"message":{"content":"\u00e9 \"usage\""}}]}"#, None),
@@ -581,6 +582,8 @@ mod tests {
             (OpenAi, r#"{"usage":{"total_tokens":9007199254740993}}"#.into(), malformed("9007199254740993")),
             (OpenAi, r#"{"usage":{"total_tokens":true}}"#.into(), malformed("true")),
             (OpenAi, r#"{"usage":{}}"#.into(), malformed("{}")),
+            (OpenAi, r#"{"usage":{"prompt_tokens":null,"completion_tokens":0,"total_tokens":0}}"#.into(), malformed("null")),
+            (Anthropic, r#"{"usage":{"input_tokens":null,"cache_read_input_tokens":null}}"#.into(), malformed("null")),
             (OpenAi, format!(r#"{{"usage":{{"total_tokens":"{}"}}}}"#, "x".repeat(100)), Reported::Malformed(Raw::of(format!("\"{}", "x".repeat(100)).as_bytes()))),
             (OpenAi, r#"{"usage":{"total_tokens":9007199254740992}}"#.into(), Reported::Usage(Usage { prompt_tokens: 0, completion_tokens: 0, cached_tokens: 0, total_tokens: 1 << 53 })),
             (OpenAi, r#"{"usage":null}"#.into(), Reported::Nothing),
