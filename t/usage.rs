@@ -618,7 +618,7 @@ fn the_admin_api_and_metrics_count_tokens() {
         serde_json::json!({
             "tokens_reserved": 30, "tokens_used": 305, "tokens_refunded": 15,
             "tokens_overrun": 290, "tokens_forgiven": 150,
-            "settled_with_usage": 2, "settled_without_usage": 1,
+            "settled_with_usage": 2, "settled_without_usage": 1, "bad_usage": 0,
         })
     );
     let metrics = common::get(nginx.port(), "/admin/metrics").text();

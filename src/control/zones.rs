@@ -457,5 +457,6 @@ fn usage_info(zone: &Zone) -> Option<UsageInfo> {
         settled_with_usage: count(Counter::UsageFound),
         settled_without_usage: count(Counter::UsageMissing),
         spend: spend_info(zone),
+        bad_usage: count(Counter::UsageBad),
     })
 }

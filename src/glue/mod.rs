@@ -136,6 +136,22 @@ pub unsafe fn fill_remote_net(
         }
         None => b"unix:",
     };
+    // SAFETY: the caller's promise: `value` and `pool` are live.
+    unsafe { set_value(value, pool, bytes, value_bits::VALID) }
+}
+
+/// Fill a variable's `value` with a copy of `bytes` in `pool`, with `bits` (`VALID`, and
+/// `NO_CACHEABLE` if so) besides the length: `NGX_OK`, or `NGX_ERROR` when the pool has no
+/// room.
+///
+/// # Safety
+/// `value` and `pool` are live, and the pool outlives the value's use.
+pub unsafe fn set_value(
+    value: *mut ngx::ffi::ngx_variable_value_t,
+    pool: *mut ngx::ffi::ngx_pool_t,
+    bytes: &[u8],
+    bits: u32,
+) -> ngx::ffi::ngx_int_t {
     // SAFETY: the pool is live; the memory gets exactly the value's bytes and lives with the
     // pool; `value` is live (the caller's promise).
     unsafe {
@@ -146,6 +162,6 @@ pub unsafe fn fill_remote_net(
         core::ptr::copy_nonoverlapping(bytes.as_ptr(), at, bytes.len());
         (*value).data = at;
     }
-    value_bits::write(value, bytes.len() as u32 | value_bits::VALID);
+    value_bits::write(value, bytes.len() as u32 | bits);
     ngx::ffi::NGX_OK as ngx::ffi::ngx_int_t
 }

@@ -1,6 +1,7 @@
 //! The request path: the preaccess handler, delays, response headers and `$rate_limit_status`.
 //! A front door: it finds the request's keys and decides through `crate::control::decide`.
 
+mod api_key;
 mod charge;
 mod concurrency;
 mod delay;
@@ -89,10 +90,11 @@ fn resolve<'a>(
 }
 
 /// Register the module's variables: `$rate_limit_status`, `$rate_limit_usage_*`,
-/// `$rate_limit_remote_net`.
+/// `$rate_limit_remote_net`, `$rate_limit_api_key`.
 pub fn add_variables(cf: &mut ngx::ffi::ngx_conf_t) -> Result<(), crate::conf::ConfError> {
     status::add_variables(cf)?;
     remote_net::add_variable(cf)?;
+    api_key::add_variable(cf)?;
     usage::add_variables(cf)
 }
 

@@ -18,21 +18,21 @@ use ngx::core::Status;
 use ngx::ffi::{
     ngx_chain_t, ngx_conf_t, ngx_http_add_variable, ngx_http_output_body_filter_pt,
     ngx_http_output_header_filter_pt, ngx_http_request_t, ngx_http_top_body_filter,
-    ngx_http_top_header_filter, ngx_http_variable_value_t, ngx_int_t, ngx_pnalloc,
-    ngx_pool_cleanup_add, ngx_str_t, ngx_uint_t, NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_WARN,
+    ngx_http_top_header_filter, ngx_http_variable_value_t, ngx_int_t, ngx_pool_cleanup_add,
+    ngx_str_t, ngx_uint_t, NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_WARN,
 };
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_log_error;
 use ratelimit_core::top::TopKind;
-use ratelimit_core::usage::reader::{Format, Reader};
+use ratelimit_core::usage::reader::{Format, Reader, Reported};
 use ratelimit_core::usage::settle::{self, End, Settlement};
-use ratelimit_core::usage::{parse_tokens, Provider, Usage, Weights};
+use ratelimit_core::usage::{parse_tokens, OnMissing, Provider, Raw, Usage, Weights, MAX_COUNT};
 use ratelimit_core::Outcome;
 
 use crate::conf::{AmountConf, ConfError, LimitConf, RateLimitModule, UsageConf, UsageSourceConf};
 use crate::control::decide::{Applied, AppliedLimit, Charged, Verdict};
 use crate::glue::response::{add_header, answer_now};
-use crate::glue::{now_ns, value_bits};
+use crate::glue::{connection_log, now_ns, value_bits};
 use crate::store::counters::once_a_second;
 use crate::store::Counter;
 
@@ -55,6 +55,8 @@ struct Line {
     reserved: u64,
     /// The key's text, when the zone keeps top keys: its tokens are ranked there.
     key: Option<Vec<u8>>,
+    /// The zone's name, for the log line of a malformed usage.
+    zone_name: String,
 }
 
 /// What a request with usage-based lines keeps until it ends.
@@ -103,6 +105,30 @@ pub fn set_cost(r: &mut ngx_http_request_t, limit: &LimitConf, applied: &mut App
     };
 }
 
+/// What a usage-based line found of the request's usage.
+#[derive(Clone, Copy)]
+enum Found {
+    /// The cost of the usage reported.
+    Usage(u64),
+    Missing,
+    /// A figure that is not an integer from 0 to 2^53: no usage either.
+    Malformed(Raw),
+}
+
+/// `usage=$var`'s value: missing when not found or empty, malformed when not a count.
+fn variable_usage(r: &mut ngx_http_request_t, index: ngx_uint_t) -> Found {
+    // SAFETY: `r` is the live request and `index` a variable index of this configuration.
+    let value = unsafe { ngx::ffi::ngx_http_get_flushed_variable(r, index) };
+    // SAFETY: a non-null result is a live variable value of the request, in its pool.
+    let Some(text) = (unsafe { value_bits::found(value) }).filter(|text| !text.is_empty()) else {
+        return Found::Missing;
+    };
+    match parse_tokens(text).filter(|&tokens| tokens <= MAX_COUNT) {
+        Some(tokens) => Found::Usage(tokens),
+        None => Found::Malformed(Raw::of(text)),
+    }
+}
+
 /// A variable's value as a number of tokens.
 fn number(r: &mut ngx_http_request_t, index: ngx_uint_t) -> Option<u64> {
     // SAFETY: `r` is the live request and `index` a variable index of this configuration.
@@ -136,6 +162,7 @@ pub fn keep(r: &mut ngx_http_request_t, applied: &[AppliedLimit], lines: &[&Limi
             usage,
             reserved: limit.own.policy.cost,
             key,
+            zone_name: limit.own.zone_conf.name.clone(),
         });
     }
     if kept.is_empty() {
@@ -321,31 +348,43 @@ impl UsageState {
         self.reader.as_ref()?.usage()
     }
 
-    /// The tokens `line` owes as the request ends now, and whether a usage was found. A
-    /// priced line whose table has no price for the response's model (or whose response named
-    /// none) keeps its reservation.
+    /// The tokens `line` owes as the request ends now, and what usage it found. A priced
+    /// line whose table has no price for the response's model (or whose response named none)
+    /// keeps its reservation.
     fn owed(&self, r: &mut ngx_http_request_t, line: &Line) -> Owed {
         let found = match line.usage.source {
-            UsageSourceConf::Reader(_) => match (self.usage(), line.usage.prices) {
-                (Some(usage), Some(index)) => match self.prices(r, index) {
-                    Some(weights) => Some(weights.cost(&usage)),
-                    None => {
-                        return Owed {
-                            tokens: line.reserved,
-                            found: true,
-                            unpriced: Some(index),
+            UsageSourceConf::Reader(_) => match self.reader.as_ref().map(Reader::reported) {
+                _ if self.unreadable => Found::Missing,
+                Some(Reported::Usage(usage)) => match line.usage.prices {
+                    None => Found::Usage(line.usage.weights.cost(&usage)),
+                    Some(index) => match self.prices(r, index) {
+                        Some(weights) => Found::Usage(weights.cost(&usage)),
+                        None => {
+                            return Owed {
+                                tokens: line.reserved,
+                                found: Found::Usage(line.reserved),
+                                unpriced: Some(index),
+                            }
                         }
-                    }
+                    },
                 },
-                (usage, _) => usage.map(|usage| line.usage.weights.cost(&usage)),
+                Some(Reported::Malformed(raw)) => Found::Malformed(raw),
+                Some(Reported::Nothing) | None => Found::Missing,
             },
-            UsageSourceConf::Variable(index) => number(r, index),
+            UsageSourceConf::Variable(index) => variable_usage(r, index),
         };
-        let tokens =
-            settle::charged_tokens(line.reserved, found, self.end(r), line.usage.on_missing);
+        let tokens = match found {
+            Found::Usage(tokens) => Some(tokens),
+            Found::Missing | Found::Malformed(_) => None,
+        };
         Owed {
-            tokens,
-            found: found.is_some(),
+            tokens: settle::charged_tokens(
+                line.reserved,
+                tokens,
+                self.end(r),
+                line.usage.on_missing,
+            ),
+            found,
             unpriced: None,
         }
     }
@@ -396,6 +435,7 @@ pub unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
             }
             state.settled = true;
             let now = now_ns();
+            let mut logged = false;
             for line in &state.lines {
                 let Owed {
                     tokens: owed,
@@ -412,14 +452,20 @@ pub unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
                     log_unpriced(r, state.model(), index, line.reserved, now);
                 }
                 if let Some(key) = &line.key {
-                    let amount = u32::try_from(owed).unwrap_or(u32::MAX);
-                    zone.record_top_amount(TopKind::Tokens, now, key, amount);
+                    zone.record_top_amount(TopKind::Tokens, now, key, owed);
                 }
-                zone.count(if found {
-                    Counter::UsageFound
-                } else {
-                    Counter::UsageMissing
+                zone.count(match found {
+                    Found::Usage(_) => Counter::UsageFound,
+                    Found::Missing | Found::Malformed(_) => Counter::UsageMissing,
                 });
+                if let Found::Malformed(raw) = found {
+                    zone.count(Counter::UsageBad);
+                    // One line a request, however many zones settle it.
+                    if !logged && zone.should_log_bad_usage(now) {
+                        log_malformed(r, &line.zone_name, &raw, line.usage.on_missing);
+                        logged = true;
+                    }
+                }
                 match settle::settlement(line.reserved, owed) {
                     Settlement::Refund(tokens) => {
                         line.charged.give_back_tokens(tokens, now);
@@ -441,8 +487,8 @@ pub unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
 /// What a line owes as its request ends.
 struct Owed {
     tokens: u64,
-    /// A usage was found.
-    found: bool,
+    /// The usage found.
+    found: Found,
     /// The line's price table (its index) has no price for the response's model.
     unpriced: Option<usize>,
 }
@@ -468,13 +514,27 @@ fn log_unpriced(
         Some(model) => format!("no price for model \"{}\"", model.escape_debug()),
         None => "the response named no model".to_string(),
     };
-    // SAFETY: a live request has its connection and its log.
-    let log = unsafe { (*r.connection).log };
     ngx_log_error!(
         NGX_LOG_WARN,
-        log,
+        connection_log(r),
         "rate_limit: {what} in rate_limit_prices \"{table}\": the request keeps its \
          reservation of {reserved}; add the model or a \"default\" line"
+    );
+}
+
+/// A malformed usage, at most once a second per zone: what the response said, cut.
+fn log_malformed(r: &ngx_http_request_t, zone_name: &str, raw: &Raw, on_missing: OnMissing) {
+    let charged = match on_missing {
+        OnMissing::Refund => "refund",
+        OnMissing::Keep => "keep",
+    };
+    ngx_log_error!(
+        NGX_LOG_WARN,
+        connection_log(r),
+        "rate_limit: malformed usage in the response, settled by zone \"{zone_name}\" as no \
+         usage (on_missing={charged}): a count must be an integer from 0 to {}, not {}",
+        MAX_COUNT,
+        raw.text()
     );
 }
 
@@ -548,20 +608,9 @@ unsafe extern "C" fn usage_variable(
                 value_bits::write(v, value_bits::NOT_FOUND);
                 return Status::NGX_OK.into();
             };
-            // SAFETY: the request's pool is live; the copy stays within the allocation.
-            unsafe {
-                let at = ngx_pnalloc(r.pool, text.len()).cast::<u8>();
-                if at.is_null() {
-                    return NGX_ERROR;
-                }
-                ptr::copy_nonoverlapping(text.as_ptr(), at, text.len());
-                (*v).data = at;
-            }
-            value_bits::write(
-                v,
-                text.len() as u32 | value_bits::VALID | value_bits::NO_CACHEABLE,
-            );
-            Status::NGX_OK.into()
+            let bits = value_bits::VALID | value_bits::NO_CACHEABLE;
+            // SAFETY: `v` and the request's pool are live; the pool outlives the value.
+            unsafe { crate::glue::set_value(v, r.pool, &text, bits) }
         },
     )
 }

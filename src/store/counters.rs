@@ -5,7 +5,7 @@ use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use super::Zone;
 
 /// Per-zone decision counters, in the order of [`Counter`].
-pub const COUNTERS: usize = 17;
+pub const COUNTERS: usize = 18;
 /// Counters are kept per worker (modulo this many stripes), each stripe on its own cache
 /// line, so that workers counting requests do not contend for one line.
 pub(super) const COUNTER_STRIPES: usize = 16;
@@ -51,6 +51,9 @@ pub enum Counter {
     /// no price for (they kept their reservation).
     SpentMicroUsd = 15,
     Unpriced = 16,
+    /// Of those without one: the response's usage was malformed (a figure that is not an
+    /// integer from 0 to 2^53).
+    UsageBad = 17,
 }
 
 impl Zone {
@@ -61,20 +64,23 @@ impl Zone {
         self.header().counters[stripe].counts[counter as usize].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Add `amount` to a counter, in this worker's stripe.
+    /// Add `amount` to a counter, in this worker's stripe, stopping at `u64::MAX`: a count of
+    /// tokens may be as large as a provider says, and a counter never goes down.
     pub fn count_by(&self, counter: Counter, amount: u64) {
         let stripe = COUNTER_STRIPE.load(Ordering::Relaxed);
         let count = &self.header().counters[stripe].counts[counter as usize];
-        count.fetch_add(amount, Ordering::Relaxed);
+        let _ = count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+            Some(old.saturating_add(amount))
+        });
     }
 
-    /// A counter summed over every worker's stripe.
+    /// A counter summed over every worker's stripe (at most `u64::MAX`).
     pub fn counter(&self, counter: Counter) -> u64 {
         self.header()
             .counters
             .iter()
             .map(|stripe| stripe.counts[counter as usize].load(Ordering::Relaxed))
-            .sum()
+            .fold(0, u64::saturating_add)
     }
 
     /// Keys dropped to make room for new ones while their state still mattered.
@@ -96,6 +102,12 @@ impl Zone {
     /// True at most once a second (per zone, across workers): when to log that it is full.
     pub fn should_log_full(&self, now_ns: u64) -> bool {
         once_a_second(&self.header().full_logged_sec, now_ns)
+    }
+
+    /// True at most once a second (per zone, across workers): when to log a response whose
+    /// usage was malformed.
+    pub fn should_log_bad_usage(&self, now_ns: u64) -> bool {
+        once_a_second(&self.header().bad_usage_logged_sec, now_ns)
     }
 }
 

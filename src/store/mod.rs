@@ -93,6 +93,8 @@ pub struct ZoneShared {
     evictions: AtomicU64,
     /// Seconds (monotonic) of the last "zone is full" log line, to log it once a second.
     full_logged_sec: AtomicU64,
+    /// Seconds (monotonic) of the last log line about a malformed usage.
+    bad_usage_logged_sec: AtomicU64,
     /// New keys refused a slot because every slot of their window was busy (requests in
     /// flight or queued), and the second of the last log line saying so.
     no_slot: AtomicU64,

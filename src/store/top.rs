@@ -1,6 +1,6 @@
 //! The keys limited most in each zone (`GET zones/NAME/top`), kept in the zone's shared memory.
 //!
-//! A zone of at least [`MIN_ZONE_BYTES`] gets one [`TopKeys`] region (about 83 KiB) from
+//! A zone of at least [`MIN_ZONE_BYTES`] gets one [`TopKeys`] region (89 KiB) from
 //! its slab pool when it is created; its summaries are explained in `ratelimit_core::top`.
 //! Only a delay, a rejection or a usage-based line's settlement writes to it, under the
 //! zone's slab mutex: any other passing request never touches it. The master releases that mutex when a worker dies holding it, and any
@@ -16,7 +16,7 @@ use ratelimit_core::top::{TopCount, TopKeys, TopKind, TopWindow};
 use super::Zone;
 
 /// Size of the smallest zone that keeps top keys (`zone=NAME:256k`): in a smaller one the
-/// region (21 pages of 4 KiB) would crowd out the keys' slots.
+/// region (23 pages of 4 KiB) would crowd out the keys' slots.
 pub const MIN_ZONE_BYTES: usize = 256 * 1024;
 
 /// Allocate and clear the region in a new zone's pool; its offset from the pool, or 0 when
@@ -74,7 +74,7 @@ impl Zone {
 
     /// Count `amount` for `key` (the tokens a usage-based line settled, for
     /// [`TopKind::Tokens`]).
-    pub fn record_top_amount(&self, kind: TopKind, now_ns: u64, key: &[u8], amount: u32) {
+    pub fn record_top_amount(&self, kind: TopKind, now_ns: u64, key: &[u8], amount: u64) {
         let Some(region) = self.top_region().filter(|_| amount > 0) else {
             return;
         };

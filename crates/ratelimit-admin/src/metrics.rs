@@ -17,7 +17,7 @@ struct Family {
     help: &'static str,
 }
 
-const FAMILIES: [Family; 29] = [
+const FAMILIES: [Family; 30] = [
     Family {
         name: "rate_limit_requests_total",
         kind: "counter",
@@ -67,6 +67,11 @@ const FAMILIES: [Family; 29] = [
         name: "rate_limit_unpriced_total",
         kind: "counter",
         help: "Requests of priced lines whose model had no price (they kept their reservation).",
+    },
+    Family {
+        name: "rate_limit_usage_bad_total",
+        kind: "counter",
+        help: "Usage-based requests whose response reported a malformed usage (a count not an integer from 0 to 2^53), settled as missing.",
     },
     Family {
         name: "rate_limit_no_slot_total",
@@ -242,6 +247,11 @@ pub fn render_with_blocks(zones: &[(String, ZoneInfo)], blocks: &[Option<BlockCo
                             ",usage=\"missing\"",
                             &usage.settled_without_usage.to_string(),
                         );
+                    }
+                }
+                "rate_limit_usage_bad_total" => {
+                    if let Some(usage) = &info.usage {
+                        sample("", &usage.bad_usage.to_string());
                     }
                 }
                 "rate_limit_spent_usd_total" | "rate_limit_unpriced_total" => {
@@ -463,10 +473,10 @@ mod tests {
         let mut deduped = families.clone();
         deduped.dedup();
         // Every family but rate_limit_blocked_keys and rate_limit_blocks_not_recorded_total
-        // (zones with block= only) and the two rate_limit_usage_* (zones a usage= line
-        // charged only: t/usage.rs), rate_limit_quota_limit (quota zones only:
-        // t/quota.rs), and the two of priced lines (t/prices.rs).
-        assert_eq!(deduped.len(), FAMILIES.len() - 7);
+        // (zones with block= only), the three rate_limit_usage_* (zones a usage= line
+        // charged only: t/usage.rs, t/usage_bad.rs), rate_limit_quota_limit (quota zones
+        // only: t/quota.rs), and the two of priced lines (t/prices.rs).
+        assert_eq!(deduped.len(), FAMILIES.len() - 8);
         assert!(text.ends_with('\n'));
         // A concurrency zone has no rate nor burst.
         assert!(!text.contains("rate_limit_burst{zone=\"app\"}"), "{text}");

@@ -99,6 +99,8 @@ pub struct UsageInfo {
     /// Requests settled from a usage the response reported, and without one.
     pub settled_with_usage: u64,
     pub settled_without_usage: u64,
+    /// Of those without: the response's usage was malformed.
+    pub bad_usage: u64,
     /// Only once a priced line (`prices=`) has charged the zone: what it spent.
     #[serde(flatten)]
     pub spend: Option<SpendInfo>,

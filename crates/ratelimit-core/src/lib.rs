@@ -21,6 +21,7 @@ mod equivalence;
 mod reference;
 
 pub mod adaptive;
+pub mod api_key;
 pub mod block_table;
 pub mod bucket_charge;
 pub mod concurrency;

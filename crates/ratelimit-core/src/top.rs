@@ -60,10 +60,11 @@ pub const TOP_KEY_BYTES: usize = 60;
 pub struct TopEntry {
     /// The key's hash (the caller's, e.g. the zone's seeded hash): what identifies the key.
     pub hash: u64,
-    /// Requests counted for the key since it took this counter, plus `error`.
-    pub count: u32,
+    /// Requests (or tokens) counted for the key since it took this counter, plus `error`.
+    /// 64 bits: a key's tokens in ten minutes may pass 2^32.
+    pub count: u64,
     /// Count this entry inherited from the key it replaced (an upper bound of the overcount).
-    pub error: u32,
+    pub error: u64,
     /// The key's full length; only the first [`TOP_KEY_BYTES`] are kept.
     pub key_len: u32,
     /// The key's first bytes.
@@ -121,11 +122,11 @@ impl Summary {
     /// Count `amount` (a request's tokens) for `key`: the weighted space-saving algorithm,
     /// whose bounds are those of the module documentation with `total` the sum of the
     /// amounts. An amount of 0 counts nothing.
-    pub fn record_amount(&mut self, hash: u64, key: &[u8], amount: u32) {
+    pub fn record_amount(&mut self, hash: u64, key: &[u8], amount: u64) {
         if amount == 0 {
             return;
         }
-        self.total = self.total.saturating_add(u64::from(amount));
+        self.total = self.total.saturating_add(amount);
         if let Some(entry) = self
             .entries
             .iter_mut()
@@ -150,7 +151,7 @@ impl Summary {
     }
 
     /// The smallest count shown (0 when a counter is free).
-    pub fn min_count(&self) -> u32 {
+    pub fn min_count(&self) -> u64 {
         self.entries
             .iter()
             .map(|entry| entry.count)
@@ -267,8 +268,8 @@ impl KindSummaries {
     }
 }
 
-/// Everything a zone keeps about its most limited keys and its heaviest token users (about
-/// 83 KiB).
+/// Everything a zone keeps about its most limited keys and its heaviest token users (89
+/// KiB).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct TopKeys {
@@ -336,7 +337,7 @@ impl TopKeys {
         now_ns: u64,
         hash: u64,
         key: &[u8],
-        amount: u32,
+        amount: u64,
     ) {
         let summaries = self.kind_mut(kind);
         for window in [TopWindow::OneMinute, TopWindow::TenMinutes] {
@@ -390,7 +391,7 @@ pub fn record_in_ring(
     now_ns: u64,
     hash: u64,
     key: &[u8],
-    amount: u32,
+    amount: u64,
 ) {
     if ring.is_empty() || amount == 0 {
         return;
@@ -451,10 +452,10 @@ fn merged_count(summaries: &[&Summary], key: &TopEntry) -> TopCount {
     for summary in summaries {
         match summary.live().find(|entry| entry.hash == key.hash) {
             Some(entry) => {
-                count += u64::from(entry.count);
-                below += u64::from(entry.error.min(entry.count));
+                count = count.saturating_add(entry.count);
+                below = below.saturating_add(entry.error.min(entry.count));
             }
-            None if summary.is_full() => above += u64::from(summary.min_count()),
+            None if summary.is_full() => above = above.saturating_add(summary.min_count()),
             None => {}
         }
     }
@@ -501,8 +502,8 @@ mod tests {
         assert!(top
             .top(TopKind::Rejected, TopWindow::OneMinute, 0, 10)
             .is_empty());
-        assert_eq!(core::mem::size_of::<TopEntry>(), 80);
-        assert_eq!(core::mem::size_of::<TopKeys>(), 4 * 16 * (16 + 16 * 80));
+        assert_eq!(core::mem::size_of::<TopEntry>(), 88);
+        assert_eq!(core::mem::size_of::<TopKeys>(), 4 * 16 * (16 + 16 * 88));
     }
 
     #[test]
@@ -616,15 +617,19 @@ mod tests {
         assert!(shown(&top, TopKind::Rejected, TopWindow::OneMinute, 5).is_empty());
         let mut summary = Summary::EMPTY;
         for n in 0..TOP_CAPACITY as u64 {
-            summary.record_amount(n + 1, b"x", 100 + n as u32);
+            summary.record_amount(n + 1, b"x", 100 + n);
         }
         summary.record_amount(999, b"new", 7);
         let new = summary.entries.iter().find(|e| e.hash == 999).unwrap();
         assert_eq!((new.count, new.error), (107, 100));
-        // Amounts saturate instead of wrapping.
-        summary.record_amount(999, b"new", u32::MAX);
+        // Past 2^32, and saturating instead of wrapping.
+        summary.record_amount(999, b"new", u64::from(u32::MAX));
         let new = summary.entries.iter().find(|e| e.hash == 999).unwrap();
-        assert_eq!(new.count, u32::MAX);
+        assert_eq!(new.count, 107 + u64::from(u32::MAX));
+        summary.record_amount(999, b"new", u64::MAX);
+        summary.record_amount(999, b"new", u64::MAX);
+        let new = summary.entries.iter().find(|e| e.hash == 999).unwrap();
+        assert_eq!((new.count, summary.total), (u64::MAX, u64::MAX));
     }
 
     #[test]

@@ -34,9 +34,9 @@ proptest! {
         prop_assert_eq!(summary.total, total);
         for entry in summary.entries.iter().filter(|e| e.count > 0) {
             let real = truth[&entry.hash];
-            prop_assert!(u64::from(entry.count) >= real);
-            prop_assert!(u64::from(entry.count - entry.error) <= real);
-            prop_assert!(u64::from(entry.error) <= total / TOP_CAPACITY as u64);
+            prop_assert!(entry.count >= real);
+            prop_assert!(entry.count - entry.error <= real);
+            prop_assert!(entry.error <= total / TOP_CAPACITY as u64);
         }
         for (hash, real) in &truth {
             if *real > total / TOP_CAPACITY as u64 {

@@ -2,11 +2,14 @@
 //! usage. serde skips every other field as it parses (no map is built, no string copied,
 //! whatever the body holds besides), which is most of what reading a usage event costs.
 //!
-//! The views are lenient where the providers' documents may vary: a count is a non-negative
-//! integer and anything else (a float, a string, `null`, an object) is no count; an object
-//! the reader looks into (`usage`, `response`, `message`, a `*_details`) that is something
-//! else is as if it were absent. A document that is not JSON, or an object that names one of
-//! the fields below twice, yields nothing.
+//! The views are lenient where the providers' documents may vary: an object the reader looks
+//! into (`usage`, `response`, `message`, a `*_details`) that is something else is as if it
+//! were absent, and `null` is a count not reported where providers write it (a cache's counts,
+//! Gemini's thoughts, Anthropic's input counts, which `message_delta` may leave `null`). They
+//! are strict on the counts: an integer from 0 to 2^53 is one, anything else (negative,
+//! fractional or larger, `1e3`, a string, an object, `null` elsewhere) is a malformed figure, noted with its text in [`Counts`] and making the
+//! whole usage malformed. A document that is not JSON, or an object that names one of the
+//! fields below twice, yields nothing.
 
 use core::fmt;
 use std::borrow::Cow;
@@ -14,12 +17,22 @@ use std::borrow::Cow;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use super::reader::Counts;
+use super::counts::{Counts, Raw, MAX_COUNT};
 use super::Provider;
 
-/// A count: `Some` for a non-negative integer, `None` for any other JSON value.
+/// A count as the document gave it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Count(Option<u64>);
+enum Count {
+    /// Not in the document.
+    #[default]
+    Absent,
+    /// `null`: not reported.
+    Null,
+    /// An integer from 0 to [`MAX_COUNT`].
+    Valid(u64),
+    /// Anything else: a negative, fractional or larger number, a string, an object, ...
+    Malformed(Raw),
+}
 
 impl<'de> Deserialize<'de> for Count {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Count, D::Error> {
@@ -29,6 +42,22 @@ impl<'de> Deserialize<'de> for Count {
 
 struct CountVisitor;
 
+/// `value` rendered into a [`Raw`].
+fn malformed(value: impl fmt::Display) -> Count {
+    let mut text = String::new();
+    let _ = fmt::write(&mut text, format_args!("{value}"));
+    Count::Malformed(Raw::of(text.as_bytes()))
+}
+
+/// A count up to [`MAX_COUNT`]; a larger one is malformed.
+fn unsigned(value: u64) -> Count {
+    if value <= MAX_COUNT {
+        Count::Valid(value)
+    } else {
+        malformed(value)
+    }
+}
+
 impl<'de> Visitor<'de> for CountVisitor {
     type Value = Count;
 
@@ -37,37 +66,41 @@ impl<'de> Visitor<'de> for CountVisitor {
     }
 
     fn visit_u64<E>(self, value: u64) -> Result<Count, E> {
-        Ok(Count(Some(value)))
+        Ok(unsigned(value))
     }
 
     fn visit_i64<E>(self, value: i64) -> Result<Count, E> {
-        Ok(Count(u64::try_from(value).ok()))
+        match u64::try_from(value) {
+            Ok(value) => Ok(unsigned(value)),
+            Err(_) => Ok(malformed(value)),
+        }
     }
 
-    fn visit_f64<E>(self, _: f64) -> Result<Count, E> {
-        Ok(Count(None))
+    fn visit_f64<E>(self, value: f64) -> Result<Count, E> {
+        // Debug keeps the float's point (`1000.0`, `1.5`, `1.8446744073709552e19`).
+        Ok(malformed(format_args!("{value:?}")))
     }
 
-    fn visit_bool<E>(self, _: bool) -> Result<Count, E> {
-        Ok(Count(None))
+    fn visit_bool<E>(self, value: bool) -> Result<Count, E> {
+        Ok(malformed(value))
     }
 
-    fn visit_str<E>(self, _: &str) -> Result<Count, E> {
-        Ok(Count(None))
+    fn visit_str<E>(self, value: &str) -> Result<Count, E> {
+        Ok(malformed(format_args!("{value:?}")))
     }
 
     fn visit_unit<E>(self) -> Result<Count, E> {
-        Ok(Count(None))
+        Ok(Count::Null)
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Count, A::Error> {
         while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Count(None))
+        Ok(malformed("[...]"))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Count, A::Error> {
         while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(Count(None))
+        Ok(malformed("{...}"))
     }
 }
 
@@ -204,28 +237,65 @@ struct GeminiDocument {
     usage_metadata: Object<GeminiUsage>,
 }
 
-/// `slot` takes `value` when there is one; whether it did.
-fn replace(slot: &mut Option<u64>, value: Count) -> bool {
-    if value.0.is_some() {
-        *slot = value.0;
+impl Count {
+    /// This count, or `other` where the document has none.
+    fn or(self, other: Count) -> Count {
+        match self {
+            Count::Absent => other,
+            _ => self,
+        }
     }
-    value.0.is_some()
+}
+
+/// The field of `counts` that `slot` selects takes `value` when it is a valid count; whether
+/// it was. Anything else is noted as malformed, `null` included: a count every report carries.
+fn take(counts: &mut Counts, slot: fn(&mut Counts) -> &mut Option<u64>, value: Count) -> bool {
+    let value = match value {
+        Count::Null => Count::Malformed(Raw::of(b"null")),
+        value => value,
+    };
+    take_or_null(counts, slot, value)
+}
+
+/// As [`take`], for a count a provider may write `null` when it does not know it (a cache's
+/// counts, Anthropic's input counts in `message_delta`): `null` is then not reported.
+fn take_or_null(
+    counts: &mut Counts,
+    slot: fn(&mut Counts) -> &mut Option<u64>,
+    value: Count,
+) -> bool {
+    counts.reported = true;
+    match value {
+        Count::Valid(count) => {
+            *slot(counts) = Some(count);
+            true
+        }
+        Count::Absent => false,
+        Count::Null => {
+            counts.null = true;
+            false
+        }
+        Count::Malformed(raw) => {
+            counts.malformed.get_or_insert(raw);
+            false
+        }
+    }
 }
 
 impl OpenAiUsage {
     fn read(&self, counts: &mut Counts) -> bool {
-        let input = self.prompt_tokens.0.or(self.input_tokens.0);
-        let output = self.completion_tokens.0.or(self.output_tokens.0);
+        let input = self.prompt_tokens.or(self.input_tokens);
+        let output = self.completion_tokens.or(self.output_tokens);
         let details = self
             .prompt_tokens_details
             .0
             .as_ref()
             .or(self.input_tokens_details.0.as_ref());
-        let mut any = replace(&mut counts.input, Count(input));
-        any |= replace(&mut counts.output, Count(output));
-        any |= replace(&mut counts.total, self.total_tokens);
+        let mut any = take(counts, |c| &mut c.input, input);
+        any |= take(counts, |c| &mut c.output, output);
+        any |= take(counts, |c| &mut c.total, self.total_tokens);
         if let Some(details) = details {
-            replace(&mut counts.cached, details.cached_tokens);
+            take_or_null(counts, |c| &mut c.cached, details.cached_tokens);
         }
         any
     }
@@ -233,21 +303,25 @@ impl OpenAiUsage {
 
 impl AnthropicUsage {
     fn read(&self, counts: &mut Counts) -> bool {
-        let mut any = replace(&mut counts.input, self.input_tokens);
-        any |= replace(&mut counts.output, self.output_tokens);
-        replace(&mut counts.cached, self.cache_read_input_tokens);
-        replace(&mut counts.cache_creation, self.cache_creation_input_tokens);
+        let mut any = take_or_null(counts, |c| &mut c.input, self.input_tokens);
+        any |= take(counts, |c| &mut c.output, self.output_tokens);
+        take_or_null(counts, |c| &mut c.cached, self.cache_read_input_tokens);
+        take_or_null(
+            counts,
+            |c| &mut c.cache_creation,
+            self.cache_creation_input_tokens,
+        );
         any
     }
 }
 
 impl GeminiUsage {
     fn read(&self, counts: &mut Counts) -> bool {
-        let mut any = replace(&mut counts.input, self.prompt_token_count);
-        any |= replace(&mut counts.output, self.candidates_token_count);
-        any |= replace(&mut counts.total, self.total_token_count);
-        replace(&mut counts.cached, self.cached_content_token_count);
-        replace(&mut counts.thoughts, self.thoughts_token_count);
+        let mut any = take(counts, |c| &mut c.input, self.prompt_token_count);
+        any |= take(counts, |c| &mut c.output, self.candidates_token_count);
+        any |= take(counts, |c| &mut c.total, self.total_token_count);
+        take_or_null(counts, |c| &mut c.cached, self.cached_content_token_count);
+        take_or_null(counts, |c| &mut c.thoughts, self.thoughts_token_count);
         any
     }
 }

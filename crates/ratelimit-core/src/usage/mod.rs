@@ -11,6 +11,8 @@
 //! - [`prices`] and [`model`]: the cost in micro-dollars from a price table and the model
 //!   the response names (`prices=`).
 
+mod counts;
+pub use counts::{Raw, MAX_COUNT};
 mod json;
 pub mod model;
 pub mod openai;

@@ -8,7 +8,13 @@
 //! | `anthropic` | `usage` (`input_tokens`, `output_tokens`, `cache_read_input_tokens`, `cache_creation_input_tokens`) | `message_start`'s `message.usage`, then each `message_delta`'s `usage` (cumulative) |
 //! | `gemini` | `usageMetadata` (`promptTokenCount`, `candidatesTokenCount`, `thoughtsTokenCount`, `totalTokenCount`, `cachedContentTokenCount`), also in each element of a JSON array | each chunk's `usageMetadata` (cumulative; the last wins) |
 //!
+//! Whether a body is a stream of events is told by its first bytes (a field, `data:`,
+//! `event:`, `id:`, `retry:`, or a `:` comment; JSON begins with `{` or `[`), whatever the
+//! `Content-Type` says; only a body whose first bytes tell neither is read as that says.
+//!
 //! Later reports replace earlier ones field by field (the providers' counts are cumulative).
+//! A figure that is not an integer from 0 to 2^53 makes the response's usage malformed
+//! ([`Reported::Malformed`]): no usage, whatever else it reported.
 //! Memory is bounded: a plain body is kept whole up to [`JSON_WHOLE_MAX`] bytes, an event's
 //! data up to [`EVENT_WHOLE_MAX`]; past that only the last [`TAIL_MAX`] bytes are kept and
 //! the usage object is looked for in them (the providers write it last). A body must reach
@@ -18,6 +24,7 @@ use std::sync::OnceLock;
 
 use memchr::memmem::Finder;
 
+use super::counts::{Capped, Counts, Raw};
 use super::json;
 use super::sse::EventStream;
 use super::{Provider, Usage};
@@ -29,98 +36,38 @@ pub const EVENT_WHOLE_MAX: usize = 64 << 10;
 /// What is kept of the end of a longer body or event.
 pub const TAIL_MAX: usize = 64 << 10;
 
-/// Bytes kept whole up to a size, then only their end.
-pub(crate) struct Capped {
-    bytes: Vec<u8>,
-    whole_max: usize,
-    tail_max: usize,
-    truncated: bool,
+/// Read the provider's usage from `kept`: the whole document (`event`: the event's name,
+/// for an event's data) when it was kept whole; else the usage object found nearest the end
+/// of the tail, under its key. Whether it carried usage.
+fn read_kept(kept: &Capped, provider: Provider, event: Option<&[u8]>, counts: &mut Counts) -> bool {
+    if !kept.is_truncated() {
+        return match event {
+            Some(event) => json::read_event(provider, event, kept.bytes(), counts),
+            None => json::read_document(provider, kept.bytes(), counts),
+        };
+    }
+    let key = usage_key(provider);
+    let needle = format!("\"{key}\"");
+    let mut end = kept.bytes().len();
+    while let Some(at) = memchr::memmem::rfind(&kept.bytes()[..end], needle.as_bytes()) {
+        end = at;
+        let rest = trim_start(&kept.bytes()[at + needle.len()..]);
+        let Some(rest) = rest.strip_prefix(b":") else {
+            continue;
+        };
+        // The nearest object that carries counts (an earlier one may, when the last is
+        // cut or empty).
+        if json::read_usage_object(provider, trim_start(rest), counts) {
+            return true;
+        }
+    }
+    false
 }
 
-impl Capped {
-    pub(crate) fn new(whole_max: usize, tail_max: usize) -> Capped {
-        Capped {
-            bytes: Vec::new(),
-            whole_max,
-            tail_max,
-            truncated: false,
-        }
-    }
-
-    pub(crate) fn extend(&mut self, more: &[u8]) {
-        if !self.truncated && self.bytes.len() + more.len() <= self.whole_max {
-            self.bytes.extend_from_slice(more);
-            return;
-        }
-        self.truncated = true;
-        if more.len() >= self.tail_max {
-            self.bytes.clear();
-            self.bytes
-                .extend_from_slice(&more[more.len() - self.tail_max..]);
-            return;
-        }
-        self.bytes.extend_from_slice(more);
-        // Cut back to the tail only once it doubled: each byte is moved a bounded number of
-        // times.
-        if self.bytes.len() > 2 * self.tail_max {
-            let cut = self.bytes.len() - self.tail_max;
-            self.bytes.drain(..cut);
-        }
-    }
-
-    pub(crate) fn bytes(&self) -> &[u8] {
-        &self.bytes
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.bytes.is_empty() && !self.truncated
-    }
-
-    pub(crate) fn strip_last_newline(&mut self) {
-        if self.bytes.last() == Some(&b'\n') {
-            self.bytes.pop();
-        }
-    }
-
-    pub(crate) fn clear(&mut self) {
-        self.bytes.clear();
-        self.truncated = false;
-    }
-
-    /// When a model is looked for (`Some(None)`) and these bytes were kept whole, the model
-    /// they name.
-    fn read_model(&self, model: &mut Option<Option<String>>) {
-        if let (Some(slot @ None), false) = (model.as_mut(), self.truncated) {
-            *slot = super::model::model_of(&self.bytes);
-        }
-    }
-
-    /// Read the provider's usage from it: the whole document (`event`: the event's name, for
-    /// an event's data) when it was kept whole; else the usage object found nearest the end
-    /// of the tail, under its key. Whether it carried usage.
-    fn read(&self, provider: Provider, event: Option<&[u8]>, counts: &mut Counts) -> bool {
-        if !self.truncated {
-            return match event {
-                Some(event) => json::read_event(provider, event, &self.bytes, counts),
-                None => json::read_document(provider, &self.bytes, counts),
-            };
-        }
-        let key = usage_key(provider);
-        let needle = format!("\"{key}\"");
-        let mut end = self.bytes.len();
-        while let Some(at) = memchr::memmem::rfind(&self.bytes[..end], needle.as_bytes()) {
-            end = at;
-            let rest = trim_start(&self.bytes[at + needle.len()..]);
-            let Some(rest) = rest.strip_prefix(b":") else {
-                continue;
-            };
-            // The nearest object that carries counts (an earlier one may, when the last is
-            // cut or empty).
-            if json::read_usage_object(provider, trim_start(rest), counts) {
-                return true;
-            }
-        }
-        false
+/// When a model is looked for (`Some(None)`) and `kept` was kept whole, the model it names.
+fn read_model(kept: &Capped, model: &mut Option<Option<String>>) {
+    if let (Some(slot @ None), false) = (model.as_mut(), kept.is_truncated()) {
+        *slot = super::model::model_of(kept.bytes());
     }
 }
 
@@ -244,23 +191,16 @@ impl Format {
     }
 }
 
-/// The counts reported so far, each as the provider names it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct Counts {
-    pub(super) input: Option<u64>,
-    pub(super) output: Option<u64>,
-    pub(super) total: Option<u64>,
-    pub(super) cached: Option<u64>,
-    /// Anthropic's `cache_creation_input_tokens` (input, written to the cache).
-    pub(super) cache_creation: Option<u64>,
-    /// Gemini's `thoughtsTokenCount` (output).
-    pub(super) thoughts: Option<u64>,
-}
-
 /// The reader of one response body.
 pub struct Reader {
     provider: Provider,
-    format: Format,
+    /// `None` until the body's first bytes say which it is.
+    format: Option<Format>,
+    /// What the `Content-Type` says: the format of a body whose first bytes do not tell.
+    declared: Format,
+    /// The body's first bytes (blanks skipped) while they do not yet tell the format.
+    first: [u8; SNIFF_MAX],
+    first_len: usize,
     body: Capped,
     events: Option<EventStream>,
     counts: Counts,
@@ -272,20 +212,54 @@ pub struct Reader {
     model: Option<Option<String>>,
 }
 
+/// The most bytes that tell an event stream from JSON: `event:` and `retry:`.
+const SNIFF_MAX: usize = 6;
+
+/// What a body's first bytes say it is; `None` while they may still begin either.
+///
+/// An event stream begins with a field (`data:`, `event:`, `id:`, `retry:`) or a comment
+/// (`:`); JSON with `{` or `[`. Anything else is what the `Content-Type` says.
+fn sniff(first: &[u8], declared: Format) -> Option<Format> {
+    match first.first()? {
+        b'{' | b'[' => return Some(Format::Json),
+        b':' => return Some(Format::EventStream),
+        _ => {}
+    }
+    let mut undecided = false;
+    for field in [&b"data:"[..], b"event:", b"id:", b"retry:"] {
+        if first.starts_with(field) {
+            return Some(Format::EventStream);
+        }
+        undecided |= field.starts_with(first);
+    }
+    (!undecided).then_some(declared)
+}
+
+/// What a response reported about its usage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reported {
+    /// Counts, every one valid.
+    Usage(Usage),
+    /// A usage with a figure that is not an integer from 0 to 2^53 (the first such figure),
+    /// or a usage object with no count at all (`null` figures, or none): no usage.
+    Malformed(Raw),
+    /// No usage object.
+    Nothing,
+}
+
 impl Reader {
-    /// A reader for a body of `format` from `provider`.
-    pub fn new(provider: Provider, format: Format) -> Reader {
-        let events = (format == Format::EventStream)
-            .then(|| EventStream::new(Capped::new(EVENT_WHOLE_MAX, TAIL_MAX)));
-        let body = match format {
-            Format::Json => Capped::new(JSON_WHOLE_MAX, TAIL_MAX),
-            Format::EventStream => Capped::new(0, 0),
-        };
+    /// A reader for a body from `provider` whose `Content-Type` says `declared`: the body's
+    /// first bytes decide ([`sniff`]), so an event stream sent as `text/plain` or
+    /// `application/json` is read as one.
+    pub fn new(provider: Provider, declared: Format) -> Reader {
         Reader {
             provider,
-            format,
-            body,
-            events,
+            format: None,
+            declared,
+            first: [0; SNIFF_MAX],
+            first_len: 0,
+            body: Capped::new(0, 0),
+            events: None,
             counts: Counts::default(),
             found: false,
             needle: usage_finder(provider),
@@ -305,6 +279,43 @@ impl Reader {
 
     /// The next bytes of the body.
     pub fn feed(&mut self, bytes: &[u8]) {
+        if self.format.is_some() {
+            return self.feed_known(bytes);
+        }
+        // Leading blanks say nothing (JSON ignores them; in a stream they are empty lines),
+        // nor does a byte order mark (its bytes skipped one by one: they may be split).
+        let bytes = if self.first_len == 0 {
+            let start = bytes
+                .iter()
+                .position(|&b| !b.is_ascii_whitespace() && !matches!(b, 0xEF | 0xBB | 0xBF))
+                .unwrap_or(bytes.len());
+            &bytes[start..]
+        } else {
+            bytes
+        };
+        let taken = bytes.len().min(SNIFF_MAX - self.first_len);
+        self.first[self.first_len..self.first_len + taken].copy_from_slice(&bytes[..taken]);
+        self.first_len += taken;
+        if let Some(format) = sniff(&self.first[..self.first_len], self.declared) {
+            self.decide(format);
+            self.feed_known(&bytes[taken..]);
+        }
+    }
+
+    /// Read as `format` from now on, beginning with the bytes kept to decide.
+    fn decide(&mut self, format: Format) {
+        self.format = Some(format);
+        match format {
+            Format::Json => self.body = Capped::new(JSON_WHOLE_MAX, TAIL_MAX),
+            Format::EventStream => {
+                self.events = Some(EventStream::new(Capped::new(EVENT_WHOLE_MAX, TAIL_MAX)))
+            }
+        }
+        let first = self.first;
+        self.feed_known(&first[..self.first_len]);
+    }
+
+    fn feed_known(&mut self, bytes: &[u8]) {
         match &mut self.events {
             Some(events) => {
                 // Whole events in which the usage key is only ever `null` change nothing:
@@ -326,8 +337,8 @@ impl Reader {
                     if !may_carry_usage(data.bytes(), needle) {
                         return;
                     }
-                    *found |= data.read(provider, Some(event), counts);
-                    data.read_model(model);
+                    *found |= read_kept(data, provider, Some(event), counts);
+                    read_model(data, model);
                 });
             }
             None => self.body.extend(bytes),
@@ -337,16 +348,42 @@ impl Reader {
     /// The body ended: a plain body is read now. (An event the stream left unfinished is
     /// dropped, as the standard says.)
     pub fn finish(&mut self) {
-        if self.format == Format::Json {
-            self.found |= self.body.read(self.provider, None, &mut self.counts);
-            self.body.read_model(&mut self.model);
+        if self.format.is_none() {
+            self.decide(self.declared);
+        }
+        if self.format == Some(Format::Json) {
+            self.found |= read_kept(&self.body, self.provider, None, &mut self.counts);
+            read_model(&self.body, &mut self.model);
             self.body.clear();
         }
     }
 
-    /// The usage found so far, `None` when none was.
+    /// The format the body was read as, once its first bytes told.
+    pub fn format(&self) -> Option<Format> {
+        self.format
+    }
+
+    /// The usage found so far, `None` when none was or it was malformed.
     pub fn usage(&self) -> Option<Usage> {
-        self.found.then(|| self.normalised())
+        match self.reported() {
+            Reported::Usage(usage) => Some(usage),
+            Reported::Malformed(_) | Reported::Nothing => None,
+        }
+    }
+
+    /// What the body reported so far.
+    pub fn reported(&self) -> Reported {
+        if let Some(raw) = self.counts.malformed {
+            return Reported::Malformed(raw);
+        }
+        if self.found {
+            return Reported::Usage(self.normalised());
+        }
+        if self.counts.reported {
+            let raw: &[u8] = if self.counts.null { b"null" } else { b"{}" };
+            return Reported::Malformed(Raw::of(raw));
+        }
+        Reported::Nothing
     }
 
     fn normalised(&self) -> Usage {
@@ -446,12 +483,16 @@ mod tests {
             (Gemini, r#"{"candidates":[],"usageMetadata":{"promptTokenCount":8,"candidatesTokenCount":3,"totalTokenCount":11,"cachedContentTokenCount":2}}"#, usage(8, 3, 2, 11)),
             (Gemini, r#"[{"usageMetadata":{"promptTokenCount":8,"candidatesTokenCount":1,"totalTokenCount":9}},{"usageMetadata":{"promptTokenCount":8,"candidatesTokenCount":5,"totalTokenCount":13}}]"#, usage(8, 5, 0, 13)),
             (Gemini, r#"{"usageMetadata":{"promptTokenCount":8,"candidatesTokenCount":3,"thoughtsTokenCount":4,"totalTokenCount":15}}"#, usage(8, 7, 0, 15)),
-            // Lenient where documents vary: a count that is not a non-negative integer is no
-            // count, an object that is something else is absent, the other fields are
-            // skipped whatever they hold.
-            (OpenAi, r#"{"usage":{"prompt_tokens":3.5,"completion_tokens":"4","total_tokens":9,"prompt_tokens_details":null}}"#, usage(0, 0, 0, 9)),
+            // Lenient where documents vary: an object that is something else is absent, a
+            // `null` count is not reported, the other fields are skipped whatever they hold.
+            // Strict on the counts: any that is not an integer from 0 to 2^53 makes the
+            // usage malformed, which is no usage (`malformed_figures` below).
+            (OpenAi, r#"{"usage":{"prompt_tokens":3.5,"completion_tokens":"4","total_tokens":9,"prompt_tokens_details":null}}"#, None),
             (OpenAi, r#"{"usage":{"prompt_tokens":3,"completion_tokens":4,"prompt_tokens_details":[1],"input_tokens_details":{"cached_tokens":1}}}"#, usage(3, 4, 1, 7)),
-            (OpenAi, r#"{"usage":{"prompt_tokens":3,"completion_tokens":{"n":4},"extra":{"deep":[{"a":null}]}}}"#, usage(3, 0, 0, 3)),
+            (OpenAi, r#"{"usage":{"prompt_tokens":3,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":null},"extra":{"deep":[{"a":null}]}}}"#, usage(3, 4, 0, 7)),
+            (OpenAi, r#"{"usage":{"prompt_tokens":3,"completion_tokens":null}}"#, None),
+            (OpenAi, r#"{"usage":{"prompt_tokens":3,"completion_tokens":{"n":4}}}"#, None),
+            (Anthropic, r#"{"usage":{"input_tokens":5,"output_tokens":2,"cache_read_input_tokens":null,"cache_creation_input_tokens":null}}"#, usage(5, 2, 0, 7)),
             (OpenAi, r#"{"usage":7,"choices":[{"message":{"content":"\u00e9 \"usage\""}}]}"#, None),
             (OpenAi, r#"{"usage":{"prompt_tokens":18446744073709551616}}"#, None),
             (Anthropic, r#"{"type":"mess\u0061ge","usage":{"input_tokens":1,"output_tokens":2}}"#, usage(1, 2, 0, 3)),
@@ -574,6 +615,87 @@ mod tests {
                 expected,
                 "{body}"
             );
+        }
+    }
+
+    #[test]
+    fn malformed_figures() {
+        use Provider::*;
+        let huge = "18446744073709551617";
+        #[rustfmt::skip]
+        let rows: &[(Provider, String, Reported)] = &[
+            (OpenAi, r#"{"usage":{"prompt_tokens":null,"completion_tokens":null,"total_tokens":null}}"#.into(), malformed("null")),
+            (OpenAi, r#"{"usage":{"prompt_tokens":-5,"completion_tokens":10}}"#.into(), malformed("-5")),
+            (OpenAi, r#"{"usage":{"prompt_tokens":1.5,"completion_tokens":10}}"#.into(), malformed("1.5")),
+            (OpenAi, r#"{"usage":{"prompt_tokens":5,"completion_tokens":"300"}}"#.into(), malformed("\"300\"")),
+            (OpenAi, format!(r#"{{"usage":{{"total_tokens":{huge}}}}}"#), malformed("1.8446744073709552e19")),
+            (OpenAi, r#"{"usage":{"total_tokens":1e3}}"#.into(), malformed("1000.0")),
+            (OpenAi, r#"{"usage":{"total_tokens":9007199254740993}}"#.into(), malformed("9007199254740993")),
+            (OpenAi, r#"{"usage":{"total_tokens":true}}"#.into(), malformed("true")),
+            (OpenAi, r#"{"usage":{}}"#.into(), malformed("{}")),
+            (OpenAi, r#"{"usage":{"prompt_tokens":null,"completion_tokens":0,"total_tokens":0}}"#.into(), malformed("null")),
+            (Anthropic, r#"{"usage":{"input_tokens":null,"cache_read_input_tokens":null}}"#.into(), malformed("null")),
+            (OpenAi, format!(r#"{{"usage":{{"total_tokens":"{}"}}}}"#, "x".repeat(100)), Reported::Malformed(Raw::of(format!("\"{}", "x".repeat(100)).as_bytes()))),
+            (OpenAi, r#"{"usage":{"total_tokens":9007199254740992}}"#.into(), Reported::Usage(Usage { prompt_tokens: 0, completion_tokens: 0, cached_tokens: 0, total_tokens: 1 << 53 })),
+            (OpenAi, r#"{"usage":null}"#.into(), Reported::Nothing),
+            (Gemini, r#"{"usageMetadata":{"promptTokenCount":2,"candidatesTokenCount":-1}}"#.into(), malformed("-1")),
+            (Anthropic, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":-15}}\n\n".into(), malformed("-15")),
+            // Anthropic's message_delta may say `null` for the input counts it does not repeat.
+            (Anthropic, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":null,\"output_tokens\":15}}\n\n".into(), Reported::Usage(Usage { prompt_tokens: 25, completion_tokens: 15, cached_tokens: 0, total_tokens: 40 })),
+        ];
+        for (provider, body, expected) in rows {
+            let mut reader = Reader::new(*provider, Format::Json);
+            reader.feed(body.as_bytes());
+            reader.finish();
+            assert_eq!(&reader.reported(), expected, "{body}");
+            let usage = match expected {
+                Reported::Usage(usage) => Some(*usage),
+                _ => None,
+            };
+            assert_eq!(reader.usage(), usage, "{body}");
+        }
+    }
+
+    fn malformed(text: &str) -> Reported {
+        Reported::Malformed(Raw::of(text.as_bytes()))
+    }
+
+    #[test]
+    fn the_first_bytes_tell_the_format() {
+        let stream = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2,\"total_tokens\":5}}\n\ndata: [DONE]\n\n";
+        let plain = r#"  {"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}"#;
+        let five = usage(3, 2, 0, 5);
+        #[rustfmt::skip]
+        let rows: &[(String, Format, Option<Format>)] = &[
+            (stream.into(), Format::Json, Some(Format::EventStream)),
+            (format!("\u{feff}\r\n{stream}"), Format::Json, Some(Format::EventStream)),
+            (format!("event: x\n{stream}"), Format::Json, Some(Format::EventStream)),
+            (format!(": keep-alive\n\n{stream}"), Format::Json, Some(Format::EventStream)),
+            (format!("id: 1\n{stream}"), Format::Json, Some(Format::EventStream)),
+            (format!("retry: 10\n{stream}"), Format::Json, Some(Format::EventStream)),
+            (plain.into(), Format::EventStream, Some(Format::Json)),
+        ];
+        for (body, declared, format) in rows {
+            // Whole, and one byte at a time (the first bytes then arrive in several buffers).
+            for chunk in [body.len(), 1] {
+                let mut reader = Reader::new(Provider::OpenAi, *declared);
+                for piece in body.as_bytes().chunks(chunk) {
+                    reader.feed(piece);
+                }
+                reader.finish();
+                assert_eq!(reader.format(), *format, "{body:?} by {chunk}");
+                assert_eq!(reader.usage(), five, "{body:?} by {chunk}");
+            }
+        }
+        // Neither: the Content-Type says.
+        for declared in [Format::Json, Format::EventStream] {
+            for body in ["", "  ", "da", "not json"] {
+                let mut reader = Reader::new(Provider::OpenAi, declared);
+                reader.feed(body.as_bytes());
+                reader.finish();
+                assert_eq!(reader.format(), Some(declared), "{body:?}");
+                assert_eq!(reader.usage(), None);
+            }
         }
     }
 }

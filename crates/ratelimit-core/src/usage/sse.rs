@@ -6,7 +6,7 @@
 
 use memchr::memchr2;
 
-use super::reader::Capped;
+use super::counts::Capped;
 
 /// The longest event name kept (longer ones are cut; none of the providers' is near it).
 const EVENT_NAME_MAX: usize = 64;
