@@ -1,6 +1,7 @@
 //! Glue: the nginx helpers every other part of the module uses (clock, response headers,
 //! logging, the slab pool's lock, variable values). Imports nothing of ours.
 
+pub mod body;
 pub mod guard;
 pub mod pool;
 pub mod response;

@@ -1,6 +1,7 @@
 //! The request path: the preaccess handler, delays, response headers and `$rate_limit_status`.
 //! A front door: it finds the request's keys and decides through `crate::control::decide`.
 
+mod body;
 mod charge;
 mod concurrency;
 mod delay;
@@ -93,6 +94,7 @@ fn resolve<'a>(
 pub fn add_variables(cf: &mut ngx::ffi::ngx_conf_t) -> Result<(), crate::conf::ConfError> {
     status::add_variables(cf)?;
     remote_net::add_variable(cf)?;
+    body::add_variable(cf)?;
     usage::add_variables(cf)
 }
 
@@ -137,6 +139,11 @@ pub unsafe extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_in
                 }
                 if let [limit] = lcf.limits() {
                     return limit_quick(r, lcf, state, limit);
+                }
+            }
+            if lcf.reads_body() {
+                if let Some(rc) = body::wait_for_body(r) {
+                    return rc;
                 }
             }
             if let Some(rc) = concurrency::resumed(r, lcf, state) {

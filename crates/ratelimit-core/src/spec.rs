@@ -932,6 +932,13 @@ mod tests {
         assert_eq!((usage.debt, usage.on_missing), (None, OnMissing::Refund));
         let usage = limit("usage=anthropic").unwrap().usage.unwrap();
         assert_eq!(usage.reserve, Amount::Fixed(1));
+        let usage = limit("usage=openai reserve=auto").unwrap().usage.unwrap();
+        assert_eq!(usage.reserve, Amount::Auto(4096));
+        let usage = limit("usage=openai reserve=auto:800")
+            .unwrap()
+            .usage
+            .unwrap();
+        assert_eq!(usage.reserve, Amount::Auto(800));
         let spec = limit("cost=$cost").unwrap();
         assert_eq!((spec.cost, spec.cost_variable), (1, Some("cost".into())));
         assert!(spec.usage.is_none());
@@ -943,9 +950,14 @@ mod tests {
             ("usage=$", "invalid usage value \"usage=$\": it must be openai, anthropic, \
               gemini or a $variable"),
             ("usage=openai reserve=0", "invalid reserve value \"reserve=0\": it must be a \
-              number of tokens from 1 to 4194303, or a $variable"),
+              number of tokens from 1 to 4194303, a $variable, or auto[:N] (the request's own \
+              ceiling, N when it sets none)"),
+            ("usage=openai reserve=auto:0", "invalid reserve value \"reserve=auto:0\": it must \
+              be a number of tokens from 1 to 4194303, a $variable, or auto[:N] (the request's \
+              own ceiling, N when it sets none)"),
             ("usage=openai reserve=ten", "invalid reserve value \"reserve=ten\": it must be \
-              a number of tokens from 1 to 4194303, or a $variable"),
+              a number of tokens from 1 to 4194303, a $variable, or auto[:N] (the request's own \
+              ceiling, N when it sets none)"),
             ("usage=openai debt=-1", "invalid debt value \"debt=-1\": it must be a number of \
               tokens from 0 to 4194303"),
             ("usage=openai on_missing=charge", "invalid on_missing value \

@@ -13,6 +13,7 @@ mod json;
 pub mod openai;
 pub mod prices;
 pub mod reader;
+pub mod request;
 pub mod settle;
 mod sse;
 
@@ -57,7 +58,14 @@ pub enum Amount {
     Fixed(u64),
     /// `$name` (the name without `$`).
     Variable(String),
+    /// `auto[:DEFAULT]`: the request body's output ceiling plus its prompt's estimate
+    /// ([`request::RequestFacts::reservation`]); `DEFAULT` (4096 when not given) in place of a
+    /// ceiling the body does not set.
+    Auto(u64),
 }
+
+/// `reserve=auto`'s ceiling for a request that sets none.
+pub const AUTO_DEFAULT_CEILING: u64 = 4096;
 
 /// What a request whose response carried no usage is charged (`on_missing=`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -249,7 +257,8 @@ impl<'a> UsageWords<'a> {
                 self.reserve = Some(parse_amount(value).ok_or_else(|| {
                     SpecError::InvalidValue(format!(
                         "invalid reserve value \"{word}\": it must be a number of tokens from \
-                         1 to {}, or a $variable",
+                         1 to {}, a $variable, or auto[:N] (the request's own ceiling, N \
+                         when it sets none)",
                         crate::Limits::MAX_BURST
                     ))
                 })?);
@@ -319,14 +328,21 @@ impl<'a> UsageWords<'a> {
     }
 }
 
-/// `N` (1 to `Limits::MAX_BURST`) or `$name`.
+/// `N` (1 to `Limits::MAX_BURST`), `$name`, `auto` or `auto:N`.
 pub(crate) fn parse_amount(value: &str) -> Option<Amount> {
     if let Some(name) = variable_name(value) {
         return Some(Amount::Variable(name));
     }
-    super::spec::parse_integer(value)
-        .filter(|&n| (1..=crate::Limits::MAX_BURST).contains(&n))
-        .map(Amount::Fixed)
+    let tokens = |text: &str| {
+        super::spec::parse_integer(text).filter(|&n| (1..=crate::Limits::MAX_BURST).contains(&n))
+    };
+    if value == "auto" {
+        return Some(Amount::Auto(AUTO_DEFAULT_CEILING));
+    }
+    if let Some(default) = value.strip_prefix("auto:") {
+        return tokens(default).map(Amount::Auto);
+    }
+    tokens(value).map(Amount::Fixed)
 }
 
 /// `$name` (letters, digits, `_`): the name.
