@@ -41,6 +41,9 @@ fn start(llm: &FakeLlm) -> Nginx {
         .locations(&format!(
             "{} {}
              location /probe {{ rate_limit zone=tpm; try_files /index.html =404; }}
+             location /estimate/ {{
+                 rate_limit zone=tpm usage=openai reserve=100 on_missing=estimate;
+                 proxy_pass http://127.0.0.1:{port}/; proxy_buffering off; }}
              location /model/ {{ rate_limit zone=per_model usage=openai reserve=auto;
                  proxy_pass http://127.0.0.1:{port}/; }}",
             location("mem", ""),
@@ -91,8 +94,20 @@ fn usage_chunks(text: &str) -> usize {
 
 /// `curl` over HTTP/2 without TLS: status line and headers, then the body.
 fn curl_h2(port: u16, path: &str, key: &str, body_file: &std::path::Path) -> (String, String) {
+    curl(&["--http2-prior-knowledge"], port, path, key, body_file)
+}
+
+/// `curl` with `options`, posting `body_file`: status line and headers, then the body.
+fn curl(
+    options: &[&str],
+    port: u16,
+    path: &str,
+    key: &str,
+    body_file: &std::path::Path,
+) -> (String, String) {
     let output = Command::new("curl")
-        .args(["-sS", "--http2-prior-knowledge", "-D", "-", "-o", "-"])
+        .args(["-sS", "-D", "-", "-o", "-"])
+        .args(options)
         .args(["-H", &format!("Authorization: {key}")])
         .args(["-H", "Content-Type: application/json"])
         .arg("--data-binary")
@@ -255,6 +270,60 @@ fn wait_used(nginx: &Nginx, key: &str, expected: u64) {
         );
         thread::sleep(std::time::Duration::from_millis(20));
     }
+}
+
+/// A chunked HTTP/1.1 body is read whole, asks for usage, and goes upstream with a length.
+#[test]
+fn a_chunked_body_asks_for_usage_too() {
+    let llm = FakeLlm::start();
+    let nginx = start(&llm);
+    let body = chat(300, true, Some(false), 3000);
+    let file = nginx.prefix().join("chunked.json");
+    std::fs::write(&file, &body).unwrap();
+    for prefix in ["mem", "file"] {
+        let key = format!("Bearer chunked-{prefix}");
+        let (head, text) = curl(
+            &["--http1.1", "-H", "Transfer-Encoding: chunked"],
+            nginx.port(),
+            &format!("/{prefix}/{TARGET}"),
+            &key,
+            &file,
+        );
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert_eq!(usage_chunks(&text), 0, "{text}");
+        assert!(
+            text.contains("w3 ") && text.ends_with("data: [DONE]\n\n"),
+            "{text}"
+        );
+        wait_used(&nginx, &key, 500);
+    }
+}
+
+/// `on_missing=estimate`: a stream that reports no usage is charged its text's characters / 4
+/// plus the prompt's estimate; one that streamed no text (an error) nothing.
+#[test]
+fn a_stream_without_usage_is_charged_an_estimate() {
+    let llm = FakeLlm::start();
+    let nginx = start(&llm);
+    // The fake ignores the body here: 4 chunks of "wN " (12 characters: 3 tokens), no usage.
+    let body = chat(500, true, Some(true), 10);
+    let path = "/estimate/chat/completions?stream=1&include_usage=0&chunks=4";
+    let answer = post(&nginx, path, "Bearer estimate", &body);
+    assert_eq!(answer.status, 200);
+    assert_eq!(usage_chunks(&answer.text()), 0);
+    wait_used(
+        &nginx,
+        "Bearer estimate",
+        3 + (body.len() as u64).div_ceil(4),
+    );
+    let error = post(
+        &nginx,
+        "/estimate/chat/completions?status=500",
+        "Bearer error",
+        &body,
+    );
+    assert_eq!(error.status, 500);
+    wait_used(&nginx, "Bearer error", 0);
 }
 
 /// `$rate_limit_llm_model` in a key: each model of one caller has its own budget (1,000

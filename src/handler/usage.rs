@@ -25,7 +25,7 @@ use ratelimit_core::top::TopKind;
 use ratelimit_core::usage::reader::{Format, Reader};
 use ratelimit_core::usage::request::UsageChunkFilter;
 use ratelimit_core::usage::settle::{self, End, Settlement};
-use ratelimit_core::usage::{parse_tokens, Provider, Usage};
+use ratelimit_core::usage::{parse_tokens, OnMissing, Provider, Usage};
 use ratelimit_core::Outcome;
 
 use crate::conf::{AmountConf, ConfError, LimitConf, UsageConf, UsageSourceConf};
@@ -70,6 +70,8 @@ struct UsageState {
     /// The request was forwarded asking for the usage its client did not ask for: set until
     /// the response's header, then the filter taking the usage chunk out of an event stream.
     strip: Strip,
+    /// The request body's prompt estimate (0 when it was not read), for `on_missing=estimate`.
+    prompt_estimate: u64,
 }
 
 /// Whether the usage chunk is taken out of the response.
@@ -161,6 +163,7 @@ pub fn keep(r: &mut ngx_http_request_t, applied: &[AppliedLimit], lines: &[&Limi
         // No memory: the reservations stand, which errs on the strict side.
         return;
     };
+    let body = super::body::body_of(r);
     let state = UsageState {
         lines: kept,
         provider,
@@ -168,11 +171,12 @@ pub fn keep(r: &mut ngx_http_request_t, applied: &[AppliedLimit], lines: &[&Limi
         ended: false,
         unreadable: false,
         settled: false,
-        strip: if super::body::body_of(r).is_some_and(|body| body.usage_asked_for_client) {
+        strip: if body.is_some_and(|body| body.usage_asked_for_client) {
             Strip::Asked
         } else {
             Strip::No
         },
+        prompt_estimate: body.map_or(0, |body| body.facts.prompt_estimate()),
     };
     cleanup.handler = Some(DROP_STATE);
     cleanup.data = Box::into_raw(Box::new(state)).cast::<c_void>();
@@ -264,7 +268,16 @@ fn start_reading(r: &mut ngx_http_request_t, state: &mut UsageState) {
         }
     }
     let format = Format::of_content_type(out.content_type.as_bytes());
-    state.reader = Some(Reader::new(provider, format));
+    let reader = Reader::new(provider, format);
+    let estimating = state
+        .lines
+        .iter()
+        .any(|line| line.usage.on_missing == OnMissing::Estimate);
+    state.reader = Some(if estimating {
+        reader.estimating()
+    } else {
+        reader
+    });
     if matches!(strip, Strip::Asked) && format == Format::EventStream {
         // What passes is shorter by the usage chunk: its length is no longer known.
         r.headers_out.content_length_n = -1;
@@ -431,14 +444,28 @@ impl UsageState {
         self.reader.as_ref()?.usage()
     }
 
+    /// `on_missing=estimate`'s figure: the streamed text's tokens plus the prompt's estimate;
+    /// `None` when no text was streamed (an error, a body that is not a stream).
+    fn estimate(&self) -> Option<u64> {
+        let output = self.reader.as_ref()?.estimate()?;
+        Some(output.saturating_add(self.prompt_estimate))
+    }
+
     /// The tokens `line` owes as the request ends now, and whether a usage was found.
     fn owed(&self, r: &mut ngx_http_request_t, line: &Line) -> (u64, bool) {
         let found = match line.usage.source {
             UsageSourceConf::Reader(_) => self.usage().map(|usage| line.usage.weights.cost(&usage)),
             UsageSourceConf::Variable(index) => number(r, index),
         };
+        let reported = found.is_some();
+        // An estimate is charged as a usage found would be; it is counted as missing.
+        let found = found.or_else(|| {
+            (line.usage.on_missing == OnMissing::Estimate)
+                .then(|| self.estimate())
+                .flatten()
+        });
         let owed = settle::charged_tokens(line.reserved, found, self.end(r), line.usage.on_missing);
-        (owed, found.is_some())
+        (owed, reported)
     }
 
     fn end(&self, r: &ngx_http_request_t) -> End {

@@ -961,7 +961,7 @@ mod tests {
             ("usage=openai debt=-1", "invalid debt value \"debt=-1\": it must be a number of \
               tokens from 0 to 4194303"),
             ("usage=openai on_missing=charge", "invalid on_missing value \
-              \"on_missing=charge\": it must be refund or keep"),
+              \"on_missing=charge\": it must be refund, keep or estimate"),
             ("usage=openai usage_weights=output:x", "invalid usage_weights value \
               \"usage_weights=output:x\": give input:W, output:W and/or cached:W separated \
               by commas, each W a number from 0 to 1000 with up to three decimals, as in \

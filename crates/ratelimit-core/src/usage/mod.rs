@@ -75,6 +75,10 @@ pub enum OnMissing {
     Refund,
     /// `keep`: the reservation.
     Keep,
+    /// `estimate`: an estimate from the streamed text ([`reader::Reader::estimate`]): its
+    /// characters / 4, plus the prompt's estimate when the request body was read; 0 when the
+    /// response streamed no text.
+    Estimate,
 }
 
 /// `usage_weights=input:W,output:W,cached:W`: what each kind of token costs, in thousandths
@@ -280,9 +284,11 @@ impl<'a> UsageWords<'a> {
                 self.on_missing = Some(match value {
                     "refund" => OnMissing::Refund,
                     "keep" => OnMissing::Keep,
+                    "estimate" => OnMissing::Estimate,
                     _ => {
                         return Err(SpecError::InvalidValue(format!(
-                            "invalid on_missing value \"{word}\": it must be refund or keep"
+                            "invalid on_missing value \"{word}\": it must be refund, keep or \
+                             estimate"
                         )))
                     }
                 });
