@@ -21,12 +21,13 @@ import json
 import os
 import random
 import socket
-import socketserver
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+from run import Server, free_port  # bench/usage/run.py
 
 DURATION = float(os.environ.get("DURATION", "20"))
 CLIENTS = 50
@@ -74,17 +75,6 @@ class Upstream(http.server.BaseHTTPRequestHandler):
         event("[DONE]")
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
-
-
-class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
-    request_queue_size = 512
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 ROWS = [
@@ -168,8 +158,8 @@ def main():
         "algorithm=token_bucket;" for row, _, _ in ROWS)
     locations = "\n        ".join(
         f"location /{row}/ {{ rate_limit zone={row} usage=openai {reserve}; "
-        'proxy_pass http://llm/; proxy_http_version 1.1; proxy_set_header Connection ""; '
-        "proxy_buffering off; }" for row, reserve, _ in ROWS)
+        f"proxy_pass http://llm/{row}/; proxy_http_version 1.1; "
+        'proxy_set_header Connection ""; proxy_buffering off; }' for row, reserve, _ in ROWS)
     with tempfile.TemporaryDirectory() as prefix:
         os.makedirs(f"{prefix}/logs")
         os.makedirs(f"{prefix}/tmp")

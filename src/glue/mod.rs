@@ -150,3 +150,28 @@ pub unsafe fn fill_remote_net(
     value_bits::write(value, bytes.len() as u32 | value_bits::VALID);
     ngx::ffi::NGX_OK as ngx::ffi::ngx_int_t
 }
+
+/// The data of the first cleanup of the main request of `r` whose handler is `handler`
+/// (what a module keeps with a request until its pool is destroyed), or null.
+pub fn main_request_cleanup(
+    r: &ngx_http_request_t,
+    handler: unsafe extern "C" fn(*mut core::ffi::c_void),
+) -> *mut core::ffi::c_void {
+    // SAFETY: a live request's main request is live, with its pool.
+    let Some(main) = (unsafe { r.main.as_ref() }) else {
+        return core::ptr::null_mut();
+    };
+    // SAFETY: the cleanups form a null-terminated list, each live until the pool goes.
+    let mut cleanup = unsafe { (*main.pool).cleanup };
+    // SAFETY: as above.
+    while let Some(element) = unsafe { cleanup.as_ref() } {
+        if element
+            .handler
+            .is_some_and(|ours| core::ptr::fn_addr_eq(ours, handler))
+        {
+            return element.data;
+        }
+        cleanup = element.next;
+    }
+    core::ptr::null_mut()
+}

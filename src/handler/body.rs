@@ -189,22 +189,10 @@ unsafe extern "C" fn drop_body(data: *mut c_void) {
 
 /// What the body of the main request of `r` said, once it was read.
 pub fn body_of(r: &ngx_http_request_t) -> Option<&'static Body> {
-    // SAFETY: a live request's main request is live, with its pool.
-    let main = unsafe { r.main.as_ref() }?;
-    // SAFETY: the cleanups form a null-terminated list, each live until the pool goes.
-    let mut cleanup = unsafe { (*main.pool).cleanup };
-    // SAFETY: as above.
-    while let Some(element) = unsafe { cleanup.as_ref() } {
-        let ours = element
-            .handler
-            .is_some_and(|handler| ptr::fn_addr_eq(handler, DROP_BODY));
-        if ours {
-            // SAFETY: `data` is the box `keep` leaked, alive until the pool's cleanup.
-            return unsafe { element.data.cast::<Body>().as_ref() };
-        }
-        cleanup = element.next;
-    }
-    None
+    let data = crate::glue::main_request_cleanup(r, DROP_BODY);
+    // SAFETY: the data of a DROP_BODY cleanup is the box `keep` leaked, alive until the
+    // pool's cleanup.
+    unsafe { data.cast::<Body>().as_ref() }
 }
 
 /// Register `$rate_limit_llm_model`.

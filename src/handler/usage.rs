@@ -199,23 +199,10 @@ unsafe extern "C" fn drop_state(data: *mut c_void) {
 
 /// The usage state of the main request of `r`, if it has one.
 fn state_of(r: &ngx_http_request_t) -> Option<&'static mut UsageState> {
-    // SAFETY: a live request's main request is live, with its pool.
-    let main = unsafe { r.main.as_ref() }?;
-    // SAFETY: the cleanups form a null-terminated list, each live until the pool goes.
-    let mut cleanup = unsafe { (*main.pool).cleanup };
-    // SAFETY: as above.
-    while let Some(element) = unsafe { cleanup.as_ref() } {
-        let ours = element
-            .handler
-            .is_some_and(|handler| ptr::fn_addr_eq(handler, DROP_STATE));
-        if ours {
-            // SAFETY: `data` is the box `keep` leaked, alive until the pool's cleanup; nginx
-            // runs one request's handlers one at a time.
-            return unsafe { element.data.cast::<UsageState>().as_mut() };
-        }
-        cleanup = element.next;
-    }
-    None
+    let data = crate::glue::main_request_cleanup(r, DROP_STATE);
+    // SAFETY: the data of a DROP_STATE cleanup is the box `keep` leaked, alive until the
+    // pool's cleanup; nginx runs one request's handlers one at a time.
+    unsafe { data.cast::<UsageState>().as_mut() }
 }
 
 /// Put the reader's two filters on top of nginx's header and body filter chains.
