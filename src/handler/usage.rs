@@ -341,8 +341,8 @@ fn read_chain(state: &mut UsageState, chain: *mut ngx_chain_t) {
 
 /// `chain` without OpenAI's usage chunk: its bytes in memory go through `filter` into one new
 /// buffer (the ones read are marked sent), with the flags of the ones they came in. A part
-/// of the body in a file passes as it is, and the filter stops there (nothing in the
-/// module reads files of a response). `None` when there is no memory.
+/// of the body in a file passes as it is, after what the filter held, with the rest of its
+/// chain (nothing in the module reads files of a response). `None` when there is no memory.
 fn strip_chain(
     r: &mut ngx_http_request_t,
     filter: &mut UsageChunkFilter,
