@@ -163,6 +163,7 @@ fn llm_conf_budget_holds_whatever_the_client_sends() {
             .map(|handle| handle.join().unwrap())
             .collect();
         let admitted: Vec<&Response> = answers.iter().filter(|a| a.status == 200).collect();
+        eprintln!("{key}: {} of 40 admitted", admitted.len());
         assert!(
             (8..=12).contains(&admitted.len()),
             "{key}: {} of 40 admitted",
