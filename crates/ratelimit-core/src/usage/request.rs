@@ -29,6 +29,9 @@ pub struct RequestFacts {
     pub stream: bool,
     /// `stream_options.include_usage`, when a boolean.
     pub include_usage: Option<bool>,
+    /// A `messages` array: the shape of a Chat Completions request (the Responses API's
+    /// has `input`, and no `stream_options.include_usage`).
+    pub chat: bool,
     /// The body's length in bytes.
     pub bytes: usize,
 }
@@ -44,6 +47,7 @@ struct Body {
     generation_config: Option<Loose<GenerationConfig>>,
     stream: Option<Flag>,
     stream_options: Option<Loose<StreamOptions>>,
+    messages: Option<Loose<Vec<IgnoredAny>>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -108,6 +112,7 @@ impl RequestFacts {
             include_usage: parsed
                 .stream_options
                 .and_then(|loose| loose.0?.include_usage?.0),
+            chat: parsed.messages.is_some_and(|loose| loose.0.is_some()),
             bytes,
         }
     }
@@ -126,10 +131,10 @@ impl RequestFacts {
             .saturating_add(self.prompt_estimate())
     }
 
-    /// A streamed request that does not ask for usage (OpenAI Chat Completions reports it
+    /// A streamed Chat Completions request that does not ask for usage (OpenAI reports it
     /// only when `stream_options.include_usage` is true).
     pub fn needs_usage_asked(&self) -> bool {
-        self.stream && self.include_usage != Some(true)
+        self.chat && self.stream && self.include_usage != Some(true)
     }
 }
 
@@ -324,6 +329,26 @@ mod tests {
             assert_eq!(facts.stream, stream, "{body}");
             assert_eq!(facts.include_usage, include_usage, "{body}");
             assert_eq!(facts.bytes, body.len());
+        }
+    }
+
+    #[test]
+    fn only_chat_streams_need_usage_asked() {
+        #[rustfmt::skip]
+        let rows: &[(&str, bool)] = &[
+            (r#"{"stream":true,"messages":[]}"#, true),
+            (r#"{"stream":true,"messages":[],"stream_options":{"include_usage":false}}"#, true),
+            (r#"{"stream":true,"messages":[],"stream_options":{"include_usage":true}}"#, false),
+            (r#"{"stream":false,"messages":[]}"#, false),
+            (r#"{"stream":true,"input":"hi"}"#, false),
+            (r#"{"stream":true,"messages":"hi"}"#, false),
+        ];
+        for &(body, expected) in rows {
+            assert_eq!(
+                RequestFacts::read(body.as_bytes()).needs_usage_asked(),
+                expected,
+                "{body}"
+            );
         }
     }
 
