@@ -323,10 +323,11 @@ fn stream_dns_conf_answers_a_budget_of_queries_per_address() {
     );
 }
 
-/// nginx-conf/llm.conf: each completion reports 250 tokens and reserves 500 at the door, so
-/// of the 10,000 tokens a minute 38 completions are settled and a 39th still fits its
-/// reservation (give or take one: see below); the next is refused in OpenAI's words, for tokens. /v1/models reports no
-/// usage and costs no token (one request of the 60 a minute).
+/// nginx-conf/llm.conf: each completion reports 1,000 tokens; a request that sets no
+/// `max_tokens` reserves `reserve=auto:1000`'s 1,000 plus its prompt's estimate (27 bytes: 7),
+/// so of the 10,000 tokens a minute 9 completions fit (give or take one: see below); the next
+/// is refused in OpenAI's words, for tokens. /v1/models reports no usage and costs no token
+/// (one request of the 60 a minute).
 #[test]
 fn llm_conf_counts_tokens_per_key() {
     use common::Request;
@@ -342,7 +343,7 @@ fn llm_conf_counts_tokens_per_key() {
     assert_eq!(post("/v1/chat/completions", "").status, 401);
     let models = post("/v1/models", "Bearer team-a");
     assert_eq!(models.status, 200);
-    assert_eq!(models.header("x-ratelimit-remaining-tokens"), Some("9500"));
+    assert_eq!(models.header("x-ratelimit-remaining-tokens"), Some("8993"));
     assert_eq!(models.header("x-ratelimit-remaining-requests"), Some("59"));
     let mut passed = 0;
     let refused = loop {
@@ -353,10 +354,10 @@ fn llm_conf_counts_tokens_per_key() {
         passed += 1;
         assert!(passed <= 45, "never refused");
     };
-    // 39; one less when the last one's settlement (its log phase, in one of the two
-    // workers) had not run yet when the next request came (the client has the whole answer
-    // before nginx logs it); one more if tokens came back meanwhile (166 a second).
-    assert!((38..=40).contains(&passed), "{passed} passed");
+    // 9; one less when the last one's settlement (its log phase, in one of the two workers)
+    // had not run yet when the next request came (the client has the whole answer before
+    // nginx logs it); one more if 7 tokens came back meanwhile (166 a second).
+    assert!((8..=10).contains(&passed), "{passed} passed");
     assert_eq!(refused.status, 429);
     let body: serde_json::Value = serde_json::from_str(&refused.text()).expect("JSON");
     assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
@@ -365,11 +366,12 @@ fn llm_conf_counts_tokens_per_key() {
     // Another key is untouched.
     let other = post("/v1/chat/completions", "Bearer team-b");
     assert_eq!(other.status, 200);
-    assert_eq!(other.header("x-ratelimit-remaining-tokens"), Some("9500"));
+    assert_eq!(other.header("x-ratelimit-remaining-tokens"), Some("8993"));
     let log = fs::read_to_string(nginx.prefix().join("logs/llm.log")).unwrap();
     assert!(
         log.lines()
-            .any(|line| line.ends_with("200 prompt=200 completion=50 cached=0 total=250 cost=250")),
+            .any(|line| line
+                .ends_with("200 prompt=200 completion=800 cached=0 total=1000 cost=1000")),
         "{log}"
     );
 }

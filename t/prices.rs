@@ -485,3 +485,23 @@ fn a_priced_quota_replays_on_a_log_of_tokens() {
     assert_eq!(admitted("team-big"), 4, "{stdout}");
     assert_eq!(admitted("team-small"), 65, "{stdout}");
 }
+
+#[test]
+fn a_response_that_names_no_model_is_priced_as_the_request_names_it() {
+    let llm = FakeLlm::start();
+    let nginx = start(&llm);
+    // The Responses API's stand-in names no model without model=; the request's body says
+    // "small": 1,000 × $0.5 + 10,000 × $1.5 per million tokens = 15,500 micro-dollars.
+    let request = Request::new("POST", "/v1/responses?prompt=1000&completion=10000")
+        .header("Authorization", "by-request")
+        .json(r#"{"model":"small","input":"hi"}"#);
+    assert_eq!(send(nginx.port(), &request).status, 200);
+    wait_used(
+        &nginx,
+        "by-request",
+        15_500,
+        "priced by the request's model",
+    );
+    let zone = admin(&nginx, "zones/daily");
+    assert_eq!(zone["usage"]["unpriced"].as_u64(), Some(0), "{zone}");
+}

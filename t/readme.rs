@@ -856,7 +856,7 @@ fn usage_walkthrough_prints_what_it_shows() {
     let ran = run_example_walkthroughs("docs/usage.md", "Try it");
     assert_eq!(
         ran,
-        [("scripts/run-example.sh nginx-conf/llm.conf".to_string(), 3)],
+        [("scripts/run-example.sh nginx-conf/llm.conf".to_string(), 4)],
         "docs/usage.md's Try it does not run as this test expects"
     );
 }

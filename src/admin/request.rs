@@ -138,65 +138,10 @@ fn answer_without_body(r: &mut ngx_http_request_t, response: Response) -> ngx_in
     send(r, &response)
 }
 
-/// The request body, or `None` when it is larger than the limit. A body nginx kept in a
-/// temporary file (over client_body_buffer_size) is read back from it.
+/// The request body, or `None` when it is larger than the limit (or its temporary file
+/// cannot be read: answered 413 like an oversized body, nothing was changed).
 fn request_body(r: &ngx_http_request_t) -> Option<Vec<u8>> {
-    let mut body = Vec::new();
-    // SAFETY: after the body was read, `request_body` is NULL or a live structure whose
-    // `bufs` chain describes the body, in memory or in its temporary file.
-    let Some(request_body) = (unsafe { r.request_body.as_ref() }) else {
-        return Some(body);
-    };
-    let mut link = request_body.bufs;
-    // SAFETY: each link of the chain and its buffer are live for the request.
-    while let Some(chain) = unsafe { link.as_ref() } {
-        link = chain.next;
-        let Some(buf) = (unsafe { chain.buf.as_ref() }) else {
-            continue;
-        };
-        let in_memory = buf.temporary() != 0 || buf.memory() != 0 || buf.mmap() != 0;
-        if in_memory {
-            let len = (buf.last as usize).saturating_sub(buf.pos as usize);
-            if body.len() + len > MAX_BODY_BYTES {
-                return None;
-            }
-            // SAFETY: pos..last is the buffer's data.
-            body.extend_from_slice(unsafe { core::slice::from_raw_parts(buf.pos, len) });
-        } else if buf.in_file() != 0 {
-            let len = usize::try_from(buf.file_last - buf.file_pos).unwrap_or(usize::MAX);
-            if body.len().saturating_add(len) > MAX_BODY_BYTES {
-                return None;
-            }
-            // SAFETY: `file` describes the open temporary file holding this part.
-            let fd = unsafe { (*buf.file).fd };
-            read_file(fd, buf.file_pos, len, &mut body)?;
-        }
-    }
-    Some(body)
-}
-
-/// Append `len` bytes at `offset` of `fd` to `body`; `None` on a read error (answered 413
-/// like an oversized body would be: nothing was changed).
-fn read_file(fd: i32, offset: i64, len: usize, body: &mut Vec<u8>) -> Option<()> {
-    let start = body.len();
-    body.resize(start + len, 0);
-    let mut done = 0;
-    while done < len {
-        // SAFETY: the destination has `len - done` bytes left; `fd` is open for reading.
-        let read = unsafe {
-            libc::pread(
-                fd,
-                body[start + done..].as_mut_ptr().cast(),
-                len - done,
-                offset + done as i64,
-            )
-        };
-        if read <= 0 {
-            return None;
-        }
-        done += read as usize;
-    }
-    Some(())
+    crate::glue::body::request_body(r, MAX_BODY_BYTES)
 }
 
 /// Send the answer: status, headers, body.

@@ -440,6 +440,7 @@ fn usage_conf(
     };
     let reserve = match &usage.reserve {
         Amount::Fixed(tokens) => AmountConf::Fixed(*tokens),
+        Amount::Auto(default) => AmountConf::Auto(*default),
         Amount::Variable(name) => {
             not_a_usage_result("reserve", name)?;
             AmountConf::Variable(variable_index(cf, name.as_bytes())?)

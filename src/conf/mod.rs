@@ -296,6 +296,8 @@ pub enum UsageSourceConf {
 pub enum AmountConf {
     Fixed(u64),
     Variable(ngx_uint_t),
+    /// `auto[:DEFAULT]`: read from the request body (DEFAULT when it sets no ceiling).
+    Auto(u64),
 }
 
 /// `rate_limit_admin [write=on]`.
@@ -398,6 +400,18 @@ impl LocConf {
     #[inline]
     pub fn limits(&self) -> &[LimitConf] {
         self.limits.as_deref().unwrap_or(&[])
+    }
+
+    /// Whether the location's lines need the request body before they are decided: a
+    /// `reserve=auto` line, or one that reads a provider's response (whose request may have
+    /// to ask for usage).
+    pub fn reads_body(&self) -> bool {
+        self.limits().iter().any(|limit| {
+            limit.usage.is_some_and(|usage| {
+                matches!(usage.reserve, AmountConf::Auto(_))
+                    || matches!(usage.source, UsageSourceConf::Reader(_))
+            })
+        })
     }
 }
 

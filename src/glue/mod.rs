@@ -1,6 +1,7 @@
 //! Glue: the nginx helpers every other part of the module uses (clock, response headers,
 //! logging, the slab pool's lock, variable values). Imports nothing of ours.
 
+pub mod body;
 pub mod guard;
 pub mod pool;
 pub mod response;
@@ -164,4 +165,29 @@ pub unsafe fn set_value(
     }
     value_bits::write(value, bytes.len() as u32 | bits);
     ngx::ffi::NGX_OK as ngx::ffi::ngx_int_t
+}
+
+/// The data of the first cleanup of the main request of `r` whose handler is `handler`
+/// (what a module keeps with a request until its pool is destroyed), or null.
+pub fn main_request_cleanup(
+    r: &ngx_http_request_t,
+    handler: unsafe extern "C" fn(*mut core::ffi::c_void),
+) -> *mut core::ffi::c_void {
+    // SAFETY: a live request's main request is live, with its pool.
+    let Some(main) = (unsafe { r.main.as_ref() }) else {
+        return core::ptr::null_mut();
+    };
+    // SAFETY: the cleanups form a null-terminated list, each live until the pool goes.
+    let mut cleanup = unsafe { (*main.pool).cleanup };
+    // SAFETY: as above.
+    while let Some(element) = unsafe { cleanup.as_ref() } {
+        if element
+            .handler
+            .is_some_and(|ours| core::ptr::fn_addr_eq(ours, handler))
+        {
+            return element.data;
+        }
+        cleanup = element.next;
+    }
+    core::ptr::null_mut()
 }

@@ -2,6 +2,7 @@
 //! A front door: it finds the request's keys and decides through `crate::control::decide`.
 
 mod api_key;
+mod body;
 mod charge;
 mod concurrency;
 mod delay;
@@ -95,6 +96,7 @@ pub fn add_variables(cf: &mut ngx::ffi::ngx_conf_t) -> Result<(), crate::conf::C
     status::add_variables(cf)?;
     remote_net::add_variable(cf)?;
     api_key::add_variable(cf)?;
+    body::add_variable(cf)?;
     usage::add_variables(cf)
 }
 
@@ -139,6 +141,11 @@ pub unsafe extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_in
                 }
                 if let [limit] = lcf.limits() {
                     return limit_quick(r, lcf, state, limit);
+                }
+            }
+            if lcf.reads_body() {
+                if let Some(rc) = body::wait_for_body(r) {
+                    return rc;
                 }
             }
             if let Some(rc) = concurrency::resumed(r, lcf, state) {

@@ -16,15 +16,17 @@ use core::sync::atomic::AtomicU64;
 
 use ngx::core::Status;
 use ngx::ffi::{
-    ngx_chain_t, ngx_conf_t, ngx_http_add_variable, ngx_http_output_body_filter_pt,
-    ngx_http_output_header_filter_pt, ngx_http_request_t, ngx_http_top_body_filter,
-    ngx_http_top_header_filter, ngx_http_variable_value_t, ngx_int_t, ngx_pool_cleanup_add,
-    ngx_str_t, ngx_uint_t, NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_WARN,
+    ngx_alloc_chain_link, ngx_buf_t, ngx_chain_t, ngx_conf_t, ngx_create_temp_buf,
+    ngx_http_add_variable, ngx_http_output_body_filter_pt, ngx_http_output_header_filter_pt,
+    ngx_http_request_t, ngx_http_top_body_filter, ngx_http_top_header_filter,
+    ngx_http_variable_value_t, ngx_int_t, ngx_pcalloc, ngx_pool_cleanup_add, ngx_str_t, ngx_uint_t,
+    NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_WARN,
 };
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_log_error;
 use ratelimit_core::top::TopKind;
 use ratelimit_core::usage::reader::{Format, Reader, Reported};
+use ratelimit_core::usage::request::UsageChunkFilter;
 use ratelimit_core::usage::settle::{self, End, Settlement};
 use ratelimit_core::usage::{parse_tokens, OnMissing, Provider, Raw, Usage, Weights, MAX_COUNT};
 use ratelimit_core::Outcome;
@@ -74,6 +76,19 @@ struct UsageState {
     /// The body could not be read (compressed, or in a file): its usage is unknown.
     unreadable: bool,
     settled: bool,
+    /// The request was forwarded asking for the usage its client did not ask for: set until
+    /// the response's header, then the filter taking the usage chunk out of an event stream.
+    strip: Strip,
+    /// The request body's prompt estimate (0 when it was not read), for `on_missing=estimate`.
+    prompt_estimate: u64,
+}
+
+/// Whether the usage chunk is taken out of the response.
+enum Strip {
+    No,
+    /// The client did not ask for usage; the response is not known yet.
+    Asked,
+    Streaming(UsageChunkFilter),
 }
 
 /// The cost of `limit` for this request, before the zone's limits: `usage=`'s reservation
@@ -83,6 +98,9 @@ pub fn request_cost(r: &mut ngx_http_request_t, limit: &LimitConf) -> u64 {
         return match usage.reserve {
             AmountConf::Fixed(tokens) => tokens,
             AmountConf::Variable(index) => number(r, index).unwrap_or(1).max(1),
+            AmountConf::Auto(default) => super::body::body_of(r)
+                .map_or(default, |body| body.facts.reservation(default))
+                .max(1),
         };
     }
     match limit.cost_variable {
@@ -181,6 +199,7 @@ pub fn keep(r: &mut ngx_http_request_t, applied: &[AppliedLimit], lines: &[&Limi
     };
     let model_logged = RateLimitModule::main_conf(r).is_some_and(|mcf| mcf.usage_model_used);
     let priced = model_logged || kept.iter().any(|line| line.usage.prices.is_some());
+    let body = super::body::body_of(r);
     let state = UsageState {
         lines: kept,
         provider,
@@ -189,6 +208,12 @@ pub fn keep(r: &mut ngx_http_request_t, applied: &[AppliedLimit], lines: &[&Limi
         ended: false,
         unreadable: false,
         settled: false,
+        strip: if body.is_some_and(|body| body.usage_asked_for_client) {
+            Strip::Asked
+        } else {
+            Strip::No
+        },
+        prompt_estimate: body.map_or(0, |body| body.facts.prompt_estimate()),
     };
     cleanup.handler = Some(DROP_STATE);
     cleanup.data = Box::into_raw(Box::new(state)).cast::<c_void>();
@@ -211,23 +236,10 @@ unsafe extern "C" fn drop_state(data: *mut c_void) {
 
 /// The usage state of the main request of `r`, if it has one.
 fn state_of(r: &ngx_http_request_t) -> Option<&'static mut UsageState> {
-    // SAFETY: a live request's main request is live, with its pool.
-    let main = unsafe { r.main.as_ref() }?;
-    // SAFETY: the cleanups form a null-terminated list, each live until the pool goes.
-    let mut cleanup = unsafe { (*main.pool).cleanup };
-    // SAFETY: as above.
-    while let Some(element) = unsafe { cleanup.as_ref() } {
-        let ours = element
-            .handler
-            .is_some_and(|handler| ptr::fn_addr_eq(handler, DROP_STATE));
-        if ours {
-            // SAFETY: `data` is the box `keep` leaked, alive until the pool's cleanup; nginx
-            // runs one request's handlers one at a time.
-            return unsafe { element.data.cast::<UsageState>().as_mut() };
-        }
-        cleanup = element.next;
-    }
-    None
+    let data = crate::glue::main_request_cleanup(r, DROP_STATE);
+    // SAFETY: the data of a DROP_STATE cleanup is the box `keep` leaked, alive until the
+    // pool's cleanup; nginx runs one request's handlers one at a time.
+    unsafe { data.cast::<UsageState>().as_mut() }
 }
 
 /// Put the reader's two filters on top of nginx's header and body filter chains.
@@ -249,7 +261,7 @@ unsafe extern "C" fn header_filter(r: *mut ngx_http_request_t) -> ngx_int_t {
         || ngx_int_t::from(ngx::core::Status::NGX_ERROR),
         || {
             // SAFETY: nginx passes the live request whose header is being sent.
-            if let Some(request) = unsafe { r.as_ref() } {
+            if let Some(request) = unsafe { r.as_mut() } {
                 if ptr::eq(request.main, r) {
                     if let Some(state) = state_of(request) {
                         start_reading(request, state);
@@ -266,7 +278,8 @@ unsafe extern "C" fn header_filter(r: *mut ngx_http_request_t) -> ngx_int_t {
     )
 }
 
-fn start_reading(r: &ngx_http_request_t, state: &mut UsageState) {
+fn start_reading(r: &mut ngx_http_request_t, state: &mut UsageState) {
+    let strip = core::mem::replace(&mut state.strip, Strip::No);
     let Some(provider) = state.provider else {
         return;
     };
@@ -283,7 +296,25 @@ fn start_reading(r: &ngx_http_request_t, state: &mut UsageState) {
     if state.priced {
         reader.read_model();
     }
-    state.reader = Some(reader);
+    let estimating = state
+        .lines
+        .iter()
+        .any(|line| line.usage.on_missing == OnMissing::Estimate);
+    state.reader = Some(if estimating {
+        reader.estimating()
+    } else {
+        reader
+    });
+    if matches!(strip, Strip::Asked) && format == Format::EventStream {
+        // What passes is shorter by the usage chunk: its length is no longer known.
+        r.headers_out.content_length_n = -1;
+        // SAFETY: a set Content-Length header is a live element of headers_out.headers.
+        if let Some(length) = unsafe { r.headers_out.content_length.as_mut() } {
+            length.hash = 0;
+        }
+        r.headers_out.content_length = ptr::null_mut();
+        state.strip = Strip::Streaming(UsageChunkFilter::default());
+    }
 }
 
 /// Every buffer of the body, read as it passes and passed on at once, unchanged.
@@ -296,15 +327,23 @@ unsafe extern "C" fn body_filter(r: *mut ngx_http_request_t, chain: *mut ngx_cha
             let Some(next) = (unsafe { NEXT_BODY_FILTER }) else {
                 return NGX_ERROR;
             };
+            let mut chain = chain;
             // SAFETY: nginx passes the live request whose body is being sent.
-            if let Some(request) = unsafe { r.as_ref() } {
+            if let Some(request) = unsafe { r.as_mut() } {
                 if ptr::eq(request.main, r) {
                     if let Some(state) = state_of(request) {
                         read_chain(state, chain);
+                        if let Strip::Streaming(filter) = &mut state.strip {
+                            match strip_chain(request, filter, chain) {
+                                Some(stripped) => chain = stripped,
+                                None => return NGX_ERROR,
+                            }
+                        }
                     }
                 }
             }
-            // SAFETY: passing the chain on unchanged, as every body filter does.
+            // SAFETY: passing the chain on (unchanged, or without the usage chunk), as every
+            // body filter does.
             unsafe { next(r, chain) }
         },
     )
@@ -340,12 +379,103 @@ fn read_chain(state: &mut UsageState, chain: *mut ngx_chain_t) {
     }
 }
 
+/// `chain` without OpenAI's usage chunk: its bytes in memory go through `filter` into one new
+/// buffer (the ones read are marked sent), with the flags of the ones they came in. A part
+/// of the body in a file passes as it is, after what the filter held, with the rest of its
+/// chain (nothing in the module reads files of a response). `None` when there is no memory.
+fn strip_chain(
+    r: &mut ngx_http_request_t,
+    filter: &mut UsageChunkFilter,
+    chain: *mut ngx_chain_t,
+) -> Option<*mut ngx_chain_t> {
+    let mut out = Vec::new();
+    let (mut last_buf, mut last_in_chain, mut flush) = (false, false, false);
+    let mut link = chain;
+    // SAFETY: `chain` is a well-formed list of links with valid buffers.
+    while let Some(current) = unsafe { link.as_ref() } {
+        // SAFETY: as above.
+        let Some(buf) = (unsafe { current.buf.as_mut() }) else {
+            link = current.next;
+            continue;
+        };
+        if buf.in_file() != 0 {
+            // What was held goes first, then the rest as it is.
+            filter.finish(&mut out);
+            return prepend(r, &out, link);
+        }
+        let in_memory = buf.temporary() != 0 || buf.memory() != 0 || buf.mmap() != 0;
+        if in_memory && !buf.pos.is_null() && buf.last > buf.pos {
+            // SAFETY: a buffer in memory holds the bytes from `pos` to `last`.
+            let bytes = unsafe {
+                core::slice::from_raw_parts(buf.pos, buf.last.offset_from(buf.pos) as usize)
+            };
+            filter.feed(bytes, &mut out);
+            buf.pos = buf.last;
+        }
+        last_buf |= buf.last_buf() != 0;
+        last_in_chain |= buf.last_in_chain() != 0;
+        flush |= buf.flush() != 0;
+        link = current.next;
+    }
+    if last_buf {
+        filter.finish(&mut out);
+    }
+    if out.is_empty() && !last_buf && !last_in_chain && !flush {
+        return Some(ptr::null_mut());
+    }
+    let stripped = prepend(r, &out, ptr::null_mut())?;
+    // SAFETY: `prepend` returned a fresh link with its buffer.
+    let buf = unsafe { &mut *(*stripped).buf };
+    buf.set_last_buf(u32::from(last_buf));
+    buf.set_last_in_chain(u32::from(last_in_chain));
+    buf.set_flush(u32::from(flush || !last_buf));
+    Some(stripped)
+}
+
+/// A new link holding `bytes` (an empty special buffer when there are none) before `rest`.
+fn prepend(
+    r: &mut ngx_http_request_t,
+    bytes: &[u8],
+    rest: *mut ngx_chain_t,
+) -> Option<*mut ngx_chain_t> {
+    // SAFETY: the request's pool is live; what it allocates lives as long as the request.
+    let (buf, link) = unsafe {
+        let buf = if bytes.is_empty() {
+            ngx_pcalloc(r.pool, core::mem::size_of::<ngx_buf_t>()).cast::<ngx_buf_t>()
+        } else {
+            ngx_create_temp_buf(r.pool, bytes.len())
+        };
+        (buf.as_mut()?, ngx_alloc_chain_link(r.pool).as_mut()?)
+    };
+    if !bytes.is_empty() {
+        // SAFETY: the buffer has room for `bytes.len()` bytes from `pos`.
+        unsafe {
+            ptr::copy_nonoverlapping(bytes.as_ptr(), buf.pos, bytes.len());
+            buf.last = buf.pos.add(bytes.len());
+        }
+    } else if rest.is_null() {
+        buf.set_flush(1);
+    } else {
+        return Some(rest);
+    }
+    link.buf = buf;
+    link.next = rest;
+    Some(link)
+}
+
 impl UsageState {
     fn usage(&self) -> Option<Usage> {
         if self.unreadable {
             return None;
         }
         self.reader.as_ref()?.usage()
+    }
+
+    /// `on_missing=estimate`'s figure: the streamed text's tokens plus the prompt's estimate;
+    /// `None` when no text was streamed (an error, a body that is not a stream).
+    fn estimate(&self) -> Option<u64> {
+        let output = self.reader.as_ref()?.estimate()?;
+        Some(output.saturating_add(self.prompt_estimate))
     }
 
     /// The tokens `line` owes as the request ends now, and what usage it found. A priced
@@ -375,7 +505,10 @@ impl UsageState {
         };
         let tokens = match found {
             Found::Usage(tokens) => Some(tokens),
-            Found::Missing | Found::Malformed(_) => None,
+            // An estimate is charged as a usage found would be; it is counted as missing.
+            Found::Missing | Found::Malformed(_) => (line.usage.on_missing == OnMissing::Estimate)
+                .then(|| self.estimate())
+                .flatten(),
         };
         Owed {
             tokens: settle::charged_tokens(
@@ -401,7 +534,14 @@ impl UsageState {
             .get(index)?
             .table
             .as_ref()?;
-        table.prices(self.model()?)
+        table.prices(self.priced_model(r)?)
+    }
+
+    /// The model a priced line charges for: the one the response named, else the request
+    /// body's `model`.
+    fn priced_model<'a>(&'a self, r: &ngx_http_request_t) -> Option<&'a str> {
+        self.model()
+            .or_else(|| super::body::body_of(r)?.facts.model.as_deref())
     }
 
     fn end(&self, r: &ngx_http_request_t) -> End {
@@ -449,7 +589,7 @@ pub unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
                 }
                 if let Some(index) = unpriced {
                     zone.count(Counter::Unpriced);
-                    log_unpriced(r, state.model(), index, line.reserved, now);
+                    log_unpriced(r, state.priced_model(r), index, line.reserved, now);
                 }
                 if let Some(key) = &line.key {
                     zone.record_top_amount(TopKind::Tokens, now, key, owed);
@@ -527,6 +667,7 @@ fn log_malformed(r: &ngx_http_request_t, zone_name: &str, raw: &Raw, on_missing:
     let charged = match on_missing {
         OnMissing::Refund => "refund",
         OnMissing::Keep => "keep",
+        OnMissing::Estimate => "estimate",
     };
     ngx_log_error!(
         NGX_LOG_WARN,

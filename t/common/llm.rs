@@ -16,7 +16,10 @@
 //! `delay_ms` (before each event, or before a plain answer), `status` (an OpenAI-shaped error with that status),
 //! `cut=1` (close the connection before the stream's usage and its end), `usage_header=1`
 //! (an `X-Usage-Tokens: TOTAL` header), `model` (the model the answer names: Chat Completions
-//! say `fake` without it, the other shapes name none).
+//! say `fake` without it, the other shapes name none),
+//! `from_body=1` (streamed, with the usage chunk, as
+//! the JSON body says: `stream`, `stream_options.include_usage`, as OpenAI's API reads them).
+//! `.../upload` answers `{"bytes":N,"hash":H}` for the body it received (no usage).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -114,6 +117,7 @@ fn serve(stream: TcpStream) {
     }
     let mut body = vec![0; content_length];
     let _ = reader.read_exact(&mut body);
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     let target = request_line.split_whitespace().nth(1).unwrap_or("/");
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let params: HashMap<&str, &str> = query
@@ -126,14 +130,21 @@ fn serve(stream: TcpStream) {
             .and_then(|v| v.parse().ok())
             .unwrap_or(default)
     };
+    let from_body = number("from_body", 0) == 1;
     let ask = Ask {
         prompt: number("prompt", 10),
         completion: number("completion", 20),
         cached: number("cached", 0),
         chunks: number("chunks", 3),
         delay: Duration::from_millis(number("delay_ms", 0)),
-        stream: number("stream", 0) == 1 || params.get("alt") == Some(&"sse"),
-        include_usage: number("include_usage", 1) == 1,
+        stream: number("stream", 0) == 1
+            || params.get("alt") == Some(&"sse")
+            || (from_body && json["stream"] == true),
+        include_usage: if from_body {
+            json["stream_options"]["include_usage"] == true
+        } else {
+            number("include_usage", 1) == 1
+        },
         cut: number("cut", 0) == 1,
         usage_header: number("usage_header", 0) == 1,
         status: number("status", 200) as u16,
@@ -152,6 +163,11 @@ fn serve(stream: TcpStream) {
         .usage_header
         .then(|| format!("X-Usage-Tokens: {}\r\n", ask.prompt + ask.completion));
     let header = header.as_deref();
+    if path.ends_with("/upload") {
+        let answer = format!(r#"{{"bytes":{},"hash":{}}}"#, body.len(), body_hash(&body));
+        let _ = write_json(&mut out, 200, &answer, None);
+        return;
+    }
     if path.ends_with("/models") {
         let _ = write_json(
             &mut out,
@@ -293,6 +309,14 @@ impl Shape {
         }
         (events, usage_from)
     }
+}
+
+/// A hash of `body` the test computes again on what it sent.
+pub fn body_hash(body: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    body.hash(&mut hasher);
+    hasher.finish()
 }
 
 fn write_json(

@@ -928,6 +928,13 @@ mod tests {
         assert_eq!((usage.reserve, usage.prices), (Amount::Fixed(1), None));
         let usage = limit("usage=openai prices=models").unwrap().usage.unwrap();
         assert_eq!(usage.prices.as_deref(), Some("models"));
+        let usage = limit("usage=openai reserve=auto").unwrap().usage.unwrap();
+        assert_eq!(usage.reserve, Amount::Auto(4096));
+        let usage = limit("usage=openai reserve=auto:800")
+            .unwrap()
+            .usage
+            .unwrap();
+        assert_eq!(usage.reserve, Amount::Auto(800));
         let spec = limit("cost=$cost").unwrap();
         assert_eq!((spec.cost, spec.cost_variable), (1, Some("cost".into())));
         assert!(spec.usage.is_none());
@@ -939,13 +946,18 @@ mod tests {
             ("usage=$", "invalid usage value \"usage=$\": it must be openai, anthropic, \
               gemini or a $variable"),
             ("usage=openai reserve=0", "invalid reserve value \"reserve=0\": it must be a \
-              number of tokens from 1 to 4194303, or a $variable"),
+              number of tokens from 1 to 4194303, a $variable, or auto[:N] (the request's own \
+              ceiling, N when it sets none)"),
+            ("usage=openai reserve=auto:0", "invalid reserve value \"reserve=auto:0\": it must \
+              be a number of tokens from 1 to 4194303, a $variable, or auto[:N] (the request's \
+              own ceiling, N when it sets none)"),
             ("usage=openai reserve=ten", "invalid reserve value \"reserve=ten\": it must be \
-              a number of tokens from 1 to 4194303, or a $variable"),
+              a number of tokens from 1 to 4194303, a $variable, or auto[:N] (the request's own \
+              ceiling, N when it sets none)"),
             ("usage=openai debt=-1", "invalid debt value \"debt=-1\": it must be a number of \
               tokens from 0 to 4194303"),
             ("usage=openai on_missing=charge", "invalid on_missing value \
-              \"on_missing=charge\": it must be refund or keep"),
+              \"on_missing=charge\": it must be refund, keep or estimate"),
             ("usage=openai usage_weights=output:x", "invalid usage_weights value \
               \"usage_weights=output:x\": give input:W, output:W and/or cached:W separated \
               by commas, each W a number from 0 to 1000 with up to three decimals, as in \

@@ -85,7 +85,7 @@ pub enum ReplayError {
     )]
     UsageZone(String),
     #[error(
-        "--limit: reserve=${0} is not replayable: the replay reserves the same number of \
+        "--limit: reserve={0} is not replayable: the replay reserves the same number of \
          tokens for every request; give reserve=N (a whole number from 1, e.g. a typical \
          reservation)"
     )]

@@ -93,7 +93,8 @@ pub fn setup(
     }
     let reserve = match &usage.reserve {
         Amount::Fixed(n) => *n,
-        Amount::Variable(name) => return Err(ReplayError::ReserveVariable(name.clone())),
+        Amount::Variable(name) => return Err(ReplayError::ReserveVariable(format!("${name}"))),
+        Amount::Auto(_) => return Err(ReplayError::ReserveVariable("auto".into())),
     };
     if args.plot.is_some() {
         return Err(ReplayError::UsageUnsupported("--plot"));

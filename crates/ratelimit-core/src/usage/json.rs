@@ -418,3 +418,33 @@ impl GeminiDocument {
             .is_some_and(|usage| usage.read(counts))
     }
 }
+
+/// The characters of generated text an event's data carries: OpenAI Chat Completions'
+/// `choices[].delta.content`, the Responses API's `delta` (`response.output_text.delta`),
+/// Anthropic's `delta.text`, Gemini's `candidates[].content.parts[].text`; 0 for anything else.
+pub(super) fn text_chars(provider: Provider, data: &[u8]) -> u64 {
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return 0;
+    };
+    let chars = |text: &serde_json::Value| text.as_str().map_or(0, |s| s.chars().count() as u64);
+    let each = |list: &serde_json::Value, f: &dyn Fn(&serde_json::Value) -> u64| {
+        list.as_array().map_or(0, |items| items.iter().map(f).sum())
+    };
+    match provider {
+        Provider::OpenAi => {
+            let chat = each(&value["choices"], &|choice| {
+                chars(&choice["delta"]["content"])
+            });
+            let responses = if value["type"] == "response.output_text.delta" {
+                chars(&value["delta"])
+            } else {
+                0
+            };
+            chat + responses
+        }
+        Provider::Anthropic => chars(&value["delta"]["text"]),
+        Provider::Gemini => each(&value["candidates"], &|candidate| {
+            each(&candidate["content"]["parts"], &|part| chars(&part["text"]))
+        }),
+    }
+}

@@ -18,6 +18,7 @@ pub mod model;
 pub mod openai;
 pub mod prices;
 pub mod reader;
+pub mod request;
 pub mod settle;
 mod sse;
 
@@ -62,7 +63,14 @@ pub enum Amount {
     Fixed(u64),
     /// `$name` (the name without `$`).
     Variable(String),
+    /// `auto[:DEFAULT]`: the request body's output ceiling plus its prompt's estimate
+    /// ([`request::RequestFacts::reservation`]); `DEFAULT` (4096 when not given) in place of a
+    /// ceiling the body does not set.
+    Auto(u64),
 }
+
+/// `reserve=auto`'s ceiling for a request that sets none.
+pub const AUTO_DEFAULT_CEILING: u64 = 4096;
 
 /// What a request whose response carried no usage is charged (`on_missing=`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -72,6 +80,10 @@ pub enum OnMissing {
     Refund,
     /// `keep`: the reservation.
     Keep,
+    /// `estimate`: an estimate from the streamed text ([`reader::Reader::estimate`]): its
+    /// characters / 4, plus the prompt's estimate when the request body was read; 0 when the
+    /// response streamed no text.
+    Estimate,
 }
 
 /// `usage_weights=input:W,output:W,cached:W`: what each kind of token costs, in thousandths
@@ -259,7 +271,8 @@ impl<'a> UsageWords<'a> {
                 self.reserve = Some(parse_amount(value).ok_or_else(|| {
                     SpecError::InvalidValue(format!(
                         "invalid reserve value \"{word}\": it must be a number of tokens from \
-                         1 to {}, or a $variable",
+                         1 to {}, a $variable, or auto[:N] (the request's own ceiling, N \
+                         when it sets none)",
                         crate::Limits::MAX_BURST
                     ))
                 })?);
@@ -281,9 +294,11 @@ impl<'a> UsageWords<'a> {
                 self.on_missing = Some(match value {
                     "refund" => OnMissing::Refund,
                     "keep" => OnMissing::Keep,
+                    "estimate" => OnMissing::Estimate,
                     _ => {
                         return Err(SpecError::InvalidValue(format!(
-                            "invalid on_missing value \"{word}\": it must be refund or keep"
+                            "invalid on_missing value \"{word}\": it must be refund, keep or \
+                             estimate"
                         )))
                     }
                 });
@@ -357,14 +372,21 @@ impl<'a> UsageWords<'a> {
     }
 }
 
-/// `N` (1 to `Limits::MAX_BURST`) or `$name`.
+/// `N` (1 to `Limits::MAX_BURST`), `$name`, `auto` or `auto:N`.
 pub(crate) fn parse_amount(value: &str) -> Option<Amount> {
     if let Some(name) = variable_name(value) {
         return Some(Amount::Variable(name));
     }
-    super::spec::parse_integer(value)
-        .filter(|&n| (1..=crate::Limits::MAX_BURST).contains(&n))
-        .map(Amount::Fixed)
+    let tokens = |text: &str| {
+        super::spec::parse_integer(text).filter(|&n| (1..=crate::Limits::MAX_BURST).contains(&n))
+    };
+    if value == "auto" {
+        return Some(Amount::Auto(AUTO_DEFAULT_CEILING));
+    }
+    if let Some(default) = value.strip_prefix("auto:") {
+        return tokens(default).map(Amount::Auto);
+    }
+    tokens(value).map(Amount::Fixed)
 }
 
 /// `$name` (letters, digits, `_`): the name.

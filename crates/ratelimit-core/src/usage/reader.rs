@@ -207,6 +207,8 @@ pub struct Reader {
     found: bool,
     /// The provider's usage key (`"usage"`), searched once per buffer and per event.
     needle: &'static Finder<'static>,
+    /// The characters of streamed text counted so far, when counting ([`Reader::estimating`]).
+    text_chars: Option<u64>,
     /// The model the body names, looked for only after [`Reader::read_model`] (a line with
     /// `prices=`): in a plain body kept whole, or in an event that carries usage.
     model: Option<Option<String>>,
@@ -263,6 +265,7 @@ impl Reader {
             counts: Counts::default(),
             found: false,
             needle: usage_finder(provider),
+            text_chars: None,
             model: None,
         }
     }
@@ -275,6 +278,21 @@ impl Reader {
     /// The model the body named, when [`Reader::read_model`] asked for it and one was found.
     pub fn model(&self) -> Option<&str> {
         self.model.as_ref()?.as_deref()
+    }
+
+    /// Also count the characters of the text the stream delivers, for [`Reader::estimate`]
+    /// (every event is then parsed, not only the ones that may carry usage).
+    pub fn estimating(mut self) -> Reader {
+        self.text_chars = Some(0);
+        self
+    }
+
+    /// The output's tokens as estimated from the streamed text: its characters / 4, rounded
+    /// up; `None` when not counting or when no text was streamed.
+    pub fn estimate(&self) -> Option<u64> {
+        self.text_chars
+            .filter(|&chars| chars > 0)
+            .map(|chars| chars.div_ceil(4))
     }
 
     /// The next bytes of the body.
@@ -323,7 +341,8 @@ impl Reader {
                 // its lines' values joined by line feeds, and the key holds none: a key in
                 // any event's data is in the buffer, followed on its line by the same bytes.)
                 // Most buffers of a stream are such: OpenAI's chunks say `"usage":null`.
-                if events.between_events()
+                if self.text_chars.is_none()
+                    && events.between_events()
                     && ends_with_blank_line(bytes)
                     && usage_only_null(bytes, self.needle, space_or_tab)
                 {
@@ -331,7 +350,11 @@ impl Reader {
                 }
                 let (provider, counts, found) = (self.provider, &mut self.counts, &mut self.found);
                 let (needle, model) = (self.needle, &mut self.model);
+                let text_chars = &mut self.text_chars;
                 events.feed(bytes, &mut |event, data| {
+                    if let Some(chars) = text_chars.as_mut() {
+                        *chars = chars.saturating_add(json::text_chars(provider, data.bytes()));
+                    }
                     // Most events carry no usage (content deltas, or `"usage":null`): they
                     // are not parsed at all.
                     if !may_carry_usage(data.bytes(), needle) {
@@ -421,6 +444,32 @@ impl Reader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn estimate_counts_each_providers_streamed_text() {
+        #[rustfmt::skip]
+        let rows: &[(Provider, &str, Option<u64>)] = &[
+            (Provider::OpenAi, "data: {\"choices\":[{\"delta\":{\"content\":\"h\\u00e9llo\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"abc\"}}]}\n\ndata: [DONE]\n\n", Some(2)),
+            (Provider::OpenAi, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"abcdefghi\"}\n\n", Some(3)),
+            (Provider::Anthropic, "event: content_block_delta\ndata: {\"delta\":{\"type\":\"text_delta\",\"text\":\"abcd\"}}\n\n", Some(1)),
+            (Provider::Gemini, "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"ab\"},{\"text\":\"cdefg\"}]}}]}\n\n", Some(2)),
+            (Provider::OpenAi, "data: {\"choices\":[],\"usage\":null}\n\n", None),
+        ];
+        for &(provider, stream, expected) in rows {
+            let mut reader = Reader::new(provider, Format::EventStream).estimating();
+            for byte in stream.as_bytes() {
+                reader.feed(core::slice::from_ref(byte));
+            }
+            reader.finish();
+            assert_eq!(reader.estimate(), expected, "{stream}");
+            let mut whole = Reader::new(provider, Format::EventStream).estimating();
+            whole.feed(stream.as_bytes());
+            assert_eq!(whole.estimate(), expected, "{stream}");
+        }
+        let mut not_counting = Reader::new(Provider::OpenAi, Format::EventStream);
+        not_counting.feed(rows[0].1.as_bytes());
+        assert_eq!(not_counting.estimate(), None);
+    }
 
     fn read(provider: Provider, format: Format, body: &[u8]) -> Option<Usage> {
         let mut reader = Reader::new(provider, format);

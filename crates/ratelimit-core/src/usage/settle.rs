@@ -131,14 +131,14 @@ pub enum End {
 /// |---|---|---|
 /// | `U` | complete | `U` |
 /// | `U` | cut | `max(U, R)`: what was reported so far, at least the reservation |
-/// | none | complete | 0 with `on_missing=refund` (the default), `R` with `keep` |
+/// | none | complete | 0 with `on_missing=refund` (the default) and `estimate` (whose estimate, when there is one, comes in as the usage found), `R` with `keep` |
 /// | none | cut | `R`: the upstream may have worked for it, nothing says how much |
 pub fn charged_tokens(reserved: u64, found: Option<u64>, end: End, on_missing: OnMissing) -> u64 {
     match (found, end) {
         (Some(cost), End::Complete) => cost,
         (Some(cost), End::Cut) => cost.max(reserved),
         (None, End::Complete) => match on_missing {
-            OnMissing::Refund => 0,
+            OnMissing::Refund | OnMissing::Estimate => 0,
             OnMissing::Keep => reserved,
         },
         (None, End::Cut) => reserved,
