@@ -12,6 +12,7 @@ use ratelimit_admin::{
 };
 use ratelimit_core::block_table::BlockedKey;
 use ratelimit_core::key_form::KeyForm;
+use ratelimit_core::lease::LeaseWord;
 use ratelimit_core::top::{TopKind, TopWindow};
 use ratelimit_core::{Algorithm, DelayMode, Limits, Policy};
 
@@ -154,7 +155,14 @@ impl<'a> SharedZone<'a> {
         let spec = self.conf.concurrency.as_ref()?;
         let (mut in_flight, mut queued) = (0, 0);
         let mut busiest: Option<ConcurrencyKeyState> = None;
+        let mut lease = None;
+        let now_ms = self.now_ns / 1_000_000;
         for (_, words) in self.zone.concurrency_keys() {
+            if let Some(words) = words.lease {
+                let word =
+                    LeaseWord::unpack(words.lease.load(core::sync::atomic::Ordering::Acquire));
+                *lease.get_or_insert(0) += u64::from(word.permits_at(now_ms).unwrap_or(0));
+            }
             let state = key_state(&self.zone, &words, &limits);
             in_flight += u64::from(state.in_flight);
             queued += u64::from(state.queued);
@@ -173,6 +181,7 @@ impl<'a> SharedZone<'a> {
             in_flight,
             queued,
             busiest,
+            lease: lease.or(self.zone.is_sync().then_some(0)),
         })
     }
 

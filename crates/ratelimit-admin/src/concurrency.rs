@@ -24,6 +24,8 @@ pub struct ConcurrencyInfo {
     pub queued: u64,
     /// For `limit=adaptive`: the key with the most requests in flight, if any key has a state.
     pub busiest: Option<ConcurrencyKeyState>,
+    /// For a `sync` zone: the permits this instance's live leases hold, over all keys.
+    pub lease: Option<u64>,
 }
 
 /// One key of a concurrency zone now.
@@ -93,6 +95,9 @@ pub struct ZoneFieldsJson {
     pub queue_timeout_ms: u64,
     pub in_flight: u64,
     pub queued: u64,
+    /// For a `sync` zone: the permits this instance holds of the fleet's limits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease: Option<u64>,
     /// For `limit=adaptive`: the busiest key's limit and latencies.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub adaptive: Option<BusiestJson>,
@@ -132,6 +137,7 @@ impl From<&ConcurrencyInfo> for ZoneFieldsJson {
             queue_timeout_ms: info.queue_timeout_ns.div_ceil(1_000_000),
             in_flight: info.in_flight,
             queued: info.queued,
+            lease: info.lease,
             adaptive: info.busiest.and_then(|key| {
                 key.adaptive.as_ref().map(|adaptive| BusiestJson {
                     limit: key.limit,

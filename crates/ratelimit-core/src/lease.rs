@@ -318,6 +318,63 @@ impl LeaseHolder {
     }
 }
 
+/// What an instance's requests read of a key's lease, one word in the zone's shared memory
+/// written by the sync loop: the permits they may hold (`min(lease, target)` of its
+/// [`LeaseHolder`]) and until when (ms on the instance's monotonic clock). Past `until_ms`
+/// the lease is gone and the zone's failure mode decides. `0` is no lease.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeaseWord {
+    /// Permits the instance's requests may hold (at most 2^24 - 1, the largest `limit=`).
+    pub permits: u32,
+    /// When the lease expires (ms, instance's clock; 40 bits: 34 years).
+    pub until_ms: u64,
+}
+
+impl LeaseWord {
+    const PERMITS_MASK: u64 = (1 << 24) - 1;
+    const UNTIL_MASK: u64 = (1 << 40) - 1;
+
+    /// `[until_ms:40][permits:24]`.
+    ///
+    /// ```
+    /// use ratelimit_core::lease::LeaseWord;
+    ///
+    /// let word = LeaseWord { permits: 12, until_ms: 123_456 };
+    /// assert_eq!(LeaseWord::unpack(word.pack()), word);
+    /// assert_eq!(word.permits_at(123_455), Some(12));
+    /// assert_eq!(word.permits_at(123_456), None);
+    /// ```
+    pub fn pack(&self) -> u64 {
+        ((self.until_ms & Self::UNTIL_MASK) << 24) | (u64::from(self.permits) & Self::PERMITS_MASK)
+    }
+
+    /// Inverse of [`LeaseWord::pack`].
+    pub fn unpack(word: u64) -> LeaseWord {
+        LeaseWord {
+            permits: (word & Self::PERMITS_MASK) as u32,
+            until_ms: word >> 24,
+        }
+    }
+
+    /// The permits at `now_ms`, `None` once the lease expired.
+    #[inline]
+    pub fn permits_at(&self, now_ms: u64) -> Option<u32> {
+        (now_ms < self.until_ms).then_some(self.permits)
+    }
+
+    /// What the requests of `holder` may hold now.
+    pub fn of(holder: &LeaseHolder) -> LeaseWord {
+        LeaseWord {
+            permits: holder.lease.min(holder.target),
+            until_ms: if holder.lease > 0 {
+                holder.expires_ms
+            } else {
+                0
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

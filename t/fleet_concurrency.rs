@@ -1,0 +1,312 @@
+//! `algorithm=concurrency limit=N sync`: one concurrency limit for a fleet of nginx
+//! instances, handed out as leases through a real Redis (docs/cluster.md). An upstream in
+//! this process holds every request 0.5 s and records each arrival and departure, so the
+//! test knows how many requests of the fleet were in flight at every instant.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::fleet::{wait_mode, wait_rounds};
+use common::nginx::sys::{self, SIGKILL};
+use common::redis::Redis;
+use common::{Connection, Nginx, Request};
+
+/// The tests measure time on a shared machine: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The fleet's limit.
+const LIMIT: usize = 12;
+/// How long the upstream holds each request.
+const HOLD: Duration = Duration::from_millis(500);
+/// `interval=` of the fleet's sync loop.
+const INTERVAL_MS: u64 = 100;
+
+fn instance(redis_port: u16, upstream_port: u16) -> Nginx {
+    Nginx::start(&format!(
+        r#"
+load_module %%MODULE%%;
+worker_processes 2;
+error_log logs/error.log info;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    rate_limit_sync redis://127.0.0.1:{redis_port} interval={INTERVAL_MS}ms;
+    rate_limit_zone $http_x_key zone=api:1m algorithm=concurrency limit={LIMIT} queue=100
+                    queue_timeout=60s sync;
+    server {{
+        listen 127.0.0.1:%%PORT%%;
+        location / {{
+            rate_limit zone=api;
+            proxy_pass http://127.0.0.1:{upstream_port};
+        }}
+        location /ratelimit/ {{ rate_limit_admin; }}
+    }}
+}}
+"#
+    ))
+}
+
+/// Requests in flight at the upstream now, and `(when, in flight after)` at each change.
+type InFlightLog = Mutex<(usize, Vec<(Duration, usize)>)>;
+
+/// An upstream that holds each request [`HOLD`] and logs `(when, in flight after)` at each
+/// arrival and departure.
+struct Counter {
+    port: u16,
+    started: Instant,
+    log: Arc<InFlightLog>,
+}
+
+impl Counter {
+    fn start() -> Counter {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the counting upstream");
+        let port = listener.local_addr().unwrap().port();
+        let started = Instant::now();
+        let log = Arc::new(Mutex::new((0usize, Vec::new())));
+        let shared = Arc::clone(&log);
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let log = Arc::clone(&shared);
+                thread::spawn(move || serve(stream, started, &log));
+            }
+        });
+        Counter { port, started, log }
+    }
+
+    fn events(&self) -> Vec<(Duration, usize)> {
+        self.log.lock().unwrap().1.clone()
+    }
+
+    fn in_flight(&self) -> usize {
+        self.log.lock().unwrap().0
+    }
+}
+
+fn serve(stream: TcpStream, started: Instant, log: &InFlightLog) {
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) if line == "\r\n" => break,
+            Ok(_) => {}
+        }
+    }
+    let change = |delta: isize| {
+        let mut log = log.lock().unwrap();
+        log.0 = log.0.checked_add_signed(delta).unwrap();
+        let now = (started.elapsed(), log.0);
+        log.1.push(now);
+    };
+    change(1);
+    thread::sleep(HOLD);
+    change(-1);
+    let _ = reader
+        .get_mut()
+        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+}
+
+/// The most in flight at once, and the time-weighted mean in flight over `[from, to)`.
+fn in_flight_over(events: &[(Duration, usize)], from: Duration, to: Duration) -> (usize, f64) {
+    let mut level = 0usize;
+    let mut at = from;
+    let mut area = 0.0;
+    let mut most = 0;
+    for &(when, after) in events {
+        if when >= to {
+            break;
+        }
+        if when > from {
+            area += level as f64 * (when - at).as_secs_f64();
+            at = when;
+            most = most.max(after);
+        }
+        level = after;
+        if when <= from {
+            most = most.max(level);
+        }
+    }
+    area += level as f64 * (to - at).as_secs_f64();
+    (most, area / (to - from).as_secs_f64())
+}
+
+/// One client: requests of key `tenant` one after another on one keep-alive connection to
+/// each port of `plan` until that step's end (from `start`). The statuses it got.
+fn client(plan: Vec<(u16, Duration)>, start: Instant) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    for (port, until) in plan {
+        let mut connection = Connection::open(port);
+        while start.elapsed() < until {
+            match connection.try_send(&Request::get("/").header("X-Key", "tenant")) {
+                Ok(response) => statuses.push(response.status),
+                // The instance was killed: this client is done.
+                Err(_) => return statuses,
+            }
+        }
+    }
+    statuses
+}
+
+/// The zone's `lease` in the admin API: the permits the instance holds now.
+fn lease(nginx: &Nginx) -> u64 {
+    let response = common::get(nginx.port(), "/ratelimit/zones/api");
+    assert_eq!(response.status, 200, "{}", response.text());
+    let zone: serde_json::Value = serde_json::from_str(&response.text()).expect("zone JSON");
+    zone["lease"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no lease in {zone}"))
+}
+
+fn synced(fleet: &[&Nginx]) {
+    for nginx in fleet {
+        wait_mode(nginx, "synced", Duration::from_secs(10));
+        wait_rounds(nginx, 3, Duration::from_secs(10));
+    }
+}
+
+/// Three instances, `limit=12 sync`, requests of 0.5 s: 36 clients (12 per instance) for
+/// 6 s, then all 36 on one instance for 6 s. Never more than 12 in flight at the upstream,
+/// and at least 10.2 on average from the 2nd second of each phase on: the leases follow the
+/// demand (4 each, then 12 on the one instance as the others give theirs back).
+#[test]
+fn one_limit_for_the_fleet_follows_the_demand() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let redis = Redis::start();
+    let upstream = Counter::start();
+    let fleet: Vec<Nginx> = (0..3)
+        .map(|_| instance(redis.port, upstream.port))
+        .collect();
+    redis.wait_instances(3);
+    synced(&fleet.iter().collect::<Vec<_>>());
+
+    let phase = Duration::from_secs(6);
+    let start = Instant::now();
+    let offset = start - upstream.started;
+    let clients: Vec<_> = (0..36)
+        .map(|at| {
+            let plan = vec![(fleet[at % 3].port(), phase), (fleet[0].port(), 2 * phase)];
+            thread::spawn(move || client(plan, start))
+        })
+        .collect();
+    let statuses: Vec<u16> = clients
+        .into_iter()
+        .flat_map(|client| client.join().unwrap())
+        .collect();
+    let events = upstream.events();
+    let (most, _) = in_flight_over(&events, Duration::ZERO, offset + 3 * phase);
+    let second = Duration::from_secs(1);
+    let (_, spread) = in_flight_over(&events, offset + second, offset + phase);
+    let (_, one) = in_flight_over(&events, offset + phase + second, offset + 2 * phase);
+    let logs: String = fleet.iter().map(Nginx::error_log).collect();
+    println!(
+        "fleet concurrency: {} requests, most in flight {most}, mean {spread:.2} (12 per \
+         instance), {one:.2} (36 on one)",
+        statuses.len()
+    );
+    assert!(
+        statuses.iter().all(|&status| status == 200),
+        "a request was refused: {:?}\n{logs}",
+        statuses.iter().filter(|&&s| s != 200).collect::<Vec<_>>()
+    );
+    assert!(
+        most <= LIMIT,
+        "{most} in flight at once, over the fleet's {LIMIT}\n{logs}"
+    );
+    assert!(
+        spread >= 10.2,
+        "{spread:.2} in flight on average with 12 clients per instance\n{logs}"
+    );
+    assert!(
+        one >= 10.2,
+        "{one:.2} in flight on average with all clients on one instance\n{logs}"
+    );
+}
+
+/// An instance killed with SIGKILL while it holds half the limit: its lease expires in Redis
+/// 3 intervals after its last round, and the survivor holds the whole limit by its next
+/// round: within 4 intervals (400 ms) of the kill, measured here with 1 s of slack for a
+/// loaded machine.
+#[test]
+fn a_killed_instance_gives_its_leases_back() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let redis = Redis::start();
+    let upstream = Counter::start();
+    let survivor = instance(redis.port, upstream.port);
+    let victim = instance(redis.port, upstream.port);
+    redis.wait_instances(2);
+    synced(&[&survivor, &victim]);
+
+    let start = Instant::now();
+    let until = Duration::from_secs(30);
+    let ports = [survivor.port(), victim.port()];
+    let clients: Vec<_> = (0..24)
+        .map(|at| {
+            let plan = vec![(ports[at % 2], until)];
+            thread::spawn(move || client(plan, start))
+        })
+        .collect();
+    // Both hold half the limit.
+    let shared = Instant::now();
+    while !(lease(&survivor) == 6 && lease(&victim) == 6) {
+        assert!(
+            shared.elapsed() < Duration::from_secs(10),
+            "leases {} and {}, not 6 and 6\n{}{}",
+            lease(&survivor),
+            lease(&victim),
+            survivor.error_log(),
+            victim.error_log()
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    let mut pids = victim.worker_pids();
+    pids.push(victim.master_pid());
+    let killed = Instant::now();
+    for pid in pids {
+        sys::signal(pid as i32, SIGKILL);
+    }
+    let back = loop {
+        if lease(&survivor) == LIMIT as u64 {
+            break killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "the survivor holds {} of {LIMIT} 5 s after the kill\n{}",
+            lease(&survivor),
+            survivor.error_log()
+        );
+        thread::sleep(Duration::from_millis(5));
+    };
+    let bound = Duration::from_millis(4 * INTERVAL_MS);
+    println!(
+        "fleet concurrency: the killed instance's leases back after {back:?} (bound {bound:?})"
+    );
+    assert!(
+        back <= bound + Duration::from_secs(1),
+        "leases back after {back:?}, bound {bound:?}\n{}",
+        survivor.error_log()
+    );
+    // And the survivor uses them: 12 in flight at the upstream (the killed instance's
+    // requests there ended within 0.5 s).
+    let using = Instant::now();
+    while upstream.in_flight() < LIMIT {
+        assert!(
+            using.elapsed() < Duration::from_secs(3),
+            "{} in flight after the survivor took the whole limit",
+            upstream.in_flight()
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    drop(clients);
+    drop(victim);
+}
