@@ -115,23 +115,20 @@ fn serve(stream: TcpStream, started: Instant, log: &InFlightLog) {
 
 /// The most in flight at once, and the time-weighted mean in flight over `[from, to)`.
 fn in_flight_over(events: &[(Duration, usize)], from: Duration, to: Duration) -> (usize, f64) {
-    let mut level = 0usize;
+    // In flight at `from`: after the last change at or before it.
+    let mut level = events
+        .iter()
+        .take_while(|&&(when, _)| when <= from)
+        .last()
+        .map_or(0, |&(_, after)| after);
+    let mut most = level;
     let mut at = from;
     let mut area = 0.0;
-    let mut most = 0;
-    for &(when, after) in events {
-        if when >= to {
-            break;
-        }
-        if when > from {
-            area += level as f64 * (when - at).as_secs_f64();
-            at = when;
-            most = most.max(after);
-        }
+    for &(when, after) in events.iter().filter(|&&(when, _)| when > from && when < to) {
+        area += level as f64 * (when - at).as_secs_f64();
+        at = when;
         level = after;
-        if when <= from {
-            most = most.max(level);
-        }
+        most = most.max(after);
     }
     area += level as f64 * (to - at).as_secs_f64();
     (most, area / (to - from).as_secs_f64())
@@ -309,4 +306,66 @@ fn a_killed_instance_gives_its_leases_back() {
     }
     drop(clients);
     drop(victim);
+}
+
+/// Redis stopped (SIGSTOP) while one of two instances holds the whole limit: once
+/// `on_failure=local_share` is in force and its lease has run out, the instance admits
+/// `12 / 2` (two instances seen at the last round), and the whole limit again once Redis
+/// answers.
+#[test]
+fn local_share_when_redis_stops() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let redis = Redis::start();
+    let upstream = Counter::start();
+    let busy = instance(redis.port, upstream.port);
+    let idle = instance(redis.port, upstream.port);
+    redis.wait_instances(2);
+    synced(&[&busy, &idle]);
+
+    let start = Instant::now();
+    let port = busy.port();
+    let clients: Vec<_> = (0..12)
+        .map(|_| thread::spawn(move || client(vec![(port, Duration::from_secs(60))], start)))
+        .collect();
+    let held = Instant::now();
+    while lease(&busy) != LIMIT as u64 {
+        assert!(
+            held.elapsed() < Duration::from_secs(10),
+            "lease {} of {LIMIT}\n{}",
+            lease(&busy),
+            busy.error_log()
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    redis.signal(common::redis::SIGSTOP);
+    wait_mode(&busy, "local_share", Duration::from_secs(10));
+    // Its lease ran out (3 intervals) and its requests over 6 ended (0.5 s) well before.
+    let from = upstream.started.elapsed() + Duration::from_secs(1);
+    let to = from + Duration::from_secs(2);
+    while upstream.started.elapsed() < to {
+        thread::sleep(Duration::from_millis(50));
+    }
+    let (most, mean) = in_flight_over(&upstream.events(), from, to);
+    println!("fleet concurrency: local_share with Redis stopped: most {most}, mean {mean:.2}");
+    assert!(
+        most <= LIMIT / 2,
+        "{most} in flight under local_share (12 / 2 instances)\n{}",
+        busy.error_log()
+    );
+    assert!(mean >= 5.0, "{mean:.2} in flight under local_share");
+    redis.signal(common::redis::SIGCONT);
+    wait_mode(&busy, "synced", Duration::from_secs(10));
+    let back = Instant::now();
+    while lease(&busy) != LIMIT as u64 {
+        assert!(
+            back.elapsed() < Duration::from_secs(5),
+            "lease {} of {LIMIT} after Redis came back",
+            lease(&busy)
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    drop(busy);
+    drop(clients);
 }
