@@ -161,6 +161,29 @@ fn lease(nginx: &Nginx) -> u64 {
         .unwrap_or_else(|| panic!("no lease in {zone}"))
 }
 
+/// Polls (every 5 ms, failing after `within`) until each instance holds its lease of
+/// `leases`.
+fn wait_leases(leases: &[(&Nginx, u64)], within: Duration) {
+    let started = Instant::now();
+    loop {
+        let held: Vec<u64> = leases.iter().map(|(nginx, _)| lease(nginx)).collect();
+        if held
+            .iter()
+            .zip(leases)
+            .all(|(held, (_, wanted))| held == wanted)
+        {
+            return;
+        }
+        let logs: String = leases.iter().map(|(nginx, _)| nginx.error_log()).collect();
+        let wanted: Vec<u64> = leases.iter().map(|(_, wanted)| *wanted).collect();
+        assert!(
+            started.elapsed() < within,
+            "leases {held:?}, not {wanted:?}, after {within:?}\n{logs}"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn synced(fleet: &[&Nginx]) {
     for nginx in fleet {
         wait_mode(nginx, "synced", Duration::from_secs(10));
@@ -254,36 +277,15 @@ fn a_killed_instance_gives_its_leases_back() {
         })
         .collect();
     // Both hold half the limit.
-    let shared = Instant::now();
-    while !(lease(&survivor) == 6 && lease(&victim) == 6) {
-        assert!(
-            shared.elapsed() < Duration::from_secs(10),
-            "leases {} and {}, not 6 and 6\n{}{}",
-            lease(&survivor),
-            lease(&victim),
-            survivor.error_log(),
-            victim.error_log()
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    wait_leases(&[(&survivor, 6), (&victim, 6)], Duration::from_secs(10));
     let mut pids = victim.worker_pids();
     pids.push(victim.master_pid());
     let killed = Instant::now();
     for pid in pids {
         sys::signal(pid as i32, SIGKILL);
     }
-    let back = loop {
-        if lease(&survivor) == LIMIT as u64 {
-            break killed.elapsed();
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(5),
-            "the survivor holds {} of {LIMIT} 5 s after the kill\n{}",
-            lease(&survivor),
-            survivor.error_log()
-        );
-        thread::sleep(Duration::from_millis(5));
-    };
+    wait_leases(&[(&survivor, LIMIT as u64)], Duration::from_secs(5));
+    let back = killed.elapsed();
     let bound = Duration::from_millis(4 * INTERVAL_MS);
     println!(
         "fleet concurrency: the killed instance's leases back after {back:?} (bound {bound:?})"
@@ -329,16 +331,7 @@ fn local_share_when_redis_stops() {
     let clients: Vec<_> = (0..12)
         .map(|_| thread::spawn(move || client(vec![(port, Duration::from_secs(60))], start)))
         .collect();
-    let held = Instant::now();
-    while lease(&busy) != LIMIT as u64 {
-        assert!(
-            held.elapsed() < Duration::from_secs(10),
-            "lease {} of {LIMIT}\n{}",
-            lease(&busy),
-            busy.error_log()
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    wait_leases(&[(&busy, LIMIT as u64)], Duration::from_secs(10));
     redis.signal(common::redis::SIGSTOP);
     wait_mode(&busy, "local_share", Duration::from_secs(10));
     // Its lease ran out (3 intervals) and its requests over 6 ended (0.5 s) well before.
@@ -357,15 +350,71 @@ fn local_share_when_redis_stops() {
     assert!(mean >= 5.0, "{mean:.2} in flight under local_share");
     redis.signal(common::redis::SIGCONT);
     wait_mode(&busy, "synced", Duration::from_secs(10));
-    let back = Instant::now();
-    while lease(&busy) != LIMIT as u64 {
-        assert!(
-            back.elapsed() < Duration::from_secs(5),
-            "lease {} of {LIMIT} after Redis came back",
-            lease(&busy)
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    wait_leases(&[(&busy, LIMIT as u64)], Duration::from_secs(5));
     drop(busy);
     drop(clients);
+}
+
+/// The lease script Redis runs is `ratelimit_core::lease::serve`: the same requests (three
+/// instances, leases kept and wanted at random, some requests stale) get the same replies
+/// from a real Redis as from the Rust function. Leases live 10 minutes here, so none expires
+/// during the test and Redis's clock does not matter.
+#[test]
+fn the_lease_script_is_serve() {
+    use ratelimit_core::lease::{serve, LeaseReply, LeaseRequest, SERVE_SCRIPT};
+    use std::collections::BTreeMap;
+
+    let redis = Redis::start();
+    let ttl_ms = 600_000u64;
+    let mut holders = BTreeMap::new();
+    let mut seqs = [0u64; 3];
+    let mut random = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |below: u64| {
+        random ^= random << 13;
+        random ^= random >> 7;
+        random ^= random << 17;
+        random % below
+    };
+    for round in 0..150 {
+        let limit = 12;
+        let at = next(3) as usize;
+        // One request in ten repeats an old number: stale.
+        if next(10) != 0 || seqs[at] == 0 {
+            seqs[at] += 1 + next(3);
+        }
+        let request = LeaseRequest {
+            instance: at as u64 + 1,
+            seq: seqs[at] - if next(10) == 0 { 1 } else { 0 },
+            keep: next(14) as u32,
+            want: next(16) as u32,
+        };
+        let expected = serve(&mut holders, limit, &request, 0, ttl_ms);
+        let reply = redis.cli(&[
+            "EVAL",
+            SERVE_SCRIPT,
+            "1",
+            "rl:z:lease:1",
+            &format!("{:016x}", request.instance),
+            &request.seq.to_string(),
+            &request.keep.to_string(),
+            &request.want.to_string(),
+            &limit.to_string(),
+            &ttl_ms.to_string(),
+        ]);
+        let numbers: Vec<u64> = reply
+            .split_whitespace()
+            .map(|word| word.parse().unwrap_or_else(|_| panic!("reply {reply:?}")))
+            .collect();
+        let got = match numbers.as_slice() {
+            [0, seq, ..] => LeaseReply::Stale { seq: *seq },
+            [1, seq, lease, target, instances] => LeaseReply::Granted {
+                seq: *seq,
+                lease: *lease as u32,
+                target: *target as u32,
+                instances: *instances as u32,
+            },
+            _ => panic!("reply {reply:?}"),
+        };
+        assert_eq!(got, expected, "round {round}: {request:?}");
+    }
 }

@@ -2,7 +2,7 @@
 //! round, for every key of a `sync` concurrency zone that has requests in flight, queued or
 //! refused, or a lease, the loop tells Redis what this instance keeps of its lease and what
 //! it wants, and Redis (one script call per key, atomic) grants permits from what no other
-//! instance holds: `ratelimit_core::lease`'s protocol, whose `serve` the script below is.
+//! instance holds: `ratelimit_core::lease`'s protocol, whose `serve` is the script (`SERVE_SCRIPT`) run here.
 //! The key's lease word in the zone (`ratelimit_core::lease::LeaseWord`: permits and until
 //! when) is what its requests read; they never wait on Redis.
 //!
@@ -19,67 +19,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{fence, Ordering};
 
 use ratelimit_core::concurrency::ConcurrencyLimit;
-use ratelimit_core::lease::{LeaseHolder, LeaseReply, LeaseWord, EXPIRY_ROUNDS};
+use ratelimit_core::lease::{LeaseHolder, LeaseReply, LeaseWord, EXPIRY_ROUNDS, SERVE_SCRIPT};
 use ratelimit_core::sync_spec::SyncSpec;
 
 use super::cluster::Routed;
 use super::shared::{Mode, SyncError, SyncShared};
 use crate::glue::now_ms;
 use crate::store::{SlotIndex, Zone};
-
-/// KEYS[1] the key's lease hash (field: instance id, value `lease want seq expires_ms`).
-/// ARGV: [1] instance, [2] the request's number, [3] what it keeps, [4] what it wants,
-/// [5] the limit, [6] the lease's lifetime (ms). `ratelimit_core::lease::serve` on Redis's
-/// clock: expired records dropped, a stale request ignored, the grant taken from what no
-/// other live record holds, growth capped at the fair part while another instance is short.
-/// Returns `[applied (1) or stale (0), seq, lease, target, instances]`.
-pub(super) const LEASE_SCRIPT: &str = r#"
-if redis.replicate_commands then redis.replicate_commands() end
-local hash, instance = KEYS[1], ARGV[1]
-local seq, keep, want = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local limit, ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local all = redis.call('HGETALL', hash)
-local others, mine = {}, nil
-for i = 1, #all, 2 do
-  local l, w, s, e = string.match(all[i + 1], '^(%d+) (%d+) (%d+) (%d+)$')
-  if not l or tonumber(e) <= now then
-    redis.call('HDEL', hash, all[i])
-  elseif all[i] == instance then
-    mine = {tonumber(l), tonumber(w), tonumber(s)}
-  else
-    others[#others + 1] = {tonumber(l), tonumber(w)}
-  end
-end
-if mine and seq <= mine[3] then return {0, seq, 0, 0, 0} end
-local held = 0
-if mine then held = mine[1] end
-keep = math.min(keep, held)
-want = math.max(math.min(want, limit), keep)
-local taken, short = 0, false
-for _, other in ipairs(others) do
-  taken = taken + other[1]
-  if other[2] > other[1] then short = true end
-end
-local free = math.max(limit - taken - keep, 0)
-local function used(level)
-  local sum = math.min(want, level)
-  for _, other in ipairs(others) do sum = sum + math.min(other[2], level) end
-  return sum
-end
-local low, high = 0, limit
-while low < high do
-  local mid = low + math.floor((high - low + 1) / 2)
-  if used(mid) <= limit then low = mid else high = mid - 1 end
-end
-local target, cap = math.min(want, low), want
-if short then cap = math.max(target, keep) else target = math.max(want, keep) end
-local lease = keep + math.min(math.max(cap - keep, 0), free)
-redis.call('HSET', hash, instance, string.format('%d %d %d %d', lease, want, seq, now + ttl))
-redis.call('PEXPIRE', hash, 2 * ttl)
-return {1, seq, lease, target, #others + 1}
-"#;
 
 /// The most keys whose leases one round renews: a bound on the round's work and replies.
 pub const MAX_LEASE_KEYS: usize = 1024;
@@ -197,7 +143,7 @@ impl Leases {
                 let name = format!("{}{}:lease:{:016x}", spec.prefix, lease_zone.name, hash);
                 let mut command = redis::cmd("EVAL");
                 command
-                    .arg(LEASE_SCRIPT)
+                    .arg(SERVE_SCRIPT)
                     .arg(1)
                     .arg(&name)
                     .arg(format!("{instance:016x}"))

@@ -154,6 +154,60 @@ pub fn serve(
     }
 }
 
+/// KEYS[1] the key's lease hash (field: instance id, value `lease want seq expires_ms`).
+/// ARGV: [1] instance, [2] the request's number, [3] what it keeps, [4] what it wants,
+/// [5] the limit, [6] the lease's lifetime (ms). [`serve`] on Redis's
+/// clock: expired records dropped, a stale request ignored, the grant taken from what no
+/// other live record holds, growth capped at the fair part while another instance is short.
+/// Returns `[applied (1) or stale (0), seq, lease, target, instances]`.
+pub const SERVE_SCRIPT: &str = r#"
+if redis.replicate_commands then redis.replicate_commands() end
+local hash, instance = KEYS[1], ARGV[1]
+local seq, keep, want = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local limit, ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local all = redis.call('HGETALL', hash)
+local others, mine = {}, nil
+for i = 1, #all, 2 do
+  local l, w, s, e = string.match(all[i + 1], '^(%d+) (%d+) (%d+) (%d+)$')
+  if not l or tonumber(e) <= now then
+    redis.call('HDEL', hash, all[i])
+  elseif all[i] == instance then
+    mine = {tonumber(l), tonumber(w), tonumber(s)}
+  else
+    others[#others + 1] = {tonumber(l), tonumber(w)}
+  end
+end
+if mine and seq <= mine[3] then return {0, seq, 0, 0, 0} end
+local held = 0
+if mine then held = mine[1] end
+keep = math.min(keep, held)
+want = math.max(math.min(want, limit), keep)
+local taken, short = 0, false
+for _, other in ipairs(others) do
+  taken = taken + other[1]
+  if other[2] > other[1] then short = true end
+end
+local free = math.max(limit - taken - keep, 0)
+local function used(level)
+  local sum = math.min(want, level)
+  for _, other in ipairs(others) do sum = sum + math.min(other[2], level) end
+  return sum
+end
+local low, high = 0, limit
+while low < high do
+  local mid = low + math.floor((high - low + 1) / 2)
+  if used(mid) <= limit then low = mid else high = mid - 1 end
+end
+local target, cap = math.min(want, low), want
+if short then cap = math.max(target, keep) else target = math.max(want, keep) end
+local lease = keep + math.min(math.max(cap - keep, 0), free)
+redis.call('HSET', hash, instance, string.format('%d %d %d %d', lease, want, seq, now + ttl))
+redis.call('PEXPIRE', hash, 2 * ttl)
+return {1, seq, lease, target, #others + 1}
+"#;
+
 /// The max-min fair level: the largest `level` with `sum(min(want, level)) <= limit`, so that
 /// an instance wanting less than its equal part gets what it wants and the others share the
 /// rest equally (permits left over by rounding are granted to whoever asks while nobody else
