@@ -249,6 +249,17 @@ fn one_limit_for_the_fleet_follows_the_demand() {
         one >= 10.2,
         "{one:.2} in flight on average with all clients on one instance\n{logs}"
     );
+    // Idle again: after a round that gives the last leases back, no instance asks Redis
+    // about the key any more.
+    for nginx in &fleet {
+        wait_rounds(nginx, 3, Duration::from_secs(10));
+    }
+    let asked = redis.calls("eval");
+    assert!(asked > 100, "{asked} lease calls in 12 s of traffic");
+    for nginx in &fleet {
+        wait_rounds(nginx, 5, Duration::from_secs(10));
+    }
+    assert_eq!(redis.calls("eval"), asked, "lease calls for an idle key");
 }
 
 /// An instance killed with SIGKILL while it holds half the limit: its lease expires in Redis

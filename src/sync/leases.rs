@@ -195,11 +195,14 @@ impl Leases {
                     .store(LeaseWord::of(&held.holder).pack(), Ordering::SeqCst);
             }
         }
-        // A key no longer in its zone (forgotten, or evicted once idle) is dropped once what
-        // it held ran out.
+        // A key is kept while it holds a live lease or has requests; an idle key that holds
+        // nothing is dropped (its record in Redis, lease 0, expires), and so is one no longer
+        // in its zone (forgotten, or evicted once idle) once what it held ran out.
         let current = self.round;
         self.held.retain(|_, held| {
-            held.seen == current || (held.holder.lease > 0 && held.holder.expires_ms > now)
+            let holder = &held.holder;
+            (holder.lease > 0 && holder.expires_ms > now)
+                || (held.seen == current && holder.peak > 0)
         });
     }
 }
