@@ -287,8 +287,15 @@ fn a_killed_instance_gives_its_leases_back() {
             thread::spawn(move || client(plan, start))
         })
         .collect();
-    // Both hold half the limit.
+    // Both hold half the limit; the key's view says so.
     wait_leases(&[(&survivor, 6), (&victim, 6)], Duration::from_secs(10));
+    let key = common::get(victim.port(), "/ratelimit/zones/api/keys/tenant");
+    let key: serde_json::Value = serde_json::from_str(&key.text()).expect("key JSON");
+    assert_eq!(
+        (&key["lease"], &key["limit"]),
+        (&6.into(), &12.into()),
+        "{key}"
+    );
     let mut pids = victim.worker_pids();
     pids.push(victim.master_pid());
     let killed = Instant::now();

@@ -103,7 +103,13 @@ fn key_state(zone: &Zone, words: &KeyWords, limits: &ConcurrencyLimits) -> Concu
         (ConcurrencyLimit::Adaptive(_), Some(state)) => state.limit,
         (ConcurrencyLimit::Adaptive(bounds), None) => bounds.min,
     };
+    let lease = words.lease.map(|lease| {
+        LeaseWord::unpack(lease.lease.load(core::sync::atomic::Ordering::Acquire))
+            .permits_at(now_ms())
+            .unwrap_or(0)
+    });
     ConcurrencyKeyState {
+        lease,
         in_flight: slots.in_flight,
         queued: slots.queued(),
         limit,
@@ -156,14 +162,11 @@ impl<'a> SharedZone<'a> {
         let (mut in_flight, mut queued) = (0, 0);
         let mut busiest: Option<ConcurrencyKeyState> = None;
         let mut lease = None;
-        let now_ms = self.now_ns / 1_000_000;
         for (_, words) in self.zone.concurrency_keys() {
-            if let Some(words) = words.lease {
-                let word =
-                    LeaseWord::unpack(words.lease.load(core::sync::atomic::Ordering::Acquire));
-                *lease.get_or_insert(0) += u64::from(word.permits_at(now_ms).unwrap_or(0));
-            }
             let state = key_state(&self.zone, &words, &limits);
+            if let Some(held) = state.lease {
+                *lease.get_or_insert(0) += u64::from(held);
+            }
             in_flight += u64::from(state.in_flight);
             queued += u64::from(state.queued);
             let busier = busiest.is_none_or(|b| state.in_flight > b.in_flight);

@@ -36,6 +36,8 @@ pub struct ConcurrencyKeyState {
     /// The key's limit now (the zone's, or its adaptive limit).
     pub limit: u32,
     pub adaptive: Option<AdaptiveKeyState>,
+    /// For a `sync` zone: the permits this instance's lease of the key holds now.
+    pub lease: Option<u32>,
 }
 
 /// The adaptive limit's view of a key.
@@ -157,6 +159,9 @@ pub struct KeyJson<'a> {
     pub in_flight: u32,
     pub queued: u32,
     pub limit: u32,
+    /// For a `sync` zone: the permits this instance holds of the fleet's `limit`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease: Option<u32>,
     /// Whether a request now would get a slot at once.
     pub would_pass: bool,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
@@ -172,7 +177,12 @@ impl<'a> KeyJson<'a> {
             in_flight: state.in_flight,
             queued: state.queued,
             limit: state.limit,
-            would_pass: state.queued == 0 && state.in_flight < state.limit,
+            lease: state.lease,
+            would_pass: state.queued == 0
+                && state.in_flight
+                    < state
+                        .lease
+                        .map_or(state.limit, |lease| lease.min(state.limit)),
             adaptive: state.adaptive.as_ref().map(AdaptiveJson::from),
         }
     }

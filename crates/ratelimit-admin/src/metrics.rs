@@ -472,6 +472,7 @@ mod tests {
                 in_flight: 41,
                 queued: 3,
                 busiest: Some(ConcurrencyKeyState {
+                    lease: None,
                     in_flight: 36,
                     queued: 3,
                     limit: 37,
