@@ -436,3 +436,67 @@ fn the_lease_script_is_serve() {
         assert_eq!(got, expected, "round {round}: {request:?}");
     }
 }
+
+/// The worker of `nginx` whose sync loop thread (`rate_limit_sync`) runs.
+fn loop_worker(nginx: &Nginx) -> Option<u32> {
+    nginx.worker_pids().into_iter().find(|pid| {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|task| {
+                std::fs::read_to_string(task.path().join("comm"))
+                    .is_ok_and(|name| name.trim() == "rate_limit_sync")
+            })
+    })
+}
+
+/// The worker that runs an instance's sync loop killed with SIGKILL while both instances hold
+/// half the limit: another worker takes the loop over and renews the leases it finds in the
+/// zone (its requests never wait for Redis); the fleet never has more than 12 in flight, and
+/// the instance holds its 6 again.
+#[test]
+fn a_new_loop_adopts_the_leases_of_a_killed_one() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let redis = Redis::start();
+    let upstream = Counter::start();
+    let first = instance(redis.port, upstream.port);
+    let second = instance(redis.port, upstream.port);
+    redis.wait_instances(2);
+    synced(&[&first, &second]);
+
+    let start = Instant::now();
+    let ports = [first.port(), second.port()];
+    let clients: Vec<_> = (0..24)
+        .map(|at| {
+            let plan = vec![(ports[at % 2], Duration::from_secs(60))];
+            thread::spawn(move || client(plan, start))
+        })
+        .collect();
+    wait_leases(&[(&first, 6), (&second, 6)], Duration::from_secs(10));
+    let owner = loop_worker(&first).expect("a worker runs the sync loop");
+    let killed = upstream.started.elapsed();
+    sys::signal(owner as i32, SIGKILL);
+    let taken_over = Instant::now();
+    while loop_worker(&first).is_none_or(|pid| pid == owner) {
+        assert!(
+            taken_over.elapsed() < Duration::from_secs(10),
+            "no worker took the loop over\n{}",
+            first.error_log()
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    wait_rounds(&first, 5, Duration::from_secs(10));
+    wait_leases(&[(&first, 6), (&second, 6)], Duration::from_secs(10));
+    let (most, mean) = in_flight_over(&upstream.events(), killed, upstream.started.elapsed());
+    println!("fleet concurrency: loop worker killed: most {most}, mean {mean:.2}");
+    assert!(
+        most <= LIMIT,
+        "{most} in flight after the loop's worker was killed"
+    );
+    drop(first);
+    drop(second);
+    drop(clients);
+}
