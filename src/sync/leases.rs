@@ -2,18 +2,19 @@
 //! round, for every key of a `sync` concurrency zone that has requests in flight, queued or
 //! refused, or a lease, the loop tells Redis what this instance keeps of its lease and what
 //! it wants, and Redis (one script call per key, atomic) grants permits from what no other
-//! instance holds: `ratelimit_core::lease`'s protocol, whose `serve` is the script (`SERVE_SCRIPT`) run here.
-//! The key's lease word in the zone (`ratelimit_core::lease::LeaseWord`: permits and until
-//! when) is what its requests read; they never wait on Redis.
+//! instance holds: `ratelimit_core::lease`'s protocol, whose `serve` the script
+//! `SERVE_SCRIPT` is. The key's lease word in the zone (`ratelimit_core::lease::LeaseWord`:
+//! permits and until when) is what its requests read; they never wait on Redis.
 //!
 //! A lease not renewed expires `EXPIRY_ROUNDS` intervals after the last request Redis applied
 //! (Redis's clock), and on the instance `EXPIRY_ROUNDS` intervals after it sent that request
 //! (its own clock, so earlier): a killed instance's permits are back in the fleet within
 //! three intervals of its last round, and the next round of the others takes them.
 //!
-//! Kept apart from the rate keys' sync (`task.rs` calls [`Leases::round`] once per round, in
-//! an exchange of its own). The loop-side state ([`LeaseHolder`] per key) lives in the
-//! thread; a worker that takes the loop over adopts each key's lease word as it finds it.
+//! Kept apart from the rate keys' sync (`task.rs` calls [`Leases::prepare`] and
+//! [`Leases::settle`] once per round, around an exchange of their own). The loop-side state
+//! ([`LeaseHolder`] per key) lives in the thread; a worker that takes the loop over adopts
+//! each key's lease word as it finds it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{fence, Ordering};
