@@ -184,6 +184,30 @@ fn wait_leases(leases: &[(&Nginx, u64)], within: Duration) {
     }
 }
 
+/// A real Redis, the counting upstream and `count` instances, every one synced.
+fn start_fleet(count: usize) -> (Redis, Counter, Vec<Nginx>) {
+    let redis = Redis::start();
+    let upstream = Counter::start();
+    let fleet: Vec<Nginx> = (0..count)
+        .map(|_| instance(redis.port, upstream.port))
+        .collect();
+    redis.wait_instances(count);
+    synced(&fleet.iter().collect::<Vec<_>>());
+    (redis, upstream, fleet)
+}
+
+/// `clients` clients spread over `ports` in turn, each sending for a minute (or until its
+/// instance goes away).
+fn load(ports: &[u16], clients: usize) -> Vec<thread::JoinHandle<Vec<u16>>> {
+    let start = Instant::now();
+    (0..clients)
+        .map(|at| {
+            let plan = vec![(ports[at % ports.len()], Duration::from_secs(60))];
+            thread::spawn(move || client(plan, start))
+        })
+        .collect()
+}
+
 fn synced(fleet: &[&Nginx]) {
     for nginx in fleet {
         wait_mode(nginx, "synced", Duration::from_secs(10));
@@ -200,13 +224,7 @@ fn one_limit_for_the_fleet_follows_the_demand() {
     let _serial = SERIAL
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let redis = Redis::start();
-    let upstream = Counter::start();
-    let fleet: Vec<Nginx> = (0..3)
-        .map(|_| instance(redis.port, upstream.port))
-        .collect();
-    redis.wait_instances(3);
-    synced(&fleet.iter().collect::<Vec<_>>());
+    let (redis, upstream, fleet) = start_fleet(3);
 
     let phase = Duration::from_secs(6);
     let start = Instant::now();
@@ -271,22 +289,10 @@ fn a_killed_instance_gives_its_leases_back() {
     let _serial = SERIAL
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let redis = Redis::start();
-    let upstream = Counter::start();
-    let survivor = instance(redis.port, upstream.port);
-    let victim = instance(redis.port, upstream.port);
-    redis.wait_instances(2);
-    synced(&[&survivor, &victim]);
-
-    let start = Instant::now();
-    let until = Duration::from_secs(30);
-    let ports = [survivor.port(), victim.port()];
-    let clients: Vec<_> = (0..24)
-        .map(|at| {
-            let plan = vec![(ports[at % 2], until)];
-            thread::spawn(move || client(plan, start))
-        })
-        .collect();
+    let (_redis, upstream, mut fleet) = start_fleet(2);
+    let victim = fleet.pop().unwrap();
+    let survivor = fleet.pop().unwrap();
+    let clients = load(&[survivor.port(), victim.port()], 24);
     // Both hold half the limit; the key's view says so.
     wait_leases(&[(&survivor, 6), (&victim, 6)], Duration::from_secs(10));
     let key = common::get(victim.port(), "/ratelimit/zones/api/keys/tenant");
@@ -337,21 +343,12 @@ fn local_share_when_redis_stops() {
     let _serial = SERIAL
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let redis = Redis::start();
-    let upstream = Counter::start();
-    let busy = instance(redis.port, upstream.port);
-    let idle = instance(redis.port, upstream.port);
-    redis.wait_instances(2);
-    synced(&[&busy, &idle]);
-
-    let start = Instant::now();
-    let port = busy.port();
-    let clients: Vec<_> = (0..12)
-        .map(|_| thread::spawn(move || client(vec![(port, Duration::from_secs(60))], start)))
-        .collect();
-    wait_leases(&[(&busy, LIMIT as u64)], Duration::from_secs(10));
+    let (redis, upstream, fleet) = start_fleet(2);
+    let busy = &fleet[0];
+    let clients = load(&[busy.port()], 12);
+    wait_leases(&[(busy, LIMIT as u64)], Duration::from_secs(10));
     redis.signal(common::redis::SIGSTOP);
-    wait_mode(&busy, "local_share", Duration::from_secs(10));
+    wait_mode(busy, "local_share", Duration::from_secs(10));
     // Its lease ran out (3 intervals) and its requests over 6 ended (0.5 s) well before.
     let from = upstream.started.elapsed() + Duration::from_secs(1);
     let to = from + Duration::from_secs(2);
@@ -367,9 +364,9 @@ fn local_share_when_redis_stops() {
     );
     assert!(mean >= 5.0, "{mean:.2} in flight under local_share");
     redis.signal(common::redis::SIGCONT);
-    wait_mode(&busy, "synced", Duration::from_secs(10));
-    wait_leases(&[(&busy, LIMIT as u64)], Duration::from_secs(5));
-    drop(busy);
+    wait_mode(busy, "synced", Duration::from_secs(10));
+    wait_leases(&[(busy, LIMIT as u64)], Duration::from_secs(5));
+    drop(fleet);
     drop(clients);
 }
 
@@ -460,27 +457,15 @@ fn a_new_loop_adopts_the_leases_of_a_killed_one() {
     let _serial = SERIAL
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let redis = Redis::start();
-    let upstream = Counter::start();
-    let first = instance(redis.port, upstream.port);
-    let second = instance(redis.port, upstream.port);
-    redis.wait_instances(2);
-    synced(&[&first, &second]);
-
-    let start = Instant::now();
-    let ports = [first.port(), second.port()];
-    let clients: Vec<_> = (0..24)
-        .map(|at| {
-            let plan = vec![(ports[at % 2], Duration::from_secs(60))];
-            thread::spawn(move || client(plan, start))
-        })
-        .collect();
-    wait_leases(&[(&first, 6), (&second, 6)], Duration::from_secs(10));
-    let owner = loop_worker(&first).expect("a worker runs the sync loop");
+    let (_redis, upstream, fleet) = start_fleet(2);
+    let (first, second) = (&fleet[0], &fleet[1]);
+    let clients = load(&[first.port(), second.port()], 24);
+    wait_leases(&[(first, 6), (second, 6)], Duration::from_secs(10));
+    let owner = loop_worker(first).expect("a worker runs the sync loop");
     let killed = upstream.started.elapsed();
     sys::signal(owner as i32, SIGKILL);
     let taken_over = Instant::now();
-    while loop_worker(&first).is_none_or(|pid| pid == owner) {
+    while loop_worker(first).is_none_or(|pid| pid == owner) {
         assert!(
             taken_over.elapsed() < Duration::from_secs(10),
             "no worker took the loop over\n{}",
@@ -488,15 +473,14 @@ fn a_new_loop_adopts_the_leases_of_a_killed_one() {
         );
         thread::sleep(Duration::from_millis(10));
     }
-    wait_rounds(&first, 5, Duration::from_secs(10));
-    wait_leases(&[(&first, 6), (&second, 6)], Duration::from_secs(10));
+    wait_rounds(first, 5, Duration::from_secs(10));
+    wait_leases(&[(first, 6), (second, 6)], Duration::from_secs(10));
     let (most, mean) = in_flight_over(&upstream.events(), killed, upstream.started.elapsed());
     println!("fleet concurrency: loop worker killed: most {most}, mean {mean:.2}");
     assert!(
         most <= LIMIT,
         "{most} in flight after the loop's worker was killed"
     );
-    drop(first);
-    drop(second);
+    drop(fleet);
     drop(clients);
 }
