@@ -278,10 +278,10 @@ fn nginx_t_refuses_bad_configuration() {
             "\"min=50\" is more than \"max=10\"",
         ),
         (
-            "sync on a concurrency zone",
-            "rate_limit_zone $server_name zone=c:1m algorithm=concurrency limit=5 sync;"
+            "sync on an adaptive concurrency zone",
+            "rate_limit_zone $server_name zone=c:1m algorithm=concurrency limit=adaptive sync;"
                 .to_string(),
-            "\"sync\" is not supported by concurrency zones",
+            "\"sync\" is not supported with \"limit=adaptive\"",
         ),
         (
             "nodelay on a concurrency line",

@@ -167,7 +167,7 @@ pub fn parse_zone(cf: &mut ngx_conf_t) -> Result<ParsedZone, ConfError> {
             },
             burst: None,
             algorithm: Algorithm::Concurrency,
-            sync: false,
+            sync: concurrency.sync,
             block: None,
             quota: None,
         },

@@ -26,7 +26,7 @@ use ratelimit_core::concurrency::{
 use ratelimit_core::NANOS_PER_SEC;
 
 use super::queue;
-use super::tickets::{key_limit, process_slot, skip_stale_head};
+use super::tickets::{key_ceiling, key_limit, process_slot, skip_stale_head};
 use crate::conf::{registry, ZoneConf};
 use crate::glue::now_ns;
 use crate::store::concurrency::KeyWords;
@@ -141,6 +141,7 @@ pub fn arrive(
         places.min(u64::from(arithmetic::MAX_QUEUE)) as u32
     });
     let (limit, epoch) = key_limit(&line.zone, &words, &limits, now_ns);
+    let ceiling = key_ceiling(&words, &limits, limit);
     let refusal = |word: u64| {
         let slots = arithmetic::Slots::unpack(word);
         Refusal {
@@ -152,7 +153,7 @@ pub fn arrive(
     };
     if dry_run {
         let word = words.slots.load(Ordering::Acquire);
-        let (step, _) = arithmetic::arrive(word, line.cost, limit, queue_places);
+        let (step, _) = arithmetic::arrive_within(word, line.cost, limit, ceiling, queue_places);
         match step {
             Step::Admitted => {}
             Step::Queued { .. } => {
@@ -177,7 +178,8 @@ pub fn arrive(
     let mut stale_checked = false;
     let mut marked = false;
     loop {
-        let (step, next) = arithmetic::arrive(current, line.cost, limit, queue_places);
+        let (step, next) =
+            arithmetic::arrive_within(current, line.cost, limit, ceiling, queue_places);
         let Some(next) = next else {
             if !stale_checked && arithmetic::Slots::unpack(current).queued() > 0 {
                 // A queue full of a dead worker's tickets must not refuse the key for ever.
@@ -188,6 +190,10 @@ pub fn arrive(
             }
             if marked {
                 tickets_settled(line, &words);
+            }
+            if let Some(lease) = words.lease {
+                // The fleet is asked for what was refused at the next round.
+                lease.refused.fetch_add(1, Ordering::Relaxed);
             }
             return Arrival::Rejected(refusal(current));
         };

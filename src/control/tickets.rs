@@ -10,7 +10,9 @@ use ratelimit_core::concurrency::{
     self as arithmetic, Arrival as Step, ConcurrencyLimit, ConcurrencyLimits, Leave, Turn,
 };
 
-use crate::store::concurrency::KeyWords;
+use ratelimit_core::lease::LeaseWord;
+
+use crate::store::concurrency::{KeyWords, LeaseWords};
 use crate::store::{SlotIndex, Zone};
 
 /// This process's slot in nginx's process table (its lane in each key).
@@ -29,7 +31,10 @@ pub(super) fn key_limit(
     now_ns: u64,
 ) -> (u32, u16) {
     let bounds = match limits.limit {
-        ConcurrencyLimit::Fixed(limit) => return (limit, 0),
+        ConcurrencyLimit::Fixed(limit) => match words.lease {
+            None => return (limit, 0),
+            Some(lease) => return (lease_permits(zone, &lease, now_ns).min(limit), 0),
+        },
         ConcurrencyLimit::Adaptive(bounds) => bounds,
     };
     let Some(adaptive) = words.adaptive else {
@@ -45,6 +50,25 @@ pub(super) fn key_limit(
         state
     });
     (state.limit, state.epoch)
+}
+
+/// The most slots a key can ever have: its limit now, or for a `sync` key (whose limit now
+/// is its lease) the fleet's `limit=`, up to which a request queues for a larger lease.
+#[inline]
+pub(super) fn key_ceiling(words: &KeyWords, limits: &ConcurrencyLimits, limit: u32) -> u32 {
+    match (limits.limit, words.lease) {
+        (ConcurrencyLimit::Fixed(fleet), Some(_)) => fleet,
+        _ => limit,
+    }
+}
+
+/// A `sync` key's permits on this instance: its lease while it lives, else the zone's
+/// fallback (none while Redis answers; `on_failure=`'s otherwise). No Redis call: one load.
+#[inline]
+fn lease_permits(zone: &Zone, lease: &LeaseWords, now_ns: u64) -> u32 {
+    LeaseWord::unpack(lease.lease.load(Ordering::Acquire))
+        .permits_at(now_ns / 1_000_000)
+        .unwrap_or_else(|| zone.lease_fallback())
 }
 
 /// A waiter whose ticket was skipped (the queue was emptied: a dead worker's tickets were in
@@ -67,9 +91,10 @@ pub(super) fn requeue(
         return Requeue::Rejected;
     };
     let (limit, _) = key_limit(zone, words, &limits, now_ns);
+    let ceiling = key_ceiling(words, &limits, limit);
     let mut current = words.slots.load(Ordering::Acquire);
     loop {
-        let (step, next) = arithmetic::arrive(current, cost, limit, queue_places);
+        let (step, next) = arithmetic::arrive_within(current, cost, limit, ceiling, queue_places);
         let Some(next) = next else {
             return Requeue::Rejected;
         };

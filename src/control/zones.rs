@@ -12,6 +12,7 @@ use ratelimit_admin::{
 };
 use ratelimit_core::block_table::BlockedKey;
 use ratelimit_core::key_form::KeyForm;
+use ratelimit_core::lease::LeaseWord;
 use ratelimit_core::top::{TopKind, TopWindow};
 use ratelimit_core::{Algorithm, DelayMode, Limits, Policy};
 
@@ -102,7 +103,13 @@ fn key_state(zone: &Zone, words: &KeyWords, limits: &ConcurrencyLimits) -> Concu
         (ConcurrencyLimit::Adaptive(_), Some(state)) => state.limit,
         (ConcurrencyLimit::Adaptive(bounds), None) => bounds.min,
     };
+    let lease = words.lease.map(|lease| {
+        LeaseWord::unpack(lease.lease.load(core::sync::atomic::Ordering::Acquire))
+            .permits_at(now_ms())
+            .unwrap_or(0)
+    });
     ConcurrencyKeyState {
+        lease,
         in_flight: slots.in_flight,
         queued: slots.queued(),
         limit,
@@ -154,8 +161,12 @@ impl<'a> SharedZone<'a> {
         let spec = self.conf.concurrency.as_ref()?;
         let (mut in_flight, mut queued) = (0, 0);
         let mut busiest: Option<ConcurrencyKeyState> = None;
+        let mut lease = None;
         for (_, words) in self.zone.concurrency_keys() {
             let state = key_state(&self.zone, &words, &limits);
+            if let Some(held) = state.lease {
+                *lease.get_or_insert(0) += u64::from(held);
+            }
             in_flight += u64::from(state.in_flight);
             queued += u64::from(state.queued);
             let busier = busiest.is_none_or(|b| state.in_flight > b.in_flight);
@@ -173,6 +184,7 @@ impl<'a> SharedZone<'a> {
             in_flight,
             queued,
             busiest,
+            lease: lease.or(self.zone.is_sync().then_some(0)),
         })
     }
 

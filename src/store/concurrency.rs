@@ -4,12 +4,14 @@
 //! with them is the control layer's.
 //!
 //! A key's slot: `[hash, slots, head_since_ns, lanes × LANE_WORDS, (adaptive state × 5,
-//! window histogram × 4, window peak)]`.
+//! window histogram × 4, window peak | a sync zone's lease, refused)]`.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use ratelimit_core::adaptive::{AdaptiveBounds, AdaptiveLimit, ADAPTIVE_WORDS, HISTOGRAM_WORDS};
-use ratelimit_core::concurrency::{ConcurrencyLimits, Lanes, Slots, KEY_WORDS, LANE_WORDS};
+use ratelimit_core::concurrency::{
+    ConcurrencyLimits, Lanes, Slots, KEY_WORDS, LANE_WORDS, LEASE_KEY_WORDS,
+};
 
 use super::slots::Pin;
 use super::{SlotIndex, Zone};
@@ -42,6 +44,8 @@ const LANES: usize = 2;
 const ADAPTIVE: usize = KEY_WORDS;
 const WINDOW: usize = ADAPTIVE + ADAPTIVE_WORDS;
 const PEAK: usize = WINDOW + HISTOGRAM_WORDS;
+const LEASE: usize = KEY_WORDS;
+const REFUSED: usize = LEASE + 1;
 
 /// One key's words.
 #[derive(Clone, Copy)]
@@ -53,6 +57,18 @@ pub struct KeyWords<'a> {
     lanes: &'a [AtomicU64],
     /// With `limit=adaptive`.
     pub adaptive: Option<AdaptiveWords<'a>>,
+    /// In a `sync` zone.
+    pub lease: Option<LeaseWords<'a>>,
+}
+
+/// A `sync` key's lease words: written by the sync loop, read by requests.
+#[derive(Clone, Copy)]
+pub struct LeaseWords<'a> {
+    /// The packed `ratelimit_core::lease::LeaseWord`: the permits the key's requests may hold
+    /// on this instance, and until when.
+    pub lease: &'a AtomicU64,
+    /// Requests refused for want of a permit since the loop last took the count.
+    pub refused: &'a AtomicU64,
 }
 
 /// An adaptive key's words.
@@ -196,6 +212,19 @@ impl Zone {
         ConcurrencyLimits::unpack(self.header().concurrency.load(Ordering::Acquire))
     }
 
+    /// The permits a key of a `sync` zone may hold while it has no live lease.
+    #[inline]
+    pub fn lease_fallback(&self) -> u32 {
+        self.header().lease_fallback.load(Ordering::Acquire) as u32
+    }
+
+    /// Set by the sync loop each round: see [`Zone::lease_fallback`].
+    pub fn set_lease_fallback(&self, permits: u32) {
+        self.header()
+            .lease_fallback
+            .store(u64::from(permits), Ordering::Release);
+    }
+
     /// The limits the configuration file gave at the last (re)load.
     pub fn config_concurrency_limits(&self) -> Option<ConcurrencyLimits> {
         ConcurrencyLimits::unpack(self.header().config_concurrency.load(Ordering::Acquire))
@@ -256,11 +285,16 @@ impl Zone {
             histogram: &words[WINDOW..PEAK],
             peak: &words[PEAK],
         });
+        let lease = (self.sync && words.len() == KEY_WORDS + LEASE_KEY_WORDS).then(|| LeaseWords {
+            lease: &words[LEASE],
+            refused: &words[REFUSED],
+        });
         Some(KeyWords {
             slots: &words[SLOTS],
             head_since: &words[HEAD_SINCE],
             lanes: &words[LANES..LANES + LANE_WORDS],
             adaptive,
+            lease,
         })
     }
 

@@ -110,6 +110,9 @@ pub struct ZoneShared {
     /// zone), and those of the configuration file at the last (re)load.
     concurrency: AtomicU64,
     config_concurrency: AtomicU64,
+    /// A `sync` concurrency zone: the permits a key without a live lease may hold, written
+    /// by the sync loop each round (0 while Redis answers, the failure mode's otherwise).
+    lease_fallback: AtomicU64,
     /// Records of the block table ([`blocks`]), which starts `block_offset` bytes after the
     /// slot table's start; 0 for a zone without `block=`.
     block_records: AtomicU64,
@@ -142,7 +145,7 @@ impl ZoneLayout {
     pub fn slot_words(&self) -> usize {
         if let Some(limits) = &self.concurrency {
             let adaptive = matches!(limits.limit, ConcurrencyLimit::Adaptive(_));
-            return in_flight::state_words(adaptive);
+            return in_flight::state_words(adaptive, self.sync_seed.is_some());
         }
         if self.sync_seed.is_some() {
             return slots::SYNC_STATE_WORDS;

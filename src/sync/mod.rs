@@ -19,6 +19,7 @@
 
 mod blocks;
 mod cluster;
+mod leases;
 mod link;
 mod overrides;
 mod quota;
@@ -215,8 +216,20 @@ fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Op
     let mcf = RateLimitModule::main_conf(cycle)?;
     let spec = mcf.sync.as_ref()?.spec.clone();
     let tls = mcf.sync.as_ref()?.tls.clone();
+    let lease_zones = registry::of(cycle)?
+        .zones()
+        .filter(|zone| zone.concurrency.is_some())
+        .filter_map(|zone| {
+            let view = zone.zone.filter(|view| zone.sync && view.is_sync())?;
+            Some(leases::LeaseZone {
+                name: zone.name.clone(),
+                zone: view,
+            })
+        })
+        .collect();
     let zones = registry::of(cycle)?
         .zones()
+        .filter(|zone| zone.concurrency.is_none())
         .filter_map(|zone| {
             let view = zone.zone.filter(|view| zone.sync && view.is_sync())?;
             Some(zone::SyncZone {
@@ -239,6 +252,7 @@ fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Op
     let round_timeout = Duration::from_millis(spec.timeout_ms);
     let job = task::Task {
         zones,
+        lease_zones,
         spec,
         tls,
         sync,

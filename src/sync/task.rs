@@ -25,6 +25,7 @@ use ratelimit_core::sync_spec::{OnFailure, SyncSpec};
 use ratelimit_core::Limits;
 
 use super::cluster;
+use super::leases::{LeaseZone, Leases};
 use super::link::{self, ReadBudget};
 use super::overrides::OVERRIDES_SCRIPT;
 use super::shared::{Bad, Mode, SyncError, SyncShared};
@@ -160,6 +161,8 @@ const UNCONFIRMED: usize = 8;
 /// Everything the thread needs; built by a worker, moved into the thread.
 pub struct Task {
     pub zones: Vec<SyncZone>,
+    /// The `sync` concurrency zones (`super::leases`).
+    pub lease_zones: Vec<LeaseZone>,
     pub spec: SyncSpec,
     /// `tls_ca=`, `tls_cert=`/`tls_key=` as read at config time.
     pub tls: Option<redis::TlsCertificates>,
@@ -204,10 +207,15 @@ struct LoopState {
     failing: bool,
     /// Rounds timed out in a row on the connections kept open.
     timeouts: u32,
+    /// The leases of the `sync` concurrency zones' keys.
+    leases: Leases,
     /// What the timed-out exchanges still pending on those connections may read when Redis
     /// answers them late (added to the next exchange's bound, at most [`LATE_BYTES_MAX`]).
     late_bytes: usize,
 }
+
+/// The most bytes of one key's lease reply (five integers).
+const LEASE_REPLY_BYTES: usize = 128;
 
 /// Timed-out rounds after which the connections are opened again (a peer gone without a
 /// reset would otherwise keep them for good). Until then a round that times out keeps its
@@ -443,6 +451,7 @@ impl Task {
             failing: false,
             timeouts: 0,
             late_bytes: 0,
+            leases: Leases::default(),
         };
         let mut next = tokio::time::Instant::now();
         loop {
@@ -570,6 +579,8 @@ impl Task {
         self.apply(&synced, instances, round, state);
         let took = started.elapsed();
         self.sync_blocks(link).await;
+        self.sync_leases(link, &mut state.leases, first_error.is_none())
+            .await;
         match first_error {
             None => {
                 let lag_us = took.as_micros() as u64;
@@ -640,6 +651,30 @@ impl Task {
         }
         // Grants were written for `round`; from now on they age.
         self.sync.round.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The keys' leases of the `sync` concurrency zones (`super::leases`), in an exchange of
+    /// their own: one script call per key.
+    async fn sync_leases(&self, link: &mut Link, leases: &mut Leases, reachable: bool) {
+        if self.lease_zones.is_empty() {
+            return;
+        }
+        let round = leases.prepare(&self.lease_zones, &self.spec, self.sync, reachable);
+        let replies = if round.commands.is_empty() {
+            Vec::new()
+        } else {
+            let timeout = Duration::from_millis(self.spec.timeout_ms);
+            link.allow(4096 + round.commands.len() * LEASE_REPLY_BYTES);
+            match tokio::time::timeout(timeout, self.exchange(link, &round.commands)).await {
+                Ok(replies) => replies,
+                Err(_) => round
+                    .commands
+                    .iter()
+                    .map(|_| Err(SyncError::Timeout))
+                    .collect(),
+            }
+        };
+        leases.settle(&self.lease_zones, &self.spec, round, replies);
     }
 
     /// The zones' blocks: this instance's changes out, the fleet's in (`super::blocks`).

@@ -24,6 +24,8 @@ pub struct ConcurrencyInfo {
     pub queued: u64,
     /// For `limit=adaptive`: the key with the most requests in flight, if any key has a state.
     pub busiest: Option<ConcurrencyKeyState>,
+    /// For a `sync` zone: the permits this instance's live leases hold, over all keys.
+    pub lease: Option<u64>,
 }
 
 /// One key of a concurrency zone now.
@@ -34,6 +36,8 @@ pub struct ConcurrencyKeyState {
     /// The key's limit now (the zone's, or its adaptive limit).
     pub limit: u32,
     pub adaptive: Option<AdaptiveKeyState>,
+    /// For a `sync` zone: the permits this instance's lease of the key holds now.
+    pub lease: Option<u32>,
 }
 
 /// The adaptive limit's view of a key.
@@ -93,6 +97,9 @@ pub struct ZoneFieldsJson {
     pub queue_timeout_ms: u64,
     pub in_flight: u64,
     pub queued: u64,
+    /// For a `sync` zone: the permits this instance holds of the fleet's limits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease: Option<u64>,
     /// For `limit=adaptive`: the busiest key's limit and latencies.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub adaptive: Option<BusiestJson>,
@@ -132,6 +139,7 @@ impl From<&ConcurrencyInfo> for ZoneFieldsJson {
             queue_timeout_ms: info.queue_timeout_ns.div_ceil(1_000_000),
             in_flight: info.in_flight,
             queued: info.queued,
+            lease: info.lease,
             adaptive: info.busiest.and_then(|key| {
                 key.adaptive.as_ref().map(|adaptive| BusiestJson {
                     limit: key.limit,
@@ -151,6 +159,9 @@ pub struct KeyJson<'a> {
     pub in_flight: u32,
     pub queued: u32,
     pub limit: u32,
+    /// For a `sync` zone: the permits this instance holds of the fleet's `limit`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease: Option<u32>,
     /// Whether a request now would get a slot at once.
     pub would_pass: bool,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
@@ -166,7 +177,12 @@ impl<'a> KeyJson<'a> {
             in_flight: state.in_flight,
             queued: state.queued,
             limit: state.limit,
-            would_pass: state.queued == 0 && state.in_flight < state.limit,
+            lease: state.lease,
+            would_pass: state.queued == 0
+                && state.in_flight
+                    < state
+                        .lease
+                        .map_or(state.limit, |lease| lease.min(state.limit)),
             adaptive: state.adaptive.as_ref().map(AdaptiveJson::from),
         }
     }

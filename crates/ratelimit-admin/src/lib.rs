@@ -1271,6 +1271,7 @@ mod tests {
             MemoryZone::concurrency("auto", adaptive),
         ];
         let held = ConcurrencyKeyState {
+            lease: None,
             in_flight: 1,
             queued: 0,
             limit: 2,
@@ -1304,6 +1305,7 @@ mod tests {
         assert_eq!(zone["config"], json!({"limit": 2, "queue": 0}));
 
         let learnt = ConcurrencyKeyState {
+            lease: None,
             in_flight: 30,
             queued: 2,
             limit: 37,

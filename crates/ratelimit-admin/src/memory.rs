@@ -186,6 +186,7 @@ impl MemoryZone {
         let zone = MemoryZone::new(name, Algorithm::Concurrency, placeholder);
         zone.with(|state| {
             state.info.concurrency = Some(ConcurrencyInfo {
+                lease: None,
                 limits,
                 config: limits,
                 queue_timeout_ns: 5_000_000_000,

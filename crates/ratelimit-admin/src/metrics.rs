@@ -17,7 +17,7 @@ struct Family {
     help: &'static str,
 }
 
-const FAMILIES: [Family; 30] = [
+const FAMILIES: [Family; 31] = [
     Family {
         name: "rate_limit_requests_total",
         kind: "counter",
@@ -162,6 +162,12 @@ const FAMILIES: [Family; 30] = [
                with the most in flight (concurrency zones only).",
     },
     Family {
+        name: "rate_limit_lease_permits",
+        kind: "gauge",
+        help: "Permits of the fleet's limits this instance's live leases hold, over the \
+               zone's keys (sync concurrency zones only).",
+    },
+    Family {
         name: "rate_limit_latency_seconds",
         kind: "gauge",
         help: "limit=adaptive: the last window's median latency of the key with the most in \
@@ -275,6 +281,7 @@ pub fn render_with_blocks(zones: &[(String, ZoneInfo)], blocks: &[Option<BlockCo
                 "rate_limit_in_flight"
                 | "rate_limit_queued"
                 | "rate_limit_concurrency_limit"
+                | "rate_limit_lease_permits"
                 | "rate_limit_latency_seconds"
                 | "rate_limit_no_load_latency_seconds" => {
                     if let Some(value) = concurrency_value(family.name, info) {
@@ -300,6 +307,7 @@ fn concurrency_value(family: &str, info: &ZoneInfo) -> Option<String> {
     Some(match family {
         "rate_limit_in_flight" => concurrency.in_flight.to_string(),
         "rate_limit_queued" => concurrency.queued.to_string(),
+        "rate_limit_lease_permits" => concurrency.lease?.to_string(),
         "rate_limit_concurrency_limit" => match concurrency.limits.limit {
             ConcurrencyLimit::Fixed(limit) => limit.to_string(),
             ConcurrencyLimit::Adaptive(_) => concurrency.busiest?.limit.to_string(),
@@ -475,8 +483,9 @@ mod tests {
         // Every family but rate_limit_blocked_keys and rate_limit_blocks_not_recorded_total
         // (zones with block= only), the three rate_limit_usage_* (zones a usage= line
         // charged only: t/usage.rs, t/usage_bad.rs), rate_limit_quota_limit (quota zones
-        // only: t/quota.rs), and the two of priced lines (t/prices.rs).
-        assert_eq!(deduped.len(), FAMILIES.len() - 8);
+        // only: t/quota.rs), the two of priced lines (t/prices.rs) and
+        // rate_limit_lease_permits (sync concurrency zones only: below).
+        assert_eq!(deduped.len(), FAMILIES.len() - 9);
         assert!(text.ends_with('\n'));
         // A concurrency zone has no rate nor burst.
         assert!(!text.contains("rate_limit_burst{zone=\"app\"}"), "{text}");
@@ -496,12 +505,14 @@ mod tests {
             algorithm: ratelimit_core::Algorithm::Concurrency,
             sync: None,
             concurrency: Some(ConcurrencyInfo {
+                lease: None,
                 limits,
                 config: limits,
                 queue_timeout_ns: 5_000_000_000,
                 in_flight: 41,
                 queued: 3,
                 busiest: Some(ConcurrencyKeyState {
+                    lease: None,
                     in_flight: 36,
                     queued: 3,
                     limit: 37,
@@ -514,6 +525,22 @@ mod tests {
             }),
             ..info()
         }
+    }
+
+    #[test]
+    fn a_sync_concurrency_zone_shows_its_lease() {
+        let mut zone = concurrency_info();
+        if let Some(concurrency) = zone.concurrency.as_mut() {
+            concurrency.lease = Some(9);
+        }
+        let text = render(&[("app".into(), zone)]);
+        assert!(
+            text.lines()
+                .any(|line| line == "rate_limit_lease_permits{zone=\"app\"} 9"),
+            "{text}"
+        );
+        let plain = render(&[("app".into(), concurrency_info())]);
+        assert!(!plain.contains("rate_limit_lease_permits{"), "{plain}");
     }
 
     #[test]

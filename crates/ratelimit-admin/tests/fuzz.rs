@@ -38,6 +38,7 @@ fn zones() -> Vec<MemoryZone> {
         zone.track(b"k", 1);
         zone.track(b"a/b", 0);
         let key = ConcurrencyKeyState {
+            lease: None,
             in_flight: 2,
             queued: 1,
             limit: 10,

@@ -63,7 +63,7 @@ impl Algorithm {
     pub fn state_words(self, rate: &Rate) -> usize {
         match self {
             Algorithm::SlidingLog => sliding_log::words_for(rate.whole_requests().unwrap_or(1)),
-            Algorithm::Concurrency => crate::concurrency::state_words(false),
+            Algorithm::Concurrency => crate::concurrency::state_words(false, false),
             _ => 1,
         }
     }

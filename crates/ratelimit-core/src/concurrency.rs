@@ -48,6 +48,7 @@ pub const CONCURRENCY_PARAMETERS: &[&str] = &[
     "max=",
     "queue=",
     "queue_timeout=",
+    "sync",
 ];
 
 /// Most queue places (`queue=`): tickets are 16-bit and half the range tells waiting tickets
@@ -68,10 +69,17 @@ pub const KEY_WORDS: usize = 2 + LANE_WORDS;
 pub const ADAPTIVE_KEY_WORDS: usize =
     crate::adaptive::ADAPTIVE_WORDS + crate::adaptive::HISTOGRAM_WORDS + 1;
 
-/// The `u64` words a key of a concurrency zone takes (after its hash).
-pub fn state_words(adaptive: bool) -> usize {
+/// Words a key of a `sync` zone takes on top: its lease ([`crate::lease::LeaseWord`]) and its
+/// requests refused since the sync loop last looked (what it asks the fleet for).
+pub const LEASE_KEY_WORDS: usize = 2;
+
+/// The `u64` words a key of a concurrency zone takes (after its hash). A `sync` zone's
+/// limit is fixed (`limit=adaptive` cannot be synced).
+pub fn state_words(adaptive: bool, sync: bool) -> usize {
     if adaptive {
         KEY_WORDS + ADAPTIVE_KEY_WORDS
+    } else if sync {
+        KEY_WORDS + LEASE_KEY_WORDS
     } else {
         KEY_WORDS
     }
@@ -163,13 +171,33 @@ pub enum Arrival {
 /// ```
 #[inline]
 pub fn arrive(word: u64, cost: u64, limit: u32, queue: u32) -> (Arrival, Option<u64>) {
+    arrive_within(word, cost, limit, limit, queue)
+}
+
+/// [`arrive`] where the slots free now (`limit`) may be fewer than the most the key can ever
+/// have (`ceiling`): a `sync` key's lease and the fleet's `limit=`. A request that fits the
+/// ceiling waits in the queue for a larger lease.
+///
+/// ```
+/// use ratelimit_core::concurrency::{arrive_within, Arrival};
+///
+/// // No lease yet: queued, not rejected.
+/// assert!(matches!(arrive_within(0, 1, 0, 12, 5).0, Arrival::Queued { .. }));
+/// ```
+pub fn arrive_within(
+    word: u64,
+    cost: u64,
+    limit: u32,
+    ceiling: u32,
+    queue: u32,
+) -> (Arrival, Option<u64>) {
     let slots = Slots::unpack(word);
     let queued = slots.queued();
     if queued == 0 && slots.fits(cost, limit) {
         let in_flight = slots.in_flight + cost as u32;
         return (Arrival::Admitted, Some(Slots { in_flight, ..slots }.pack()));
     }
-    if queued < queue.min(MAX_QUEUE) && cost <= u64::from(limit) {
+    if queued < queue.min(MAX_QUEUE) && cost <= u64::from(ceiling) {
         let ticket = slots.tail;
         let tail = ticket.wrapping_add(1);
         let arrival = Arrival::Queued {
@@ -442,6 +470,8 @@ pub struct ConcurrencySpec {
     pub queue: u32,
     /// `queue_timeout=TIME`: the longest a request waits in the queue.
     pub queue_timeout_ns: u64,
+    /// `sync`: `limit=` holds across the fleet, handed out as leases ([`crate::lease`]).
+    pub sync: bool,
 }
 
 impl ConcurrencySpec {
@@ -471,8 +501,8 @@ impl ConcurrencySpec {
     /// let error = ConcurrencySpec::parse_words(&words).unwrap_err();
     /// assert_eq!(
     ///     error.to_string(),
-    ///     "invalid parameter \"foo\": it must be zone=, algorithm=, limit=, min=, max=, queue= or \
-    ///      queue_timeout="
+    ///     "invalid parameter \"foo\": it must be zone=, algorithm=, limit=, min=, max=, queue=, \
+    ///      queue_timeout= or sync"
     /// );
     /// ```
     pub fn parse_words(words: &[&str]) -> Result<ConcurrencySpec, SpecError> {
@@ -483,6 +513,7 @@ impl ConcurrencySpec {
         let mut max = None;
         let mut queue = None;
         let mut queue_timeout = None;
+        let mut sync = false;
 
         for &word in words {
             if let Some(value) = word.strip_prefix("zone=") {
@@ -511,12 +542,7 @@ impl ConcurrencySpec {
                     })?;
                 queue_timeout = Some((word, timeout));
             } else if word == "sync" {
-                return Err(SpecError::Conflict(
-                    "\"sync\" is not supported by concurrency zones: a request's slot is \
-                     taken and given back within one instance, faster than a fleet can agree \
-                     on a count; give each instance its share with \"limit=\""
-                        .into(),
-                ));
+                sync = true;
             } else if let Some((name, _)) = word.split_once('=') {
                 if matches!(name, "rate" | "burst") {
                     return Err(SpecError::Conflict(format!(
@@ -559,6 +585,14 @@ impl ConcurrencySpec {
             }
             (None, false) => return Err(SpecError::MissingParameter("limit")),
         };
+        if sync && matches!(limit, ConcurrencyLimit::Adaptive(_)) {
+            return Err(SpecError::Conflict(
+                "\"sync\" is not supported with \"limit=adaptive\": each instance measures \
+                 its own upstream's latency, so the fleet has no one limit to share; use \
+                 \"limit=N\" with \"sync\", or \"limit=adaptive\" per instance"
+                    .into(),
+            ));
+        }
         let queue = queue.unwrap_or(0);
         if let (Some((word, _)), 0) = (queue_timeout, queue) {
             return Err(SpecError::Conflict(format!(
@@ -570,6 +604,7 @@ impl ConcurrencySpec {
             limit,
             queue,
             queue_timeout_ns: queue_timeout.map_or(DEFAULT_QUEUE_TIMEOUT_NS, |(_, ns)| ns),
+            sync,
         })
     }
 }
@@ -703,9 +738,9 @@ mod tests {
             ("limit=10 queue_timeout=5s", "\"queue_timeout=5s\" needs \"queue=\" places to wait in"),
             ("limit=10 rate=5r/s", "\"rate\" is not used by concurrency zones, which limit requests in flight with \"limit=\" and queue with \"queue=\""),
             ("limit=10 burst=5", "\"burst\" is not used by concurrency zones, which limit requests in flight with \"limit=\" and queue with \"queue=\""),
-            ("limit=10 sync", "\"sync\" is not supported by concurrency zones: a request's slot is taken and given back within one instance, faster than a fleet can agree on a count; give each instance its share with \"limit=\""),
-            ("limit=10 nodelay", "invalid parameter \"nodelay\": it must be zone=, algorithm=, limit=, min=, max=, queue= or queue_timeout="),
-            ("limit=10 color=red", "invalid parameter \"color=red\": it must be zone=, algorithm=, limit=, min=, max=, queue= or queue_timeout="),
+            ("limit=adaptive sync", "\"sync\" is not supported with \"limit=adaptive\": each instance measures its own upstream's latency, so the fleet has no one limit to share; use \"limit=N\" with \"sync\", or \"limit=adaptive\" per instance"),
+            ("limit=10 nodelay", "invalid parameter \"nodelay\": it must be zone=, algorithm=, limit=, min=, max=, queue=, queue_timeout= or sync"),
+            ("limit=10 color=red", "invalid parameter \"color=red\": it must be zone=, algorithm=, limit=, min=, max=, queue=, queue_timeout= or sync"),
             ("limit=10 queue_timout=5s", "invalid parameter \"queue_timout=5s\", did you mean \"queue_timeout=\"?"),
             ("limit=10 zone=a", "invalid zone size \"zone=a\": it must be zone=NAME:SIZE, \
               the SIZE in bytes or with k, m or g (65536, 512k, 10m), as in limit_req_zone"),

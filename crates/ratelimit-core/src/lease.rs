@@ -154,6 +154,60 @@ pub fn serve(
     }
 }
 
+/// KEYS[1] the key's lease hash (field: instance id, value `lease want seq expires_ms`).
+/// ARGV: [1] instance, [2] the request's number, [3] what it keeps, [4] what it wants,
+/// [5] the limit, [6] the lease's lifetime (ms). [`serve`] on Redis's
+/// clock: expired records dropped, a stale request ignored, the grant taken from what no
+/// other live record holds, growth capped at the fair part while another instance is short.
+/// Returns `[applied (1) or stale (0), seq, lease, target, instances]`.
+pub const SERVE_SCRIPT: &str = r#"
+if redis.replicate_commands then redis.replicate_commands() end
+local hash, instance = KEYS[1], ARGV[1]
+local seq, keep, want = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local limit, ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local all = redis.call('HGETALL', hash)
+local others, mine = {}, nil
+for i = 1, #all, 2 do
+  local l, w, s, e = string.match(all[i + 1], '^(%d+) (%d+) (%d+) (%d+)$')
+  if not l or tonumber(e) <= now then
+    redis.call('HDEL', hash, all[i])
+  elseif all[i] == instance then
+    mine = {tonumber(l), tonumber(w), tonumber(s)}
+  else
+    others[#others + 1] = {tonumber(l), tonumber(w)}
+  end
+end
+if mine and seq <= mine[3] then return {0, seq, 0, 0, 0} end
+local held = 0
+if mine then held = mine[1] end
+keep = math.min(keep, held)
+want = math.max(math.min(want, limit), keep)
+local taken, short = 0, false
+for _, other in ipairs(others) do
+  taken = taken + other[1]
+  if other[2] > other[1] then short = true end
+end
+local free = math.max(limit - taken - keep, 0)
+local function used(level)
+  local sum = math.min(want, level)
+  for _, other in ipairs(others) do sum = sum + math.min(other[2], level) end
+  return sum
+end
+local low, high = 0, limit
+while low < high do
+  local mid = low + math.floor((high - low + 1) / 2)
+  if used(mid) <= limit then low = mid else high = mid - 1 end
+end
+local target, cap = math.min(want, low), want
+if short then cap = math.max(target, keep) else target = math.max(want, keep) end
+local lease = keep + math.min(math.max(cap - keep, 0), free)
+redis.call('HSET', hash, instance, string.format('%d %d %d %d', lease, want, seq, now + ttl))
+redis.call('PEXPIRE', hash, 2 * ttl)
+return {1, seq, lease, target, #others + 1}
+"#;
+
 /// The max-min fair level: the largest `level` with `sum(min(want, level)) <= limit`, so that
 /// an instance wanting less than its equal part gets what it wants and the others share the
 /// rest equally (permits left over by rounding are granted to whoever asks while nobody else
@@ -315,6 +369,63 @@ impl LeaseHolder {
     /// known at the last reply.
     pub fn local_share(&self, limit: u32) -> u32 {
         limit / self.instances.max(1)
+    }
+}
+
+/// What an instance's requests read of a key's lease, one word in the zone's shared memory
+/// written by the sync loop: the permits they may hold (`min(lease, target)` of its
+/// [`LeaseHolder`]) and until when (ms on the instance's monotonic clock). Past `until_ms`
+/// the lease is gone and the zone's failure mode decides. `0` is no lease.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeaseWord {
+    /// Permits the instance's requests may hold (at most 2^24 - 1, the largest `limit=`).
+    pub permits: u32,
+    /// When the lease expires (ms, instance's clock; 40 bits: 34 years).
+    pub until_ms: u64,
+}
+
+impl LeaseWord {
+    const PERMITS_MASK: u64 = (1 << 24) - 1;
+    const UNTIL_MASK: u64 = (1 << 40) - 1;
+
+    /// `[until_ms:40][permits:24]`.
+    ///
+    /// ```
+    /// use ratelimit_core::lease::LeaseWord;
+    ///
+    /// let word = LeaseWord { permits: 12, until_ms: 123_456 };
+    /// assert_eq!(LeaseWord::unpack(word.pack()), word);
+    /// assert_eq!(word.permits_at(123_455), Some(12));
+    /// assert_eq!(word.permits_at(123_456), None);
+    /// ```
+    pub fn pack(&self) -> u64 {
+        ((self.until_ms & Self::UNTIL_MASK) << 24) | (u64::from(self.permits) & Self::PERMITS_MASK)
+    }
+
+    /// Inverse of [`LeaseWord::pack`].
+    pub fn unpack(word: u64) -> LeaseWord {
+        LeaseWord {
+            permits: (word & Self::PERMITS_MASK) as u32,
+            until_ms: word >> 24,
+        }
+    }
+
+    /// The permits at `now_ms`, `None` once the lease expired.
+    #[inline]
+    pub fn permits_at(&self, now_ms: u64) -> Option<u32> {
+        (now_ms < self.until_ms).then_some(self.permits)
+    }
+
+    /// What the requests of `holder` may hold now.
+    pub fn of(holder: &LeaseHolder) -> LeaseWord {
+        LeaseWord {
+            permits: holder.lease.min(holder.target),
+            until_ms: if holder.lease > 0 {
+                holder.expires_ms
+            } else {
+                0
+            },
+        }
     }
 }
 
