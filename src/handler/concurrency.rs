@@ -20,10 +20,11 @@ use ngx::http::HttpModule;
 use ngx::ngx_log_error;
 use ratelimit_core::top::TopKind;
 
+use super::find_key;
 use super::status::{LimitStatus, RequestState};
-use super::{find_key, Refused, Wait};
 use crate::conf::{LimitConf, LocConf, RateLimitModule, ZoneConf};
 use crate::control::concurrency::{self as slots, Arrival, Line, Refusal};
+use crate::control::outcome::{Refused, Wait};
 use crate::control::queue::{Owner, Resolution};
 use crate::glue::{connection_log, now_ns};
 use crate::store::Counter;
