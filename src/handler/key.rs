@@ -5,13 +5,16 @@ use core::ptr;
 
 use ngx::ffi::{ngx_http_complex_value, ngx_http_request_t, ngx_str_t};
 
-use crate::conf::ZoneConf;
+use crate::conf::{ZoneConf, ZoneKey};
 use crate::glue::value_bits;
 
 /// The key's bytes for this request (empty when its variables are not found).
 pub fn evaluate_key<'r>(r: &'r mut ngx_http_request_t, zone_conf: &ZoneConf) -> Option<&'r [u8]> {
-    if let Some(index) = zone_conf.key_variable {
-        if let Some(name) = &zone_conf.key_query_arg {
+    let ZoneKey::Http(zone_key) = &zone_conf.key else {
+        return None;
+    };
+    if let Some(index) = zone_key.variable {
+        if let Some(name) = &zone_key.query_arg {
             // SAFETY: `r.variables` has one value per variable of this configuration, and
             // `index` is one of them.
             let cached = unsafe { r.variables.add(index) };
@@ -34,7 +37,7 @@ pub fn evaluate_key<'r>(r: &'r mut ngx_http_request_t, zone_conf: &ZoneConf) -> 
         len: 0,
         data: ptr::null_mut(),
     };
-    let key_cv = ptr::addr_of!(zone_conf.key).cast_mut();
+    let key_cv = ptr::addr_of!(zone_key.value).cast_mut();
     // SAFETY: `r` is the live request; the complex value was compiled at configuration time.
     if unsafe { ngx_http_complex_value(r, key_cv, &mut key) } != 0 {
         return None;

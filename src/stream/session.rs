@@ -1,6 +1,6 @@
 //! A stream session's path: the preaccess handler that charges a new connection (TCP) or a
 //! new session (UDP) to its zones, closes it over the limit, delays it to the rate, and holds
-//! concurrency slots until the session's pool is freed; and `$rate_limit_status`.
+//! concurrency permits until the session's pool is freed; and `$rate_limit_status`.
 
 use core::ptr;
 
@@ -11,9 +11,9 @@ use ngx::ngx_log_error;
 use ratelimit_core::top::TopKind;
 use smallvec::SmallVec;
 
-use super::conf::{MainConf, SrvConf, StreamZone};
+use super::conf::{MainConf, SrvConf};
 use crate::conf::{ConfError, LimitConf, ZoneConf};
-use crate::control::concurrency::{self as slots, Arrival, Line};
+use crate::control::concurrency::{self, Arrival, Line};
 use crate::control::decide::{self, Applied, AppliedLimit, Charge, Found, Verdict};
 use crate::control::outcome::{self, Action, Door, LimitStatus, StatusValue as SessionState};
 use crate::control::queue::Owner;
@@ -119,24 +119,22 @@ fn session_log(s: &ngx_stream_session_t) -> *mut ngx_log_t {
 
 /// The stream zone of a line (a stream `rate_limit` only names stream zones: checked when the
 /// stream block was read).
-fn stream_zone(limit: &LimitConf) -> Option<&'static StreamZone> {
+fn stream_zone(limit: &LimitConf) -> Option<&'static ZoneConf> {
     // SAFETY: the line's shm_zone was returned by ngx_shared_memory_add for this cycle; its
-    // data, when set, is a ZoneConf, which a stream zone's StreamZone starts with.
-    unsafe {
-        let zone_conf = (*limit.shm_zone).data.cast::<ZoneConf>().as_ref()?;
-        zone_conf
-            .stream
-            .then(|| &*ptr::from_ref(zone_conf).cast::<StreamZone>())
-    }
+    // data, when set, is the zone's ZoneConf in the cycle's configuration pool.
+    let zone_conf = unsafe { (*limit.shm_zone).data.cast::<ZoneConf>().as_ref()? };
+    zone_conf.key.is_stream().then_some(zone_conf)
 }
 
-/// The session's key in a stream zone (empty when its variables are not found).
+/// The session's key in a stream zone (empty when its variables are not found; `None` for a
+/// zone of the http block).
 fn evaluate_key<'s>(
     s: &'s mut ngx_stream_session_t,
     main: &MainConf,
-    zone: &StreamZone,
+    zone_conf: &ZoneConf,
 ) -> Option<&'s [u8]> {
-    if let Some(index) = zone.key_variable {
+    let zone_key = zone_conf.key.stream()?;
+    if let Some(index) = zone_key.variable {
         // SAFETY: `s` is the live session and `index` a stream variable index of this
         // configuration.
         let value = unsafe { (main.api.get_flushed_variable)(s, index) };
@@ -147,7 +145,7 @@ fn evaluate_key<'s>(
         len: 0,
         data: ptr::null_mut(),
     };
-    let key_cv = ptr::addr_of!(zone.key).cast_mut();
+    let key_cv = ptr::addr_of!(zone_key.value).cast_mut();
     // SAFETY: `s` is the live session; the complex value was compiled at configuration time.
     if unsafe { (main.api.complex_value)(s, key_cv, &mut key) } != 0 {
         return None;
@@ -159,15 +157,15 @@ fn evaluate_key<'s>(
     Some(unsafe { core::slice::from_raw_parts(key.data.cast_const(), key.len) })
 }
 
-/// The zone's slot for the session's key; `None` when the key is empty or too long, or the
+/// The zone's entry for the session's key; `None` when the key is empty or too long, or the
 /// zone is not set up.
 fn find_key(
     s: &mut ngx_stream_session_t,
     main: &MainConf,
-    zone: &'static StreamZone,
+    zone: &'static ZoneConf,
     now_ns: u64,
 ) -> Option<Found<'static>> {
-    let shared = zone.conf.zone.as_ref()?;
+    let shared = zone.zone.as_ref()?;
     let log = session_log(s);
     let key = evaluate_key(s, main, zone)?;
     if key.is_empty() {
@@ -178,11 +176,11 @@ fn find_key(
             ngx::ffi::NGX_LOG_ERR,
             log,
             "the value of the \"{}\" key is more than 65535 bytes",
-            zone.conf.key_text
+            zone.key_text
         );
         return None;
     }
-    let (found, evicted) = decide::find(&zone.conf, shared, key, now_ns);
+    let (found, evicted) = decide::find(zone, shared, key, now_ns);
     if evicted {
         found.log_zone_full(now_ns, log);
     }
@@ -197,12 +195,7 @@ fn key_bytes(
     main: &MainConf,
     zone_conf: &ZoneConf,
 ) -> Option<Vec<u8>> {
-    if !zone_conf.stream {
-        return None;
-    }
-    // SAFETY: a stream zone's ZoneConf is the first field of its StreamZone.
-    let zone = unsafe { &*ptr::from_ref(zone_conf).cast::<StreamZone>() };
-    outcome::owned_key(evaluate_key(s, main, zone))
+    outcome::owned_key(evaluate_key(s, main, zone_conf))
 }
 
 /// Where a session's lines are decided: most in the preaccess phase, as the connection
@@ -309,13 +302,16 @@ fn session_conf(
 /// Whether a line is decided after ssl_preread (its zone is keyed by an `$ssl_preread_*`
 /// variable).
 pub fn decided_after_preread(limit: &LimitConf) -> bool {
-    stream_zone(limit).is_some_and(|zone| zone.after_preread)
+    stream_zone(limit)
+        .and_then(|zone| zone.key.stream())
+        .is_some_and(|key| key.after_preread)
 }
 
 /// The stream zone of a line, when the line is decided in `phase`.
-fn zone_in_phase(limit: &LimitConf, phase: Phase) -> Option<&'static StreamZone> {
+fn zone_in_phase(limit: &LimitConf, phase: Phase) -> Option<&'static ZoneConf> {
     let zone = stream_zone(limit)?;
-    (zone.after_preread == (phase == Phase::AfterPreread)).then_some(zone)
+    let after_preread = zone.key.stream()?.after_preread;
+    (after_preread == (phase == Phase::AfterPreread)).then_some(zone)
 }
 
 /// Decide the session's lines of `phase`: concurrency lines first, then the rate lines
@@ -328,7 +324,7 @@ fn decide_phase(
     phase: Phase,
 ) -> Act {
     let now = now_ns();
-    let held = match take_slots(s, main, srv, state, phase, now) {
+    let held = match take_permits(s, main, srv, state, phase, now) {
         Ok(held) => held,
         Err(rc) => return Act::Close(rc),
     };
@@ -337,7 +333,7 @@ fn decide_phase(
         let Some(zone) = zone_in_phase(limit, phase) else {
             continue;
         };
-        if zone.conf.algorithm.counts_in_flight() {
+        if zone.algorithm.counts_in_flight() {
             continue;
         }
         let Some(found) = find_key(s, main, zone, now) else {
@@ -358,11 +354,11 @@ fn decide_phase(
     finish(s, main, srv, state, &mut applied, &verdict, now)
 }
 
-/// The session's concurrency lines: a slot of each, held in a cleanup of the session's pool
+/// The session's concurrency lines: their permits, held in a cleanup of the session's pool
 /// (given back however the session ends). `Ok(whether a line applied)`, `Err` with the
 /// answer when a line refuses it. A stream session over the limit is closed at once: it does
 /// not wait in a queue.
-fn take_slots(
+fn take_permits(
     s: &mut ngx_stream_session_t,
     main: &MainConf,
     srv: &SrvConf,
@@ -376,7 +372,7 @@ fn take_slots(
         let Some(zone) = zone_in_phase(limit, phase) else {
             continue;
         };
-        if !zone.conf.algorithm.counts_in_flight() {
+        if !zone.algorithm.counts_in_flight() {
             continue;
         }
         let Some(found) = find_key(s, main, zone, now) else {
@@ -384,7 +380,7 @@ fn take_slots(
         };
         applied = true;
         let line = Line {
-            zone_conf: &zone.conf,
+            zone_conf: zone,
             zone: *found.zone,
             slot: found.slot,
             hash: found.hash(),
@@ -394,7 +390,7 @@ fn take_slots(
         // SAFETY: a live session's connection has its pool, freed when the session ends.
         let pool = unsafe { (*s.connection).pool };
         // No queue (`queue: Some(0)`): nothing ever waits, so no owner is ever told.
-        match slots::arrive(pool, &line, now, dry_run, Owner::Session) {
+        match concurrency::arrive(pool, &line, now, dry_run, Owner::Session) {
             Arrival::Admitted { .. } => found.zone.count(Counter::Passed),
             Arrival::Unlimited | Arrival::Queued { .. } => {}
             Arrival::Rejected(refusal) | Arrival::DryRun { refusal, .. } => {
@@ -405,9 +401,9 @@ fn take_slots(
                     "limiting connections{dry}, in flight: {} of {} by zone \"{}\"",
                     refusal.in_flight,
                     refusal.limit,
-                    zone.conf.name
+                    zone.name
                 );
-                if let Some(key) = key_bytes(s, main, &zone.conf) {
+                if let Some(key) = key_bytes(s, main, zone) {
                     found.zone.record_top(TopKind::Rejected, now, &key);
                 }
                 if dry_run {
@@ -417,7 +413,7 @@ fn take_slots(
                 }
                 found.zone.count(Counter::Rejected);
                 state.set(LimitStatus::Rejected);
-                // The slots taken at earlier lines come back when the session's pool is freed,
+                // The permits taken at earlier lines come back when the session's pool is freed,
                 // right after.
                 return Err(NGX_STREAM_SERVICE_UNAVAILABLE as ngx_int_t);
             }
