@@ -16,7 +16,7 @@ pub mod reader;
 pub mod settle;
 mod sse;
 
-use crate::spec::SpecError;
+use crate::policy::{parse_integer, SpecError};
 
 /// Whose response body the built-in reader understands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -256,7 +256,7 @@ impl<'a> UsageWords<'a> {
             }
             "debt" => {
                 self.debt = Some(
-                    super::spec::parse_integer(value)
+                    parse_integer(value)
                         .filter(|&debt| debt <= crate::Limits::MAX_BURST)
                         .ok_or_else(|| {
                             SpecError::InvalidValue(format!(
@@ -324,7 +324,7 @@ pub(crate) fn parse_amount(value: &str) -> Option<Amount> {
     if let Some(name) = variable_name(value) {
         return Some(Amount::Variable(name));
     }
-    super::spec::parse_integer(value)
+    parse_integer(value)
         .filter(|&n| (1..=crate::Limits::MAX_BURST).contains(&n))
         .map(Amount::Fixed)
 }
@@ -348,7 +348,7 @@ pub fn variable_name(text: &str) -> Option<String> {
 /// ```
 pub fn parse_tokens(value: &[u8]) -> Option<u64> {
     let text = core::str::from_utf8(value).ok()?.trim();
-    super::spec::parse_integer(text)
+    parse_integer(text)
 }
 
 #[cfg(test)]
