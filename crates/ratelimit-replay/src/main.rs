@@ -2,6 +2,7 @@
 //! show, request by request, what the module would have decided; then per-key totals and the
 //! smallest limit that would have rejected nothing.
 
+#![forbid(unsafe_code)]
 mod error;
 mod plot;
 mod table;
