@@ -42,7 +42,7 @@ fn zone_conf_of(shm_zone: *mut ngx_shm_zone_t) -> Option<&'static ZoneConf> {
     unsafe { shm_zone.as_ref()?.data.cast::<ZoneConf>().as_ref() }
 }
 
-/// Find the zone's slot for the request's key (claiming one for a new key); `None` when the
+/// Find the zone's entry for the request's key (claiming one for a new key); `None` when the
 /// key is empty or too long, or the zone is not set up.
 #[inline(always)]
 fn find_key<'a>(
@@ -78,7 +78,7 @@ fn log_key_too_long(r: &ngx_http_request_t, zone_conf: &ZoneConf) {
     );
 }
 
-/// The zone's slot for the request's key and the limits that apply to it, not yet decided.
+/// The zone's entry for the request's key and the limits that apply to it, not yet decided.
 fn resolve<'a>(
     r: &mut ngx_http_request_t,
     shm_zone: *mut ngx_shm_zone_t,
