@@ -23,7 +23,7 @@ use super::ext::ConfExt;
 use super::registry;
 use super::unreached::LimitedPlace;
 use super::{
-    add_shared_zone, main_conf, variable_index, AdminConf, AmountConf, ConfError, HttpKey,
+    add_shared_zone, main_conf, variable_index, AdminConf, AmountConf, ConfError, HttpVariable,
     LimitConf, LocConf, LocationBursts, QuotaPeriod, UsageConf, UsageSourceConf, ZoneConf, ZoneKey,
     ZoneReference,
 };
@@ -86,11 +86,13 @@ fn rate_limit_zone(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
     let zone_init = mcf.hooks.zone_init;
     let shm_zone = add_shared_zone(cf, &name, parsed.size)?;
     check_unclaimed(shm_zone, &name, false)?;
-    let key = ZoneKey::Http(HttpKey {
-        value: key,
-        variable: key_variable,
-        query_arg: None,
-    });
+    let key = match key_variable {
+        Some(index) => ZoneKey::HttpVariable(HttpVariable {
+            index,
+            query_arg: None,
+        }),
+        None => ZoneKey::HttpComplex(key),
+    };
     let zone_conf = parsed.into_zone_conf(shm_zone, args[1].as_bytes(), key);
     let zone_conf = cf.alloc(zone_conf)?;
     shm_zone.data = zone_conf.cast();

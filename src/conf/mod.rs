@@ -166,9 +166,15 @@ pub struct ZoneConf {
     pub block: Option<BlockPolicy>,
 }
 
-/// A zone's KEY, compiled in the context (`http` or `stream`) the zone was declared in.
+/// A zone's KEY, compiled in the context (`http` or `stream`) the zone was declared in. The
+/// http forms are two variants, not a variant with an optional index, so that the request
+/// path decides how to read its key with the one test it made before keys were typed.
 pub enum ZoneKey {
-    Http(HttpKey),
+    /// An http KEY that is a single variable (`$binary_remote_addr`): read by its index,
+    /// without evaluating a complex value into a fresh buffer.
+    HttpVariable(HttpVariable),
+    /// Any other http KEY, evaluated as a complex value.
+    HttpComplex(ngx_http_complex_value_t),
     Stream(StreamKey),
 }
 
@@ -182,17 +188,15 @@ impl ZoneKey {
     pub fn stream(&self) -> Option<&StreamKey> {
         match self {
             ZoneKey::Stream(key) => Some(key),
-            ZoneKey::Http(_) => None,
+            ZoneKey::HttpVariable(_) | ZoneKey::HttpComplex(_) => None,
         }
     }
 }
 
-/// The KEY of a zone of the `http` block.
-pub struct HttpKey {
-    pub value: ngx_http_complex_value_t,
-    /// When KEY is a single variable (`$binary_remote_addr`), its index: read directly,
-    /// without evaluating a complex value into a fresh buffer.
-    pub variable: Option<ngx_uint_t>,
+/// An http KEY that is a single variable.
+pub struct HttpVariable {
+    /// Its index in the http variables.
+    pub index: ngx_uint_t,
     /// When KEY is nginx's own `$arg_NAME`, NAME (lowercase): the value is read from the
     /// query string directly. Set by [`key::resolve_query_arg_keys`] once variables are
     /// bound.
