@@ -1,7 +1,7 @@
 //! Replaying a usage-based limit (`usage=... reserve=N debt=N`) over logged requests: each
 //! request reserves `reserve` tokens at its start, exactly as the module's door does
-//! ([`crate::decide_word`] with the reservation as the cost), and is settled at its end with
-//! its logged usage by the module's own settling arithmetic ([`crate::usage::settle`]):
+//! ([`ratelimit_core::decide_word`] with the reservation as the cost), and is settled at its end with
+//! its logged usage by the module's own settling arithmetic ([`ratelimit_core::usage::settle`]):
 //! a refund of what it did not use, or a charge into debt bounded by `debt`.
 //!
 //! Settlements are applied in time order between the requests: a request starting at `t`
@@ -10,8 +10,8 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
-use crate::usage::settle::{self, Bucket, Settlement};
-use crate::{decide_word, Outcome, Policy};
+use ratelimit_core::usage::settle::{self, Bucket, Settlement};
+use ratelimit_core::{decide_word, Outcome, Policy};
 
 /// One logged request of a usage-based replay.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,7 +105,7 @@ impl UsageReplay {
                 Settlement::Refund(tokens) => {
                     let mut refund = self.policy;
                     refund.cost = tokens;
-                    crate::uncommit::uncommit_word(state, end, &refund)
+                    ratelimit_core::uncommit::uncommit_word(state, end, &refund)
                 }
                 Settlement::Charge(tokens) => {
                     let (next, forgiven) =
@@ -202,7 +202,7 @@ pub fn smallest_burst(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Algorithm, DelayMode, Limits, Rate};
+    use ratelimit_core::{Algorithm, DelayMode, Limits, Rate};
 
     const SEC: u64 = 1_000_000_000;
 
