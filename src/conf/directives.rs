@@ -23,8 +23,9 @@ use super::ext::ConfExt;
 use super::registry;
 use super::unreached::LimitedPlace;
 use super::{
-    add_shared_zone, main_conf, variable_index, AdminConf, AmountConf, ConfError, LimitConf,
-    LocConf, LocationBursts, QuotaPeriod, UsageConf, UsageSourceConf, ZoneConf, ZoneReference,
+    add_shared_zone, main_conf, variable_index, AdminConf, AmountConf, ConfError, HttpVariable,
+    LimitConf, LocConf, LocationBursts, QuotaPeriod, UsageConf, UsageSourceConf, ZoneConf, ZoneKey,
+    ZoneReference,
 };
 use crate::store::sizing::{size_hint, zone_size_fits};
 use crate::store::ZoneLayout;
@@ -85,9 +86,14 @@ fn rate_limit_zone(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
     let zone_init = mcf.hooks.zone_init;
     let shm_zone = add_shared_zone(cf, &name, parsed.size)?;
     check_unclaimed(shm_zone, &name, false)?;
-    let mut zone_conf = parsed.into_zone_conf(shm_zone, args[1].as_bytes());
-    zone_conf.key = key;
-    zone_conf.key_variable = key_variable;
+    let key = match key_variable {
+        Some(index) => ZoneKey::HttpVariable(HttpVariable {
+            index,
+            query_arg: None,
+        }),
+        None => ZoneKey::HttpComplex(key),
+    };
+    let zone_conf = parsed.into_zone_conf(shm_zone, args[1].as_bytes(), key);
     let zone_conf = cf.alloc(zone_conf)?;
     shm_zone.data = zone_conf.cast();
     shm_zone.init = zone_init;
@@ -115,16 +121,18 @@ impl ParsedZone {
             .is_some_and(|spec| matches!(spec.limit, ConcurrencyLimit::Adaptive(_)))
     }
 
-    /// The zone's configuration, its key not compiled yet (an empty complex value, no
-    /// variable index): the caller compiles it in its context.
-    pub fn into_zone_conf(self, shm_zone: *mut ngx_shm_zone_t, key_text: &[u8]) -> ZoneConf {
+    /// The zone's configuration, with its KEY (`key_text`) as the caller compiled it in its
+    /// context.
+    pub fn into_zone_conf(
+        self,
+        shm_zone: *mut ngx_shm_zone_t,
+        key_text: &[u8],
+        key: ZoneKey,
+    ) -> ZoneConf {
         ZoneConf {
             name: self.name,
             shm_zone,
-            // SAFETY: all-zero is a valid (empty) complex value.
-            key: unsafe { mem::zeroed() },
-            key_variable: None,
-            key_query_arg: None,
+            key,
             policy_item: RefCell::new(None),
             key_text: String::from_utf8_lossy(key_text).into_owned(),
             key_form: KeyForm::of_key(&String::from_utf8_lossy(key_text)),
@@ -138,7 +146,6 @@ impl ParsedZone {
             quota: self.spec.quota,
             quota_period: Cell::new(QuotaPeriod::default()),
             block: self.spec.block,
-            stream: false,
         }
     }
 }
@@ -209,17 +216,20 @@ pub fn check_unclaimed(
     name: &str,
     stream: bool,
 ) -> Result<(), ConfError> {
-    // SAFETY: a claimed zone's data is the `ZoneConf` (or a stream zone starting with one)
-    // of this cycle's configuration pool.
+    // SAFETY: a claimed zone's data is the `ZoneConf` of this cycle's configuration pool.
     let Some(other) = (unsafe { shm_zone.data.cast::<ZoneConf>().as_ref() }) else {
         return Ok(());
     };
-    if other.stream == stream {
+    if other.key.is_stream() == stream {
         return Err(ConfError::DuplicateZone(name.to_string()));
     }
     Err(ConfError::ZoneInOtherContext {
         name: name.to_string(),
-        other: if other.stream { "stream" } else { "http" },
+        other: if other.key.is_stream() {
+            "stream"
+        } else {
+            "http"
+        },
     })
 }
 

@@ -40,10 +40,11 @@ pub fn resolve_query_arg_keys(cycle: &ngx_cycle_t) {
     for &zone in &mcf.zones {
         // SAFETY: zone configurations live in this cycle's configuration pool, and nothing
         // else reads them while the cycle is being initialized.
-        let zone = unsafe { &mut *zone };
-        zone.key_query_arg = zone
-            .key_variable
-            .and_then(|index| variables.get(index))
+        let super::ZoneKey::HttpVariable(key) = &mut (unsafe { &mut *zone }).key else {
+            continue;
+        };
+        key.query_arg = variables
+            .get(key.index)
             .filter(|variable| {
                 // nginx copied the prefix's handler pointer into the variable (so the two
                 // values are equal, not merely the same function), and gave it the

@@ -19,6 +19,7 @@ pub mod unreached;
 use core::cell::{Cell, RefCell};
 use core::ptr;
 
+use nginx_sys::ngx_stream_complex_value_t;
 use ngx::ffi::ngx_module_t;
 use ngx::ffi::{
     ngx_conf_t, ngx_flag_t, ngx_http_complex_value_t, ngx_http_core_srv_conf_t,
@@ -141,14 +142,8 @@ impl ZoneReference {
 pub struct ZoneConf {
     pub name: String,
     pub shm_zone: *mut ngx_shm_zone_t,
-    pub key: ngx_http_complex_value_t,
-    /// When KEY is a single variable (`$binary_remote_addr`), its index: read directly,
-    /// without evaluating a complex value into a fresh buffer.
-    pub key_variable: Option<ngx_uint_t>,
-    /// When KEY is nginx's own `$arg_NAME`, NAME (lowercase): the value is read from the
-    /// query string directly. Set by [`key::resolve_query_arg_keys`] once variables are
-    /// bound.
-    pub key_query_arg: Option<Vec<u8>>,
+    /// KEY compiled in the block that declared the zone, whose door alone reads it.
+    pub key: ZoneKey,
     /// This worker's `RateLimit-Policy` item for the zone (`"NAME";q=Q;w=W`) and the rate it
     /// was formatted for, formatted again only when the zone's rate changes.
     pub policy_item: RefCell<Option<(Rate, Vec<u8>)>>,
@@ -175,9 +170,53 @@ pub struct ZoneConf {
     pub quota_period: Cell<QuotaPeriod>,
     /// `block=` and `block_max=`: a key rejected by the zone is blocked for a while.
     pub block: Option<BlockPolicy>,
-    /// Declared in the `stream` block (`src/stream/`, which keeps the key compiled in its
-    /// context): `key` and `key_variable` are then unused.
-    pub stream: bool,
+}
+
+/// A zone's KEY, compiled in the context (`http` or `stream`) the zone was declared in. The
+/// http forms are two variants, not a variant with an optional index, so that the request
+/// path decides how to read its key with the one test it made before keys were typed.
+pub enum ZoneKey {
+    /// An http KEY that is a single variable (`$binary_remote_addr`): read by its index,
+    /// without evaluating a complex value into a fresh buffer.
+    HttpVariable(HttpVariable),
+    /// Any other http KEY, evaluated as a complex value.
+    HttpComplex(ngx_http_complex_value_t),
+    Stream(StreamKey),
+}
+
+impl ZoneKey {
+    /// Whether the zone was declared in `stream {}`.
+    pub fn is_stream(&self) -> bool {
+        matches!(self, ZoneKey::Stream(_))
+    }
+
+    /// The key of a zone declared in `stream {}`.
+    pub fn stream(&self) -> Option<&StreamKey> {
+        match self {
+            ZoneKey::Stream(key) => Some(key),
+            ZoneKey::HttpVariable(_) | ZoneKey::HttpComplex(_) => None,
+        }
+    }
+}
+
+/// An http KEY that is a single variable.
+pub struct HttpVariable {
+    /// Its index in the http variables.
+    pub index: ngx_uint_t,
+    /// When KEY is nginx's own `$arg_NAME`, NAME (lowercase): the value is read from the
+    /// query string directly. Set by [`key::resolve_query_arg_keys`] once variables are
+    /// bound.
+    pub query_arg: Option<Vec<u8>>,
+}
+
+/// The KEY of a zone of the `stream` block.
+pub struct StreamKey {
+    pub value: ngx_stream_complex_value_t,
+    /// When KEY is a single variable, its stream index.
+    pub variable: Option<ngx_uint_t>,
+    /// KEY uses a variable ssl_preread sets (`$ssl_preread_server_name`): the zone's lines are
+    /// decided after the preread phase, once ssl_preread has read the ClientHello.
+    pub after_preread: bool,
 }
 
 impl ZoneConf {

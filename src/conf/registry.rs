@@ -15,8 +15,7 @@ use super::ZoneConf;
 /// The cycle's zones and its state file.
 #[derive(Default)]
 pub struct Registry {
-    /// Every zone's configuration (a stream zone's is the first field of its `StreamZone`),
-    /// in the configuration's order; each lives in the cycle's configuration pool.
+    /// Every zone's configuration, in the configuration's order; each lives in the cycle's configuration pool.
     zones: Vec<*mut ZoneConf>,
     /// `rate_limit_state_file` (in `http {}` or `stream {}`): made absolute once the
     /// configuration is read.

@@ -8,7 +8,6 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use ratelimit_core::fleet::{self, FleetShape, ASKED};
 use ratelimit_core::{Algorithm, Decision, Outcome, Policy};
 
-use crate::store::slots::Pin;
 use crate::store::sync_record::{self, Mode, SyncShared};
 use crate::store::{SlotIndex, Zone};
 
@@ -32,19 +31,13 @@ pub(super) fn decide(zone: &Zone, index: SlotIndex, now_ns: u64, policy: &Policy
     };
     let mode = sync.mode();
     if mode == Mode::Closed {
-        return refused(
-            zone,
-            &pin,
-            now_ns,
-            policy,
-            sync.interval_ns().max(1_000_000_000),
-        );
+        return zone.refuse_pinned(&pin, now_ns, policy, sync.interval_ns().max(1_000_000_000));
     }
     let cost = policy.cost.max(1);
     let granted = mode == Mode::Open || take_grant(words.grant, sync, policy, cost);
     if !granted {
         words.pending.fetch_or(ASKED, Ordering::Relaxed);
-        return refused(zone, &pin, now_ns, policy, sync.interval_ns());
+        return zone.refuse_pinned(&pin, now_ns, policy, sync.interval_ns());
     }
     let decision = decide_local();
     if decision.outcome == Outcome::Rejected {
@@ -156,25 +149,4 @@ fn take_grant(grant: &AtomicU64, sync: &SyncShared, policy: &Policy, cost: u64) 
             fleet::take_grant(word, round, cost, fresh, refill)
         })
         .is_ok()
-}
-
-/// A rejection for want of a grant (or in `closed` mode): where the key stands, retried after
-/// `retry_ns` (the next sync, or a second when closed).
-pub(super) fn refused(
-    zone: &Zone,
-    pin: &Pin,
-    now_ns: u64,
-    policy: &Policy,
-    retry_ns: u64,
-) -> Decision {
-    // What the zone alone would say, charging nothing (a peek never takes a grant).
-    let alone = zone.decide_pinned(pin, now_ns, policy, false);
-    Decision {
-        remaining: 0,
-        ..Decision::rejected(
-            retry_ns.max(alone.retry_after_ns),
-            alone.reset_ns,
-            alone.excess_milli,
-        )
-    }
 }

@@ -3,6 +3,8 @@
 //! every front door calls ([`decide`]). Imports conf, the store and glue; no front door.
 //!
 //! * [`decide`]: a request's limits resolved, decided and accounted for;
+//! * [`outcome`]: a verdict settled into one action (go on, delay, refuse), logged and
+//!   counted once for every door;
 //! * [`zones`]: the zones as the admin API sees them, and every change to them;
 //! * [`persist`]: the state file (`rate_limit_state_file`);
 //! * [`concurrency`] and [`queue`]: slots held by requests in flight, and this worker's
@@ -14,6 +16,7 @@ pub mod blocks;
 pub mod concurrency;
 pub mod decide;
 mod fleet;
+pub mod outcome;
 pub mod persist;
 pub mod queue;
 pub mod quota;

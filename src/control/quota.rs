@@ -77,7 +77,7 @@ pub(super) fn decide_synced(
     let mode = sync.mode();
     if mode == Mode::Closed {
         let retry_ns = sync.interval_ns().max(1_000_000_000);
-        return super::fleet::refused(zone, &pin, now_ns, policy, retry_ns);
+        return zone.refuse_pinned(&pin, now_ns, policy, retry_ns);
     }
     let cost = policy.cost;
     let fleet = words.grant.load(Ordering::Acquire);
@@ -98,7 +98,7 @@ pub(super) fn decide_synced(
                 .grant
                 .store(fleet_quota::asked_word(&window), Ordering::Release);
         }
-        return super::fleet::refused(zone, &pin, now_ns, policy, sync.interval_ns());
+        return zone.refuse_pinned(&pin, now_ns, policy, sync.interval_ns());
     }
     let decision = zone.decide_pinned(&pin, now_ns, policy, true);
     if decision.outcome != Outcome::Rejected {

@@ -232,7 +232,7 @@ impl AdminZone for SharedZone<'_> {
         ZoneInfo {
             algorithm: self.zone.algorithm(),
             key: self.conf.key_text.clone(),
-            stream: self.conf.stream,
+            stream: self.conf.key.is_stream(),
             size: self.conf.size,
             slots: self.zone.slot_count() as u64,
             keys: self.zone.tracked_keys(self.now_ns),

@@ -1,4 +1,4 @@
-//! The request path's concurrency lines: a request takes a slot of each (in order), waits in
+//! The request path's concurrency lines: a request takes each one's permits (in order), waits in
 //! a line's queue when it must, and only then meets the location's rate limits. While it
 //! waits it is parked like a delayed request (a client that goes away is noticed); the
 //! worker's queue (`control::queue`) resumes it.
@@ -20,10 +20,11 @@ use ngx::http::HttpModule;
 use ngx::ngx_log_error;
 use ratelimit_core::top::TopKind;
 
+use super::find_key;
 use super::status::{LimitStatus, RequestState};
-use super::{find_key, Refused, Wait};
 use crate::conf::{LimitConf, LocConf, RateLimitModule, ZoneConf};
-use crate::control::concurrency::{self as slots, Arrival, Line, Refusal};
+use crate::control::concurrency::{self as permits, Arrival, Line, Refusal};
+use crate::control::outcome::{Refused, Wait};
 use crate::control::queue::{Owner, Resolution};
 use crate::glue::{connection_log, now_ns};
 use crate::store::Counter;
@@ -32,7 +33,7 @@ use ratelimit_core::NANOS_PER_SEC;
 /// A request's progress through its location's concurrency lines.
 #[derive(Default)]
 struct Ctx {
-    /// The next line to take a slot of (an index into the location's `rate_limit` lines).
+    /// The next line to take permits of (an index into the location's `rate_limit` lines).
     next: usize,
     /// It waited in a queue (`$rate_limit_status` says QUEUED).
     queued: bool,
@@ -49,7 +50,7 @@ fn ctx_index() -> usize {
 }
 
 fn context(r: &ngx_http_request_t) -> Option<&'static mut Ctx> {
-    // SAFETY: `r->ctx` has one slot per HTTP module; ours holds null or a `Ctx` allocated in
+    // SAFETY: `r->ctx` has one pointer per HTTP module; ours holds null or a `Ctx` allocated in
     // the request's pool by `new_context`.
     unsafe { (*r.ctx.add(ctx_index())).cast::<Ctx>().as_mut() }
 }
@@ -130,7 +131,7 @@ pub fn limit(r: &mut ngx_http_request_t, lcf: &LocConf, state: RequestState) -> 
     run_lines(r, lcf, state, ctx)
 }
 
-/// Take a slot of each concurrency line from `ctx.next` on; then the rate limits.
+/// Take the permits of each concurrency line from `ctx.next` on; then the rate limits.
 fn run_lines(
     r: &mut ngx_http_request_t,
     lcf: &LocConf,
@@ -158,8 +159,8 @@ fn run_lines(
             cost: limit.cost,
             queue: limit.burst,
         };
-        if holds_slot(r, &line) {
-            // A slot of this key is held for the request already (Lua's `conn`, before an
+        if holds_permits(r, &line) {
+            // Permits of this key are held for the request already (Lua's `conn`, before an
             // `ngx.exec` here): one request, counted once.
             ctx.next += 1;
             continue;
@@ -168,7 +169,7 @@ fn run_lines(
             r: ptr::from_mut(r),
             resume,
         };
-        match slots::arrive(r.pool, &line, now, dry_run, owner) {
+        match permits::arrive(r.pool, &line, now, dry_run, owner) {
             Arrival::Admitted { .. } => {
                 found.zone.count(if ctx.queued {
                     Counter::Delayed
@@ -192,7 +193,7 @@ fn run_lines(
                 log_refusal(r, lcf, zone_conf, &refusal, "");
                 found.zone.count(Counter::Rejected);
                 record_top(r, zone_conf, TopKind::Rejected, now);
-                let retry_after_s = slots::retry_after_seconds(&refusal);
+                let retry_after_s = permits::retry_after_seconds(&refusal);
                 let refused = Refused {
                     reason: "too many in flight",
                     zone: &zone_conf.name,
@@ -226,11 +227,11 @@ fn run_lines(
     let rc = super::limit_rates(r, lcf, state);
     if rc == ngx::ffi::NGX_DONE as ngx_int_t {
         // Answered from the preaccess phase (gRPC's terms, OpenAI's body) and ended: the
-        // request may be freed, its pool's cleanup gave its slots back.
+        // request may be freed, its pool's cleanup gave its permits back.
         return rc;
     }
     if rc == lcf.status() as ngx_int_t && !lcf.dry_run() {
-        // Rejected by a rate limit: charged to none, its slots included.
+        // Rejected by a rate limit: charged to none, its permits included.
         release_all(r);
         return rc;
     }
@@ -242,12 +243,12 @@ fn run_lines(
     rc
 }
 
-/// Whether the request holds a slot of `line`'s key already.
-fn holds_slot(r: &ngx_http_request_t, line: &Line) -> bool {
+/// Whether the request holds permits of `line`'s key already.
+fn holds_permits(r: &ngx_http_request_t, line: &Line) -> bool {
     let mut held = false;
     // SAFETY: the pool of the live request being handled.
     unsafe {
-        slots::each_holding(r.pool, |holding| {
+        permits::each_holding(r.pool, |holding| {
             held |= holding.is_held_for(&line.zone, line.slot);
         });
     }
@@ -272,7 +273,7 @@ fn log_refusal(
     );
 }
 
-/// Refuse the request (`super::reject`), after giving back the slots it took at earlier
+/// Refuse the request (`super::reject`), after giving back the permits it took at earlier
 /// lines.
 fn reject(
     r: &mut ngx_http_request_t,
@@ -289,7 +290,7 @@ fn release_all(r: &mut ngx_http_request_t) {
     let now = now_ns();
     // SAFETY: the live request's pool.
     unsafe {
-        slots::each_holding(r.pool, |holding| {
+        permits::each_holding(r.pool, |holding| {
             holding.release(now, false);
         })
     };
@@ -340,8 +341,8 @@ unsafe fn resume(r: *mut ngx_http_request_t, resolution: Resolution) {
     };
 }
 
-/// The log phase: each slot the request holds learns its latency (for an adaptive limit),
-/// before its pool's cleanup gives it back.
+/// The log phase: each holding of permits learns the request's latency (for an adaptive
+/// limit), before its pool's cleanup gives the permits back.
 pub unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     crate::glue::guard::entry(
         "handler::concurrency::log_handler",
@@ -353,9 +354,9 @@ pub unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
                 let mut measured = None;
                 // SAFETY: the live request's pool.
                 unsafe {
-                    slots::each_holding(r.pool, |holding| {
+                    permits::each_holding(r.pool, |holding| {
                         let (upstream_ms, now) =
-                            *measured.get_or_insert_with(|| (slots::upstream_ms(r), now_ns()));
+                            *measured.get_or_insert_with(|| (permits::upstream_ms(r), now_ns()));
                         holding.measure(upstream_ms, now);
                     })
                 };

@@ -7,8 +7,8 @@
 use ngx::ffi::{ngx_http_request_t, ngx_int_t, NGX_HTTP_VERSION_20};
 use ratelimit_core::grpc::{grpc_message, is_grpc_content_type, pushback_ms};
 
-use super::{Refused, Wait};
 use crate::conf::LocConf;
+use crate::control::outcome::{Refused, Wait};
 use crate::glue::response::{add_header, answer_now};
 
 /// RESOURCE_EXHAUSTED, gRPC's status for a client over its quota.

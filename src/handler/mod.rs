@@ -20,14 +20,14 @@ use ngx::ffi::NGX_LOG_ERR;
 use ngx::ffi::{ngx_http_request_t, ngx_int_t, ngx_shm_zone_t};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf};
 use ngx::ngx_log_error;
-use ratelimit_core::penalty::duration_text;
-use ratelimit_core::{Outcome, Policy, NANOS_PER_SEC};
+use ratelimit_core::{Outcome, NANOS_PER_SEC};
 use smallvec::SmallVec;
 
 use crate::conf::RateLimitModule;
 use crate::conf::{LimitConf, LocConf, Shape, ZoneConf};
 use crate::control::decide::Verdict;
-use crate::control::decide::{self, Applied, AppliedLimit, BlockStarted, Charge, Found, One};
+use crate::control::decide::{self, Applied, AppliedLimit, Charge, Found, One};
+use crate::control::outcome::{self, Action, Door, Refused, Wait};
 use crate::glue::response::add_header;
 use crate::glue::{connection_log, now_ns};
 use crate::store::MAX_KEY_BYTES;
@@ -35,7 +35,7 @@ pub use charge::log_handler as charge_log_handler;
 pub use concurrency::log_handler as concurrency_log_handler;
 use headers::add_rate_limit_headers;
 use key::evaluate_key;
-use status::{LimitStatus, RequestState};
+use status::{request_state, LimitStatus, RequestState};
 pub use usage::log_handler as usage_log_handler;
 
 fn zone_conf_of(shm_zone: *mut ngx_shm_zone_t) -> Option<&'static ZoneConf> {
@@ -44,7 +44,7 @@ fn zone_conf_of(shm_zone: *mut ngx_shm_zone_t) -> Option<&'static ZoneConf> {
     unsafe { shm_zone.as_ref()?.data.cast::<ZoneConf>().as_ref() }
 }
 
-/// Find the zone's slot for the request's key (claiming one for a new key); `None` when the
+/// Find the zone's entry for the request's key (claiming one for a new key); `None` when the
 /// key is empty or too long, or the zone is not set up.
 #[inline(always)]
 fn find_key<'a>(
@@ -80,7 +80,7 @@ fn log_key_too_long(r: &ngx_http_request_t, zone_conf: &ZoneConf) {
     );
 }
 
-/// The zone's slot for the request's key and the limits that apply to it, not yet decided.
+/// The zone's entry for the request's key and the limits that apply to it, not yet decided.
 fn resolve<'a>(
     r: &mut ngx_http_request_t,
     shm_zone: *mut ngx_shm_zone_t,
@@ -132,7 +132,7 @@ pub unsafe extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_in
             else {
                 return Status::NGX_DECLINED.into();
             };
-            let state = RequestState::of(r, index);
+            let state = request_state(r, index);
             let shape = shape(lcf);
             if shape == Shape::Quick {
                 // No concurrency line: no queued request to resume.
@@ -364,7 +364,8 @@ fn passed(state: RequestState) -> ngx_int_t {
     Status::NGX_DECLINED.into()
 }
 
-/// Act on the verdict: log, account, headers, `$rate_limit_status`, then reject, delay or go
+/// Act on the verdict: settled once for every door (`control::outcome`: log lines,
+/// counters, top keys, a block), then headers, `$rate_limit_status`, and reject, delay or go
 /// on.
 fn finish(
     r: &mut ngx_http_request_t,
@@ -374,161 +375,26 @@ fn finish(
     verdict: &Verdict,
     now: u64,
 ) -> ngx_int_t {
-    let dry_run = lcf.dry_run();
-    let dry = if dry_run { ", dry run" } else { "" };
-    let decision = verdict.decision;
-
-    if let (Outcome::Rejected, true) = (verdict.outcome, verdict.blocked) {
-        // A blocked key: no log line (the block's start said it once), nothing charged.
-        decide::account(applied, verdict, dry_run, now, |zone_conf| {
-            key_bytes(r, zone_conf)
-        });
-        if lcf.headers() {
-            add_rate_limit_headers(r, applied);
-        }
-        if dry_run {
-            state.set(LimitStatus::BlockedDryRun);
-            return Status::NGX_DECLINED.into();
-        }
-        state.set(LimitStatus::Blocked);
-        let by = verdict.by.unwrap_or(0);
-        let refused = Refused {
-            reason: "key blocked",
-            zone: &applied[by].own.zone_conf.name,
-            wait: shown(applied, by, decision.retry_after_ns),
-        };
-        return reject(r, lcf, &refused);
-    }
-
-    if let (Outcome::Rejected, Some(index)) = (verdict.outcome, verdict.by) {
-        if lcf.headers() {
-            // The other zones show where they stand: those charged before a late rejection
-            // as charged, the rest unchanged.
-            let charged = verdict.charged.saturating_sub(1);
-            for (position, limit) in applied.iter_mut().enumerate().skip(charged) {
-                if position != index {
-                    limit.stand(now);
-                }
-            }
-        }
-        let zone_name = &applied[index].own.zone_conf.name;
-        if decision.never_passes() {
-            let policy = &applied[index].own.policy;
-            log_never_passes(r, lcf, policy, decision.excess_milli, zone_name, dry);
-        } else {
-            ngx_log_error!(
-                lcf.log_level(),
-                connection_log(r),
-                "limiting requests{dry}, excess: {} by zone \"{zone_name}\"",
-                format_excess(decision.excess_milli)
-            );
-        }
-        let started = decide::account(applied, verdict, dry_run, now, |zone_conf| {
-            key_bytes(r, zone_conf)
-        });
-        let mut retry_after_ns = decision.retry_after_ns;
-        if let Some(started) = started {
-            log_block(r, lcf, applied, &started, dry);
-            retry_after_ns = retry_after_ns.max(started.block.until_ns.saturating_sub(now));
-        }
-        if lcf.headers() {
-            add_rate_limit_headers(r, applied);
-        }
-        state.set(if dry_run {
-            LimitStatus::RejectedDryRun
-        } else {
-            LimitStatus::Rejected
-        });
-        if dry_run {
-            return Status::NGX_DECLINED.into();
-        }
-        // No wait lets a request through that costs more than the zone ever admits at once:
-        // it gets the status alone.
-        let wait = if decision.never_passes() {
-            Wait::Never
-        } else {
-            shown(applied, index, retry_after_ns)
-        };
-        let refused = Refused {
-            reason: "rate limited",
-            zone: &applied[index].own.zone_conf.name,
-            wait,
-        };
-        return reject(r, lcf, &refused);
-    }
-
-    decide::account(applied, verdict, dry_run, now, |zone_conf| {
+    let door = Door {
+        noun: "request",
+        log: connection_log(r),
+        level: lcf.log_level(),
+        delay_level: lcf.delay_log_level(),
+        dry_run: lcf.dry_run(),
+        shows_standing: lcf.headers(),
+    };
+    let settled = outcome::settle(&door, applied, verdict, now, |zone_conf| {
         key_bytes(r, zone_conf)
     });
     if lcf.headers() {
         add_rate_limit_headers(r, applied);
     }
-    let (Outcome::Delayed, Some(index)) = (verdict.outcome, verdict.by) else {
-        state.set(LimitStatus::Passed);
-        return Status::NGX_DECLINED.into();
-    };
-    ngx_log_error!(
-        lcf.delay_log_level(),
-        connection_log(r),
-        "delaying request{dry}, excess: {}, by zone \"{}\"",
-        format_excess(decision.excess_milli),
-        applied[index].own.zone_conf.name
-    );
-    if dry_run {
-        state.set(LimitStatus::DelayedDryRun);
-        return Status::NGX_DECLINED.into();
+    state.set(settled.status);
+    match settled.action {
+        Action::Proceed => Status::NGX_DECLINED.into(),
+        Action::Delay(delay_ns) => delay::start_delay(r, delay_ns),
+        Action::Refuse(refused) => reject(r, lcf, &refused),
     }
-    state.set(LimitStatus::Delayed);
-    delay::start_delay(r, decision.delay_ns)
-}
-
-/// The rejection line of a request no wait lets through: limit_req's line, then why.
-#[cold]
-#[inline(never)]
-fn log_never_passes(
-    r: &mut ngx_http_request_t,
-    lcf: &LocConf,
-    policy: &Policy,
-    excess_milli: u64,
-    zone_name: &str,
-    dry: &str,
-) {
-    ngx_log_error!(
-        lcf.log_level(),
-        connection_log(r),
-        "limiting requests{dry}, excess: {} by zone \"{zone_name}\"; cost {} can never pass \
-         (at most {} at once)",
-        format_excess(excess_milli),
-        policy.cost,
-        policy.max_cost()
-    );
-}
-
-/// The wait a refusal by line `by` shows: none for a line with `headers=off`.
-fn shown(applied: &[AppliedLimit], by: usize, wait_ns: u64) -> Wait {
-    match applied.get(by) {
-        Some(limit) if !limit.headers => Wait::Unsaid,
-        _ => Wait::After(wait_ns),
-    }
-}
-
-/// A refused request: why, by which zone, and what it is told about coming back.
-pub(crate) struct Refused<'a> {
-    /// `rate limited`, `key blocked`, ... (gRPC's `grpc-message` says it).
-    pub reason: &'static str,
-    pub zone: &'a str,
-    pub wait: Wait,
-}
-
-/// When a refused request may come back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Wait {
-    /// After this many nanoseconds.
-    After(u64),
-    /// Never: no wait lets it through.
-    Never,
-    /// Not said (the line has `headers=off`).
-    Unsaid,
 }
 
 /// Refuse the request: a gRPC call in gRPC's terms (`rate_limit_grpc`), anything else with
@@ -549,40 +415,11 @@ fn reject(r: &mut ngx_http_request_t, lcf: &LocConf, refused: &Refused) -> ngx_i
     lcf.status() as ngx_int_t
 }
 
-/// The error-log line of a block that a rejection started: once per block, not per request.
-#[cold]
-fn log_block(
-    r: &ngx_http_request_t,
-    lcf: &LocConf,
-    applied: &[AppliedLimit],
-    started: &BlockStarted,
-    dry: &str,
-) {
-    let zone_conf = applied[started.by].own.zone_conf;
-    let block_max = zone_conf.block.map_or(0, |policy| policy.block_max_ns);
-    ngx_log_error!(
-        lcf.log_level(),
-        connection_log(r),
-        "blocking the key{dry} for {}, level {} (block_max {}), by zone \"{}\"",
-        duration_text(started.block.duration_ns()),
-        started.block.level,
-        duration_text(block_max),
-        zone_conf.name
-    );
-}
-
 /// The request's key in a zone, copied (for the top keys and the penalty box: only delayed,
 /// rejected and blocked requests ask). Cold and out of line, so that the request path around
 /// it stays as short as without it.
 #[cold]
 #[inline(never)]
 fn key_bytes(r: &mut ngx_http_request_t, zone_conf: &ZoneConf) -> Option<Vec<u8>> {
-    evaluate_key(r, zone_conf)
-        .filter(|key| !key.is_empty())
-        .map(<[u8]>::to_vec)
-}
-
-/// limit_req's "excess: 1.500": whole requests and thousandths.
-fn format_excess(excess_milli: u64) -> String {
-    format!("{}.{:03}", excess_milli / 1000, excess_milli % 1000)
+    outcome::owned_key(evaluate_key(r, zone_conf))
 }

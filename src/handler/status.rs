@@ -1,7 +1,5 @@
-//! `$rate_limit_status`: a request's outcome, kept in the variable's own slot of
-//! `r->variables`.
-
-use core::ptr;
+//! `$rate_limit_status`: a request's outcome, kept in the variable's own value in
+//! `r->variables` (`control::outcome::StatusValue`).
 
 use ngx::core::Status;
 use ngx::ffi::{
@@ -12,77 +10,14 @@ use ngx::ffi::{
 use crate::conf::ConfError;
 use crate::glue::value_bits;
 
-/// `$rate_limit_status` values; 0 means no limit applied.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum LimitStatus {
-    Passed = 1,
-    Delayed = 2,
-    Rejected = 3,
-    DelayedDryRun = 4,
-    RejectedDryRun = 5,
-    /// Waited in a concurrency zone's queue, then went through.
-    Queued = 6,
-    /// Refused because the key is blocked (`block=`).
-    Blocked = 7,
-    BlockedDryRun = 8,
-}
+pub use crate::control::outcome::{LimitStatus, StatusValue as RequestState};
 
-impl LimitStatus {
-    fn as_str(self) -> &'static str {
-        match self {
-            LimitStatus::Passed => "PASSED",
-            LimitStatus::Delayed => "DELAYED",
-            LimitStatus::Rejected => "REJECTED",
-            LimitStatus::DelayedDryRun => "DELAYED_DRY_RUN",
-            LimitStatus::RejectedDryRun => "REJECTED_DRY_RUN",
-            LimitStatus::Queued => "QUEUED",
-            LimitStatus::Blocked => "BLOCKED",
-            LimitStatus::BlockedDryRun => "BLOCKED_DRY_RUN",
-        }
-    }
-}
-
-/// Where a request's outcome is kept: `$rate_limit_status`'s own slot in `r->variables`.
-/// Internal redirects keep variable values (they clear module contexts) and subrequests
-/// share them, so a set value means "this main request was limited already".
-#[derive(Clone, Copy)]
-pub struct RequestState {
-    value: *mut ngx_http_variable_value_t,
-}
-
-impl RequestState {
-    pub fn of(r: &ngx_http_request_t, index: ngx_uint_t) -> RequestState {
-        // SAFETY: `r->variables` has one entry per indexed variable of this configuration,
-        // and `index` was obtained from ngx_http_get_variable_index for it.
-        RequestState {
-            value: unsafe { r.variables.add(index) },
-        }
-    }
-
-    pub fn is_set(self) -> bool {
-        let bits = value_bits::read(self.value);
-        bits & value_bits::VALID != 0 && bits & value_bits::LEN != 0
-    }
-
-    /// Whether the outcome stored is `status` (the static text it was set to).
-    pub fn is(self, status: LimitStatus) -> bool {
-        let bits = value_bits::read(self.value);
-        let text = status.as_str();
-        // SAFETY: `value` points into the live request's variables.
-        let data = unsafe { (*self.value).data };
-        bits & value_bits::VALID != 0
-            && (bits & value_bits::LEN) as usize == text.len()
-            && ptr::eq(data.cast_const(), text.as_ptr())
-    }
-
-    pub fn set(self, status: LimitStatus) {
-        let text = status.as_str();
-        // SAFETY: `value` points into the live request's variables; the text is static.
-        unsafe { (*self.value).data = text.as_ptr().cast_mut() };
-        // The whole word: `escape` is never set on this variable.
-        value_bits::write_all(self.value, text.len() as u32 | value_bits::VALID);
-    }
+/// Where a request's outcome is kept: `$rate_limit_status`'s own value in `r->variables`.
+pub fn request_state(r: &ngx_http_request_t, index: ngx_uint_t) -> RequestState {
+    // SAFETY: `r->variables` has one entry per indexed variable of this configuration, and
+    // `index` was obtained from ngx_http_get_variable_index for it; the request outlives its
+    // handlers' use of the value.
+    unsafe { RequestState::new(r.variables.add(index)) }
 }
 
 /// Register `$rate_limit_status`.

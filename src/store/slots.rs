@@ -315,6 +315,27 @@ impl Zone {
         }
     }
 
+    /// A sync zone's rejection for want of a fleet grant (or in `closed` mode): where the key
+    /// stands, retried after `retry_ns` (the next sync, or a second when closed).
+    pub fn refuse_pinned(
+        &self,
+        pin: &Pin<'_>,
+        now_ns: u64,
+        policy: &Policy,
+        retry_ns: u64,
+    ) -> Decision {
+        // What the zone alone would say, charging nothing (a peek never takes a grant).
+        let alone = self.decide_pinned(pin, now_ns, policy, false);
+        Decision {
+            remaining: 0,
+            ..Decision::rejected(
+                retry_ns.max(alone.retry_after_ns),
+                alone.reset_ns,
+                alone.excess_milli,
+            )
+        }
+    }
+
     #[cold]
     fn decide_fresh(&self, now_ns: u64, policy: &Policy) -> Decision {
         if policy.algorithm.needs_lock() {

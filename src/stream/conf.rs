@@ -21,26 +21,15 @@ use crate::conf::directives::{
     LineContext,
 };
 use crate::conf::ext::ConfExt;
-use crate::conf::{self, registry, ConfError, LimitConf, ZoneConf, ZoneReference, UNSET};
-
-/// A `rate_limit_zone` of the stream block. `conf` comes first: the zone's `shm_zone.data`
-/// points at both, so that the control layer sees the [`ZoneConf`] it knows.
-#[repr(C)]
-pub struct StreamZone {
-    pub conf: ZoneConf,
-    pub key: ngx_stream_complex_value_t,
-    /// When KEY is a single variable (`$binary_remote_addr`), its stream index.
-    pub key_variable: Option<ngx_uint_t>,
-    /// KEY uses a variable ssl_preread sets (`$ssl_preread_server_name`): the zone's lines are
-    /// decided in the preread phase, after ssl_preread has read the ClientHello.
-    pub after_preread: bool,
-}
+use crate::conf::{
+    self, registry, ConfError, LimitConf, StreamKey, ZoneConf, ZoneKey, ZoneReference, UNSET,
+};
 
 /// The stream block's state: nginx's stream functions, the zones declared, the zone names
 /// `rate_limit` refers to (checked once the block is read).
 pub struct MainConf {
     pub api: StreamApi,
-    pub zones: Vec<*mut StreamZone>,
+    pub zones: Vec<*mut ZoneConf>,
     pub references: Vec<ZoneReference>,
     /// Index of the stream `$rate_limit_status` in `s->variables`.
     pub status_variable: Option<ngx_uint_t>,
@@ -49,7 +38,7 @@ pub struct MainConf {
 }
 
 impl MainConf {
-    pub fn zones(&self) -> impl Iterator<Item = &StreamZone> {
+    pub fn zones(&self) -> impl Iterator<Item = &ZoneConf> {
         self.zones
             .iter()
             // SAFETY: stream zones live in the configuration pool of this cycle, as long as
@@ -219,28 +208,25 @@ fn rate_limit_zone(cf: &mut ngx_conf_t, main: &mut MainConf) -> Result<(), ConfE
     };
 
     let name = parsed.name.clone();
-    if main.zones().any(|zone| zone.conf.name == name) {
+    if main.zones().any(|zone| zone.name == name) {
         return Err(ConfError::DuplicateZone(name));
     }
     let shm_zone = conf::add_shared_zone(cf, &name, parsed.size)?;
     check_unclaimed(shm_zone, &name, true)?;
-    let mut zone_conf = parsed.into_zone_conf(shm_zone, args[1].as_bytes());
-    zone_conf.stream = true;
     let after_preread = uses_ssl_preread(args[1].as_bytes());
     main.preread_used |= after_preread;
-    let zone = cf.alloc(StreamZone {
-        conf: zone_conf,
-        key,
-        key_variable,
+    let key = ZoneKey::Stream(StreamKey {
+        value: key,
+        variable: key_variable,
         after_preread,
-    })?;
+    });
+    let zone = cf.alloc(parsed.into_zone_conf(shm_zone, args[1].as_bytes(), key))?;
     shm_zone.data = zone.cast();
     shm_zone.init = Some(crate::control::zone_init);
     main.zones.push(zone);
-    // The registry knows the zone by its ZoneConf, the first field of the StreamZone.
     registry::configuring(cf)
         .ok_or(ConfError::Logged)?
-        .add(zone.cast());
+        .add(zone);
     Ok(())
 }
 
@@ -357,14 +343,14 @@ pub fn postconfiguration(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
     for reference in &main.references {
         let zone = main.zones.iter().find(|&&zone| {
             // SAFETY: stream zones live in the configuration pool of this cycle.
-            unsafe { (*zone).conf.name == reference.name }
+            unsafe { (*zone).name == reference.name }
         });
         let Some(&zone) = zone else {
-            let declared = main.zones().map(|zone| zone.conf.name.as_str());
+            let declared = main.zones().map(|zone| zone.name.as_str());
             return Err(reference.error(ConfError::unknown_zone(&reference.name, declared)));
         };
         // SAFETY: as above; nothing else refers to the zone while configuration is read.
-        let zone = unsafe { &mut (*zone).conf };
+        let zone = unsafe { &mut *zone };
         if reference.burst_given && zone.algorithm.counts_in_flight() {
             return Err(reference.error(ConfError::NotInStream {
                 word: "burst=",
@@ -373,13 +359,13 @@ pub fn postconfiguration(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
         }
         conf::check_reference(reference, zone)?;
     }
-    if let Some(zone) = main.zones().find(|zone| zone.conf.sync) {
+    if let Some(zone) = main.zones().find(|zone| zone.sync) {
         // SAFETY: `cf.cycle` is the cycle being configured.
         let cycle = unsafe { &*cf.cycle };
         let http_sync =
             conf::RateLimitModule::main_conf(cycle).is_some_and(|mcf| mcf.sync.is_some());
         if !http_sync {
-            return Err(ConfError::StreamSyncNotConfigured(zone.conf.name.clone()));
+            return Err(ConfError::StreamSyncNotConfigured(zone.name.clone()));
         }
     }
     Ok(())

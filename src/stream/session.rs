@@ -1,6 +1,6 @@
 //! A stream session's path: the preaccess handler that charges a new connection (TCP) or a
 //! new session (UDP) to its zones, closes it over the limit, delays it to the rate, and holds
-//! concurrency slots until the session's pool is freed; and `$rate_limit_status`.
+//! concurrency permits until the session's pool is freed; and `$rate_limit_status`.
 
 use core::ptr;
 
@@ -8,73 +8,25 @@ use nginx_sys::{ngx_stream_session_t, NGX_STREAM_SERVICE_UNAVAILABLE, NGX_STREAM
 use ngx::core::Status;
 use ngx::ffi::{ngx_event_t, ngx_int_t, ngx_log_t, ngx_str_t, ngx_uint_t, ngx_variable_value_t};
 use ngx::ngx_log_error;
-use ratelimit_core::penalty::duration_text;
 use ratelimit_core::top::TopKind;
-use ratelimit_core::Outcome;
 use smallvec::SmallVec;
 
-use super::conf::{MainConf, SrvConf, StreamZone};
+use super::conf::{MainConf, SrvConf};
 use crate::conf::{ConfError, LimitConf, ZoneConf};
-use crate::control::concurrency::{self as slots, Arrival, Line};
+use crate::control::concurrency::{self, Arrival, Line};
 use crate::control::decide::{self, Applied, AppliedLimit, Charge, Found, Verdict};
+use crate::control::outcome::{self, Action, Door, LimitStatus, StatusValue as SessionState};
 use crate::control::queue::Owner;
 use crate::glue::{fill_remote_net, now_ns, value_bits};
 use crate::store::{Counter, MAX_KEY_BYTES};
 
-/// `$rate_limit_status` values, as the http variable has them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum SessionStatus {
-    Passed,
-    Delayed,
-    Rejected,
-    DelayedDryRun,
-    RejectedDryRun,
-    Blocked,
-    BlockedDryRun,
-}
-
-impl SessionStatus {
-    fn as_str(self) -> &'static str {
-        match self {
-            SessionStatus::Passed => "PASSED",
-            SessionStatus::Delayed => "DELAYED",
-            SessionStatus::Rejected => "REJECTED",
-            SessionStatus::DelayedDryRun => "DELAYED_DRY_RUN",
-            SessionStatus::RejectedDryRun => "REJECTED_DRY_RUN",
-            SessionStatus::Blocked => "BLOCKED",
-            SessionStatus::BlockedDryRun => "BLOCKED_DRY_RUN",
-        }
-    }
-}
-
-/// Where a session's outcome is kept: `$rate_limit_status`'s own slot in `s->variables`
+/// Where a session's outcome is kept: `$rate_limit_status`'s own value in `s->variables`
 /// (set: the session was decided already, and is resuming after its delay).
-#[derive(Clone, Copy)]
-struct SessionState {
-    value: *mut ngx_variable_value_t,
-}
-
-impl SessionState {
-    fn of(s: &ngx_stream_session_t, index: ngx_uint_t) -> SessionState {
-        // SAFETY: `s->variables` has one entry per indexed stream variable of this
-        // configuration, and `index` was obtained from ngx_stream_get_variable_index.
-        SessionState {
-            value: unsafe { s.variables.add(index) },
-        }
-    }
-
-    fn is_set(self) -> bool {
-        let bits = value_bits::read(self.value);
-        bits & value_bits::VALID != 0 && bits & value_bits::LEN != 0
-    }
-
-    fn set(self, status: SessionStatus) {
-        let text = status.as_str();
-        // SAFETY: `value` points into the live session's variables; the text is static.
-        unsafe { (*self.value).data = text.as_ptr().cast_mut() };
-        // A cacheable value: ngx_stream_get_flushed_variable returns it as it is.
-        value_bits::write_all(self.value, text.len() as u32 | value_bits::VALID);
-    }
+fn session_state(s: &ngx_stream_session_t, index: ngx_uint_t) -> SessionState {
+    // SAFETY: `s->variables` has one entry per indexed stream variable of this
+    // configuration, and `index` was obtained from ngx_stream_get_variable_index; the session
+    // outlives its handlers' use of the value.
+    unsafe { SessionState::new(s.variables.add(index)) }
 }
 
 /// Register the stream `$rate_limit_status`.
@@ -167,24 +119,22 @@ fn session_log(s: &ngx_stream_session_t) -> *mut ngx_log_t {
 
 /// The stream zone of a line (a stream `rate_limit` only names stream zones: checked when the
 /// stream block was read).
-fn stream_zone(limit: &LimitConf) -> Option<&'static StreamZone> {
+fn stream_zone(limit: &LimitConf) -> Option<&'static ZoneConf> {
     // SAFETY: the line's shm_zone was returned by ngx_shared_memory_add for this cycle; its
-    // data, when set, is a ZoneConf, which a stream zone's StreamZone starts with.
-    unsafe {
-        let zone_conf = (*limit.shm_zone).data.cast::<ZoneConf>().as_ref()?;
-        zone_conf
-            .stream
-            .then(|| &*ptr::from_ref(zone_conf).cast::<StreamZone>())
-    }
+    // data, when set, is the zone's ZoneConf in the cycle's configuration pool.
+    let zone_conf = unsafe { (*limit.shm_zone).data.cast::<ZoneConf>().as_ref()? };
+    zone_conf.key.is_stream().then_some(zone_conf)
 }
 
-/// The session's key in a stream zone (empty when its variables are not found).
+/// The session's key in a stream zone (empty when its variables are not found; `None` for a
+/// zone of the http block).
 fn evaluate_key<'s>(
     s: &'s mut ngx_stream_session_t,
     main: &MainConf,
-    zone: &StreamZone,
+    zone_conf: &ZoneConf,
 ) -> Option<&'s [u8]> {
-    if let Some(index) = zone.key_variable {
+    let zone_key = zone_conf.key.stream()?;
+    if let Some(index) = zone_key.variable {
         // SAFETY: `s` is the live session and `index` a stream variable index of this
         // configuration.
         let value = unsafe { (main.api.get_flushed_variable)(s, index) };
@@ -195,7 +145,7 @@ fn evaluate_key<'s>(
         len: 0,
         data: ptr::null_mut(),
     };
-    let key_cv = ptr::addr_of!(zone.key).cast_mut();
+    let key_cv = ptr::addr_of!(zone_key.value).cast_mut();
     // SAFETY: `s` is the live session; the complex value was compiled at configuration time.
     if unsafe { (main.api.complex_value)(s, key_cv, &mut key) } != 0 {
         return None;
@@ -207,15 +157,15 @@ fn evaluate_key<'s>(
     Some(unsafe { core::slice::from_raw_parts(key.data.cast_const(), key.len) })
 }
 
-/// The zone's slot for the session's key; `None` when the key is empty or too long, or the
+/// The zone's entry for the session's key; `None` when the key is empty or too long, or the
 /// zone is not set up.
 fn find_key(
     s: &mut ngx_stream_session_t,
     main: &MainConf,
-    zone: &'static StreamZone,
+    zone: &'static ZoneConf,
     now_ns: u64,
 ) -> Option<Found<'static>> {
-    let shared = zone.conf.zone.as_ref()?;
+    let shared = zone.zone.as_ref()?;
     let log = session_log(s);
     let key = evaluate_key(s, main, zone)?;
     if key.is_empty() {
@@ -226,11 +176,11 @@ fn find_key(
             ngx::ffi::NGX_LOG_ERR,
             log,
             "the value of the \"{}\" key is more than 65535 bytes",
-            zone.conf.key_text
+            zone.key_text
         );
         return None;
     }
-    let (found, evicted) = decide::find(&zone.conf, shared, key, now_ns);
+    let (found, evicted) = decide::find(zone, shared, key, now_ns);
     if evicted {
         found.log_zone_full(now_ns, log);
     }
@@ -245,14 +195,7 @@ fn key_bytes(
     main: &MainConf,
     zone_conf: &ZoneConf,
 ) -> Option<Vec<u8>> {
-    if !zone_conf.stream {
-        return None;
-    }
-    // SAFETY: a stream zone's ZoneConf is the first field of its StreamZone.
-    let zone = unsafe { &*ptr::from_ref(zone_conf).cast::<StreamZone>() };
-    evaluate_key(s, main, zone)
-        .filter(|key| !key.is_empty())
-        .map(<[u8]>::to_vec)
+    outcome::owned_key(evaluate_key(s, main, zone_conf))
 }
 
 /// Where a session's lines are decided: most in the preaccess phase, as the connection
@@ -352,20 +295,23 @@ fn session_conf(
     if srv.limits().is_empty() {
         return None;
     }
-    let state = SessionState::of(s, main.status_variable?);
+    let state = session_state(s, main.status_variable?);
     Some((main, srv, state))
 }
 
 /// Whether a line is decided after ssl_preread (its zone is keyed by an `$ssl_preread_*`
 /// variable).
 pub fn decided_after_preread(limit: &LimitConf) -> bool {
-    stream_zone(limit).is_some_and(|zone| zone.after_preread)
+    stream_zone(limit)
+        .and_then(|zone| zone.key.stream())
+        .is_some_and(|key| key.after_preread)
 }
 
 /// The stream zone of a line, when the line is decided in `phase`.
-fn zone_in_phase(limit: &LimitConf, phase: Phase) -> Option<&'static StreamZone> {
+fn zone_in_phase(limit: &LimitConf, phase: Phase) -> Option<&'static ZoneConf> {
     let zone = stream_zone(limit)?;
-    (zone.after_preread == (phase == Phase::AfterPreread)).then_some(zone)
+    let after_preread = zone.key.stream()?.after_preread;
+    (after_preread == (phase == Phase::AfterPreread)).then_some(zone)
 }
 
 /// Decide the session's lines of `phase`: concurrency lines first, then the rate lines
@@ -378,7 +324,7 @@ fn decide_phase(
     phase: Phase,
 ) -> Act {
     let now = now_ns();
-    let held = match take_slots(s, main, srv, state, phase, now) {
+    let held = match take_permits(s, main, srv, state, phase, now) {
         Ok(held) => held,
         Err(rc) => return Act::Close(rc),
     };
@@ -387,7 +333,7 @@ fn decide_phase(
         let Some(zone) = zone_in_phase(limit, phase) else {
             continue;
         };
-        if zone.conf.algorithm.counts_in_flight() {
+        if zone.algorithm.counts_in_flight() {
             continue;
         }
         let Some(found) = find_key(s, main, zone, now) else {
@@ -400,19 +346,19 @@ fn decide_phase(
     if applied.is_empty() {
         // No line applied (every key empty): `$rate_limit_status` stays not found.
         if held && !state.is_set() {
-            state.set(SessionStatus::Passed);
+            state.set(LimitStatus::Passed);
         }
         return Act::Continue;
     }
     let verdict = decide::decide(&mut applied, now, Charge::Now);
-    finish(s, main, srv, state, &applied, &verdict, now)
+    finish(s, main, srv, state, &mut applied, &verdict, now)
 }
 
-/// The session's concurrency lines: a slot of each, held in a cleanup of the session's pool
+/// The session's concurrency lines: their permits, held in a cleanup of the session's pool
 /// (given back however the session ends). `Ok(whether a line applied)`, `Err` with the
 /// answer when a line refuses it. A stream session over the limit is closed at once: it does
 /// not wait in a queue.
-fn take_slots(
+fn take_permits(
     s: &mut ngx_stream_session_t,
     main: &MainConf,
     srv: &SrvConf,
@@ -426,7 +372,7 @@ fn take_slots(
         let Some(zone) = zone_in_phase(limit, phase) else {
             continue;
         };
-        if !zone.conf.algorithm.counts_in_flight() {
+        if !zone.algorithm.counts_in_flight() {
             continue;
         }
         let Some(found) = find_key(s, main, zone, now) else {
@@ -434,7 +380,7 @@ fn take_slots(
         };
         applied = true;
         let line = Line {
-            zone_conf: &zone.conf,
+            zone_conf: zone,
             zone: *found.zone,
             slot: found.slot,
             hash: found.hash(),
@@ -444,7 +390,7 @@ fn take_slots(
         // SAFETY: a live session's connection has its pool, freed when the session ends.
         let pool = unsafe { (*s.connection).pool };
         // No queue (`queue: Some(0)`): nothing ever waits, so no owner is ever told.
-        match slots::arrive(pool, &line, now, dry_run, Owner::Session) {
+        match concurrency::arrive(pool, &line, now, dry_run, Owner::Session) {
             Arrival::Admitted { .. } => found.zone.count(Counter::Passed),
             Arrival::Unlimited | Arrival::Queued { .. } => {}
             Arrival::Rejected(refusal) | Arrival::DryRun { refusal, .. } => {
@@ -455,19 +401,19 @@ fn take_slots(
                     "limiting connections{dry}, in flight: {} of {} by zone \"{}\"",
                     refusal.in_flight,
                     refusal.limit,
-                    zone.conf.name
+                    zone.name
                 );
-                if let Some(key) = key_bytes(s, main, &zone.conf) {
+                if let Some(key) = key_bytes(s, main, zone) {
                     found.zone.record_top(TopKind::Rejected, now, &key);
                 }
                 if dry_run {
                     found.zone.count(Counter::RejectedDryRun);
-                    state.set(SessionStatus::RejectedDryRun);
+                    state.set(LimitStatus::RejectedDryRun);
                     continue;
                 }
                 found.zone.count(Counter::Rejected);
-                state.set(SessionStatus::Rejected);
-                // The slots taken at earlier lines come back when the session's pool is freed,
+                state.set(LimitStatus::Rejected);
+                // The permits taken at earlier lines come back when the session's pool is freed,
                 // right after.
                 return Err(NGX_STREAM_SERVICE_UNAVAILABLE as ngx_int_t);
             }
@@ -476,89 +422,38 @@ fn take_slots(
     Ok(applied)
 }
 
-/// Act on the verdict of the rate lines: log, account, `$rate_limit_status`, then close,
-/// delay or go on.
+/// Act on the verdict of the rate lines: settled once for every door (`control::outcome`:
+/// log lines, counters, top keys, a block), then `$rate_limit_status`, and close, delay or go
+/// on.
 fn finish(
     s: &mut ngx_stream_session_t,
     main: &MainConf,
     srv: &SrvConf,
     state: SessionState,
-    applied: &[AppliedLimit],
+    applied: &mut [AppliedLimit],
     verdict: &Verdict,
     now: u64,
 ) -> Act {
-    let dry_run = srv.dry_run();
-    let dry = if dry_run { ", dry run" } else { "" };
-    let decision = verdict.decision;
-    let log = session_log(s);
-    let status = |state: SessionState, real: SessionStatus, dry: SessionStatus| {
-        state.set(if dry_run { dry } else { real });
-        if dry_run {
-            Act::Continue
-        } else {
-            Act::Close(NGX_STREAM_SERVICE_UNAVAILABLE as ngx_int_t)
-        }
+    let door = Door {
+        noun: "connection",
+        log: session_log(s),
+        level: srv.log_level(),
+        delay_level: srv.delay_log_level(),
+        dry_run: srv.dry_run(),
+        shows_standing: false,
     };
-
-    if let (Outcome::Rejected, true) = (verdict.outcome, verdict.blocked) {
-        decide::account(applied, verdict, dry_run, now, |zone_conf| {
-            key_bytes(s, main, zone_conf)
-        });
-        return status(state, SessionStatus::Blocked, SessionStatus::BlockedDryRun);
-    }
-    if let (Outcome::Rejected, Some(index)) = (verdict.outcome, verdict.by) {
-        let zone_conf = applied[index].own.zone_conf;
-        ngx_log_error!(
-            srv.log_level(),
-            log,
-            "limiting connections{dry}, excess: {} by zone \"{}\"",
-            format_excess(decision.excess_milli),
-            zone_conf.name
-        );
-        let started = decide::account(applied, verdict, dry_run, now, |zone_conf| {
-            key_bytes(s, main, zone_conf)
-        });
-        if let Some(started) = started {
-            let zone_conf = applied[started.by].own.zone_conf;
-            let block_max = zone_conf.block.map_or(0, |policy| policy.block_max_ns);
-            ngx_log_error!(
-                srv.log_level(),
-                log,
-                "blocking the key{dry} for {}, level {} (block_max {}), by zone \"{}\"",
-                duration_text(started.block.duration_ns()),
-                started.block.level,
-                duration_text(block_max),
-                zone_conf.name
-            );
-        }
-        return status(
-            state,
-            SessionStatus::Rejected,
-            SessionStatus::RejectedDryRun,
-        );
-    }
-    decide::account(applied, verdict, dry_run, now, |zone_conf| {
+    let settled = outcome::settle(&door, applied, verdict, now, |zone_conf| {
         key_bytes(s, main, zone_conf)
     });
-    let (Outcome::Delayed, Some(index)) = (verdict.outcome, verdict.by) else {
-        if !state.is_set() {
-            state.set(SessionStatus::Passed);
-        }
-        return Act::Continue;
-    };
-    ngx_log_error!(
-        srv.delay_log_level(),
-        log,
-        "delaying connection{dry}, excess: {}, by zone \"{}\"",
-        format_excess(decision.excess_milli),
-        applied[index].own.zone_conf.name
-    );
-    if dry_run {
-        state.set(SessionStatus::DelayedDryRun);
-        return Act::Continue;
+    // A session that passed keeps what a concurrency line's dry run said of it.
+    if settled.status != LimitStatus::Passed || !state.is_set() {
+        state.set(settled.status);
     }
-    state.set(SessionStatus::Delayed);
-    Act::Delay(decision.delay_ns)
+    match settled.action {
+        Action::Proceed => Act::Continue,
+        Action::Delay(delay_ns) => Act::Delay(delay_ns),
+        Action::Refuse(_) => Act::Close(NGX_STREAM_SERVICE_UNAVAILABLE as ngx_int_t),
+    }
 }
 
 /// Hold the session on a timer of its connection's read event: when it fires, the phases
@@ -741,9 +636,4 @@ fn client_gone(connection: &mut ngx::ffi::ngx_connection_t) -> bool {
         );
     }
     true
-}
-
-/// limit_req's "excess: 1.500": whole requests and thousandths.
-fn format_excess(excess_milli: u64) -> String {
-    format!("{}.{:03}", excess_milli / 1000, excess_milli % 1000)
 }

@@ -23,6 +23,7 @@ mod leases;
 mod link;
 mod overrides;
 mod quota;
+mod quota_keep;
 mod repeats;
 mod sentinel;
 mod shared;
@@ -244,7 +245,7 @@ fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Op
                 quota: zone
                     .quota
                     .as_ref()
-                    .map(|quota| quota::QuotaSync::new(quota.calendar.clone())),
+                    .map(|quota| quota_keep::QuotaSync::new(quota.calendar.clone())),
             })
         })
         .collect();

@@ -15,18 +15,15 @@
 //! the next send lists it (its number and delta): the script adds only what the hash has not
 //! applied yet, so a send that timed out and was applied late is not counted twice.
 
-use core::cell::{Cell, RefCell};
 use core::sync::atomic::Ordering;
-use std::collections::HashMap;
 
 use ratelimit_core::fleet_quota::{self, check_total};
-use ratelimit_core::period::Calendar;
 use ratelimit_core::quota::{used, QuotaWindow};
 
 use super::cluster::Routed;
+use super::quota_keep::{QuotaSync, UNCONFIRMED, UNCONFIRMED_KEYS};
 use super::shared::{Bad, SyncError, SyncShared};
 use super::zone::SyncZone;
-use crate::glue::{now_ns, unix_ms_of};
 
 /// Keys sent with a delta in one round (all zones): the rest wait in their slots, merged
 /// with what comes next.
@@ -49,45 +46,6 @@ pub const EXPIRY_MARGIN_MS: i64 = 3_600_000;
 /// it adds its delta less what the latest earlier send that was applied carried. Returns the
 /// period's count.
 pub const QUOTA_SCRIPT: &str = include_str!("quota.lua");
-
-/// Keys whose failed sends a loop remembers per zone: beyond, a key's are forgotten, and a
-/// forgotten send that Redis applied late is counted twice (the strict side).
-const UNCONFIRMED_KEYS: usize = 65_536;
-
-/// Failed sends a key remembers (the oldest go first).
-const UNCONFIRMED: usize = 8;
-
-/// A key's period (its tag) and the (number, delta) of each of its failed sends in it.
-type FailedSends = (u64, Vec<(u64, u64)>);
-
-/// What the loop keeps of a quota zone between rounds.
-pub struct QuotaSync {
-    pub calendar: Calendar,
-    /// The slot where the next round's reads begin.
-    cursor: Cell<usize>,
-    /// Each key's failed sends since its last applied one, by the key's id.
-    unconfirmed: RefCell<HashMap<u64, FailedSends>>,
-}
-
-impl QuotaSync {
-    pub fn new(calendar: Calendar) -> QuotaSync {
-        QuotaSync {
-            calendar,
-            cursor: Cell::new(0),
-            unconfirmed: RefCell::new(HashMap::new()),
-        }
-    }
-
-    /// The period of now, on the request path's clock (`control::quota::window`'s).
-    fn period(&self) -> (QuotaWindow, i64, i64) {
-        let bounds = self.calendar.bounds(unix_ms_of(now_ns()) as i64);
-        let window = QuotaWindow {
-            tag: QuotaWindow::tag_of(bounds.index),
-            end_ns: 0,
-        };
-        (window, bounds.start_ms, bounds.end_ms)
-    }
-}
 
 /// A key in this round's exchange.
 pub struct Sent {

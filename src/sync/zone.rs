@@ -31,7 +31,7 @@ pub struct SyncZone {
     /// `block=`: the zone's blocks are shared too (`super::blocks`).
     pub block: Option<ratelimit_core::penalty::BlockPolicy>,
     /// `algorithm=quota`: the period's counters are shared (`super::quota`).
-    pub quota: Option<super::quota::QuotaSync>,
+    pub quota: Option<super::quota_keep::QuotaSync>,
 }
 
 impl SyncZone {

@@ -40,6 +40,9 @@
 //! assert_eq!(response.body_text(), "{\n  \"error\": \"this location is read-only: \\\"rate_limit_admin write=on\\\" allows changes\"\n}\n");
 //! ```
 
+// `unsafe` only in the state file's lock (`flock`: `File::lock` needs Rust 1.89, the workspace
+// builds with 1.88).
+#![deny(unsafe_code)]
 pub mod body;
 pub mod concurrency;
 pub mod error;

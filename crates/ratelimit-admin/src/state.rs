@@ -315,6 +315,7 @@ fn annotate(error: io::Error, path: &Path) -> io::Error {
 /// An exclusive `flock`, released on drop (and by the kernel if the process dies).
 struct FileLock<'a>(&'a File);
 
+#[allow(unsafe_code)]
 impl<'a> FileLock<'a> {
     fn exclusive(file: &'a File) -> io::Result<FileLock<'a>> {
         loop {
@@ -330,6 +331,7 @@ impl<'a> FileLock<'a> {
     }
 }
 
+#[allow(unsafe_code)]
 impl Drop for FileLock<'_> {
     fn drop(&mut self) {
         // SAFETY: as above; unlocking a lock we hold.

@@ -10,6 +10,7 @@
 //! time stored in a state (two workers reading the clock in a different order) is treated as
 //! "no time has passed".
 
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod algorithm;
@@ -38,13 +39,12 @@ pub mod key;
 pub mod key_form;
 pub mod leaky_bucket;
 pub mod lease;
-pub mod log_format;
 pub mod penalty;
 pub mod period;
+pub mod policy;
 pub mod quota;
 pub mod rate;
 pub mod replay;
-pub mod replay_usage;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod spec;
@@ -56,8 +56,9 @@ pub mod usage;
 
 pub use bucket_charge::BucketCharge;
 pub use decision::{Decision, Outcome};
+pub use policy::{Algorithm, DelayMode, Limits, Policy, SpecError};
 pub use rate::{Rate, RateUnit};
-pub use spec::{Algorithm, DelayMode, LimitSpec, Limits, Policy, SpecError, ZoneSpec};
+pub use spec::{LimitSpec, ZoneSpec};
 
 /// Nanoseconds in one second.
 pub const NANOS_PER_SEC: u64 = 1_000_000_000;

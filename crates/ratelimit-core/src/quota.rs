@@ -11,6 +11,8 @@
 //! the arithmetic here stays free of time zones and reads no clock.
 
 use crate::period::{Calendar, CalendarError};
+use crate::policy::parse_integer;
+pub use crate::policy::QuotaWindow;
 use crate::{Algorithm, Decision, Limits, Outcome, Policy, Rate, RateUnit, SpecError};
 
 /// The largest `limit=`: 2^53, what a JSON number (the admin API) holds exactly.
@@ -25,17 +27,6 @@ const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
 /// 1023 periods exactly would be read as current. A key's entry that lives that long without a
 /// request (1023 hours are 42 days) is rare; days, weeks and months are safe for years.
 const TAGS: i64 = 1023;
-
-/// The period a decision is made in: its tag and its end, on the clock of the `now_ns` the
-/// decision gets.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct QuotaWindow {
-    /// [`QuotaWindow::tag_of`] the period's index; 0 before one is known (a policy made
-    /// without a clock, such as the eviction's: every state then counts as fresh).
-    pub tag: u64,
-    /// The first instant of the next period, in nanoseconds on the caller's clock.
-    pub end_ns: u64,
-}
 
 impl QuotaWindow {
     /// The tag of period number `index` ([`crate::period::Bounds::index`]): 1 to 1023.
@@ -73,7 +64,7 @@ impl QuotaSpec {
 
 /// `limit=N`: an integer from 1 to [`MAX_LIMIT`].
 pub(crate) fn parse_limit(word: &str, value: &str) -> Result<u64, SpecError> {
-    crate::spec::parse_integer(value)
+    parse_integer(value)
         .filter(|limit| (1..=MAX_LIMIT).contains(limit))
         .ok_or_else(|| {
             SpecError::InvalidValue(format!(

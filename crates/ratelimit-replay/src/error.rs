@@ -3,9 +3,9 @@
 use std::io;
 use std::path::PathBuf;
 
-use ratelimit_core::log_format::FormatError;
-use ratelimit_core::replay::InputError;
 use ratelimit_core::SpecError;
+use ratelimit_replay::log_format::FormatError;
+use ratelimit_replay::replay::InputError;
 
 /// A replay that cannot go on. [`ReplayError::Output`] exits with status 1, every other
 /// with 2 (bad arguments, a bad spec or bad input).

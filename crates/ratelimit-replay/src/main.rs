@@ -2,6 +2,7 @@
 //! show, request by request, what the module would have decided; then per-key totals and the
 //! smallest limit that would have rejected nothing.
 
+#![forbid(unsafe_code)]
 mod error;
 mod plot;
 mod table;
@@ -13,11 +14,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
-use ratelimit_core::replay::{
+use ratelimit_core::{penalty, Algorithm, DelayMode, LimitSpec, Policy, ZoneSpec};
+use ratelimit_replay::log_format;
+use ratelimit_replay::replay::{
     parse_seconds, policy_from_specs, InputFormat, KeySummary, LineReader, LogInput, Needed,
     Replay, Request, SecondSpreader, Verdict,
 };
-use ratelimit_core::{log_format, penalty, Algorithm, DelayMode, LimitSpec, Policy, ZoneSpec};
 use serde_json::json;
 
 use error::ReplayError;

@@ -21,8 +21,8 @@ use std::collections::HashMap;
 use std::fmt::Write;
 
 use ratelimit_core::penalty::Block;
-use ratelimit_core::replay::Verdict;
 use ratelimit_core::{Algorithm, Outcome, Policy};
+use ratelimit_replay::replay::Verdict;
 
 /// Keys drawn at most.
 pub const MAX_KEYS: usize = 8;

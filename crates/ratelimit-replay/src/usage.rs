@@ -1,19 +1,19 @@
 //! Usage mode: `--limit 'usage=$VAR reserve=N [debt=N]'` replays a usage-based (token) limit.
 //! Each logged request reserves `reserve` tokens when it came (its end minus `$request_time`)
 //! and is settled with the tokens its log line names when it ended
-//! ([`ratelimit_core::replay_usage`], the module's own arithmetic).
+//! ([`ratelimit_replay::replay_usage`], the module's own arithmetic).
 
 use std::collections::HashMap;
 use std::io::{self, BufRead, Write};
 
-use ratelimit_core::log_format::parse_seconds;
 use ratelimit_core::quota::QuotaSpec;
-use ratelimit_core::replay::{InputFormat, LineReader, LogInput, SecondSpreader};
-use ratelimit_core::replay_usage::{smallest_burst, UsageKeySummary, UsageReplay, UsageRequest};
 use ratelimit_core::usage::prices::PriceTable;
 use ratelimit_core::usage::settle::{self, End};
 use ratelimit_core::usage::{Amount, OnMissing, Usage, UsageSource, UsageSpec};
 use ratelimit_core::{Algorithm, Limits, Policy, ZoneSpec};
+use ratelimit_replay::log_format::parse_seconds;
+use ratelimit_replay::replay::{InputFormat, LineReader, LogInput, SecondSpreader};
+use ratelimit_replay::replay_usage::{smallest_burst, UsageKeySummary, UsageReplay, UsageRequest};
 use serde_json::json;
 
 use crate::error::ReplayError;
@@ -178,7 +178,7 @@ fn read_log(
     // Per line: (used, missing, request_time_ns), joined to the reader's request by line.
     let mut extras: HashMap<usize, (u64, bool, u64)> = HashMap::new();
     let mut logged = Vec::new();
-    let mut place = |request: ratelimit_core::replay::Request,
+    let mut place = |request: ratelimit_replay::replay::Request,
                      extras: &mut HashMap<usize, (u64, bool, u64)>| {
         let (used, missing, duration_ns) = extras.remove(&request.line).unwrap_or_default();
         logged.push(Logged {
@@ -504,7 +504,7 @@ fn calibrate(
     )
     .map_err(|error| ReplayError::UsageZone(error.0))?;
     let refused_at = |burst: u64| {
-        ratelimit_core::replay_usage::refused_with_burst(
+        ratelimit_replay::replay_usage::refused_with_burst(
             &requests,
             policy,
             burst,

@@ -34,6 +34,7 @@
 //! docs/architecture.md, "A request's time"). `tests/stress.rs` runs the module's whole path
 //! with many threads, `tests/loom.rs` and `tests/shuttle.rs` model it.
 
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod word;

@@ -22,7 +22,7 @@ pub mod request;
 pub mod settle;
 mod sse;
 
-use crate::spec::SpecError;
+use crate::policy::{parse_integer, SpecError};
 
 /// Whose response body the built-in reader understands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -279,7 +279,7 @@ impl<'a> UsageWords<'a> {
             }
             "debt" => {
                 self.debt = Some(
-                    super::spec::parse_integer(value)
+                    parse_integer(value)
                         .filter(|&debt| debt <= crate::Limits::MAX_BURST)
                         .ok_or_else(|| {
                             SpecError::InvalidValue(format!(
@@ -377,9 +377,8 @@ pub(crate) fn parse_amount(value: &str) -> Option<Amount> {
     if let Some(name) = variable_name(value) {
         return Some(Amount::Variable(name));
     }
-    let tokens = |text: &str| {
-        super::spec::parse_integer(text).filter(|&n| (1..=crate::Limits::MAX_BURST).contains(&n))
-    };
+    let tokens =
+        |text: &str| parse_integer(text).filter(|&n| (1..=crate::Limits::MAX_BURST).contains(&n));
     if value == "auto" {
         return Some(Amount::Auto(AUTO_DEFAULT_CEILING));
     }
@@ -408,7 +407,7 @@ pub fn variable_name(text: &str) -> Option<String> {
 /// ```
 pub fn parse_tokens(value: &[u8]) -> Option<u64> {
     let text = core::str::from_utf8(value).ok()?.trim();
-    super::spec::parse_integer(text)
+    parse_integer(text)
 }
 
 #[cfg(test)]

@@ -84,7 +84,7 @@ impl LogFormat {
     /// Parse `text` as nginx reads a `log_format` string (the parts after the name, joined).
     ///
     /// ```
-    /// use ratelimit_core::log_format::{LogFormat, Piece};
+    /// use ratelimit_replay::log_format::{LogFormat, Piece};
     ///
     /// let format = LogFormat::parse("$msec ${remote_addr}:$status").unwrap();
     /// assert_eq!(format.pieces()[1], Piece::Literal(" ".into()));
@@ -157,7 +157,7 @@ impl LogFormat {
     /// matching.
     ///
     /// ```
-    /// use ratelimit_core::log_format::{LogFormat, COMBINED};
+    /// use ratelimit_replay::log_format::{LogFormat, COMBINED};
     ///
     /// let format = LogFormat::parse(COMBINED).unwrap();
     /// let line = "10.0.0.1 - - [14/Nov/2023:22:13:20 +0000] \"GET / HTTP/1.1\" 401 5 \"-\" \"curl/8\"";
@@ -304,7 +304,7 @@ impl KeyTemplate {
     /// is an error naming the ones it does.
     ///
     /// ```
-    /// use ratelimit_core::log_format::{KeyTemplate, LogFormat, COMBINED};
+    /// use ratelimit_replay::log_format::{KeyTemplate, LogFormat, COMBINED};
     ///
     /// let format = LogFormat::parse(COMBINED).unwrap();
     /// let key = KeyTemplate::parse("$binary_remote_addr", &format).unwrap();
@@ -374,7 +374,7 @@ const MONTHS: [&str; 12] = [
 /// `$time_local`: `14/Nov/2023:22:13:20 +0000` as epoch nanoseconds and the offset in seconds.
 ///
 /// ```
-/// use ratelimit_core::log_format::parse_time_local;
+/// use ratelimit_replay::log_format::parse_time_local;
 ///
 /// assert_eq!(parse_time_local("14/Nov/2023:22:13:20 +0000"), Some((1_700_000_000_000_000_000, 0)));
 /// assert_eq!(parse_time_local("14/Nov/2023:23:13:20 +0100"), Some((1_700_000_000_000_000_000, 3600)));
@@ -397,7 +397,7 @@ pub fn parse_time_local(text: &str) -> Option<(u64, i64)> {
 /// `$time_iso8601`: `2023-11-14T22:13:20+00:00` (or `Z`) as epoch nanoseconds and the offset.
 ///
 /// ```
-/// use ratelimit_core::log_format::parse_time_iso8601;
+/// use ratelimit_replay::log_format::parse_time_iso8601;
 ///
 /// assert_eq!(parse_time_iso8601("2023-11-14T22:13:20+00:00"), Some((1_700_000_000_000_000_000, 0)));
 /// assert_eq!(parse_time_iso8601("2023-11-14T17:13:20-05:00"), Some((1_700_000_000_000_000_000, -18000)));
@@ -476,14 +476,14 @@ fn epoch_ns(year: u64, month: u64, day: u64, seconds: u64, offset: i64) -> Optio
     let days = days_from_civil(year, month, day)?;
     let local = days.checked_mul(86_400)?.checked_add(seconds as i64)?;
     let utc = u64::try_from(local.checked_sub(offset)?).ok()?;
-    Some((utc.checked_mul(crate::NANOS_PER_SEC)?, offset))
+    Some((utc.checked_mul(ratelimit_core::NANOS_PER_SEC)?, offset))
 }
 
 /// Decimal seconds (`12`, `0.25`, `1700000000.123`, at most 9 decimals) in nanoseconds;
 /// `None` for anything else or a time beyond `u64` nanoseconds.
 ///
 /// ```
-/// use ratelimit_core::log_format::parse_seconds;
+/// use ratelimit_replay::log_format::parse_seconds;
 ///
 /// assert_eq!(parse_seconds("0.25"), Some(250_000_000));
 /// assert_eq!(parse_seconds("-1"), None);
@@ -498,7 +498,7 @@ pub fn parse_seconds(text: &str) -> Option<u64> {
     whole
         .parse::<u64>()
         .ok()?
-        .checked_mul(crate::NANOS_PER_SEC)?
+        .checked_mul(ratelimit_core::NANOS_PER_SEC)?
         .checked_add(nanos)
 }
 

@@ -1,7 +1,7 @@
 //! Replaying a usage-based limit (`usage=... reserve=N debt=N`) over logged requests: each
 //! request reserves `reserve` tokens at its start, exactly as the module's door does
-//! ([`crate::decide_word`] with the reservation as the cost), and is settled at its end with
-//! its logged usage by the module's own settling arithmetic ([`crate::usage::settle`]):
+//! ([`ratelimit_core::decide_word`] with the reservation as the cost), and is settled at its end with
+//! its logged usage by the module's own settling arithmetic ([`ratelimit_core::usage::settle`]):
 //! a refund of what it did not use, or a charge into debt bounded by `debt`.
 //!
 //! Settlements are applied in time order between the requests: a request starting at `t`
@@ -10,10 +10,10 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
-use crate::quota::QuotaSpec;
-use crate::replay::PeriodClock;
-use crate::usage::settle::{self, Bucket, Settlement};
-use crate::{decide_word, Algorithm, Outcome, Policy};
+use ratelimit_core::quota::QuotaSpec;
+use ratelimit_core::replay::PeriodClock;
+use ratelimit_core::usage::settle::{self, Bucket, Settlement};
+use ratelimit_core::{decide_word, Algorithm, Outcome, Policy};
 
 /// One logged request of a usage-based replay.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -145,14 +145,16 @@ impl UsageReplay {
                 Settlement::Refund(tokens) => {
                     let mut refund = door;
                     refund.cost = tokens;
-                    crate::uncommit::uncommit_word(state, end, &refund)
+                    ratelimit_core::uncommit::uncommit_word(state, end, &refund)
                 }
                 Settlement::Charge(tokens) => {
                     let (next, forgiven) = match &self.bucket {
                         Some(bucket) => {
                             settle::charge_into_debt(state, end, bucket, tokens, self.debt)
                         }
-                        None => crate::quota::charge_into_debt(state, &door, tokens, self.debt),
+                        None => {
+                            ratelimit_core::quota::charge_into_debt(state, &door, tokens, self.debt)
+                        }
                     };
                     let summary = self.keys.entry(key.clone()).or_default();
                     summary.tokens_forgiven = summary.tokens_forgiven.saturating_add(forgiven);
@@ -253,7 +255,7 @@ pub fn smallest_burst(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Algorithm, DelayMode, Limits, Rate};
+    use ratelimit_core::{Algorithm, DelayMode, Limits, Rate};
 
     const SEC: u64 = 1_000_000_000;
 
@@ -263,10 +265,13 @@ mod tests {
     /// in, not to the next.
     #[test]
     fn a_priced_quota_replays_by_the_calendar() {
-        let zone =
-            crate::ZoneSpec::parse_words(&["algorithm=quota", "limit=1000000", "period=day"])
-                .unwrap();
-        let policy = crate::replay::policy_from_specs(&zone, None).unwrap();
+        let zone = ratelimit_core::ZoneSpec::parse_words(&[
+            "algorithm=quota",
+            "limit=1000000",
+            "period=day",
+        ])
+        .unwrap();
+        let policy = ratelimit_core::replay::policy_from_specs(&zone, None).unwrap();
         let day = 86_400 * SEC;
         let noon = 20_000 * day + day / 2;
         for (cost, count, admitted) in [(310_000, 8, 4), (15_500, 80, 65)] {

@@ -3,8 +3,8 @@
 //! their second in order.
 
 use proptest::prelude::*;
-use ratelimit_core::log_format::{LogFormat, COMBINED, COMMON};
-use ratelimit_core::replay::{InputFormat, LineReader, LogInput, SecondSpreader};
+use ratelimit_replay::input::{InputFormat, LineReader, LogInput, SecondSpreader};
+use ratelimit_replay::log_format::{LogFormat, COMBINED, COMMON};
 
 /// A value nginx could log between two separators: no `"`, no space when the format puts a
 /// space after it (nginx escapes `"` as `\x22`; spaces occur inside quoted values only).
