@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -54,7 +54,7 @@ http {{
 /// Requests in flight at the upstream now, and `(when, in flight after)` at each change.
 type InFlightLog = Mutex<(usize, Vec<(Duration, usize)>)>;
 
-/// An upstream that holds each request [`HOLD`] and logs `(when, in flight after)` at each
+/// An upstream that holds each request [`HOLD`] (less when nginx closes it first) and logs `(when, in flight after)` at each
 /// arrival and departure.
 struct Counter {
     port: u16,
@@ -106,7 +106,37 @@ fn serve(stream: TcpStream, started: Instant, log: &InFlightLog) {
         log.1.push(now);
     };
     change(1);
-    thread::sleep(HOLD);
+    // Held HOLD, or until nginx's side closes: a request whose worker was killed is not in
+    // flight any more (its client got a reset), though a slower upstream would not notice.
+    let deadline = Instant::now() + HOLD;
+    let mut byte = [0u8; 1];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let stream = reader.get_mut();
+        stream.set_read_timeout(Some(left)).unwrap();
+        match stream.read(&mut byte) {
+            Ok(0) => {
+                change(-1);
+                return;
+            }
+            Ok(_) => {}
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                break
+            }
+            Err(_) => {
+                change(-1);
+                return;
+            }
+        }
+    }
     change(-1);
     let _ = reader
         .get_mut()
@@ -135,7 +165,8 @@ fn in_flight_over(events: &[(Duration, usize)], from: Duration, to: Duration) ->
 }
 
 /// One client: requests of key `tenant` one after another on one keep-alive connection to
-/// each port of `plan` until that step's end (from `start`). The statuses it got.
+/// each port of `plan` (a new one when its worker dies) until that step's end (from
+/// `start`). The statuses it got.
 fn client(plan: Vec<(u16, Duration)>, start: Instant) -> Vec<u16> {
     let mut statuses = Vec::new();
     for (port, until) in plan {
@@ -143,8 +174,14 @@ fn client(plan: Vec<(u16, Duration)>, start: Instant) -> Vec<u16> {
         while start.elapsed() < until {
             match connection.try_send(&Request::get("/").header("X-Key", "tenant")) {
                 Ok(response) => statuses.push(response.status),
-                // The instance was killed: this client is done.
-                Err(_) => return statuses,
+                Err(_) => {
+                    // Its worker was killed: connect again (another worker answers). The
+                    // instance was killed: this client is done.
+                    if TcpStream::connect(("127.0.0.1", port)).is_err() {
+                        return statuses;
+                    }
+                    connection = Connection::open(port);
+                }
             }
         }
     }
@@ -302,8 +339,10 @@ fn a_killed_instance_gives_its_leases_back() {
         (&6.into(), &12.into()),
         "{key}"
     );
-    let mut pids = victim.worker_pids();
-    pids.push(victim.master_pid());
+    // The master first: killed after its workers, it could fork a new one in between, and
+    // the instance would live on.
+    let mut pids = vec![victim.master_pid()];
+    pids.extend(victim.worker_pids());
     let killed = Instant::now();
     for pid in pids {
         sys::signal(pid as i32, SIGKILL);

@@ -238,8 +238,9 @@ fn a_crash_keeps_the_counts_of_the_last_periodic_write() {
         );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    let mut pids = nginx.worker_pids();
-    pids.push(nginx.master_pid());
+    // The master first, so that it cannot fork a new worker between the kills.
+    let mut pids = vec![nginx.master_pid()];
+    pids.extend(nginx.worker_pids());
     for pid in pids {
         common::nginx::sys::signal(pid as i32, common::nginx::sys::SIGKILL);
     }
