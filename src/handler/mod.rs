@@ -10,6 +10,7 @@ mod grpc;
 mod headers;
 mod key;
 mod remote_net;
+mod request_ctx;
 mod status;
 pub mod usage;
 
