@@ -113,7 +113,7 @@ pub fn keep_body(r: &mut ngx_http_request_t, body: Body) -> bool {
         return false;
     }
     // SAFETY: a live context; only this field is written, and no part of it is lent now.
-    unsafe { ptr::addr_of_mut!((*ctx).body).write(Some(body)) };
+    unsafe { *ptr::addr_of_mut!((*ctx).body) = Some(body) };
     true
 }
 
