@@ -278,54 +278,6 @@ fn every_end_has_its_charge() {
     }
 }
 
-/// An internal redirect zeroes the modules' request contexts: the usage state kept at the
-/// door is found again in the location the request ends in, and settled there once, by the
-/// response that location sends (not the reservation, not twice).
-#[test]
-fn a_redirected_request_settles_once() {
-    let llm = FakeLlm::start();
-    let port = llm.port();
-    let nginx = start(
-        &llm,
-        &format!(
-            "location /flaky/ {{ rate_limit zone=tpm usage=openai reserve=100;
-                 proxy_pass http://127.0.0.1:{port}/; proxy_intercept_errors on;
-                 error_page 500 = /retry/v1/chat/completions?prompt=300&completion=45; }}
-             location /flaky-named/ {{ rate_limit zone=tpm usage=openai reserve=100;
-                 proxy_pass http://127.0.0.1:{port}/; proxy_intercept_errors on;
-                 error_page 500 = @retry; }}
-             location @retry {{
-                 rewrite ^ /retry/v1/chat/completions?prompt=200&completion=33? last; }}
-             location /retry/ {{ proxy_pass http://127.0.0.1:{port}/; }}"
-        ),
-    );
-    // (what, path, charged): the door reserved 100 before the upstream failed.
-    let cases = [
-        (
-            "error_page to a location without rate_limit",
-            "/flaky/v1/chat/completions?status=500",
-            345,
-        ),
-        (
-            "error_page to a named location, rewritten to another",
-            "/flaky-named/v1/chat/completions?status=500",
-            233,
-        ),
-    ];
-    for (index, (what, path, charged)) in cases.iter().enumerate() {
-        let key = format!("Bearer redirected-{index}");
-        let response = send(&nginx, path, &key);
-        assert_eq!(response.status, 200, "{what}: {response:?}");
-        let line = logged(&nginx, &key);
-        assert!(
-            line.contains(" /retry/v1/chat/completions "),
-            "{what}: {line}"
-        );
-        assert_eq!(logged_cost(&line), charged.to_string(), "{what}: {line}");
-        wait_used(&nginx, &key, *charged, what);
-    }
-}
-
 #[test]
 fn a_client_gone_mid_stream_keeps_the_reservation() {
     let llm = FakeLlm::start();

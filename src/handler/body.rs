@@ -7,17 +7,18 @@
 //! usage filter. Also `$rate_limit_llm_model`.
 //!
 //! The preaccess handler starts reading and returns `NGX_DONE`; once the body is read, the
-//! phases run again from the same handler, which finds the facts kept in the
-//! request's context and goes on.
+//! phases run again from the same handler, which finds the facts kept in a cleanup of the
+//! request's pool and goes on.
 
+use core::ffi::c_void;
 use core::ptr;
 
 use ngx::core::Status;
 use ngx::ffi::{
     ngx_alloc_chain_link, ngx_conf_t, ngx_create_temp_buf, ngx_http_add_variable,
     ngx_http_core_run_phases, ngx_http_finalize_request, ngx_http_read_client_request_body,
-    ngx_http_request_t, ngx_http_variable_value_t, ngx_int_t, ngx_pnalloc, ngx_str_t, ngx_uint_t,
-    NGX_HTTP_VAR_NOCACHEABLE,
+    ngx_http_request_t, ngx_http_variable_value_t, ngx_int_t, ngx_pnalloc, ngx_pool_cleanup_add,
+    ngx_str_t, ngx_uint_t, NGX_HTTP_VAR_NOCACHEABLE,
 };
 use ngx::http::HttpModuleLocationConf;
 use ratelimit_core::usage::request::{with_usage_asked, RequestFacts, BODY_READ_MAX};
@@ -25,6 +26,10 @@ use ratelimit_core::usage::Provider;
 
 use crate::conf::{ConfError, LocConf, RateLimitModule, UsageSourceConf};
 use crate::glue::value_bits;
+
+/// The handler of the cleanup that keeps a request's [`Body`], read from here both when it
+/// is set and when it is looked for, so that the two compare equal.
+static DROP_BODY: unsafe extern "C" fn(*mut c_void) = drop_body;
 
 /// What the request body said, kept until the request ends.
 pub struct Body {
@@ -47,7 +52,7 @@ fn reads_openai(lcf: &LocConf) -> bool {
 /// `None` when the body was read (the lines can be decided); otherwise the phase handler's
 /// answer while it is being read.
 pub fn wait_for_body(r: &mut ngx_http_request_t) -> Option<ngx_int_t> {
-    if super::request_ctx::body(r).is_some() {
+    if body_of(r).is_some() {
         return None;
     }
     // SAFETY: `r` is the live main request; `body_read` runs the phases again.
@@ -70,7 +75,7 @@ unsafe extern "C" fn body_read(r: *mut ngx_http_request_t) {
             // SAFETY: nginx calls the post handler with the live request whose body was read.
             let request = unsafe { &mut *r };
             let body = read(request);
-            if !super::request_ctx::keep_body(request, body) {
+            if !keep(request, body) {
                 // SAFETY: the live request; this ends the reference reading the body took.
                 unsafe {
                     ngx_http_finalize_request(
@@ -155,6 +160,41 @@ fn set_content_length(r: &mut ngx_http_request_t, len: usize) -> Option<i64> {
     i64::try_from(len).ok()
 }
 
+/// Keep `body` with the request; `false` when there is no memory for it.
+fn keep(r: &mut ngx_http_request_t, body: Body) -> bool {
+    // SAFETY: the request's pool lives as long as the request.
+    let cleanup = unsafe { ngx_pool_cleanup_add(r.pool, 0) };
+    // SAFETY: a non-null cleanup is a fresh element of the pool's list.
+    let Some(cleanup) = (unsafe { cleanup.as_mut() }) else {
+        return false;
+    };
+    cleanup.handler = Some(DROP_BODY);
+    cleanup.data = Box::into_raw(Box::new(body)).cast::<c_void>();
+    true
+}
+
+/// Frees what [`keep`] left, with the request's pool.
+unsafe extern "C" fn drop_body(data: *mut c_void) {
+    crate::glue::guard::entry(
+        "handler::body::drop_body",
+        || (),
+        || {
+            if !data.is_null() {
+                // SAFETY: `data` is the box `keep` leaked for this cleanup, dropped only here.
+                drop(unsafe { Box::from_raw(data.cast::<Body>()) });
+            }
+        },
+    )
+}
+
+/// What the body of the main request of `r` said, once it was read.
+pub fn body_of(r: &ngx_http_request_t) -> Option<&'static Body> {
+    let data = crate::glue::main_request_cleanup(r, DROP_BODY);
+    // SAFETY: the data of a DROP_BODY cleanup is the box `keep` leaked, alive until the
+    // pool's cleanup.
+    unsafe { data.cast::<Body>().as_ref() }
+}
+
 /// Register `$rate_limit_llm_model`.
 pub fn add_variable(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
     let mut name = ngx_str_t {
@@ -183,13 +223,13 @@ unsafe extern "C" fn model_variable(
         || {
             // SAFETY: nginx calls variable handlers with the live request and its value to fill.
             let r = unsafe { &*r };
-            let model = super::request_ctx::body(r)
+            let model = body_of(r)
                 .and_then(|body| body.facts.model.as_deref())
                 .unwrap_or_default();
             let len = u32::try_from(model.len())
                 .unwrap_or(value_bits::LEN)
                 .min(value_bits::LEN);
-            // SAFETY: `v` is the value to fill; the model lives in the request's context, freed
+            // SAFETY: `v` is the value to fill; the model lives in the request's cleanup, freed
             // with its pool, after every use of the value.
             unsafe { (*v).data = model.as_ptr().cast_mut() };
             value_bits::write(v, len | value_bits::VALID | value_bits::NO_CACHEABLE);

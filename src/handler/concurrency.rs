@@ -3,24 +3,26 @@
 //! waits it is parked like a delayed request (a client that goes away is noticed); the
 //! worker's queue (`control::queue`) resumes it.
 //!
-//! Its progress (`Ctx`, kept in the request's context) says which line it is at; a location's
-//! first pass starts it afresh. After an internal redirect `$rate_limit_status` is set and
+//! Its context (`Ctx`, the module's request context) says which line it is at; internal
+//! redirects clear it once the request went through, when `$rate_limit_status` is set and
 //! tells the next location that the request was limited already.
 
+use core::mem;
 use core::ptr;
 
 use ngx::core::Status;
 use ngx::ffi::{
     ngx_handle_read_event, ngx_http_block_reading, ngx_http_core_run_phases,
     ngx_http_request_empty_handler, ngx_http_request_t, ngx_http_test_reading, ngx_int_t,
-    ngx_posted_events,
+    ngx_pcalloc, ngx_posted_events,
 };
+use ngx::http::HttpModule;
 use ngx::ngx_log_error;
 use ratelimit_core::top::TopKind;
 
 use super::find_key;
 use super::status::{LimitStatus, RequestState};
-use crate::conf::{LimitConf, LocConf, ZoneConf};
+use crate::conf::{LimitConf, LocConf, RateLimitModule, ZoneConf};
 use crate::control::concurrency::{self as permits, Arrival, Line, Refusal};
 use crate::control::outcome::{Refused, Wait};
 use crate::control::queue::{Owner, Resolution};
@@ -30,7 +32,7 @@ use ratelimit_core::NANOS_PER_SEC;
 
 /// A request's progress through its location's concurrency lines.
 #[derive(Default)]
-pub(super) struct Ctx {
+struct Ctx {
     /// The next line to take permits of (an index into the location's `rate_limit` lines).
     next: usize,
     /// It waited in a queue (`$rate_limit_status` says QUEUED).
@@ -41,6 +43,30 @@ pub(super) struct Ctx {
     waiting: bool,
     /// A dry-run line would have queued or rejected it.
     dry: Option<LimitStatus>,
+}
+
+fn ctx_index() -> usize {
+    RateLimitModule::module().ctx_index
+}
+
+fn context(r: &ngx_http_request_t) -> Option<&'static mut Ctx> {
+    // SAFETY: `r->ctx` has one pointer per HTTP module; ours holds null or a `Ctx` allocated in
+    // the request's pool by `new_context`.
+    unsafe { (*r.ctx.add(ctx_index())).cast::<Ctx>().as_mut() }
+}
+
+fn new_context(r: &mut ngx_http_request_t) -> Option<&'static mut Ctx> {
+    // SAFETY: the request's pool is live; zeroed memory of the right size is then written.
+    let ctx = unsafe { ngx_pcalloc(r.pool, mem::size_of::<Ctx>()) }.cast::<Ctx>();
+    if ctx.is_null() {
+        return None;
+    }
+    // SAFETY: `ctx` is fresh pool memory, aligned for Ctx (NGX_ALIGNMENT).
+    unsafe {
+        ctx.write(Ctx::default());
+        *r.ctx.add(ctx_index()) = ctx.cast();
+        ctx.as_mut()
+    }
 }
 
 /// The concurrency zone of a line, if its zone is one.
@@ -54,58 +80,55 @@ pub fn resumed(
     lcf: &LocConf,
     state: RequestState,
 ) -> Option<ngx_int_t> {
-    super::request_ctx::with_concurrency(r, |r, ctx| {
-        if !ctx.waiting {
-            return None;
+    let ctx = context(r)?;
+    if !ctx.waiting {
+        return None;
+    }
+    let resolution = ctx.resolution.take()?;
+    ctx.waiting = false;
+    match resolution {
+        Resolution::Admitted => {
+            ctx.queued = true;
+            ctx.next += 1;
+            Some(run_lines(r, lcf, state, ctx))
         }
-        let resolution = ctx.resolution.take()?;
-        ctx.waiting = false;
-        match resolution {
-            Resolution::Admitted => {
-                ctx.queued = true;
-                ctx.next += 1;
-                Some(run_lines(r, lcf, state, ctx))
-            }
-            Resolution::Refused => {
-                let name = lcf
-                    .limits()
-                    .get(ctx.next)
-                    .and_then(line_zone)
-                    .map_or("", |zone| zone.name.as_str());
-                ngx_log_error!(
-                    lcf.log_level(),
-                    connection_log(r),
-                    "limiting requests, queue timeout by zone \"{name}\""
-                );
-                if let Some(zone) = lcf.limits().get(ctx.next).and_then(line_zone) {
-                    if let Some(store) = zone.zone.as_ref() {
-                        store.count(Counter::Rejected);
-                    }
+        Resolution::Refused => {
+            let name = lcf
+                .limits()
+                .get(ctx.next)
+                .and_then(line_zone)
+                .map_or("", |zone| zone.name.as_str());
+            ngx_log_error!(
+                lcf.log_level(),
+                connection_log(r),
+                "limiting requests, queue timeout by zone \"{name}\""
+            );
+            if let Some(zone) = lcf.limits().get(ctx.next).and_then(line_zone) {
+                if let Some(store) = zone.zone.as_ref() {
+                    store.count(Counter::Rejected);
                 }
-                let shown = lcf.limits().get(ctx.next).is_none_or(|limit| limit.headers);
-                let refused = Refused {
-                    reason: "queue timeout",
-                    zone: name,
-                    wait: if shown {
-                        Wait::After(NANOS_PER_SEC)
-                    } else {
-                        Wait::Unsaid
-                    },
-                };
-                Some(reject(r, lcf, state, &refused))
             }
+            let shown = lcf.limits().get(ctx.next).is_none_or(|limit| limit.headers);
+            let refused = Refused {
+                reason: "queue timeout",
+                zone: name,
+                wait: if shown {
+                    Wait::After(NANOS_PER_SEC)
+                } else {
+                    Wait::Unsaid
+                },
+            };
+            Some(reject(r, lcf, state, &refused))
         }
-    })
-    .flatten()
+    }
 }
 
 /// A request's first pass: its concurrency lines, then its rate limits.
 pub fn limit(r: &mut ngx_http_request_t, lcf: &LocConf, state: RequestState) -> ngx_int_t {
-    if !super::request_ctx::new_concurrency(r) {
+    let Some(ctx) = new_context(r) else {
         return nginx_sys::NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t;
-    }
-    super::request_ctx::with_concurrency(r, |r, ctx| run_lines(r, lcf, state, ctx))
-        .unwrap_or(nginx_sys::NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t)
+    };
+    run_lines(r, lcf, state, ctx)
 }
 
 /// Take the permits of each concurrency line from `ctx.next` on; then the rate limits.
@@ -306,10 +329,10 @@ fn park(r: &mut ngx_http_request_t) -> ngx_int_t {
 unsafe fn resume(r: *mut ngx_http_request_t, resolution: Resolution) {
     // SAFETY: the queue resumes only live, parked requests (see `control::queue::tick`).
     let r = unsafe { &mut *r };
-    if super::request_ctx::with_concurrency(r, |_, ctx| ctx.resolution = Some(resolution)).is_none()
-    {
+    let Some(ctx) = context(r) else {
         return;
-    }
+    };
+    ctx.resolution = Some(resolution);
     r.read_event_handler = Some(ngx_http_block_reading);
     r.write_event_handler = Some(ngx_http_core_run_phases);
     // SAFETY: the connection's write event is live; posted events run on this thread.

@@ -10,7 +10,6 @@ mod grpc;
 mod headers;
 mod key;
 mod remote_net;
-mod request_ctx;
 mod status;
 pub mod usage;
 

@@ -2,13 +2,15 @@
 //! reader (a header filter and a body filter that pass every buffer on at once), the
 //! settlement in the log phase, and the `$rate_limit_usage_*` variables.
 //!
-//! What a request must settle is kept in the request's context (`request_ctx`), found again
-//! after an internal redirect and dropped with the request.
+//! What a request must settle is kept in a cleanup of the request's pool (it survives
+//! internal redirects, which clear module contexts, and is freed with the request), found
+//! there by its handler. The module's context slot is the concurrency lines'.
 //!
 //! How each end of a request is charged is `ratelimit_core::usage::settle::charged_tokens`:
 //! the body's last buffer passed (complete) or not (cut: the client went away, the upstream
 //! timed out or closed mid-body), with the usage found or none.
 
+use core::ffi::c_void;
 use core::ptr;
 use core::sync::atomic::AtomicU64;
 
@@ -17,7 +19,7 @@ use ngx::ffi::{
     ngx_alloc_chain_link, ngx_buf_t, ngx_chain_t, ngx_conf_t, ngx_create_temp_buf,
     ngx_http_add_variable, ngx_http_output_body_filter_pt, ngx_http_output_header_filter_pt,
     ngx_http_request_t, ngx_http_top_body_filter, ngx_http_top_header_filter,
-    ngx_http_variable_value_t, ngx_int_t, ngx_pcalloc, ngx_str_t, ngx_uint_t,
+    ngx_http_variable_value_t, ngx_int_t, ngx_pcalloc, ngx_pool_cleanup_add, ngx_str_t, ngx_uint_t,
     NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_WARN,
 };
 use ngx::http::HttpModuleMainConf;
@@ -43,6 +45,10 @@ const NGX_ERROR: ngx_int_t = -1;
 static mut NEXT_HEADER_FILTER: ngx_http_output_header_filter_pt = None;
 static mut NEXT_BODY_FILTER: ngx_http_output_body_filter_pt = None;
 
+/// The handler of the cleanup that keeps a request's usage state, read from here both when
+/// it is set and when it is looked for, so that the two compare equal.
+static DROP_STATE: unsafe extern "C" fn(*mut c_void) = drop_state;
+
 /// One usage-based line a request was charged by.
 struct Line {
     charged: Charged,
@@ -56,7 +62,7 @@ struct Line {
 }
 
 /// What a request with usage-based lines keeps until it ends.
-pub(super) struct UsageState {
+struct UsageState {
     lines: Vec<Line>,
     /// The provider whose body the reader reads (the lines with `usage=$var` read none).
     provider: Option<Provider>,
@@ -92,7 +98,7 @@ pub fn request_cost(r: &mut ngx_http_request_t, limit: &LimitConf) -> u64 {
         return match usage.reserve {
             AmountConf::Fixed(tokens) => tokens,
             AmountConf::Variable(index) => number(r, index).unwrap_or(1).max(1),
-            AmountConf::Auto(default) => super::request_ctx::body(r)
+            AmountConf::Auto(default) => super::body::body_of(r)
                 .map_or(default, |body| body.facts.reservation(default))
                 .max(1),
         };
@@ -184,9 +190,16 @@ pub fn keep(r: &mut ngx_http_request_t, applied: &[AppliedLimit], lines: &[&Limi
         UsageSourceConf::Reader(provider) => Some(provider),
         UsageSourceConf::Variable(_) => None,
     });
+    // SAFETY: the request's pool lives as long as the request.
+    let cleanup = unsafe { ngx_pool_cleanup_add(r.pool, 0) };
+    // SAFETY: a non-null cleanup is a fresh element of the pool's list.
+    let Some(cleanup) = (unsafe { cleanup.as_mut() }) else {
+        // No memory: the reservations stand, which errs on the strict side.
+        return;
+    };
     let model_logged = RateLimitModule::main_conf(r).is_some_and(|mcf| mcf.usage_model_used);
     let priced = model_logged || kept.iter().any(|line| line.usage.prices.is_some());
-    let body = super::request_ctx::body(r);
+    let body = super::body::body_of(r);
     let state = UsageState {
         lines: kept,
         provider,
@@ -202,8 +215,31 @@ pub fn keep(r: &mut ngx_http_request_t, applied: &[AppliedLimit], lines: &[&Limi
         },
         prompt_estimate: body.map_or(0, |body| body.facts.prompt_estimate()),
     };
-    // No memory: the reservations stand, which errs on the strict side.
-    let _ = super::request_ctx::keep_usage(r, state);
+    cleanup.handler = Some(DROP_STATE);
+    cleanup.data = Box::into_raw(Box::new(state)).cast::<c_void>();
+}
+
+/// Frees what [`keep`] left, with the request's pool. A request that never reached the log
+/// phase keeps its reservations (a cut response with no usage found).
+unsafe extern "C" fn drop_state(data: *mut c_void) {
+    crate::glue::guard::entry(
+        "handler::usage::drop_state",
+        || (),
+        || {
+            if !data.is_null() {
+                // SAFETY: `data` is the box `keep` leaked for this cleanup, dropped only here.
+                drop(unsafe { Box::from_raw(data.cast::<UsageState>()) });
+            }
+        },
+    )
+}
+
+/// The usage state of the main request of `r`, if it has one.
+fn state_of(r: &ngx_http_request_t) -> Option<&'static mut UsageState> {
+    let data = crate::glue::main_request_cleanup(r, DROP_STATE);
+    // SAFETY: the data of a DROP_STATE cleanup is the box `keep` leaked, alive until the
+    // pool's cleanup; nginx runs one request's handlers one at a time.
+    unsafe { data.cast::<UsageState>().as_mut() }
 }
 
 /// Put the reader's two filters on top of nginx's header and body filter chains.
@@ -227,7 +263,9 @@ unsafe extern "C" fn header_filter(r: *mut ngx_http_request_t) -> ngx_int_t {
             // SAFETY: nginx passes the live request whose header is being sent.
             if let Some(request) = unsafe { r.as_mut() } {
                 if ptr::eq(request.main, r) {
-                    super::request_ctx::with_usage(request, start_reading);
+                    if let Some(state) = state_of(request) {
+                        start_reading(request, state);
+                    }
                 }
             }
             // SAFETY: read once the filter was installed; the next filter is nginx's, called as
@@ -293,17 +331,14 @@ unsafe extern "C" fn body_filter(r: *mut ngx_http_request_t, chain: *mut ngx_cha
             // SAFETY: nginx passes the live request whose body is being sent.
             if let Some(request) = unsafe { r.as_mut() } {
                 if ptr::eq(request.main, r) {
-                    let passed = super::request_ctx::with_usage(request, |request, state| {
+                    if let Some(state) = state_of(request) {
                         read_chain(state, chain);
-                        match &mut state.strip {
-                            Strip::Streaming(filter) => strip_chain(request, filter, chain),
-                            _ => Some(chain),
+                        if let Strip::Streaming(filter) = &mut state.strip {
+                            match strip_chain(request, filter, chain) {
+                                Some(stripped) => chain = stripped,
+                                None => return NGX_ERROR,
+                            }
                         }
-                    });
-                    match passed {
-                        Some(Some(stripped)) => chain = stripped,
-                        Some(None) => return NGX_ERROR,
-                        None => {}
                     }
                 }
             }
@@ -504,9 +539,9 @@ impl UsageState {
 
     /// The model a priced line charges for: the one the response named, else the request
     /// body's `model`.
-    fn priced_model<'a>(&'a self, r: &'a ngx_http_request_t) -> Option<&'a str> {
+    fn priced_model<'a>(&'a self, r: &ngx_http_request_t) -> Option<&'a str> {
         self.model()
-            .or_else(|| super::request_ctx::body(r)?.facts.model.as_deref())
+            .or_else(|| super::body::body_of(r)?.facts.model.as_deref())
     }
 
     fn end(&self, r: &ngx_http_request_t) -> End {
@@ -532,63 +567,61 @@ pub unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
             if !ptr::eq(r.main, r) {
                 return Status::NGX_OK.into();
             }
-            super::request_ctx::with_usage(r, settle);
+            let Some(state) = state_of(r) else {
+                return Status::NGX_OK.into();
+            };
+            if state.settled {
+                return Status::NGX_OK.into();
+            }
+            state.settled = true;
+            let now = now_ns();
+            let mut logged = false;
+            for line in &state.lines {
+                let Owed {
+                    tokens: owed,
+                    found,
+                    unpriced,
+                } = state.owed(r, line);
+                let zone = line.charged.zone();
+                zone.count_by(Counter::TokensUsed, owed);
+                if line.usage.prices.is_some() {
+                    zone.count_by(Counter::SpentMicroUsd, owed);
+                }
+                if let Some(index) = unpriced {
+                    zone.count(Counter::Unpriced);
+                    log_unpriced(r, state.priced_model(r), index, line.reserved, now);
+                }
+                if let Some(key) = &line.key {
+                    zone.record_top_amount(TopKind::Tokens, now, key, owed);
+                }
+                zone.count(match found {
+                    Found::Usage(_) => Counter::UsageFound,
+                    Found::Missing | Found::Malformed(_) => Counter::UsageMissing,
+                });
+                if let Found::Malformed(raw) = found {
+                    zone.count(Counter::UsageBad);
+                    // One line a request, however many zones settle it.
+                    if !logged && zone.should_log_bad_usage(now) {
+                        log_malformed(r, &line.zone_name, &raw, line.usage.on_missing);
+                        logged = true;
+                    }
+                }
+                match settle::settlement(line.reserved, owed) {
+                    Settlement::Refund(tokens) => {
+                        line.charged.give_back_tokens(tokens, now);
+                        zone.count_by(Counter::TokensRefunded, tokens);
+                    }
+                    Settlement::Charge(tokens) => {
+                        let forgiven = line.charged.charge_into_debt(tokens, line.usage.debt, now);
+                        zone.count_by(Counter::TokensOverrun, tokens);
+                        zone.count_by(Counter::TokensForgiven, forgiven);
+                    }
+                    Settlement::Even => {}
+                }
+            }
             Status::NGX_OK.into()
         },
     )
-}
-
-/// Settle every usage-based line of `state`, once.
-fn settle(r: &mut ngx_http_request_t, state: &mut UsageState) {
-    if state.settled {
-        return;
-    }
-    state.settled = true;
-    let now = now_ns();
-    let mut logged = false;
-    for line in &state.lines {
-        let Owed {
-            tokens: owed,
-            found,
-            unpriced,
-        } = state.owed(r, line);
-        let zone = line.charged.zone();
-        zone.count_by(Counter::TokensUsed, owed);
-        if line.usage.prices.is_some() {
-            zone.count_by(Counter::SpentMicroUsd, owed);
-        }
-        if let Some(index) = unpriced {
-            zone.count(Counter::Unpriced);
-            log_unpriced(r, state.priced_model(r), index, line.reserved, now);
-        }
-        if let Some(key) = &line.key {
-            zone.record_top_amount(TopKind::Tokens, now, key, owed);
-        }
-        zone.count(match found {
-            Found::Usage(_) => Counter::UsageFound,
-            Found::Missing | Found::Malformed(_) => Counter::UsageMissing,
-        });
-        if let Found::Malformed(raw) = found {
-            zone.count(Counter::UsageBad);
-            // One line a request, however many zones settle it.
-            if !logged && zone.should_log_bad_usage(now) {
-                log_malformed(r, &line.zone_name, &raw, line.usage.on_missing);
-                logged = true;
-            }
-        }
-        match settle::settlement(line.reserved, owed) {
-            Settlement::Refund(tokens) => {
-                line.charged.give_back_tokens(tokens, now);
-                zone.count_by(Counter::TokensRefunded, tokens);
-            }
-            Settlement::Charge(tokens) => {
-                let forgiven = line.charged.charge_into_debt(tokens, line.usage.debt, now);
-                zone.count_by(Counter::TokensOverrun, tokens);
-                zone.count_by(Counter::TokensForgiven, forgiven);
-            }
-            Settlement::Even => {}
-        }
-    }
 }
 
 /// What a line owes as its request ends.
@@ -694,7 +727,7 @@ unsafe extern "C" fn usage_variable(
                 return NGX_ERROR;
             };
             let mut digits = itoa::Buffer::new();
-            let value = super::request_ctx::with_usage(r, |r, state| {
+            let value = state_of(r).and_then(|state| {
                 if data == MODEL {
                     return state.model().map(|model| model.as_bytes().to_vec());
                 }
@@ -711,8 +744,7 @@ unsafe extern "C" fn usage_variable(
                     }
                 };
                 Some(digits.format(number).as_bytes().to_vec())
-            })
-            .flatten();
+            });
             let Some(text) = value else {
                 value_bits::write(v, value_bits::NOT_FOUND);
                 return Status::NGX_OK.into();
