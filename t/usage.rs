@@ -431,7 +431,7 @@ fn nginx_t_names_the_bad_word() {
         )
     };
     let cases = [
-        (server("rate_limit zone=tpm usage=claude;"), "invalid usage value \"usage=claude\": it must be openai, anthropic, gemini or a $variable"),
+        (server("rate_limit zone=tpm usage=claude;"), "invalid usage value \"usage=claude\": it must be openai, anthropic, gemini, azure or a $variable"),
         (server("rate_limit zone=tpm usage=openai reserve=0;"), "invalid reserve value \"reserve=0\""),
         (server("rate_limit zone=tpm usage=openai on_missing=bill;"), "invalid on_missing value \"on_missing=bill\": it must be refund, keep or estimate"),
         (server("rate_limit zone=tpm usage=openai usage_weights=output=4;"), "invalid usage_weights value \"usage_weights=output=4\""),

@@ -27,6 +27,7 @@ use ngx::ffi::{
     NGX_LOG_INFO,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Merge, MergeConfigError};
+use ratelimit_core::api_key::Api;
 use ratelimit_core::concurrency::ConcurrencySpec;
 use ratelimit_core::key_form::{KeyForm, NetPrefixes};
 use ratelimit_core::penalty::{BlockPolicy, StatusMatcher};
@@ -312,6 +313,8 @@ impl LimitConf {
 #[derive(Clone, Copy, Debug)]
 pub struct UsageConf {
     pub source: UsageSourceConf,
+    /// The API `usage=` names: where `$rate_limit_api_key` reads the credential.
+    pub api: Option<Api>,
     pub reserve: AmountConf,
     /// `debt=`; `None`: one capacity of the zone's bucket.
     pub debt: Option<u64>,
@@ -439,6 +442,11 @@ impl LocConf {
     #[inline]
     pub fn limits(&self) -> &[LimitConf] {
         self.limits.as_deref().unwrap_or(&[])
+    }
+
+    /// The API the location's `usage=` lines name (one at most: `rate_limit` refuses two).
+    pub fn api(&self) -> Option<Api> {
+        self.limits().iter().find_map(|limit| limit.usage?.api)
     }
 
     /// Whether the location's lines need the request body before they are decided: a
