@@ -12,7 +12,7 @@
 //!   the response names (`prices=`).
 
 mod counts;
-pub use counts::{Raw, MAX_COUNT};
+pub use counts::{Malformed, Raw, MAX_COUNT};
 mod json;
 pub mod model;
 pub mod openai;

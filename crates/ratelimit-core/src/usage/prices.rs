@@ -134,6 +134,45 @@ impl PriceTable {
 }
 
 impl PriceTable {
+    /// The highest price of each kind of token over the table's lines (`default` included):
+    /// what a model the table does not price costs, so that it is never nearly free.
+    ///
+    /// ```
+    /// use ratelimit_core::usage::prices::PriceTable;
+    ///
+    /// let mut table = PriceTable::default();
+    /// table.add_line(&["big", "input=10", "output=30", "cached=1"]).unwrap();
+    /// table.add_line(&["odd", "input=15", "output=1"]).unwrap();
+    /// let highest = table.highest();
+    /// assert_eq!((highest.input_milli, highest.output_milli, highest.cached_milli), (15_000, 30_000, 15_000));
+    /// ```
+    pub fn highest(&self) -> Weights {
+        let lines = self.models.iter().map(|price| price.weights).chain(self.default);
+        lines.fold(
+            Weights {
+                input_milli: 0,
+                output_milli: 0,
+                cached_milli: 0,
+            },
+            |top, line| Weights {
+                input_milli: top.input_milli.max(line.input_milli),
+                output_milli: top.output_milli.max(line.output_milli),
+                cached_milli: top.cached_milli.max(line.cached_milli),
+            },
+        )
+    }
+
+    /// The prices `model` is charged at, and whether the table prices it ([`PriceTable::prices`]);
+    /// a model it does not price, or none, is charged at [`PriceTable::highest`].
+    pub fn prices_or_highest(&self, model: Option<&str>) -> (Weights, bool) {
+        match model.and_then(|model| self.prices(model)) {
+            Some(weights) => (weights, true),
+            None => (self.highest(), false),
+        }
+    }
+}
+
+impl PriceTable {
     /// The `rate_limit_prices NAME { ... }` block of `text` (an nginx configuration, or just the
     /// block): for the replay tool, which prices a log with the tables nginx.conf declares.
     /// `#` comments are skipped; quotes are not read (the model names of a price list need none).
