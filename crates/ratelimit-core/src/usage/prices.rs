@@ -107,7 +107,7 @@ impl PriceTable {
 
     /// The prices of `model`: the line naming it exactly, else the line whose name is its
     /// longest prefix (`gpt-4o` for `gpt-4o-2024-08-06`), else `default`; `None` when none
-    /// applies (the caller keeps the reservation and logs the model).
+    /// applies ([`PriceTable::price_for`] then charges the table's highest prices).
     ///
     /// ```
     /// use ratelimit_core::usage::prices::PriceTable;
@@ -121,15 +121,7 @@ impl PriceTable {
     /// assert_eq!(output("claude-sonnet-4"), None);
     /// ```
     pub fn prices(&self, model: &str) -> Option<Weights> {
-        if let Some(exact) = self.models.iter().find(|price| price.model == model) {
-            return Some(exact.weights);
-        }
-        self.models
-            .iter()
-            .filter(|price| model.starts_with(price.model.as_str()))
-            .max_by_key(|price| price.model.len())
-            .map(|price| price.weights)
-            .or(self.default)
+        self.named(model).or(self.default)
     }
 }
 
@@ -162,13 +154,48 @@ impl PriceTable {
         )
     }
 
-    /// The prices `model` is charged at, and whether the table prices it ([`PriceTable::prices`]);
-    /// a model it does not price, or none, is charged at [`PriceTable::highest`].
-    pub fn prices_or_highest(&self, model: Option<&str>) -> (Weights, bool) {
-        match model.and_then(|model| self.prices(model)) {
+    /// The prices a request is charged at, and whether the table prices its model: the
+    /// model the response names, matched exactly or by prefix, else the one the request
+    /// named, else `default`, else (`false`) the table's [`PriceTable::highest`], so that a
+    /// model it does not price is never nearly free.
+    ///
+    /// ```
+    /// use ratelimit_core::usage::prices::PriceTable;
+    ///
+    /// let mut table = PriceTable::default();
+    /// table.add_line(&["big", "input=10", "output=30"]).unwrap();
+    /// table.add_line(&["small", "input=0.5", "output=1.5"]).unwrap();
+    /// let output = |response, request| {
+    ///     let (weights, priced) = table.price_for(response, request);
+    ///     (weights.output_milli, priced)
+    /// };
+    /// assert_eq!(output(Some("small-2025"), Some("big")), (1_500, true));
+    /// assert_eq!(output(Some("mystery"), Some("small")), (1_500, true));
+    /// assert_eq!(output(None, Some("mystery")), (30_000, false));
+    /// assert_eq!(output(None, None), (30_000, false));
+    /// ```
+    pub fn price_for(&self, response: Option<&str>, request: Option<&str>) -> (Weights, bool) {
+        let named = [response, request]
+            .into_iter()
+            .flatten()
+            .find_map(|model| self.named(model))
+            .or(self.default);
+        match named {
             Some(weights) => (weights, true),
             None => (self.highest(), false),
         }
+    }
+
+    /// The line naming `model` exactly, else the one whose name is its longest prefix.
+    fn named(&self, model: &str) -> Option<Weights> {
+        if let Some(exact) = self.models.iter().find(|price| price.model == model) {
+            return Some(exact.weights);
+        }
+        self.models
+            .iter()
+            .filter(|price| model.starts_with(price.model.as_str()))
+            .max_by_key(|price| price.model.len())
+            .map(|price| price.weights)
     }
 }
 
