@@ -235,8 +235,14 @@ fn one_credential_with_any_other_providers_headers_shares_one_budget_per_provide
         assert!(statuses[10..].iter().all(|&s| s == 429), "{statuses:?}");
         let first = &keys[0];
         let (_, hash) = first.split_once('~').unwrap_or_else(|| panic!("{first}"));
-        assert!(hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()), "{first}");
-        assert!(keys.iter().all(|key| key == first), "{provider:?}: {keys:?}");
+        assert!(
+            hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{first}"
+        );
+        assert!(
+            keys.iter().all(|key| key == first),
+            "{provider:?}: {keys:?}"
+        );
         let secret = provider.secret();
         let shown = format!("{}...{}~", &secret[..3], &secret[secret.len() - 3..]);
         assert!(first.starts_with(&shown), "{first}");
@@ -272,7 +278,11 @@ fn conflicts_fallbacks_and_a_location_without_a_provider() {
     let llm = FakeLlm::start();
     let nginx = start_providers(&llm);
     let key = |request: Request| key_of(&nginx, request);
-    let gemini = key(put(Provider::Gemini.request(""), Place::XGoogApiKey, GEMINI));
+    let gemini = key(put(
+        Provider::Gemini.request(""),
+        Place::XGoogApiKey,
+        GEMINI,
+    ));
     assert!(gemini.starts_with("AIz...GHI~"), "{gemini}");
     // Both Gemini places: the same key agrees, two keys conflict.
     let both = put(Provider::Gemini.request(""), Place::XGoogApiKey, GEMINI);
@@ -282,7 +292,11 @@ fn conflicts_fallbacks_and_a_location_without_a_provider() {
         "conflicting-credentials"
     );
     // Two x-api-key headers for Anthropic conflict; the same one twice does not.
-    let anthropic = key(put(Provider::Anthropic.request(""), Place::XApiKey, ANTHROPIC));
+    let anthropic = key(put(
+        Provider::Anthropic.request(""),
+        Place::XApiKey,
+        ANTHROPIC,
+    ));
     let twice = Provider::Anthropic
         .request("")
         .header("x-api-key", ANTHROPIC)
@@ -296,7 +310,11 @@ fn conflicts_fallbacks_and_a_location_without_a_provider() {
     assert_eq!(key(two), "conflicting-credentials");
     // Two Authorization headers: nginx 1.23 and later refuse the request itself (400); an
     // older nginx passes them, and two tokens conflict.
-    let openai = key(put(Provider::OpenAi.request(""), Place::Authorization, OPENAI));
+    let openai = key(put(
+        Provider::OpenAi.request(""),
+        Place::Authorization,
+        OPENAI,
+    ));
     let two = put(
         put(Provider::OpenAi.request(""), Place::Authorization, OPENAI),
         Place::Authorization,
@@ -304,8 +322,7 @@ fn conflicts_fallbacks_and_a_location_without_a_provider() {
     );
     let response = send(nginx.port(), &two);
     assert!(
-        response.status == 400
-            || response.header("X-Key") == Some("conflicting-credentials"),
+        response.status == 400 || response.header("X-Key") == Some("conflicting-credentials"),
         "{} {:?}",
         response.status,
         response.header("X-Key")
@@ -328,12 +345,28 @@ fn conflicts_fallbacks_and_a_location_without_a_provider() {
     }
     let plain_query = Request::get(&format!("/plain/index.html?key={SECRET}"));
     assert_eq!(key(plain_query), shown);
-    let agreeing = put(put(plain(), Place::Authorization, SECRET), Place::ApiKey, SECRET);
+    let agreeing = put(
+        put(plain(), Place::Authorization, SECRET),
+        Place::ApiKey,
+        SECRET,
+    );
     assert_eq!(key(agreeing), shown);
-    let disagreeing = put(put(plain(), Place::Authorization, SECRET), Place::ApiKey, &junk());
+    let disagreeing = put(
+        put(plain(), Place::Authorization, SECRET),
+        Place::ApiKey,
+        &junk(),
+    );
     assert_eq!(key(disagreeing), "conflicting-credentials");
     // $rate_limit_api_key_gemini reads Gemini's places wherever it is used.
-    let junked = put(put(Request::get("/gemini-key/index.html"), Place::XApiKey, &junk()), Place::XGoogApiKey, GEMINI);
+    let junked = put(
+        put(
+            Request::get("/gemini-key/index.html"),
+            Place::XApiKey,
+            &junk(),
+        ),
+        Place::XGoogApiKey,
+        GEMINI,
+    );
     assert_eq!(key(junked), gemini);
 }
 
@@ -441,10 +474,9 @@ fn base64(bytes: &[u8], alphabet_end: &str, pad: bool) -> String {
             .into_bytes();
     let mut out = String::new();
     for chunk in bytes.chunks(3) {
-        let word = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |word, (at, &byte)| word | u32::from(byte) << (16 - 8 * at));
+        let word = chunk.iter().enumerate().fold(0u32, |word, (at, &byte)| {
+            word | u32::from(byte) << (16 - 8 * at)
+        });
         for at in 0..=chunk.len() {
             out.push(alphabet[(word >> (18 - 6 * at) & 63) as usize] as char);
         }
@@ -513,7 +545,12 @@ fn fingerprint_of(nginx: &Nginx, provider: Provider) -> String {
 /// Every answer of the admin API a dashboard or an operator reads, for every zone.
 fn every_answer(nginx: &Nginx, zones: &[&str], keys: &[String]) -> String {
     let mut answers = String::new();
-    let mut paths = vec!["".to_string(), "zones".into(), "metrics".into(), "dashboard".into()];
+    let mut paths = vec![
+        "".to_string(),
+        "zones".into(),
+        "metrics".into(),
+        "dashboard".into(),
+    ];
     for zone in zones {
         for tail in [
             "",
@@ -587,7 +624,10 @@ fn the_secret_shows_nowhere() {
     let zones = ["keys", "openai", "anthropic", "gemini", "azure"];
     let answers = every_answer(&nginx, &zones, &keys);
     for key in &keys {
-        assert!(answers.contains(key.as_str()), "{key} is in no answer:\n{answers}");
+        assert!(
+            answers.contains(key.as_str()),
+            "{key} is in no answer:\n{answers}"
+        );
     }
     assert_no_leak("the admin API's answers", &answers, &secrets);
 
@@ -596,7 +636,10 @@ fn the_secret_shows_nowhere() {
     assert_no_leak("the state file", &state, &secrets);
     let read = |name: &str| std::fs::read_to_string(nginx.prefix().join(name)).expect(name);
     let access_log = read("logs/access.log");
-    assert!(access_log.contains(&format!("key=\"{}\" REJECTED", keys[4])), "{access_log}");
+    assert!(
+        access_log.contains(&format!("key=\"{}\" REJECTED", keys[4])),
+        "{access_log}"
+    );
     assert_no_leak("the access log", &access_log, &secrets);
     let llm_log = read("logs/llm.log");
     assert!(llm_log.contains(&format!("key={}", keys[0])), "{llm_log}");
@@ -607,7 +650,14 @@ fn the_secret_shows_nowhere() {
     // that request, as nginx writes every request line: left out of the check.
     let own: String = entries(&error_log)
         .iter()
-        .map(|entry| entry.split(", request: \"").next().unwrap_or(entry).to_string() + "\n")
+        .map(|entry| {
+            entry
+                .split(", request: \"")
+                .next()
+                .unwrap_or(entry)
+                .to_string()
+                + "\n"
+        })
         .collect();
     assert_no_leak("the error log", &own, &secrets);
     let without_query_keys = entries(&error_log)
@@ -635,11 +685,17 @@ fn at_debug_only_nginx_own_header_dumps_hold_the_secret() {
     run_every_path(&nginx);
     let log = nginx.error_log();
     let entries = entries(&log);
-    let debug = entries.iter().filter(|entry| entry.contains(" [debug] ")).count();
+    let debug = entries
+        .iter()
+        .filter(|entry| entry.contains(" [debug] "))
+        .count();
     if version.contains("--with-debug") {
         assert!(debug > 100, "{debug} debug entries:\n{log}");
     } else {
-        println!("{} has no --with-debug: no debug entries", common::nginx::nginx_binary().display());
+        println!(
+            "{} has no --with-debug: no debug entries",
+            common::nginx::nginx_binary().display()
+        );
         assert_eq!(debug, 0, "{log}");
     }
     // nginx's own dumps: a header parsed ("http header:", HTTP/2's "http2 header:"), the
@@ -684,8 +740,14 @@ fn run_every_path(nginx: &Nginx) {
             }
         }
         // Streamed too, and refused with OpenAI's 429 body once its 300 tokens are gone.
-        let mut request = put(provider.request("&stream=1&alt=sse"), provider.own()[0], provider.secret());
-        request.path = request.path.replace("generateContent", "streamGenerateContent");
+        let mut request = put(
+            provider.request("&stream=1&alt=sse"),
+            provider.own()[0],
+            provider.secret(),
+        );
+        request.path = request
+            .path
+            .replace("generateContent", "streamGenerateContent");
         send(nginx.port(), &request);
         for _ in 0..3 {
             let request = put(provider.request(""), provider.own()[0], provider.secret());
@@ -707,7 +769,12 @@ fn run_every_path(nginx: &Nginx) {
         Some(r#"{"rate": "9r/s", "burst": 5}"#),
     );
     assert_eq!(status, 201, "{text}");
-    let (status, _, text) = admin(nginx, "DELETE", &format!("zones/keys/blocked/{shown}"), None);
+    let (status, _, text) = admin(
+        nginx,
+        "DELETE",
+        &format!("zones/keys/blocked/{shown}"),
+        None,
+    );
     assert_eq!(status, 204, "{text}");
     // Forgotten, the key starts afresh under its override (burst 5), whatever the spelling.
     let (status, _, text) = admin(nginx, "DELETE", &format!("zones/keys/keys/{shown}"), None);
@@ -743,7 +810,10 @@ fn wait_state_file(nginx: &Nginx, key: &str) -> String {
         if state.contains(key) {
             return state;
         }
-        assert!(Instant::now() < deadline, "{key} not in the state file:\n{state}");
+        assert!(
+            Instant::now() < deadline,
+            "{key} not in the state file:\n{state}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }

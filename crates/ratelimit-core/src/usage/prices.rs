@@ -139,7 +139,11 @@ impl PriceTable {
     /// assert_eq!((highest.input_milli, highest.output_milli, highest.cached_milli), (15_000, 30_000, 15_000));
     /// ```
     pub fn highest(&self) -> Weights {
-        let lines = self.models.iter().map(|price| price.weights).chain(self.default);
+        let lines = self
+            .models
+            .iter()
+            .map(|price| price.weights)
+            .chain(self.default);
         lines.fold(
             Weights {
                 input_milli: 0,

@@ -45,7 +45,9 @@ pub const TAIL_MAX: usize = 64 << 10;
 fn read_kept(kept: &Capped, provider: Provider, event: Option<&[u8]>, counts: &mut Counts) -> bool {
     let unreadable = |error: serde_json::Error, counts: &mut Counts| {
         counts.reported = true;
-        counts.malformed.get_or_insert(Malformed::unreadable(&error));
+        counts
+            .malformed
+            .get_or_insert(Malformed::unreadable(&error));
         false
     };
     if !kept.is_truncated() {
@@ -57,8 +59,7 @@ fn read_kept(kept: &Capped, provider: Provider, event: Option<&[u8]>, counts: &m
             Ok(found) => found,
             Err(error) if error.is_eof() => false,
             Err(error) => {
-                let names_usage =
-                    !usage_only_null(kept.bytes(), usage_finder(provider), is_blank);
+                let names_usage = !usage_only_null(kept.bytes(), usage_finder(provider), is_blank);
                 names_usage && unreadable(error, counts)
             }
         };

@@ -152,7 +152,7 @@ pub enum Report {
 /// | usage `U` | complete | `U` | `U` | `U` |
 /// | usage `U` | cut | `max(U, R)` | `max(U, R)` | `max(U, R)` |
 /// | none | complete | 0 | `R` | the estimate `E`, 0 without one |
-/// | none | cut | `R` | `R` | `R` |
+/// | none | cut | `R` | `R` | `max(E, R)` |
 /// | malformed | any | `max(B, R)` | `max(B, R)` | `max(B, R)` |
 ///
 /// `B` is the request's bound (`R` alone when it is not known): a malformed usage is never
@@ -317,6 +317,7 @@ mod tests {
             (missing,   End::Complete, [0, 100, 70]),
             (silent,    End::Complete, [0, 100, 0]),
             (missing,   End::Cut,      [100, 100, 100]),
+            (Report::Missing { estimate: Some(700) }, End::Cut, [100, 100, 700]),
             (malformed, End::Complete, [1200, 1200, 1200]),
             (malformed, End::Cut,      [1200, 1200, 1200]),
             (small,     End::Complete, [100, 100, 100]),
@@ -331,7 +332,17 @@ mod tests {
                 );
             }
         }
-        assert_eq!(owed(100, Report::Malformed { bound: Some(u64::MAX) }, End::Cut, Refund), u64::MAX);
+        assert_eq!(
+            owed(
+                100,
+                Report::Malformed {
+                    bound: Some(u64::MAX)
+                },
+                End::Cut,
+                Refund
+            ),
+            u64::MAX
+        );
         assert_eq!(request_bound(10, 50).completion_tokens, 0);
     }
 
