@@ -456,13 +456,16 @@ mod tests {
         );
     }
 
+    /// `(headers, query, API, credential)`; `None`: a conflict.
+    type Row<'a> = (&'a [(&'a str, &'a str)], &'a str, Option<Api>, Option<&'a [u8]>);
+
     /// Copies of one place, or Gemini's two places, that disagree are a conflict; copies
     /// that agree, or a copy that says nothing (empty, another scheme), are not.
     #[test]
     fn conflicts() {
         let conflict = Some(CONFLICT_KEY.to_vec());
         #[rustfmt::skip]
-        let rows: &[(&[(&str, &str)], &str, Option<Api>, Option<&[u8]>)] = &[
+        let rows: &[Row] = &[
             (&[("Authorization", "Bearer sk-a"), ("authorization", "Bearer sk-b")], "", Some(Api::OpenAi), None),
             (&[("Authorization", "Bearer sk-a"), ("authorization", "bearer  sk-a")], "", Some(Api::OpenAi), Some(b"sk-a")),
             (&[("Authorization", "Basic dXNlcjpwYXNz"), ("authorization", "Bearer sk-a")], "", Some(Api::OpenAi), Some(b"sk-a")),
