@@ -457,7 +457,12 @@ mod tests {
     }
 
     /// `(headers, query, API, credential)`; `None`: a conflict.
-    type Row<'a> = (&'a [(&'a str, &'a str)], &'a str, Option<Api>, Option<&'a [u8]>);
+    type Row<'a> = (
+        &'a [(&'a str, &'a str)],
+        &'a str,
+        Option<Api>,
+        Option<&'a [u8]>,
+    );
 
     /// Copies of one place, or Gemini's two places, that disagree are a conflict; copies
     /// that agree, or a copy that says nothing (empty, another scheme), are not.
