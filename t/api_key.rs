@@ -670,7 +670,7 @@ fn the_secret_shows_nowhere() {
 
 /// The error log at `debug`, when the nginx under test was built `--with-debug` (Debian's
 /// is): a secret is only in nginx's own dumps of the headers it parsed and sent (nginx logs
-/// every request header at `debug`), never in an entry above `debug` nor in one of this
+/// every request header at `debug`) and of the URI with its arguments (a `?key=`), never in an entry above `debug` nor in one of this
 /// module's (whose lowest level is `info`).
 #[test]
 fn at_debug_only_nginx_own_header_dumps_hold_the_secret() {
@@ -699,14 +699,19 @@ fn at_debug_only_nginx_own_header_dumps_hold_the_secret() {
         assert_eq!(debug, 0, "{log}");
     }
     // nginx's own dumps: a header parsed ("http header:", HTTP/2's "http2 header:"), the
-    // request line and its arguments, the headers proxied upstream.
-    const NGINX_DUMPS: [&str; 6] = [
+    // request line and its arguments, the headers proxied upstream, and the URI with its
+    // arguments (a `?key=`) that nginx's core filters and finalizer print (nginx 1.22).
+    const NGINX_DUMPS: [&str; 10] = [
         "http header: \"",
         "http proxy header:",
         "http request line: \"",
         "http args: \"",
         "http uri: \"",
         "http2 header:",
+        "http output filter \"",
+        "http copy filter: ",
+        "http postpone filter \"",
+        "http finalize request: ",
     ];
     for entry in &entries {
         let message = entry.split(", request: \"").next().unwrap_or(entry);
