@@ -180,10 +180,13 @@ fn redis_stopped_under_load_local_share() {
     };
     thread::sleep(Duration::from_millis(1050));
     redis.signal(SIGSTOP);
-    thread::sleep(Duration::from_millis(1500));
+    let stopped_at = Instant::now();
+    // local_share after three missed rounds (about 300 ms here): waited for, not assumed.
+    wait_mode(&fleet[0], "local_share", Duration::from_millis(1500));
     let stopped = sync_state(&fleet[0]);
     let metrics = common::get(fleet[0].port(), "/ratelimit/metrics").text();
-    thread::sleep(Duration::from_millis(500));
+    // Redis stays stopped 2 s in all, the figures below count on it.
+    thread::sleep(Duration::from_secs(2).saturating_sub(stopped_at.elapsed()));
     redis.signal(SIGCONT);
     let answers = load.join().expect("load thread");
     assert_eq!(stopped["mode"], "local_share", "{stopped}");
