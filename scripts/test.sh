@@ -4,8 +4,8 @@
 #   scripts/test.sh                  install what the tests need, build, run them all
 #   scripts/test.sh --test headers   arguments go to `cargo test` (here: one test file)
 #
-# Installs the Debian packages the build and the tests need when they are missing (with sudo
-# unless root; apt-get starts no service meanwhile): the build's (as scripts/run-example.sh),
+# Installs the Debian packages the build and the tests need when they are missing
+# (scripts/install-missing.sh: with sudo unless root; apt-get starts no service meanwhile): the build's (as scripts/run-example.sh),
 # curl, redis-server and redis-tools (the fleet tests' own servers on free ports), openssl
 # (their TLS certificates), chromium and chromium-driver (the dashboard), python3-grpcio (a
 # real gRPC server and client), tzdata (quota zones' time zones). Then
@@ -19,34 +19,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 say() { echo "test.sh: $*" >&2; }
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo=sudo
 
 packages=(libclang-dev libpcre2-dev libssl-dev zlib1g-dev pkg-config make gcc
     curl ca-certificates redis-server redis-tools openssl chromium chromium-driver
     python3-grpcio tzdata)
-missing=()
-for package in "${packages[@]}"; do
-    dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
-done
-if ((${#missing[@]})); then
-    say "installing ${missing[*]}"
-    # No service started by the packages (redis-server's) while apt-get runs: a policy-rc.d
-    # that denies starts, when the machine has none, removed afterwards.
-    policy=/usr/sbin/policy-rc.d
-    policy_added=""
-    if [ ! -e "$policy" ]; then
-        printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
-        $sudo chmod 755 "$policy"
-        policy_added=yes
-    fi
-    status=0
-    $sudo apt-get update -q &&
-        $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-            "${missing[@]}" || status=$?
-    [ -z "$policy_added" ] || $sudo rm -f "$policy"
-    [ "$status" -eq 0 ] || { say "apt-get failed ($status): install ${missing[*]} by hand"; exit 1; }
-fi
+scripts/install-missing.sh --no-services "${packages[@]}"
 
 if [ -z "${RATE_LIMIT_TEST_SKIP+set}" ]; then
     RATE_LIMIT_TEST_SKIP=lua
