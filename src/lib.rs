@@ -65,6 +65,9 @@ unsafe extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
             };
             mcf.hooks.admin_handler = Some(admin::admin_handler);
             mcf.hooks.zone_init = Some(control::zone_init);
+            // Until the block is read: the proxy module's directives noted for the usage
+            // warning (conf/usage_proxy.rs).
+            conf::usage_proxy::wrap_proxy_directives(cf);
             match handler::add_variables(cf) {
                 Ok(()) => Status::NGX_OK.into(),
                 Err(error) => {
@@ -85,6 +88,8 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
         || {
             // SAFETY: nginx passes a valid configuration context.
             let cf = unsafe { &mut *cf };
+            // The block is read: nginx's own handlers back in its command table.
+            conf::usage_proxy::restore_proxy_directives(cf);
             if let Err(error) = conf::postconfiguration(cf) {
                 cf.log(&error);
                 return Status::NGX_ERROR.into();
