@@ -23,8 +23,11 @@ pub const BODY_READ_MAX: usize = 1 << 20;
 pub struct RequestFacts {
     /// `model`, when a string.
     pub model: Option<String>,
-    /// The output ceiling the request sets (see the module's table).
+    /// The output ceiling the request sets (see the module's table), for each choice.
     pub ceiling: Option<u64>,
+    /// How many choices the response holds (`n`, Gemini's `candidateCount`): each up to
+    /// the ceiling. 0 in a default value is taken as 1.
+    pub choices: u64,
     /// `stream: true`.
     pub stream: bool,
     /// `stream_options.include_usage`, when a boolean.
@@ -36,52 +39,195 @@ pub struct RequestFacts {
     pub bytes: usize,
 }
 
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct Body {
-    model: Option<Text>,
-    max_completion_tokens: Option<Whole>,
-    max_tokens: Option<Whole>,
-    max_output_tokens: Option<Whole>,
-    #[serde(rename = "generationConfig")]
-    generation_config: Option<Loose<GenerationConfig>>,
-    stream: Option<Flag>,
-    stream_options: Option<Loose<StreamOptions>>,
-    messages: Option<Loose<Vec<IgnoredAny>>>,
+/// Why a request body cannot be read for sure. An upstream may read such a body otherwise
+/// than this reader would (the last of two `"stream"` keys, `"stream":"true"` as true, a
+/// gzip body unpacked): the line's `on_unreadable=` decides, never a free pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unreadable {
+    /// Over [`BODY_READ_MAX`] bytes.
+    TooLarge,
+    /// A `Content-Encoding` other than `identity`: its name.
+    Encoded(String),
+    /// Not strict JSON (serde's message: a duplicated key, a lone surrogate, a number out of
+    /// range, nesting deeper than 128, a byte order mark, NaN...).
+    Json(String),
+    /// JSON, but not an object.
+    NotObject,
+    /// A field the limit reads holds a type its API does not take (the upstream may coerce
+    /// it): the field and what it held.
+    LaxType(&'static str, &'static str),
 }
 
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct GenerationConfig {
-    #[serde(rename = "maxOutputTokens")]
-    max_output_tokens: Option<Whole>,
-}
+impl Unreadable {
+    /// The status a refusal answers with: 413, 415 or 400.
+    pub fn status(&self) -> u16 {
+        match self {
+            Unreadable::TooLarge => 413,
+            Unreadable::Encoded(_) => 415,
+            _ => 400,
+        }
+    }
 
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct StreamOptions {
-    include_usage: Option<Flag>,
-}
-
-/// Any JSON value, kept when it is `T`.
-struct Loose<T>(Option<T>);
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Loose<T> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let value = serde_json::Value::deserialize(deserializer)?;
-        Ok(Loose(T::deserialize(value).ok()))
+    /// What is wrong and what is valid, for the client and the log.
+    pub fn message(&self) -> String {
+        match self {
+            Unreadable::TooLarge => format!(
+                "the request body is over {BODY_READ_MAX} bytes, the most a usage-limited \
+                 request may send"
+            ),
+            Unreadable::Encoded(coding) => format!(
+                "the request body is sent with Content-Encoding \"{coding}\": a usage-limited \
+                 request must send plain JSON"
+            ),
+            Unreadable::Json(why) => {
+                format!("the request body is not strict JSON ({why}): send each key once, in UTF-8 JSON without a byte order mark")
+            }
+            Unreadable::NotObject => "the request body is not a JSON object".to_string(),
+            Unreadable::LaxType(field, found) => format!(
+                "\"{field}\" is {found}: it must be {}",
+                expected_type(field)
+            ),
+        }
     }
 }
 
-/// A string, or nothing for any other value.
-type Text = Loose<String>;
-/// A non-negative integer, or nothing for any other value.
-type Whole = Loose<u64>;
-/// A boolean, or nothing for any other value.
-type Flag = Loose<bool>;
+fn expected_type(field: &str) -> &'static str {
+    match field {
+        "model" => "a string",
+        "stream" | "stream_options.include_usage" => "true or false",
+        "stream_options" | "generationConfig" => "an object",
+        _ => "a whole number (or a string of digits)",
+    }
+}
+
+/// A JSON value read strictly: a key twice in one object is an error (serde_json's `Value`
+/// keeps the last, as a lenient upstream may, or the first).
+struct Strict(serde_json::Value);
+
+impl<'de> Deserialize<'de> for Strict {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrictVisitor)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> serde::de::Visitor<'de> for StrictVisitor {
+    type Value = Strict;
+
+    fn expecting(&self, f: &mut core::fmt::Formatter) -> core::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Strict, E> {
+        Ok(Strict(v.into()))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Strict, E> {
+        Ok(Strict(v.into()))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Strict, E> {
+        Ok(Strict(v.into()))
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Strict, E> {
+        serde_json::Number::from_f64(v)
+            .map(|n| Strict(serde_json::Value::Number(n)))
+            .ok_or_else(|| E::custom("a number out of range"))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Strict, E> {
+        Ok(Strict(v.into()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Strict, E> {
+        Ok(Strict(v.into()))
+    }
+    fn visit_unit<E>(self) -> Result<Strict, E> {
+        Ok(Strict(serde_json::Value::Null))
+    }
+    fn visit_none<E>(self) -> Result<Strict, E> {
+        Ok(Strict(serde_json::Value::Null))
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Strict, D::Error> {
+        Strict::deserialize(d)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Strict, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Strict(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Strict(serde_json::Value::Array(items)))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Strict, A::Error> {
+        let mut object = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                return Err(serde::de::Error::custom(format_args!(
+                    "the key \"{key}\" twice"
+                )));
+            }
+            let Strict(value) = map.next_value()?;
+            object.insert(key, value);
+        }
+        Ok(Strict(serde_json::Value::Object(object)))
+    }
+}
+
+/// What a JSON value is, for a message.
+fn kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+type Field<'a> = Option<&'a serde_json::Value>;
+
+/// A count in any form an API takes: a whole number, a float with no fraction (`100000.0`),
+/// a string of digits (`"100000"`); absent or null is `None`.
+fn whole(name: &'static str, field: Field) -> Result<Option<u64>, Unreadable> {
+    let Some(value) = field.filter(|value| !value.is_null()) else {
+        return Ok(None);
+    };
+    let read = match value {
+        serde_json::Value::Number(number) => number.as_u64().or_else(|| {
+            let float = number.as_f64()?;
+            (float >= 0.0 && float.fract() == 0.0 && float < 1.8e19).then_some(float as u64)
+        }),
+        serde_json::Value::String(text) => {
+            let digits = text.trim();
+            (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| digits.parse::<u64>().unwrap_or(u64::MAX))
+        }
+        _ => None,
+    };
+    read.map(Some).ok_or(Unreadable::LaxType(name, kind(value)))
+}
+
+fn flag(name: &'static str, field: Field) -> Result<Option<bool>, Unreadable> {
+    match field {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Bool(value)) => Ok(Some(*value)),
+        Some(other) => Err(Unreadable::LaxType(name, kind(other))),
+    }
+}
+
+fn object<'a>(
+    name: &'static str,
+    field: Field<'a>,
+) -> Result<Option<&'a serde_json::Map<String, serde_json::Value>>, Unreadable> {
+    match field {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Object(map)) => Ok(Some(map)),
+        Some(other) => Err(Unreadable::LaxType(name, kind(other))),
+    }
+}
 
 impl RequestFacts {
-    /// Read `body` (JSON; anything else says nothing but its length).
+    /// Read `body` (JSON; anything else says nothing but its length). A body [`check`]
+    /// refuses says nothing here.
+    ///
+    /// [`check`]: RequestFacts::check
     ///
     /// ```
     /// use ratelimit_core::usage::request::RequestFacts;
@@ -90,31 +236,75 @@ impl RequestFacts {
     /// assert_eq!((facts.model.as_deref(), facts.ceiling, facts.stream), (Some("m"), Some(300), true));
     /// ```
     pub fn read(body: &[u8]) -> RequestFacts {
+        RequestFacts::check(body).unwrap_or(RequestFacts {
+            bytes: body.len(),
+            ..RequestFacts::default()
+        })
+    }
+
+    /// What `body` says, or why it cannot be read for sure. An empty body says nothing.
+    ///
+    /// ```
+    /// use ratelimit_core::usage::request::{RequestFacts, Unreadable};
+    ///
+    /// let twice = RequestFacts::check(br#"{"stream":false,"stream":true}"#);
+    /// assert!(matches!(twice, Err(Unreadable::Json(_))));
+    /// let lax = RequestFacts::check(br#"{"stream":"true"}"#);
+    /// assert_eq!(lax, Err(Unreadable::LaxType("stream", "a string")));
+    /// let n = RequestFacts::check(br#"{"max_tokens":"100","n":3}"#).unwrap();
+    /// assert_eq!((n.ceiling, n.choices), (Some(100), 3));
+    /// ```
+    pub fn check(body: &[u8]) -> Result<RequestFacts, Unreadable> {
         let bytes = body.len();
-        // An object only: serde would read an array's elements as the fields, in order.
-        let object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
-        let parsed = serde_json::from_slice::<Body>(body).ok().filter(|_| object);
-        let Some(parsed) = parsed else {
-            return RequestFacts {
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Ok(RequestFacts {
                 bytes,
                 ..RequestFacts::default()
-            };
-        };
-        let whole = |field: Option<Whole>| field.and_then(|loose| loose.0);
-        let ceiling = whole(parsed.max_completion_tokens)
-            .or(whole(parsed.max_tokens))
-            .or(whole(parsed.max_output_tokens))
-            .or_else(|| whole(parsed.generation_config?.0?.max_output_tokens));
-        RequestFacts {
-            model: parsed.model.and_then(|loose| loose.0),
-            ceiling,
-            stream: parsed.stream.and_then(|loose| loose.0) == Some(true),
-            include_usage: parsed
-                .stream_options
-                .and_then(|loose| loose.0?.include_usage?.0),
-            chat: parsed.messages.is_some_and(|loose| loose.0.is_some()),
-            bytes,
+            });
         }
+        if bytes > BODY_READ_MAX {
+            return Err(Unreadable::TooLarge);
+        }
+        let Strict(value) = serde_json::from_slice::<Strict>(body)
+            .map_err(|error| Unreadable::Json(error.to_string()))?;
+        let top = value.as_object().ok_or(Unreadable::NotObject)?;
+        let model = match top.get("model") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(model)) => Some(model.clone()),
+            Some(other) => return Err(Unreadable::LaxType("model", kind(other))),
+        };
+        let generation = object("generationConfig", top.get("generationConfig"))?;
+        let gemini_ceiling = whole(
+            "generationConfig.maxOutputTokens",
+            generation.and_then(|config| config.get("maxOutputTokens")),
+        )?;
+        let candidates = whole(
+            "generationConfig.candidateCount",
+            generation.and_then(|config| config.get("candidateCount")),
+        )?;
+        let ceiling = whole("max_completion_tokens", top.get("max_completion_tokens"))?
+            .or(whole("max_tokens", top.get("max_tokens"))?)
+            .or(whole("max_output_tokens", top.get("max_output_tokens"))?)
+            .or(gemini_ceiling);
+        let choices = whole("n", top.get("n"))?.or(candidates).unwrap_or(1).max(1);
+        let options = object("stream_options", top.get("stream_options"))?;
+        let include_usage = flag(
+            "stream_options.include_usage",
+            options.and_then(|options| options.get("include_usage")),
+        )?;
+        // Chat Completions' `messages`, or the legacy Completions' `prompt`: both stream
+        // usage only when asked.
+        let chat = top.get("messages").is_some_and(serde_json::Value::is_array)
+            || top.get("prompt").is_some_and(|prompt| !prompt.is_null());
+        Ok(RequestFacts {
+            model,
+            ceiling,
+            choices,
+            stream: flag("stream", top.get("stream"))? == Some(true),
+            include_usage,
+            chat,
+            bytes,
+        })
     }
 
     /// The prompt's tokens as estimated from the body's size: a token is about four bytes
@@ -123,53 +313,80 @@ impl RequestFacts {
         (self.bytes as u64).div_ceil(4)
     }
 
-    /// `reserve=auto:DEFAULT`: the request's ceiling (`default` when it sets none) plus the
-    /// prompt's estimate.
+    /// `reserve=auto:DEFAULT`: the request's ceiling (`default` when it sets none) times its
+    /// choices, plus the prompt's estimate.
     pub fn reservation(&self, default: u64) -> u64 {
         self.ceiling
             .unwrap_or(default)
+            .saturating_mul(self.choices.max(1))
             .saturating_add(self.prompt_estimate())
     }
 
-    /// A streamed Chat Completions request that does not ask for usage (OpenAI reports it
-    /// only when `stream_options.include_usage` is true).
+    /// A streamed Chat Completions (or legacy Completions) request that does not ask for
+    /// usage (OpenAI reports it only when `stream_options.include_usage` is true).
     pub fn needs_usage_asked(&self) -> bool {
         self.chat && self.stream && self.include_usage != Some(true)
     }
 }
 
 /// `body` with `stream_options.include_usage` set to true, or `None` when it is not a JSON
-/// object. A body without `stream_options` gets it inserted after its first `{`, every other
-/// byte as it was; one with `stream_options` is written again whole.
+/// object. Only the bytes that ask change; every other byte is the client's (numbers past
+/// f64's precision, whitespace, key order, escapes): `"stream_options":{"include_usage":true}`
+/// inserted after the first `{`, or `"include_usage":true` after `stream_options`' own `{`,
+/// or its value (or a null `stream_options`) replaced.
 ///
 /// ```
 /// use ratelimit_core::usage::request::with_usage_asked;
 ///
-/// let body = with_usage_asked(br#"{"stream":true}"#).unwrap();
-/// assert_eq!(body, br#"{"stream_options":{"include_usage":true},"stream":true}"#);
+/// let body = with_usage_asked(br#"{"stream":true, "seed":123456789012345678901234567890}"#);
+/// assert_eq!(
+///     body.unwrap(),
+///     br#"{"stream_options":{"include_usage":true},"stream":true, "seed":123456789012345678901234567890}"#
+/// );
 /// ```
 pub fn with_usage_asked(body: &[u8]) -> Option<Vec<u8>> {
-    let mut value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let object = value.as_object_mut()?;
-    if !object.contains_key("stream_options") {
+    use serde_json::value::RawValue;
+    use std::collections::HashMap;
+
+    let text = core::str::from_utf8(body).ok()?;
+    let top: HashMap<String, &RawValue> = serde_json::from_str(text).ok()?;
+    let offset = |raw: &str| raw.as_ptr() as usize - text.as_ptr() as usize;
+    let splice = |at: usize, remove: usize, insert: &str| {
+        let mut out = Vec::with_capacity(body.len() + insert.len());
+        out.extend_from_slice(&body[..at]);
+        out.extend_from_slice(insert.as_bytes());
+        out.extend_from_slice(&body[at + remove..]);
+        out
+    };
+    let Some(options) = top.get("stream_options") else {
         let open = body.iter().position(|&b| b == b'{')?;
-        let mut out = Vec::with_capacity(body.len() + 48);
-        out.extend_from_slice(&body[..=open]);
-        out.extend_from_slice(br#""stream_options":{"include_usage":true}"#);
-        if !object.is_empty() {
-            out.push(b',');
+        let comma = if top.is_empty() { "" } else { "," };
+        return Some(splice(
+            open + 1,
+            0,
+            &format!(r#""stream_options":{{"include_usage":true}}{comma}"#),
+        ));
+    };
+    let options = options.get();
+    if !options.starts_with('{') {
+        return Some(splice(
+            offset(options),
+            options.len(),
+            r#"{"include_usage":true}"#,
+        ));
+    }
+    let inner: HashMap<String, &RawValue> = serde_json::from_str(options).ok()?;
+    Some(match inner.get("include_usage") {
+        Some(value) => splice(offset(value.get()), value.get().len(), "true"),
+        None => {
+            let comma = if inner.is_empty() { "" } else { "," };
+            splice(
+                offset(options) + 1,
+                0,
+                &format!(r#""include_usage":true{comma}"#),
+            )
         }
-        out.extend_from_slice(&body[open + 1..]);
-        return Some(out);
-    }
-    let options = object.get_mut("stream_options")?;
-    if !options.is_object() {
-        *options = serde_json::Value::Object(serde_json::Map::new());
-    }
-    options
-        .as_object_mut()?
-        .insert("include_usage".into(), serde_json::Value::Bool(true));
-    serde_json::to_vec(&value).ok()
+    })
 }
 
 /// Takes OpenAI's usage chunk (an event whose data has an empty `choices` and a `usage`
@@ -397,6 +614,135 @@ mod tests {
         }
         assert_eq!(with_usage_asked(b"[]"), None);
         assert_eq!(with_usage_asked(b"nope"), None);
+    }
+
+    /// Issue 46: what a lenient upstream reads otherwise is never read as nothing.
+    #[test]
+    fn bodies_an_upstream_may_read_otherwise_are_unreadable() {
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        let deep = format!(r#"{{"stream":true,"x":{deep}}}"#);
+        let rows: Vec<(&[u8], &str)> = vec![
+            (br#"{"model":"a","model":"b"}"#, "twice"),
+            (br#"{"stream":false,"stre\u0061m":true}"#, "twice"),
+            (br#"{"max_tokens":1,"max_tokens":100000}"#, "twice"),
+            (
+                br#"{"stream_options":{"include_usage":false,"include_usage":true}}"#,
+                "twice",
+            ),
+            (br#"{"stream":NaN}"#, "expected value"),
+            (br#"{"max_tokens":1e400}"#, "out of range"),
+            (b"\xef\xbb\xbf{\"stream\":true}", "expected value"),
+            (br#"{"stream":true,"x":"\ud800"}"#, "escape"),
+            (deep.as_bytes(), "recursion limit"),
+            (b"{\"stream\":true,\"x\":\"\xff\"}", "invalid unicode"),
+        ];
+        for (body, why) in rows {
+            match RequestFacts::check(body) {
+                Err(Unreadable::Json(message)) => {
+                    assert!(
+                        message.contains(why),
+                        "{}: {message}",
+                        String::from_utf8_lossy(body)
+                    )
+                }
+                other => panic!("{}: {other:?}", String::from_utf8_lossy(body)),
+            }
+        }
+        let lax: &[(&str, Unreadable)] = &[
+            (
+                r#"{"stream":"true"}"#,
+                Unreadable::LaxType("stream", "a string"),
+            ),
+            (r#"{"stream":1}"#, Unreadable::LaxType("stream", "a number")),
+            (
+                r#"{"max_tokens":-5}"#,
+                Unreadable::LaxType("max_tokens", "a number"),
+            ),
+            (
+                r#"{"max_tokens":"1e5"}"#,
+                Unreadable::LaxType("max_tokens", "a string"),
+            ),
+            (r#"{"model":3}"#, Unreadable::LaxType("model", "a number")),
+            (
+                r#"{"stream_options":7}"#,
+                Unreadable::LaxType("stream_options", "a number"),
+            ),
+            (r#"{"n":2.5}"#, Unreadable::LaxType("n", "a number")),
+            ("[1,2]", Unreadable::NotObject),
+        ];
+        for (body, expected) in lax {
+            assert_eq!(
+                RequestFacts::check(body.as_bytes()).as_ref(),
+                Err(expected),
+                "{body}"
+            );
+        }
+        assert_eq!(
+            RequestFacts::check(&vec![b' '; BODY_READ_MAX + 1]).map(|f| f.bytes),
+            Ok(BODY_READ_MAX + 1)
+        );
+        let mut huge = b"{\"stream\":true}".to_vec();
+        huge.resize(BODY_READ_MAX + 1, b' ');
+        assert_eq!(RequestFacts::check(&huge), Err(Unreadable::TooLarge));
+    }
+
+    /// `reserve=auto` reads every form of the ceiling, times `n`.
+    #[test]
+    fn every_form_of_the_ceiling_and_n() {
+        for body in [
+            r#"{"max_tokens":100000}"#,
+            r#"{"max_tokens":100000.0}"#,
+            r#"{"max_tokens":"100000"}"#,
+            r#"{"max_tokens":1e5}"#,
+            r#"{"max_tokens":null,"max_completion_tokens":100000}"#,
+            r#"{"generationConfig":{"maxOutputTokens":"100000"}}"#,
+        ] {
+            assert_eq!(
+                RequestFacts::check(body.as_bytes()).unwrap().ceiling,
+                Some(100_000),
+                "{body}"
+            );
+        }
+        let n = RequestFacts::check(br#"{"max_tokens":1000,"n":4}"#).unwrap();
+        assert_eq!(n.reservation(1), 4000 + 7);
+        let gemini = RequestFacts::check(
+            br#"{"generationConfig":{"maxOutputTokens":10,"candidateCount":3}}"#,
+        )
+        .unwrap();
+        assert_eq!(gemini.reservation(1), 30 + 16);
+        let legacy = RequestFacts::check(br#"{"prompt":"hi","stream":true}"#).unwrap();
+        assert!(legacy.needs_usage_asked());
+    }
+
+    /// The edit keeps every byte but the ones that ask.
+    #[test]
+    fn usage_asked_keeps_every_other_byte() {
+        let rows: &[(&str, &str)] = &[
+            (
+                "{ \"seed\" : 123456789012345678901234567890 ,\n\t\"stream\":true }",
+                "{\"stream_options\":{\"include_usage\":true}, \"seed\" : 123456789012345678901234567890 ,\n\t\"stream\":true }",
+            ),
+            (
+                r#"{"stream":true,"stream_options":{ "include_usage" : false ,"x":1e999999}}"#,
+                r#"{"stream":true,"stream_options":{ "include_usage" : true ,"x":1e999999}}"#,
+            ),
+            (
+                r#"{"stream":true,"stream_options":{"x":0.10000000000000000001}}"#,
+                r#"{"stream":true,"stream_options":{"include_usage":true,"x":0.10000000000000000001}}"#,
+            ),
+            (
+                r#"{"stream":true,"stream_options":{ }}"#,
+                r#"{"stream":true,"stream_options":{"include_usage":true }}"#,
+            ),
+            (
+                r#"{"stream":true,"stream_options":null ,"m":"\u00e9"}"#,
+                r#"{"stream":true,"stream_options":{"include_usage":true} ,"m":"\u00e9"}"#,
+            ),
+        ];
+        for (body, expected) in rows {
+            let asked = with_usage_asked(body.as_bytes()).unwrap();
+            assert_eq!(String::from_utf8(asked).unwrap(), *expected, "{body}");
+        }
     }
 
     const STREAM: &str =
