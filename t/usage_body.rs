@@ -19,8 +19,13 @@ const CAPACITY: u64 = 100_000;
 fn start(llm: &FakeLlm) -> Nginx {
     let port = llm.port();
     let location = |prefix: &str, extra: &str| {
+        let words = if prefix == "big" {
+            "on_unreadable=estimate"
+        } else {
+            ""
+        };
         format!(
-            "location /{prefix}/ {{ rate_limit zone=tpm usage=openai reserve=auto:2000;
+            "location /{prefix}/ {{ rate_limit zone=tpm usage=openai reserve=auto:2000 {words};
                  add_header X-Model \"$rate_limit_llm_model\" always;
                  {extra}
                  proxy_pass http://127.0.0.1:{port}/; proxy_buffering off; }}"
@@ -34,12 +39,13 @@ fn start(llm: &FakeLlm) -> Nginx {
                  rate=100r/d burst=1000 algorithm=token_bucket;
              rate_limit_openai_headers on;
              client_max_body_size 20m;
-             server {{ listen 127.0.0.1:%%PORT2%% http2; {} {} }}",
+             server {{ listen 127.0.0.1:%%PORT2%% http2; {} {} {} }}",
             location("mem", ""),
             location("file", "client_body_buffer_size 1k;"),
+            location("big", ""),
         ))
         .locations(&format!(
-            "{} {}
+            "{} {} {}
              location /probe {{ rate_limit zone=tpm; try_files /index.html =404; }}
              location /estimate/ {{
                  rate_limit zone=tpm usage=openai reserve=100 on_missing=estimate;
@@ -48,6 +54,7 @@ fn start(llm: &FakeLlm) -> Nginx {
                  proxy_pass http://127.0.0.1:{port}/; }}",
             location("mem", ""),
             location("file", "client_body_buffer_size 1k;"),
+            location("big", ""),
         ))
         .start()
 }
@@ -368,8 +375,9 @@ fn a_budget_per_model() {
     );
 }
 
-/// A 10 MB body through a `usage=` location reaches the upstream byte for byte, over
-/// HTTP/1.1 and HTTP/2; it is not read for what it says (over 1 MB): the default reserved.
+/// A 10 MB body (over the 1 MiB read) is refused by default (413 naming the bound, nothing
+/// charged); through an `on_unreadable=estimate` location it reaches the upstream byte for
+/// byte, over HTTP/1.1 and HTTP/2, the default reserved.
 #[test]
 fn ten_megabytes_arrive_intact() {
     let llm = FakeLlm::start();
@@ -383,9 +391,21 @@ fn ten_megabytes_arrive_intact() {
         body.extend_from_slice(&state.to_le_bytes());
     }
     let expected = format!(r#"{{"bytes":{},"hash":{}}}"#, body.len(), body_hash(&body));
-    let answer = common::send(
+    let refused = common::send(
         nginx.port(),
         &Request::new("POST", "/file/upload")
+            .header("Authorization", "Bearer big")
+            .body(body.clone()),
+    );
+    assert_eq!(refused.status, 413, "{}", refused.text());
+    assert!(
+        refused.text().contains("over 1048576 bytes"),
+        "{}",
+        refused.text()
+    );
+    let answer = common::send(
+        nginx.port(),
+        &Request::new("POST", "/big/upload")
             .header("Authorization", "Bearer big")
             .body(body.clone()),
     );
@@ -394,7 +414,315 @@ fn ten_megabytes_arrive_intact() {
     assert_eq!(remaining(&answer), CAPACITY - 2000);
     let file = nginx.prefix().join("big.bin");
     std::fs::write(&file, &body).unwrap();
-    let (head, text) = curl_h2(nginx.port_n(2), "/mem/upload", "Bearer big-h2", &file);
+    let (head, text) = curl_h2(nginx.port_n(2), "/big/upload", "Bearer big-h2", &file);
     assert!(head.starts_with("HTTP/2 200"), "{head}");
     assert_eq!(text, expected);
+}
+
+/// A stand-in for an LLM API served by a lenient JSON parser, as Python servers parse: the
+/// last of two keys wins, `NaN`, `1e400`, a BOM, lone surrogates and deep nesting are taken,
+/// `"stream":"true"` or `1` streams, a gzip body is unpacked. Each answer costs 1,000 tokens;
+/// a stream reports them only when its own reading of the body asks
+/// (`stream_options.include_usage`), as OpenAI's do.
+const LENIENT_UPSTREAM: &str = r#"
+import gzip, http.server, json, sys
+def truthy(v):
+    return v not in (False, None, 0, "", "false", "0")
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *args):
+        pass
+    def do_POST(self):
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.headers.get("Content-Encoding", "").lower() == "gzip":
+            raw = gzip.decompress(raw)
+        try:
+            body = json.loads(raw)
+        except Exception:
+            body = {}
+        if not isinstance(body, dict):
+            body = {}
+        options = body.get("stream_options")
+        usage = {"prompt_tokens": 10, "completion_tokens": 990, "total_tokens": 1000}
+        if truthy(body.get("stream")):
+            asked = isinstance(options, dict) and truthy(options.get("include_usage"))
+            events = ['{"choices":[{"index":0,"delta":{"content":"' + "word " * 200 + '"}}]}']
+            if asked:
+                events.append(json.dumps({"choices": [], "usage": usage}))
+            events.append("[DONE]")
+            out = "".join("data: " + e + "\n\n" for e in events).encode()
+            kind = "text/event-stream"
+        else:
+            out = json.dumps({"choices": [{"index": 0, "message": {"content": "hi"}}],
+                              "usage": usage}).encode()
+            kind = "application/json"
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+server = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
+print("ready", flush=True)
+server.serve_forever()
+"#;
+
+/// The lenient upstream, killed when dropped.
+struct Lenient {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Lenient {
+    fn start() -> Lenient {
+        use std::io::BufRead;
+        let port = common::nginx::free_port();
+        let mut child = Command::new("python3")
+            .args(["-c", LENIENT_UPSTREAM, &port.to_string()])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs the lenient upstream");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready", "the lenient upstream did not start");
+        Lenient { child, port }
+    }
+}
+
+impl Drop for Lenient {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// nginx-conf/llm.conf as shipped, in front of `upstream` instead of its own stand-in, with
+/// an HTTP/2 listener too (`port_n(3)`), and `client_body_buffer_size` when given (1k: every
+/// body in a temporary file).
+fn llm_conf(upstream: u16, buffer: Option<&str>) -> Nginx {
+    let shipped =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/nginx-conf/llm.conf"))
+            .unwrap();
+    let buffer = buffer.map_or(String::new(), |size| {
+        format!("client_body_buffer_size {size};")
+    });
+    let config = shipped
+        .replace(
+            "proxy_pass http://127.0.0.1:%%PORT2%%;",
+            &format!("proxy_pass http://127.0.0.1:{upstream};"),
+        )
+        .replacen(
+            "listen 127.0.0.1:%%PORT%%;",
+            // 20m: a body over the module's 1 MiB reaches it (nginx's own 1m would refuse
+            // it first, with its HTML page).
+            &format!(
+                "listen 127.0.0.1:%%PORT%%; listen 127.0.0.1:%%PORT3%% http2; \
+                 client_max_body_size 20m; {buffer}"
+            ),
+            1,
+        );
+    Nginx::start(&config)
+}
+
+/// Issue 46: every body a lenient upstream reads otherwise than a strict reader, sent 40
+/// times (streams of 1,000 tokens each on llm.conf's 10,000-token budget a minute, one key
+/// per variant), is refused by default with a 4xx naming the cause, whatever the transport:
+/// HTTP/1.1 with the body in memory or in a temporary file, chunked, HTTP/2. So at most 12
+/// of 40 reach the upstream; before, each was streamed without usage and charged 0 (40 of
+/// 40). A strict body streamed without asking for usage, and a legacy Completions stream,
+/// are asked for it and charged: 10 of 40 pass (the test's control).
+#[test]
+fn no_body_a_lenient_upstream_reads_otherwise_is_free() {
+    let upstream = Lenient::start();
+    let in_memory = llm_conf(upstream.port, None);
+    let in_file = llm_conf(upstream.port, Some("1k"));
+    let pad = "x".repeat(2000); // over 1k: a temporary file in `in_file`
+    let messages = format!(r#""messages":[{{"role":"user","content":"{pad}"}}]"#);
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    let chat = |fields: &str| format!(r#"{{"model":"gpt-4o",{fields},{messages}}}"#).into_bytes();
+    let mut huge = chat(r#""stream":true"#);
+    huge.resize(1_100_000, b' ');
+    huge.push(b' ');
+    let mut bom = b"\xef\xbb\xbf".to_vec();
+    bom.extend(chat(r#""stream":true"#));
+    let gzipped = {
+        let path = in_memory.prefix().join("plain.json");
+        std::fs::write(&path, chat(r#""stream":true"#)).unwrap();
+        let out = Command::new("gzip")
+            .args(["-c"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        out.stdout
+    };
+    // (name, path, body, extra header, refused with)
+    type Attack<'a> = (&'a str, &'a str, Vec<u8>, Option<&'a str>, u16);
+    let attacks: Vec<Attack> = vec![
+        (
+            "model-twice",
+            "/v1/chat/completions",
+            chat(r#""model":"x","stream":true"#),
+            None,
+            400,
+        ),
+        (
+            "stream-escaped-twice",
+            "/v1/chat/completions",
+            chat(r#""stream":false,"stre\u0061m":true"#),
+            None,
+            400,
+        ),
+        (
+            "max-tokens-twice",
+            "/v1/chat/completions",
+            chat(r#""max_tokens":1,"stream":true,"max_tokens":100000"#),
+            None,
+            400,
+        ),
+        (
+            "stream-string",
+            "/v1/chat/completions",
+            chat(r#""stream":"true""#),
+            None,
+            400,
+        ),
+        (
+            "stream-one",
+            "/v1/chat/completions",
+            chat(r#""stream":1"#),
+            None,
+            400,
+        ),
+        (
+            "nan",
+            "/v1/chat/completions",
+            chat(r#""stream":true,"temperature":NaN"#),
+            None,
+            400,
+        ),
+        (
+            "1e400",
+            "/v1/chat/completions",
+            chat(r#""stream":true,"max_tokens":1e400"#),
+            None,
+            400,
+        ),
+        (
+            "deep",
+            "/v1/chat/completions",
+            chat(&format!(r#""stream":true,"x":{deep}"#)),
+            None,
+            400,
+        ),
+        ("bom", "/v1/chat/completions", bom, None, 400),
+        (
+            "lone-surrogate",
+            "/v1/chat/completions",
+            chat(r#""stream":true,"user":"\ud800""#),
+            None,
+            400,
+        ),
+        ("over-1-mib", "/v1/chat/completions", huge, None, 413),
+        (
+            "gzip",
+            "/v1/chat/completions",
+            gzipped,
+            Some("Content-Encoding: gzip"),
+            415,
+        ),
+    ];
+    let controls: Vec<(&str, &str, Vec<u8>)> = vec![
+        (
+            "strict-stream",
+            "/v1/chat/completions",
+            chat(r#""stream":true"#),
+        ),
+        (
+            "legacy-completions",
+            "/v1/completions",
+            format!(r#"{{"model":"gpt-3.5-turbo-instruct","stream":true,"prompt":"{pad}"}}"#)
+                .into_bytes(),
+        ),
+    ];
+    let transports: [(&str, &Nginx, &[&str]); 4] = [
+        ("memory", &in_memory, &[]),
+        ("file", &in_file, &[]),
+        ("chunked", &in_memory, &["-H", "Transfer-Encoding: chunked"]),
+        ("http2", &in_file, &["--http2-prior-knowledge"]),
+    ];
+    let run = |name: &str, path: &str, body: &[u8], header: Option<&str>| {
+        let mut counts = Vec::new();
+        for (transport, nginx, options) in &transports {
+            let port = if *transport == "http2" {
+                nginx.port_n(3)
+            } else {
+                nginx.port()
+            };
+            let file = nginx.prefix().join(format!("{name}.json"));
+            std::fs::write(&file, body).unwrap();
+            let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+            let mut refusal = String::new();
+            for _ in 0..40 {
+                let mut command = Command::new("curl");
+                command
+                    .args(["-sS", "-o", "-", "-w", "\n%{http_code}"])
+                    .args(*options)
+                    .args([
+                        "-H",
+                        &format!("Authorization: Bearer sk-{name}-{transport}"),
+                    ])
+                    .args(["-H", "Content-Type: application/json"]);
+                if let Some(header) = header {
+                    command.args(["-H", header]);
+                }
+                let output = command
+                    .arg("--data-binary")
+                    .arg(format!("@{}", file.display()))
+                    .arg(format!("http://127.0.0.1:{port}{path}"))
+                    .output()
+                    .expect("run curl");
+                let text = String::from_utf8_lossy(&output.stdout).into_owned();
+                let (answer, status) = text.rsplit_once('\n').unwrap_or(("", &text));
+                let status: u16 = status.trim().parse().unwrap_or(0);
+                if status != 200 && status != 429 {
+                    refusal = answer.to_string();
+                }
+                *statuses.entry(status).or_default() += 1;
+            }
+            counts.push((transport.to_string(), statuses, refusal));
+        }
+        counts
+    };
+    for (name, path, body, header, refused_with) in &attacks {
+        for (transport, statuses, refusal) in run(name, path, body, *header) {
+            let passed = statuses.get(&200).copied().unwrap_or(0);
+            eprintln!("{name} over {transport}: {statuses:?}");
+            assert!(
+                passed <= 12,
+                "{name} over {transport}: {passed} of 40 passed: {statuses:?}"
+            );
+            assert_eq!(
+                statuses.get(refused_with).copied(),
+                Some(40),
+                "{name} over {transport}: not refused with {refused_with}: {statuses:?} {refusal}"
+            );
+            assert!(
+                refusal.contains("\"code\":\"unreadable_body\"")
+                    && refusal.contains("rate_limit: "),
+                "{name} over {transport}: {refusal}"
+            );
+        }
+    }
+    for (name, path, body) in &controls {
+        for (transport, statuses, _) in run(name, path, body, None) {
+            let passed = statuses.get(&200).copied().unwrap_or(0);
+            eprintln!("{name} over {transport}: {statuses:?}");
+            assert!(
+                (8..=12).contains(&passed),
+                "{name} over {transport}: {passed} of 40 passed: {statuses:?}"
+            );
+        }
+    }
 }

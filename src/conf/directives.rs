@@ -471,6 +471,7 @@ fn usage_conf(
         reserve,
         debt: usage.debt,
         on_missing: usage.on_missing,
+        on_unreadable: usage.on_unreadable,
         weights: usage.weights,
         prices,
     })

@@ -322,6 +322,7 @@ pub struct UsageConf {
     /// `debt=`; `None`: one capacity of the zone's bucket.
     pub debt: Option<u64>,
     pub on_missing: OnMissing,
+    pub on_unreadable: ratelimit_core::usage::OnUnreadable,
     pub weights: Weights,
     /// `prices=NAME`: the table's index in `MainConf::prices`; the cost is then in
     /// micro-dollars, for the model the response names.

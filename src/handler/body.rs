@@ -21,8 +21,8 @@ use ngx::ffi::{
     ngx_str_t, ngx_uint_t, NGX_HTTP_VAR_NOCACHEABLE,
 };
 use ngx::http::HttpModuleLocationConf;
-use ratelimit_core::usage::request::{with_usage_asked, RequestFacts, BODY_READ_MAX};
-use ratelimit_core::usage::Provider;
+use ratelimit_core::usage::request::{with_usage_asked, RequestFacts, Unreadable, BODY_READ_MAX};
+use ratelimit_core::usage::{OnUnreadable, Provider};
 
 use crate::conf::{ConfError, LocConf, RateLimitModule, UsageSourceConf};
 use crate::glue::value_bits;
@@ -37,6 +37,9 @@ pub struct Body {
     /// The body forwarded asks for the usage the client's did not: the usage chunk is not
     /// the client's to see.
     pub usage_asked_for_client: bool,
+    /// Why the body cannot be read for sure, when it cannot: the lines' `on_unreadable=`
+    /// refuse it, or charge it at least its reservation.
+    pub unreadable: Option<Unreadable>,
 }
 
 /// Whether the location has a line reading OpenAI's responses (whose streams report usage
@@ -92,16 +95,44 @@ unsafe extern "C" fn body_read(r: *mut ngx_http_request_t) {
     )
 }
 
+/// A `Content-Encoding` of the request other than `identity`.
+fn content_coding(r: &ngx_http_request_t) -> Option<String> {
+    // SAFETY: `headers_in.headers` is the live request's list of parsed headers.
+    let mut headers = unsafe { ngx::http::list_iterator(&r.headers_in.headers) };
+    headers.find_map(|(key, value)| {
+        let coding = String::from_utf8_lossy(value.as_bytes())
+            .trim()
+            .to_ascii_lowercase();
+        let encoded = key.as_bytes().eq_ignore_ascii_case(b"content-encoding")
+            && !coding.is_empty()
+            && coding != "identity";
+        encoded.then_some(coding)
+    })
+}
+
 /// What the body says, the body replaced when it must ask for usage.
 fn read(r: &mut ngx_http_request_t) -> Body {
-    let Some(bytes) = crate::glue::body::request_body(r, BODY_READ_MAX) else {
-        // Too large to read (or unreadable): forwarded as it is, reserving the default.
-        return Body {
-            facts: RequestFacts::default(),
-            usage_asked_for_client: false,
-        };
+    let unreadable = |why| Body {
+        facts: RequestFacts::default(),
+        usage_asked_for_client: false,
+        unreadable: Some(why),
     };
-    let facts = RequestFacts::read(&bytes);
+    if let Some(coding) = content_coding(r) {
+        return unreadable(Unreadable::Encoded(coding));
+    }
+    let Some(bytes) = crate::glue::body::request_body(r, BODY_READ_MAX) else {
+        // Too large to read (or its temporary file unreadable): forwarded as it is only
+        // when the lines estimate it.
+        return unreadable(Unreadable::TooLarge);
+    };
+    let facts = match RequestFacts::check(&bytes) {
+        Ok(facts) => facts,
+        Err(why) => {
+            let mut body = unreadable(why);
+            body.facts.bytes = bytes.len();
+            return body;
+        }
+    };
     let ask =
         facts.needs_usage_asked() && RateLimitModule::location_conf(r).is_some_and(reads_openai);
     let usage_asked_for_client = ask
@@ -109,7 +140,41 @@ fn read(r: &mut ngx_http_request_t) -> Body {
     Body {
         facts,
         usage_asked_for_client,
+        unreadable: None,
     }
+}
+
+/// The answer to a request whose body cannot be read for sure, in a location where a line
+/// refuses such bodies (`on_unreadable=refuse`, the default): 400, 413 or 415 with a JSON
+/// body naming the cause, in OpenAI's error shape, logged at info. `None`: the request goes
+/// on (a readable body, or lines that all estimate).
+pub fn refused(r: &mut ngx_http_request_t, lcf: &LocConf) -> Option<ngx_int_t> {
+    let why = body_of(r)?.unreadable.as_ref()?;
+    let refuses = lcf.limits().iter().any(|limit| {
+        limit
+            .usage
+            .is_some_and(|usage| usage.on_unreadable == OnUnreadable::Refuse)
+    });
+    if !refuses {
+        return None;
+    }
+    let message = format!("rate_limit: {}", why.message());
+    ngx::ngx_log_error!(
+        nginx_sys::NGX_LOG_INFO,
+        crate::glue::connection_log(r),
+        "{message}, refused with {}",
+        why.status()
+    );
+    let body = serde_json::json!({
+        "error": {"message": message, "type": "invalid_request_error", "code": "unreadable_body"}
+    })
+    .to_string();
+    Some(crate::glue::response::answer_now(
+        r,
+        why.status() as ngx_int_t,
+        b"application/json",
+        body.as_bytes(),
+    ))
 }
 
 /// Forward `bytes` as the request body: one buffer in memory, in place of what was read

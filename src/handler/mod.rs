@@ -147,6 +147,11 @@ pub unsafe extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_in
                 if let Some(rc) = body::wait_for_body(r) {
                     return rc;
                 }
+                if !state.is_set() {
+                    if let Some(rc) = body::refused(r, lcf) {
+                        return rc;
+                    }
+                }
             }
             if let Some(rc) = concurrency::resumed(r, lcf, state) {
                 return rc;

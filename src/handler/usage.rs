@@ -497,8 +497,13 @@ impl UsageState {
             },
             UsageSourceConf::Variable(index) => variable_usage(r, index),
         };
+        // A body that could not be read for sure (`on_unreadable=estimate`) never settles
+        // below its reservation: the upstream may have read it as a stream, and not asked
+        // for usage.
+        let body_unreadable = super::body::body_of(r).is_some_and(|body| body.unreadable.is_some());
         let report = match found {
             Found::Usage(cost) => Report::Usage(cost),
+            Found::Missing if body_unreadable => Report::Malformed { bound: None },
             Found::Missing => Report::Missing {
                 estimate: (line.usage.on_missing == OnMissing::Estimate)
                     .then(|| self.estimate())

@@ -88,6 +88,21 @@ pub enum OnMissing {
     Estimate,
 }
 
+/// What a request whose body cannot be read for sure is (`on_unreadable=`): a duplicated key,
+/// a type its API does not take, not strict JSON, over 1 MiB, or sent with a
+/// `Content-Encoding` ([`request::Unreadable`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum OnUnreadable {
+    /// `refuse` (the default): answered at once with 400, 413 or 415 and a JSON body naming
+    /// the cause; nothing is charged, nothing reaches the upstream.
+    #[default]
+    Refuse,
+    /// `estimate`: forwarded as it is, reserving what a body that says nothing reserves, and
+    /// never settled below that reservation (a usage the response reports is charged as
+    /// found; none is the reservation, whatever `on_missing` says).
+    Estimate,
+}
+
 /// `usage_weights=input:W,output:W,cached:W`: what each kind of token costs, in thousandths
 /// (`output:4` is 4000). Input tokens are the prompt's tokens not read from a cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -223,6 +238,8 @@ pub struct UsageSpec {
     pub debt: Option<u64>,
     /// `on_missing=`
     pub on_missing: OnMissing,
+    /// `on_unreadable=`
+    pub on_unreadable: OnUnreadable,
     /// `usage_weights=` (only with a built-in reader).
     pub weights: Weights,
     /// `prices=NAME`: the `rate_limit_prices` table the cost is read from, in micro-dollars
@@ -236,6 +253,7 @@ pub const USAGE_PARAMETERS: &[&str] = &[
     "reserve=",
     "debt=",
     "on_missing=",
+    "on_unreadable=",
     "usage_weights=",
     "prices=",
 ];
@@ -248,6 +266,7 @@ pub(crate) struct UsageWords<'a> {
     reserve: Option<Amount>,
     debt: Option<u64>,
     on_missing: Option<OnMissing>,
+    on_unreadable: Option<OnUnreadable>,
     weights: Option<Weights>,
     prices: Option<&'a str>,
     /// The first word given that needs `usage=`.
@@ -306,6 +325,18 @@ impl<'a> UsageWords<'a> {
                     _ => {
                         return Err(SpecError::InvalidValue(format!(
                             "invalid on_missing value \"{word}\": it must be refund, keep or \
+                             estimate"
+                        )))
+                    }
+                });
+            }
+            "on_unreadable" => {
+                self.on_unreadable = Some(match value {
+                    "refuse" => OnUnreadable::Refuse,
+                    "estimate" => OnUnreadable::Estimate,
+                    _ => {
+                        return Err(SpecError::InvalidValue(format!(
+                            "invalid on_unreadable value \"{word}\": it must be refuse or \
                              estimate"
                         )))
                     }
@@ -375,6 +406,7 @@ impl<'a> UsageWords<'a> {
             reserve: self.reserve.unwrap_or(Amount::Fixed(1)),
             debt: self.debt,
             on_missing: self.on_missing.unwrap_or_default(),
+            on_unreadable: self.on_unreadable.unwrap_or_default(),
             weights: self.weights.unwrap_or_default(),
             prices: self.prices.map(str::to_string),
         }))
