@@ -19,13 +19,15 @@ const CAPACITY: u64 = 100_000;
 fn start(llm: &FakeLlm) -> Nginx {
     let port = llm.port();
     let location = |prefix: &str, extra: &str| {
+        // `big`: an upload location that forwards what it cannot read, at a fixed reserve
+        // (reserve=auto would estimate 10 MB as 2.6 million prompt tokens).
         let words = if prefix == "big" {
-            "on_unreadable=estimate"
+            "reserve=2000 on_unreadable=estimate"
         } else {
-            ""
+            "reserve=auto:2000"
         };
         format!(
-            "location /{prefix}/ {{ rate_limit zone=tpm usage=openai reserve=auto:2000 {words};
+            "location /{prefix}/ {{ rate_limit zone=tpm usage=openai {words};
                  add_header X-Model \"$rate_limit_llm_model\" always;
                  {extra}
                  proxy_pass http://127.0.0.1:{port}/; proxy_buffering off; }}"
@@ -434,6 +436,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
     def do_POST(self):
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with open(sys.argv[2], "wb") as last:
+            last.write(raw)
         if self.headers.get("Content-Encoding", "").lower() == "gzip":
             raw = gzip.decompress(raw)
         try:
@@ -470,14 +474,19 @@ server.serve_forever()
 struct Lenient {
     child: std::process::Child,
     port: u16,
+    /// The last body it received, as it received it.
+    last_body: std::path::PathBuf,
 }
 
 impl Lenient {
     fn start() -> Lenient {
         use std::io::BufRead;
         let port = common::nginx::free_port();
+        let last_body =
+            std::env::temp_dir().join(format!("lenient-{port}-{}.bin", std::process::id()));
         let mut child = Command::new("python3")
             .args(["-c", LENIENT_UPSTREAM, &port.to_string()])
+            .arg(&last_body)
             .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("python3 runs the lenient upstream");
@@ -486,7 +495,11 @@ impl Lenient {
             .read_line(&mut line)
             .unwrap();
         assert_eq!(line.trim(), "ready", "the lenient upstream did not start");
-        Lenient { child, port }
+        Lenient {
+            child,
+            port,
+            last_body,
+        }
     }
 }
 
@@ -494,6 +507,7 @@ impl Drop for Lenient {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.last_body);
     }
 }
 
@@ -501,6 +515,11 @@ impl Drop for Lenient {
 /// an HTTP/2 listener too (`port_n(3)`), and `client_body_buffer_size` when given (1k: every
 /// body in a temporary file).
 fn llm_conf(upstream: u16, buffer: Option<&str>) -> Nginx {
+    llm_conf_with(upstream, buffer, "")
+}
+
+/// [`llm_conf`] with `words` added to its two usage lines.
+fn llm_conf_with(upstream: u16, buffer: Option<&str>, words: &str) -> Nginx {
     let shipped =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/nginx-conf/llm.conf"))
             .unwrap();
@@ -508,6 +527,7 @@ fn llm_conf(upstream: u16, buffer: Option<&str>) -> Nginx {
         format!("client_body_buffer_size {size};")
     });
     let config = shipped
+        .replace("reserve=auto:1000;", &format!("reserve=auto:1000 {words};"))
         .replace(
             "proxy_pass http://127.0.0.1:%%PORT2%%;",
             &format!("proxy_pass http://127.0.0.1:{upstream};"),
@@ -715,6 +735,43 @@ fn no_body_a_lenient_upstream_reads_otherwise_is_free() {
             );
         }
     }
+    // `on_unreadable=estimate`: forwarded, and charged at least the reservation (1,000 and
+    // the body's bytes / 4, gzip's compressed ones) though the stream reports no usage: at
+    // most 12 of 40 again.
+    let estimating = llm_conf_with(upstream.port, None, "on_unreadable=estimate");
+    for (name, path, body, header, _) in &attacks {
+        let file = estimating.prefix().join(format!("{name}.json"));
+        std::fs::write(&file, body).unwrap();
+        let mut passed = 0;
+        for _ in 0..40 {
+            let mut command = Command::new("curl");
+            command
+                .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}"])
+                .args(["-H", &format!("Authorization: Bearer sk-estimate-{name}")]);
+            if let Some(header) = header {
+                command.args(["-H", header]);
+            }
+            let output = command
+                .arg("--data-binary")
+                .arg(format!("@{}", file.display()))
+                .arg(format!("http://127.0.0.1:{}{path}", estimating.port()))
+                .output()
+                .expect("run curl");
+            let status = String::from_utf8_lossy(&output.stdout).into_owned();
+            assert!(
+                status == "200" || status == "429",
+                "{name}, estimate: {status}"
+            );
+            passed += usize::from(status == "200");
+        }
+        eprintln!("{name}, on_unreadable=estimate: {passed} of 40 passed");
+        assert!(passed <= 12, "{name}, estimate: {passed} of 40 passed");
+        // Forwarded, unless its own estimate is over the budget: 1.1 MB is 275,000 tokens.
+        assert!(
+            passed >= 1 || *name == "over-1-mib",
+            "{name}, estimate: none passed"
+        );
+    }
     for (name, path, body) in &controls {
         for (transport, statuses, _) in run(name, path, body, None) {
             let passed = statuses.get(&200).copied().unwrap_or(0);
@@ -724,5 +781,49 @@ fn no_body_a_lenient_upstream_reads_otherwise_is_free() {
                 "{name} over {transport}: {passed} of 40 passed: {statuses:?}"
             );
         }
+    }
+}
+
+/// Issue 46: the body reaching the upstream is the client's, byte for byte, but for the usage
+/// request: numbers past a double's precision, odd whitespace, escapes and key order kept,
+/// through llm.conf, for a body without `stream_options`, with one, and with
+/// `include_usage:false`; a body that asks already arrives untouched.
+#[test]
+fn the_upstream_gets_the_clients_bytes_but_the_usage_request() {
+    let upstream = Lenient::start();
+    let nginx = llm_conf(upstream.port, None);
+    let rows: &[(&str, &str)] = &[
+        (
+            "{\n  \"seed\" : 123456789012345678901234567890 ,\t\"model\":\"gpt-4o\",\r\n \"stream\":true, \"messages\":[{\"role\":\"user\",\"content\":\"caf\\u00e9 \\\"q\\\"\"}] , \"temperature\": 0.10000000000000000001 }",
+            "{\"stream_options\":{\"include_usage\":true},\n  \"seed\" : 123456789012345678901234567890 ,\t\"model\":\"gpt-4o\",\r\n \"stream\":true, \"messages\":[{\"role\":\"user\",\"content\":\"caf\\u00e9 \\\"q\\\"\"}] , \"temperature\": 0.10000000000000000001 }",
+        ),
+        (
+            r#"{"model":"m","stream":true,"stream_options":{ "include_usage" :false },"messages":[],"n":1.0}"#,
+            r#"{"model":"m","stream":true,"stream_options":{ "include_usage" :true },"messages":[],"n":1.0}"#,
+        ),
+        (
+            r#"{"model":"m","stream":true,"stream_options":{"x":18446744073709551616},"messages":[]}"#,
+            r#"{"model":"m","stream":true,"stream_options":{"include_usage":true,"x":18446744073709551616},"messages":[]}"#,
+        ),
+        (
+            r#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[],"x":1E+2}"#,
+            r#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[],"x":1E+2}"#,
+        ),
+    ];
+    for (index, (sent, expected)) in rows.iter().enumerate() {
+        let answer = common::send(
+            nginx.port(),
+            &Request::new("POST", "/v1/chat/completions")
+                .header("Authorization", &format!("Bearer sk-bytes-{index}"))
+                .header("Content-Type", "application/json")
+                .body(sent.as_bytes().to_vec()),
+        );
+        assert_eq!(answer.status, 200, "{sent}: {}", answer.text());
+        let received = std::fs::read(&upstream.last_body).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&received),
+            *expected,
+            "what the upstream got for {sent}"
+        );
     }
 }

@@ -65,3 +65,29 @@ fn read_file(fd: i32, offset: i64, len: usize, body: &mut Vec<u8>) -> Option<()>
     }
     Some(())
 }
+
+/// The request body's length in bytes, in memory and in its temporary file, without reading
+/// it (0 when there is none).
+pub fn request_body_len(r: &ngx_http_request_t) -> usize {
+    // SAFETY: as in `request_body`: NULL or a live structure describing the body.
+    let Some(request_body) = (unsafe { r.request_body.as_ref() }) else {
+        return 0;
+    };
+    let mut total = 0usize;
+    let mut link = request_body.bufs;
+    // SAFETY: each link of the chain and its buffer are live for the request.
+    while let Some(chain) = unsafe { link.as_ref() } {
+        link = chain.next;
+        // SAFETY: as above.
+        let Some(buf) = (unsafe { chain.buf.as_ref() }) else {
+            continue;
+        };
+        let len = if buf.in_file() != 0 && buf.temporary() == 0 && buf.memory() == 0 {
+            usize::try_from(buf.file_last - buf.file_pos).unwrap_or(0)
+        } else {
+            (buf.last as usize).saturating_sub(buf.pos as usize)
+        };
+        total = total.saturating_add(len);
+    }
+    total
+}

@@ -112,8 +112,12 @@ fn content_coding(r: &ngx_http_request_t) -> Option<String> {
 
 /// What the body says, the body replaced when it must ask for usage.
 fn read(r: &mut ngx_http_request_t) -> Body {
+    // What an unreadable body reserves: as one that says nothing, of its length.
     let unreadable = |why| Body {
-        facts: RequestFacts::default(),
+        facts: RequestFacts {
+            bytes: crate::glue::body::request_body_len(r),
+            ..RequestFacts::default()
+        },
         usage_asked_for_client: false,
         unreadable: Some(why),
     };
@@ -127,11 +131,7 @@ fn read(r: &mut ngx_http_request_t) -> Body {
     };
     let facts = match RequestFacts::check(&bytes) {
         Ok(facts) => facts,
-        Err(why) => {
-            let mut body = unreadable(why);
-            body.facts.bytes = bytes.len();
-            return body;
-        }
+        Err(why) => return unreadable(why),
     };
     let ask =
         facts.needs_usage_asked() && RateLimitModule::location_conf(r).is_some_and(reads_openai);
