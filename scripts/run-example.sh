@@ -30,7 +30,8 @@
 # rate_limit_state_file is removed first, and the script says so. KEEP_STATE=1 keeps it
 # (nginx then restores those changes at start, and the script says that instead).
 #
-# Installs the Debian packages the build needs when they are missing (with sudo unless root).
+# Installs the Debian packages the build needs when they are missing
+# (scripts/install-missing.sh, with sudo unless root).
 # nginx runs with the prefix target/run (or target/run-$INSTANCE): its logs are in logs/ there,
 # the files it serves in html/, and its error log is copied to the terminal.
 #
@@ -50,22 +51,11 @@ config=${1:-nginx-conf/basic.conf}
 port=${PORT:-8080}
 admin_port=${ADMIN_PORT:-8081}
 prefix=${PREFIX:-$PWD/target/run${INSTANCE:+-$INSTANCE}}
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo=sudo
 
 [ -f "$config" ] || die "no such config: $config"
 
 # Installs the Debian packages given that are missing.
-install_missing() {
-    local missing=() package
-    for package in "$@"; do
-        dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
-    done
-    ((${#missing[@]})) || return 0
-    say "installing ${missing[*]}"
-    $sudo apt-get update
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
-}
+install_missing() { scripts/install-missing.sh "$@"; }
 
 # A config that loads Debian's Lua module needs the nginx it is built for.
 if grep -q '^[[:space:]]*load_module[[:space:]].*ngx_http_lua_module\.so' "$config" &&

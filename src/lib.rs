@@ -65,6 +65,9 @@ unsafe extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
             };
             mcf.hooks.admin_handler = Some(admin::admin_handler);
             mcf.hooks.zone_init = Some(control::zone_init);
+            // Until the block is read: the proxy module's directives noted for the usage
+            // warning (conf/usage_proxy.rs).
+            conf::usage_proxy::wrap_proxy_directives(cf);
             match handler::add_variables(cf) {
                 Ok(()) => Status::NGX_OK.into(),
                 Err(error) => {
@@ -85,6 +88,8 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
         || {
             // SAFETY: nginx passes a valid configuration context.
             let cf = unsafe { &mut *cf };
+            // The block is read: nginx's own handlers back in its command table.
+            conf::usage_proxy::restore_proxy_directives(cf);
             if let Err(error) = conf::postconfiguration(cf) {
                 cf.log(&error);
                 return Status::NGX_ERROR.into();
@@ -128,8 +133,8 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
                     handler::usage_log_handler,
                 ));
             }
-            for (phase, handler) in phases {
-                let phase = &mut cmcf.phases[phase as usize];
+            for (index, handler) in phases {
+                let phase = &mut cmcf.phases[index as usize];
                 // SAFETY: the phase's handler array is initialized by the core module before
                 // postconfiguration; it holds `ngx_http_handler_pt` elements.
                 let slot =
@@ -139,6 +144,23 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
                 }
                 // SAFETY: `slot` is a fresh element of the array.
                 unsafe { *slot = Some(handler) };
+                if index == ngx_http_phases_NGX_HTTP_PREACCESS_PHASE {
+                    // nginx runs a phase's handlers from the last pushed to the first, and a
+                    // dynamic module pushes after every compiled-in one: at the end, this
+                    // handler would run before realip's, and key a client behind a proxy by
+                    // the proxy's address when `real_ip_header` is set in a location or
+                    // server. First in the array, it runs last in the phase: after realip's,
+                    // as compiled-in limit_req's and limit_conn's do.
+                    // SAFETY: the array's `nelts` elements are `ngx_http_handler_pt`s, the
+                    // last of them the one pushed above.
+                    let handlers = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            phase.handlers.elts.cast::<ngx_http_handler_pt>(),
+                            phase.handlers.nelts,
+                        )
+                    };
+                    handlers.rotate_right(1);
+                }
             }
             Status::NGX_OK.into()
         },

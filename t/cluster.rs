@@ -180,10 +180,13 @@ fn redis_stopped_under_load_local_share() {
     };
     thread::sleep(Duration::from_millis(1050));
     redis.signal(SIGSTOP);
-    thread::sleep(Duration::from_millis(1500));
+    let stopped_at = Instant::now();
+    // local_share after three missed rounds (about 300 ms here): waited for, not assumed.
+    wait_mode(&fleet[0], "local_share", Duration::from_millis(1500));
     let stopped = sync_state(&fleet[0]);
     let metrics = common::get(fleet[0].port(), "/ratelimit/metrics").text();
-    thread::sleep(Duration::from_millis(500));
+    // Redis stays stopped 2 s in all, the figures below count on it.
+    thread::sleep(Duration::from_secs(2).saturating_sub(stopped_at.elapsed()));
     redis.signal(SIGCONT);
     let answers = load.join().expect("load thread");
     assert_eq!(stopped["mode"], "local_share", "{stopped}");
@@ -1712,7 +1715,9 @@ fn admitted(answers: &[Answer], from: Duration, to: Duration) -> f64 {
 /// the key is known (its one-time room granted ahead, a bucket and an interval's drain, is
 /// bounded by `three_instances_share_one_limit`). Before: `burst=0` admitted 0.75 of one
 /// nginx spread over three instances and 43/s on one instance; `burst=1` 0.86 / 55/s. Now
-/// 0.95-1.05 spread, and at least 0.9 of one nginx on one instance.
+/// 0.95-1.05 spread, and at least 0.9 of one nginx on one instance (or of what the rounds
+/// that ran can grant, a bucket and an interval's drain each, when a starved machine stretches
+/// them).
 #[test]
 fn small_bursts_share_one_limit_exactly() {
     let _machine = own_machine();
@@ -1747,16 +1752,30 @@ fn small_bursts_share_one_limit_exactly() {
             30.0 * LIMIT_PER_SEC / 3.0,
             "k",
         );
+        let rounds_before = sync_state(&fleet[0])["round_trips"]
+            .as_u64()
+            .expect("round_trips");
         let (alone, one_alone) = side_by_side(
             vec![fleet[0].port()],
             vec![port],
             10.0 * LIMIT_PER_SEC,
             "solo",
         );
+        let rounds = sync_state(&fleet[0])["round_trips"]
+            .as_u64()
+            .expect("round_trips")
+            - rounds_before;
+        // Each round grants the instance at most a full bucket (burst + 1) and one interval's
+        // drain (10 at 100r/s, interval=100ms): when a starved machine stretches the rounds
+        // (once, in CI, 246 admitted of 400: about 5 rounds a second instead of 10, as 246 in
+        // 4 s at 12 a round says), that is what the design admits, and what it must still
+        // reach. Rounds over the counted 4 of the 5 s; fewer than 3 a second is a failure.
+        let counted_rounds = rounds as f64 * (span - from).as_secs_f64() / span.as_secs_f64();
+        let reachable = one_alone.min(counted_rounds * f64::from(burst + 1 + 10));
         let (ratio, alone_ratio) = (spread / one, alone / one_alone);
         eprintln!(
             "burst={burst}: spread {spread} vs one nginx {one} ({ratio:.3}); one instance \
-             {alone} vs one nginx {one_alone} ({alone_ratio:.3})"
+             {alone} vs one nginx {one_alone} ({alone_ratio:.3}), {rounds} rounds in {span:?}"
         );
         // Not less than 0.95 of one nginx; not more than 1.05 of one nginx, or of the limit
         // itself where a loaded machine delayed one nginx's arrivals so that it admitted less
@@ -1768,8 +1787,13 @@ fn small_bursts_share_one_limit_exactly() {
              limit {limit}"
         );
         assert!(
-            alone_ratio >= 0.9,
-            "burst={burst}: one instance with all the traffic admitted {alone}, one nginx {one_alone}"
+            alone >= 0.9 * reachable,
+            "burst={burst}: one instance with all the traffic admitted {alone}, one nginx \
+             {one_alone}, {rounds} rounds of sync in {span:?} (reachable {reachable:.0})"
+        );
+        assert!(
+            rounds >= 15,
+            "burst={burst}: {rounds} rounds of sync in {span:?} at interval=100ms"
         );
     }
 }

@@ -248,3 +248,79 @@ fn rate_limit_decides_like_limit_req() {
         );
     }
 }
+
+/// Where `set_real_ip_from` / `real_ip_header` are written.
+#[derive(Clone, Copy, Debug)]
+enum RealIpAt {
+    Http,
+    Server,
+    Location,
+}
+
+/// Issue 47: behind a proxy whose address realip replaces by the client's, `rate_limit` keys
+/// by `$binary_remote_addr` as `limit_req` does, wherever realip is configured: nginx runs
+/// realip's preaccess handler, and compiled-in limit_req after it; the module's handler must
+/// run after it too (before, a location-level realip left every client keyed by the proxy's
+/// 127.0.0.1: 200 200 200 429 for four clients). Same zone words on both sides,
+/// `rate=1r/m burst=2 nodelay`, one nginx per placement, both sides asked in turn.
+#[test]
+fn rate_limit_keys_by_the_real_ip_like_limit_req() {
+    const REALIP: &str = "set_real_ip_from 127.0.0.1; real_ip_header X-Forwarded-For;";
+    for at in [RealIpAt::Http, RealIpAt::Server, RealIpAt::Location] {
+        let in_location = if matches!(at, RealIpAt::Location) {
+            REALIP
+        } else {
+            ""
+        };
+        let mut config = common::config()
+            .http("limit_req_status 429;")
+            .http("limit_req_zone $binary_remote_addr zone=native:1m rate=1r/m;")
+            .http("rate_limit_zone $binary_remote_addr zone=module:1m rate=1r/m;")
+            .locations(&format!(
+                "location = /limit_req {{ {in_location} limit_req zone=native burst=2 nodelay; \
+                 empty_gif; }}"
+            ))
+            .locations(&format!(
+                "location = /rate_limit {{ {in_location} rate_limit zone=module burst=2 nodelay; \
+                 empty_gif; }}"
+            ))
+            .locations("location /ratelimit/ { rate_limit_admin; }");
+        match at {
+            RealIpAt::Http => config = config.http(REALIP),
+            RealIpAt::Server => config = config.server(REALIP),
+            RealIpAt::Location => {}
+        }
+        let nginx = config.start();
+        // Four clients behind the proxy, one request each; then the first sends three more:
+        // its fourth in the minute is over burst=2.
+        let clients = ["192.0.2.1", "192.0.2.2", "192.0.2.3", "192.0.2.4"];
+        let sequence: Vec<&str> = clients
+            .iter()
+            .copied()
+            .chain(std::iter::repeat_n(clients[0], 3))
+            .collect();
+        let mut answers = [Vec::new(), Vec::new()];
+        for client in &sequence {
+            for (side, path) in ["/limit_req", "/rate_limit"].iter().enumerate() {
+                let request = common::Request::get(path).header("X-Forwarded-For", client);
+                answers[side].push(common::send(nginx.port(), &request).status);
+            }
+        }
+        let expected = vec![200, 200, 200, 200, 200, 200, 429];
+        assert_eq!(
+            answers[0], expected,
+            "{at:?}: limit_req, clients {sequence:?}"
+        );
+        assert_eq!(
+            answers[1], answers[0],
+            "{at:?}: rate_limit vs limit_req, clients {sequence:?}"
+        );
+        let top = common::get(nginx.port(), "/ratelimit/zones/module/top");
+        assert_eq!(top.status, 200, "{}", top.text());
+        assert!(
+            top.text().contains("192.0.2.1") && !top.text().contains("127.0.0.1"),
+            "{at:?}: the limited key should be the client's, not the proxy's: {}",
+            top.text()
+        );
+    }
+}

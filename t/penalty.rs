@@ -339,9 +339,20 @@ fn blocks_escalate_and_are_capped_at_block_max() {
             assert!(Instant::now() < deadline, "not released after {length} s");
             thread::sleep(Duration::from_millis(100));
         }
-        // That request passed and charged the bucket: let it drain (1 s) before the next
-        // round's first request.
-        thread::sleep(Duration::from_millis(1100));
+        // That request passed and charged the bucket: the next round's first request waits
+        // until the admin API says the key would pass (its bucket drained, 1 s at 1r/s).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let (status, key) = get_json(&nginx, "/ratelimit/zones/login/keys/k");
+            if status == 404 || (key["would_pass"] == true && key["retry_after_ms"] == 0) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the key's bucket did not drain: {key}"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
     }
     assert_eq!(lengths, [2, 4, 5]);
     let log = nginx.error_log();

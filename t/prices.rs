@@ -224,43 +224,56 @@ fn models_match_exactly_then_by_prefix_then_default_streamed_too() {
     assert!(!nginx.error_log().contains("no price for model"));
 }
 
+/// A model the table does not price (and no `default`) is charged at the table's highest
+/// prices ($10 input, $30 output: 1,000 + 1,000 tokens cost 40,000 micro-dollars), never its
+/// reservation of 1 micro-dollar; a response that names an unpriced model is priced for the
+/// request's model when the table prices that one.
 #[test]
-fn an_unknown_model_keeps_its_reservation_and_is_logged() {
+fn an_unknown_model_is_charged_the_highest_prices_and_is_logged() {
     let llm = FakeLlm::start();
     let nginx = start(&llm);
-    // No line and no default: the reservation (1 micro-dollar) stays.
+    let highest = 1_000 * 10 + 1_000 * 30;
+    // The response names a model no line prices; the request's ("ignored") neither.
     let response = post(
         &nginx,
         "/v1/chat/completions?prompt=1000&completion=1000&model=claude-opus-4",
         "unknown",
     );
     assert_eq!(response.status, 200);
-    // A response that names no model (the Responses API without model=) keeps it too.
+    wait_used(&nginx, "unknown", highest, "an unknown model");
+    // A response that names no model (the Responses API without model=), and a request
+    // whose model no line prices either.
     let response = post(
         &nginx,
         "/v1/responses?prompt=1000&completion=1000",
         "nameless",
     );
     assert_eq!(response.status, 200);
-    // Both settled (counted as unpriced), each still charged its reservation only.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let zone = admin(&nginx, "zones/daily");
-        if zone["usage"]["unpriced"].as_u64() == Some(2) {
-            assert_eq!(zone["usage"]["spent_micro_usd"].as_u64(), Some(2), "{zone}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "{zone}");
-        thread::sleep(Duration::from_millis(20));
-    }
-    assert_eq!((used(&nginx, "unknown"), used(&nginx, "nameless")), (1, 1));
-    // Logged once a second at most: the first of the two.
+    wait_used(&nginx, "nameless", highest, "no model priced");
+    // The response's model is unknown, the request's is "small": $0.5 / $1.5.
+    let request = Request::new(
+        "POST",
+        "/v1/chat/completions?prompt=1000&completion=1000&model=mystery-1",
+    )
+    .header("Authorization", "by-request")
+    .json(r#"{"model":"small","messages":[{"role":"user","content":"hi"}]}"#);
+    assert_eq!(send(nginx.port(), &request).status, 200);
+    wait_used(&nginx, "by-request", 500 + 1_500, "the request's model");
+    let zone = admin(&nginx, "zones/daily");
+    assert_eq!(zone["usage"]["unpriced"].as_u64(), Some(2), "{zone}");
+    assert_eq!(
+        zone["usage"]["spent_micro_usd"].as_u64(),
+        Some(2 * highest + 2_000),
+        "{zone}"
+    );
+    // Logged once a second at most: the first of them.
     let log = nginx.error_log();
     assert!(
-        log.contains(
+        log.contains(&format!(
             "rate_limit: no price for model \"claude-opus-4\" in rate_limit_prices \"models\": \
-             the request keeps its reservation of 1; add the model or a \"default\" line"
-        ),
+             charged {highest} at the table's highest prices; add the model or a \"default\" \
+             line"
+        )),
         "{log}"
     );
 }

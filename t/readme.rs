@@ -711,21 +711,46 @@ fn readme_try_it_prints_what_it_shows() {
         .map(|line| line.split(" # ").next().unwrap_or_default().trim())
         .nth(1)
         .expect("Try it's first block has no second command");
-    assert!(
-        test_command.starts_with("cargo build && ")
-            && test_command.contains("cargo test --workspace"),
-        "Try it's second command is not the test command: {test_command:?}"
+    assert_eq!(
+        test_command, "scripts/test.sh",
+        "Try it's second command is not the test command"
     );
-    // One failing binary must not hide the others' results (issue 42).
+    // It builds first, runs every crate's tests, and one failing binary must not hide the
+    // others' results (issue 42).
+    let script = repo_file("scripts/test.sh");
+    let runs = |command: &str| {
+        script
+            .lines()
+            .any(|line| line.trim_start().starts_with(command))
+    };
     assert!(
-        test_command.contains("--no-fail-fast"),
-        "the test command `{test_command}` stops at the first failing binary: add --no-fail-fast"
+        runs("cargo build") && runs("exec cargo test --workspace --no-fail-fast"),
+        "scripts/test.sh does not build and then run `cargo test --workspace --no-fail-fast`"
     );
+    // .ci/run runs it, and installs none of the packages only the tests need: the script's
+    // own install is what CI proves on its fresh machine.
     let ci = repo_file(".ci/run");
     assert!(
-        ci.lines().any(|line| line.trim() == test_command),
+        ci.lines().any(|line| line.trim() == "time scripts/test.sh"),
         "README.md's test command `{test_command}` is not what .ci/run runs"
     );
+    for package in [
+        "redis-server",
+        "chromium-driver",
+        "python3-grpcio",
+        "tzdata",
+    ] {
+        assert!(
+            script.contains(package),
+            "scripts/test.sh does not install {package}"
+        );
+        assert!(
+            !ci.lines()
+                .filter(|line| !line.trim_start().starts_with('#'))
+                .any(|line| line.split_whitespace().any(|word| word == package)),
+            ".ci/run installs {package} itself, so CI does not prove that scripts/test.sh does"
+        );
+    }
     let (command, shown) = blocks
         .iter()
         .find_map(|block| {
@@ -919,4 +944,151 @@ fn run_example_names_a_busy_port_and_how_to_pick_another() {
             )),
         "{said}"
     );
+}
+
+/// Issue 49: every shell block of docs/admin.md's reference (from "Paths" on) runs as written,
+/// in the page's order, against the configuration the page gives for it, in one shell whose
+/// assignments (`A=...`) carry over: each command exits 0 with the HTTP status its `# NNN`
+/// comment names (a 4xx where the page shows an `"error"`, else a 2xx: curl's status is
+/// appended through a `.curlrc` of the test's, so the commands stay the page's), and every
+/// field name the page shows is in the answer; the metrics lines it shows are there with
+/// their names and labels. Every curl of the page is silent (`-s`), so no progress meter
+/// mixes into what it prints.
+#[test]
+fn admin_reference_examples_run_as_written() {
+    let page = "docs/admin.md";
+    let text = repo_file(page);
+    for block in code_blocks(&text, "console")
+        .iter()
+        .chain(&code_blocks(&text, "sh"))
+    {
+        for line in block.iter().filter(|line| line.contains("curl ")) {
+            assert!(
+                line.split_whitespace().any(|word| word.starts_with("-s")),
+                "{page}: a curl without -s: {line}"
+            );
+        }
+    }
+    let reference = &text[text.find("\n## Paths").expect("a Paths section")..];
+    let configs = code_blocks(reference, "nginx");
+    let config = configs
+        .first()
+        .expect("the reference's setup: an nginx block");
+    let config = format!(
+        "load_module %%MODULE%%;\nevents {{}}\n{}",
+        config
+            .join("\n")
+            .replace("127.0.0.1:8080", "127.0.0.1:%%PORT%%")
+            .replace("127.0.0.1:8081", "127.0.0.1:%%PORT2%%")
+    );
+    let nginx = Nginx::start(&config);
+    let curl_home = nginx.prefix().join("curl-home");
+    fs::create_dir_all(&curl_home).unwrap();
+    fs::write(
+        curl_home.join(".curlrc"),
+        "write-out = \"\\n%{http_code}\\n\"\n",
+    )
+    .unwrap();
+    let replacements = [
+        ("127.0.0.1:8080", format!("127.0.0.1:{}", nginx.port())),
+        ("127.0.0.1:8081", format!("127.0.0.1:{}", nginx.port_n(2))),
+    ];
+    let mut assignments = String::new();
+    let mut commands = 0;
+    for block in code_blocks(reference, "console") {
+        for step in steps(&block) {
+            let mut command = step.command.clone();
+            for (from, to) in &replacements {
+                command = command.replace(from, to);
+            }
+            let is_assignment = command.split_once('=').is_some_and(|(name, value)| {
+                !name.is_empty()
+                    && name.chars().all(|c| c.is_ascii_uppercase() || c == '_')
+                    && !value.contains(' ')
+            });
+            if is_assignment {
+                assignments += &format!("{command}; ");
+                continue;
+            }
+            let output = Command::new("bash")
+                .args(["-c", &format!("{assignments}{command}")])
+                .env("CURL_HOME", &curl_home)
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run bash: {e}"));
+            assert!(
+                output.status.success(),
+                "{page}: `{}` failed: {}\n{}",
+                step.command,
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            );
+            let real = String::from_utf8_lossy(&output.stdout).into_owned();
+            let trimmed = real.trim_end();
+            let (body, status) = trimmed.rsplit_once('\n').unwrap_or(("", trimmed));
+            let status: u16 = status
+                .trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{page}: `{}`: no status in {real:?}", step.command));
+            let comment_status = step
+                .command
+                .split_once("# ")
+                .and_then(|(_, comment)| comment.get(..3))
+                .and_then(|code| code.parse::<u16>().ok());
+            match comment_status {
+                Some(expected) => assert_eq!(
+                    status, expected,
+                    "{page}: `{}` answered {status}: {body}",
+                    step.command
+                ),
+                None if step.shown.contains("\"error\"") => assert!(
+                    (400..500).contains(&status),
+                    "{page}: `{}` answered {status}: {body}",
+                    step.command
+                ),
+                None => assert!(
+                    (200..300).contains(&status),
+                    "{page}: `{}` answered {status}: {body}",
+                    step.command
+                ),
+            }
+            for field in shown_fields(&step.shown) {
+                assert!(
+                    body.contains(&field),
+                    "{page}: `{}` shows {field} but the answer has none:\n{body}",
+                    step.command
+                );
+            }
+            commands += 1;
+        }
+    }
+    assert!(commands >= 18, "{page}: only {commands} reference commands");
+    // What the page says of a concurrency key nobody is using.
+    let idle = common::get(nginx.port_n(2), "/ratelimit/zones/app_auto/keys/app");
+    assert_eq!(idle.status, 404, "{}", idle.text());
+}
+
+/// What an answer shown on a page must contain, whatever its numbers: the JSON field names
+/// (`"zone":`), and of a Prometheus text each comment line and each sample's name and labels.
+fn shown_fields(shown: &str) -> Vec<String> {
+    let mut fields = Vec::new();
+    for line in shown.lines().filter(|line| line.trim() != "...") {
+        if line.starts_with('#') {
+            fields.push(line.to_string());
+        } else if line.starts_with("rate_limit_") {
+            let name = line.rsplit_once(' ').map_or(line, |(name, _)| name);
+            fields.push(name.to_string());
+        } else {
+            let mut rest = line;
+            while let Some(start) = rest.find('"') {
+                let after = &rest[start + 1..];
+                let Some(end) = after.find('"') else { break };
+                let (name, tail) = after.split_at(end);
+                if tail[1..].trim_start().starts_with(':') {
+                    fields.push(format!("\"{name}\""));
+                }
+                rest = &tail[1..];
+            }
+        }
+    }
+    fields
 }

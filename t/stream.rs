@@ -1012,6 +1012,97 @@ fn a_connection_rate_per_tls_server_name_holds_per_name() {
     );
 }
 
+/// The `[warn]` lines of an `nginx -t` that must succeed, about keys empty without SNI.
+fn no_sni_warnings(stream: &str) -> Vec<String> {
+    let (ok, output) = check_config(&with_stream(stream).to_string());
+    assert!(ok, "{output}");
+    output
+        .lines()
+        .filter(|line| line.contains("[warn]") && line.contains("sends no server name"))
+        .map(str::to_string)
+        .collect()
+}
+
+const NO_SNI_WARNING: &str = "zone \"sni\" is keyed by $ssl_preread_server_name, which is empty \
+    for a client that sends no server name (a TLS ClientHello without SNI, or a client that \
+    does not speak TLS): its sessions are not limited; to limit them by address, key the zone \
+    by \"$ssl_preread_server_name$no_sni_addr\" with \"map $ssl_preread_server_name \
+    $no_sni_addr { \"\" $remote_addr; default \"\"; }\"";
+
+/// A zone keyed by `$ssl_preread_server_name` alone is warned about at its line (a client
+/// without SNI is not limited); one keyed by address, or by docs/stream.md's key that falls
+/// back to the address, is not.
+#[test]
+fn nginx_t_warns_about_a_key_empty_without_sni() {
+    for key in ["$ssl_preread_server_name", "${ssl_preread_server_name}"] {
+        let stream = format!(
+            "rate_limit_zone {key} zone=sni:1m rate=1r/m burst=1;\n\
+             server {{ listen 127.0.0.1:%%PORT2%%; ssl_preread on; rate_limit zone=sni;\n\
+             proxy_pass 127.0.0.1:1; }}"
+        );
+        let warned = no_sni_warnings(&stream);
+        assert_eq!(warned.len(), 1, "{warned:?}");
+        println!("{}", warned[0]);
+        let expected = NO_SNI_WARNING.replace("$ssl_preread_server_name,", &format!("{key},"));
+        let zone_line = with_stream(&stream)
+            .to_string()
+            .lines()
+            .position(|line| line.starts_with("rate_limit_zone"))
+            .expect("the zone's line")
+            + 1;
+        assert!(
+            warned[0].contains(&expected)
+                && warned[0].ends_with(&format!("nginx.conf:{zone_line}")),
+            "{warned:?}"
+        );
+    }
+    let quiet = [
+        "rate_limit_zone $remote_addr zone=sni:1m rate=1r/m burst=1;",
+        "rate_limit_zone $binary_remote_addr zone=sni:1m rate=1r/m burst=1;",
+        "map $ssl_preread_server_name $no_sni_addr { \"\" $remote_addr; default \"\"; }\n\
+         rate_limit_zone $ssl_preread_server_name$no_sni_addr zone=sni:1m rate=1r/m burst=1;",
+        "rate_limit_zone \"$ssl_preread_server_name:$remote_addr\" zone=sni:1m rate=1r/m;",
+    ];
+    for zone in quiet {
+        let stream = format!(
+            "{zone}\nserver {{ listen 127.0.0.1:%%PORT2%%; ssl_preread on; rate_limit zone=sni;\n\
+             proxy_pass 127.0.0.1:1; }}"
+        );
+        assert_eq!(no_sni_warnings(&stream), Vec::<String>::new(), "{zone}");
+    }
+}
+
+/// docs/stream.md's key: per server name, and by address for a client without SNI (here all
+/// from 127.0.0.1: two sessions, then refused), as a plain TCP client without TLS.
+#[test]
+fn a_key_that_falls_back_to_the_address_limits_clients_without_sni() {
+    let upstream = tcp_echo();
+    let nginx = with_stream(&format!(
+        "map $ssl_preread_server_name $no_sni_addr {{ \"\" $remote_addr; default \"\"; }}\n\
+         rate_limit_zone $ssl_preread_server_name$no_sni_addr zone=sni:1m rate=1r/m burst=1;\n\
+         server {{ listen 127.0.0.1:%%PORT2%%; ssl_preread on; rate_limit zone=sni nodelay;\n\
+         proxy_pass 127.0.0.1:{upstream}; }}"
+    ))
+    .start();
+    let port = nginx.port_n(2);
+    let (a, none) = (client_hello(Some("a.example")), client_hello(None));
+    let sessions: Vec<bool> = [&none, &none, &none, &a, &a, &a]
+        .iter()
+        .map(|hello| tls_session(port, hello).is_some())
+        .collect();
+    assert_eq!(
+        sessions,
+        [true, true, false, true, true, false],
+        "two sessions without SNI (keyed by address), then two for a.example"
+    );
+    // A client that does not speak TLS is keyed by its address too: that key is spent.
+    assert_eq!(
+        echo_once(port),
+        None,
+        "a plain TCP client of 127.0.0.1 is refused"
+    );
+}
+
 /// Connect with a PROXY protocol header naming `client`, send a line, read its echo: whether
 /// the connection passed.
 fn passes_from(port: u16, client: &str) -> bool {

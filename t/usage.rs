@@ -431,7 +431,7 @@ fn nginx_t_names_the_bad_word() {
         )
     };
     let cases = [
-        (server("rate_limit zone=tpm usage=claude;"), "invalid usage value \"usage=claude\": it must be openai, anthropic, gemini or a $variable"),
+        (server("rate_limit zone=tpm usage=claude;"), "invalid usage value \"usage=claude\": it must be openai, anthropic, gemini, azure or a $variable"),
         (server("rate_limit zone=tpm usage=openai reserve=0;"), "invalid reserve value \"reserve=0\""),
         (server("rate_limit zone=tpm usage=openai on_missing=bill;"), "invalid on_missing value \"on_missing=bill\": it must be refund, keep or estimate"),
         (server("rate_limit zone=tpm usage=openai usage_weights=output=4;"), "invalid usage_weights value \"usage_weights=output=4\""),
@@ -472,6 +472,177 @@ fn nginx_t_names_the_bad_word() {
             .build(),
     );
     assert!(ok, "{output}");
+}
+
+/// The `[warn]` lines of an `nginx -t` that must succeed, about usage a response may not let
+/// be read.
+fn unreadable_usage_warnings(http: &str) -> Vec<String> {
+    let text = config().no_server().http(http).build();
+    let (ok, output) = check_config(&text);
+    assert!(ok, "{output}");
+    output
+        .lines()
+        .filter(|line| line.contains("[warn]") && line.contains("may not read the usage"))
+        .map(str::to_string)
+        .collect()
+}
+
+const BUFFERING: &str = "\"proxy_buffering off;\"";
+const ENCODING: &str = "'proxy_set_header Accept-Encoding \"\";'";
+
+/// A proxying location with a usage reader, without `proxy_buffering off` or without
+/// `proxy_set_header Accept-Encoding ""`, is warned about, naming what is missing (and only
+/// that); nginx still starts.
+#[test]
+fn nginx_t_warns_when_the_response_may_not_be_readable() {
+    let zone = "rate_limit_zone $http_authorization zone=tpm:1m rate=100r/m burst=1000 \
+                algorithm=token_bucket;";
+    let location = |directives: &str| {
+        format!(
+            "{zone}\nserver {{ listen 127.0.0.1:%%PORT%%;\nlocation /v1/ {{\n\
+             rate_limit zone=tpm usage=openai;\n{directives}\nproxy_pass http://127.0.0.1:9;\n}} }}"
+        )
+    };
+    // Neither: both named, at the proxy_pass line.
+    let warned = unreadable_usage_warnings(&location(""));
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    println!("{}", warned[0]);
+    assert!(
+        warned[0].contains(
+            "rate_limit usage=openai may not read the usage of the responses of proxy_pass in "
+        ) && warned[0].contains("nginx.conf:")
+            && warned[0].contains(
+                "a compressed response, or one nginx buffers to a temporary file, cannot be \
+                 read and is charged as cut; add \"proxy_buffering off;\" and \
+                 'proxy_set_header Accept-Encoding \"\";' to that location"
+            ),
+        "{warned:?}"
+    );
+    let text = config().no_server().http(&location("")).build();
+    let proxy_line = text
+        .lines()
+        .position(|line| line.starts_with("proxy_pass"))
+        .expect("the proxy_pass line")
+        + 1;
+    assert!(
+        warned[0].contains(&format!("nginx.conf:{proxy_line}: ")),
+        "line {proxy_line}: {warned:?}"
+    );
+
+    // Buffering off only: the Accept-Encoding line alone is named.
+    let warned = unreadable_usage_warnings(&location("proxy_buffering off;"));
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    println!("{}", warned[0]);
+    assert!(
+        warned[0].contains(&format!(
+            "a compressed response cannot be read and is charged as cut; add {ENCODING} to \
+             that location"
+        )) && !warned[0].contains("proxy_buffering"),
+        "{warned:?}"
+    );
+    // Accept-Encoding cleared only (another header beside it): proxy_buffering alone.
+    let warned = unreadable_usage_warnings(&location(
+        "proxy_set_header X-Tenant a; proxy_set_header accept-encoding \"\";",
+    ));
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    println!("{}", warned[0]);
+    assert!(
+        warned[0].contains(&format!(
+            "a response nginx buffers to a temporary file cannot be read and is charged as \
+             cut; add {BUFFERING} to that location"
+        )) && !warned[0].contains("Accept-Encoding"),
+        "{warned:?}"
+    );
+    // Every reader (anthropic, gemini, azure), and a line inherited from the server level.
+    for api in ["anthropic", "gemini", "azure"] {
+        let http = format!(
+            "{zone}\nserver {{ listen 127.0.0.1:%%PORT%%; rate_limit zone=tpm usage={api};\n\
+             location /v1/ {{ proxy_buffering off; proxy_pass http://127.0.0.1:9; }} }}"
+        );
+        let warned = unreadable_usage_warnings(&http);
+        assert_eq!(warned.len(), 1, "{warned:?}");
+        assert!(
+            warned[0].contains(&format!("rate_limit usage={api} may not read"))
+                && warned[0].contains(&format!("add {ENCODING} to that location")),
+            "{warned:?}"
+        );
+    }
+    // nginx's inheritance: a location with a proxy_set_header of its own does not inherit the
+    // server's, so its Accept-Encoding is no longer cleared.
+    let http = format!(
+        "{zone}\nserver {{ listen 127.0.0.1:%%PORT%%; proxy_buffering off;\n\
+         proxy_set_header Accept-Encoding \"\";\n\
+         location /v1/ {{ rate_limit zone=tpm usage=openai; proxy_set_header X-Tenant a;\n\
+         proxy_pass http://127.0.0.1:9; }} }}"
+    );
+    let warned = unreadable_usage_warnings(&http);
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(
+        warned[0].contains(&format!("add {ENCODING} to that location")),
+        "{warned:?}"
+    );
+
+    // A warning, not an error: nginx starts with it.
+    let llm = FakeLlm::start();
+    let nginx = nginx_with(
+        zone,
+        &format!(
+            "location /v1/ {{ rate_limit zone=tpm usage=openai reserve=100;\n\
+             proxy_pass http://127.0.0.1:{}; }}",
+            llm.port()
+        ),
+    );
+    let response = send(
+        &nginx,
+        "/v1/chat/completions?prompt=10&completion=5",
+        "Bearer a",
+    );
+    assert_eq!(response.status, 200, "{}", response.text());
+}
+
+/// Both directives (in the location, or inherited from the server), a usage read from a
+/// variable, or a reader in a location that does not proxy: no warning.
+#[test]
+fn nginx_t_is_quiet_when_the_response_is_readable() {
+    let zone = "rate_limit_zone $http_authorization zone=tpm:1m rate=100r/m burst=1000 \
+                algorithm=token_bucket;";
+    let cases = [
+        format!(
+            "{zone}\nserver {{ listen 127.0.0.1:%%PORT%%; location /v1/ {{\n\
+             rate_limit zone=tpm usage=openai reserve=auto:1000;\n\
+             proxy_pass http://127.0.0.1:9; proxy_http_version 1.1;\n\
+             proxy_set_header Accept-Encoding \"\"; proxy_buffering off; }} }}"
+        ),
+        format!(
+            "{zone}\nproxy_buffering off;\nserver {{ listen 127.0.0.1:%%PORT%%;\n\
+             proxy_set_header Accept-Encoding \"\";\n\
+             location /v1/ {{ rate_limit zone=tpm usage=anthropic;\n\
+             proxy_pass http://127.0.0.1:9; }} }}"
+        ),
+        format!(
+            "{zone}\nserver {{ listen 127.0.0.1:%%PORT%%; location /v1/ {{\n\
+             rate_limit zone=tpm usage=$upstream_http_x_usage;\n\
+             proxy_pass http://127.0.0.1:9; }} }}"
+        ),
+        format!(
+            "{zone}\nserver {{ listen 127.0.0.1:%%PORT%%; location /v1/ {{\n\
+             rate_limit zone=tpm usage=openai; empty_gif; }}\n\
+             location /other/ {{ proxy_pass http://127.0.0.1:9; }} }}"
+        ),
+    ];
+    for http in &cases {
+        assert_eq!(
+            unreadable_usage_warnings(http),
+            Vec::<String>::new(),
+            "{http}"
+        );
+    }
+    // The shipped example (docs/usage.md's configuration) has both lines: no warning at all.
+    let example =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/nginx-conf/llm.conf"))
+            .expect("nginx-conf/llm.conf");
+    let (ok, output) = check_config(&example);
+    assert!(ok && !output.contains("[warn]"), "{output}");
 }
 
 #[test]

@@ -337,18 +337,17 @@ pub fn limit_line(
         Some(usage) => Some(usage_conf(cf, usage, spec.global.is_some())?),
         None => None,
     };
-    if let Some(UsageSourceConf::Reader(provider)) = usage.map(|usage| usage.source) {
-        let other = existing.iter().find_map(|limit| match limit.usage?.source {
-            UsageSourceConf::Reader(other) if other != provider => Some(other),
-            _ => None,
-        });
+    if let Some(api) = usage.and_then(|usage| usage.api) {
+        let other = existing
+            .iter()
+            .find_map(|limit| limit.usage?.api.filter(|&other| other != api));
         if let Some(other) = other {
             return Err(ConfError::Spec {
                 directive: "rate_limit",
                 error: SpecError::Conflict(format!(
-                    "\"usage={}\" and \"usage={}\" in one location: the response is read \
-                     for one provider",
-                    provider.as_str(),
+                    "\"usage={}\" and \"usage={}\" in one location: the response is read, \
+                     and the caller's credential taken, for one provider",
+                    api.as_str(),
                     other.as_str()
                 )),
             });
@@ -468,6 +467,7 @@ fn usage_conf(
     };
     Ok(UsageConf {
         source,
+        api: usage.api,
         reserve,
         debt: usage.debt,
         on_missing: usage.on_missing,

@@ -15,6 +15,7 @@ pub mod registry;
 pub mod sync;
 mod tls;
 pub mod unreached;
+pub mod usage_proxy;
 
 use core::cell::{Cell, RefCell};
 use core::ptr;
@@ -27,6 +28,7 @@ use ngx::ffi::{
     NGX_LOG_INFO,
 };
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, Merge, MergeConfigError};
+use ratelimit_core::api_key::Api;
 use ratelimit_core::concurrency::ConcurrencySpec;
 use ratelimit_core::key_form::{KeyForm, NetPrefixes};
 use ratelimit_core::penalty::{BlockPolicy, StatusMatcher};
@@ -87,6 +89,8 @@ pub struct MainConf {
     pub usage_used: bool,
     /// Where each `rate_limit` line is, to warn about the ones `return` keeps from running.
     pub limited_places: Vec<unreached::LimitedPlace>,
+    /// Every `proxy_pass` line, to warn about usage its responses may not let be read.
+    pub proxied_places: Vec<usage_proxy::ProxiedPlace>,
     /// `rate_limit_prices` tables, by the index a `prices=` word holds (`UsageConf::prices`).
     pub prices: Vec<prices::NamedPrices>,
     /// `$rate_limit_usage_model` is used (a log format names it): the body reader looks for
@@ -312,6 +316,8 @@ impl LimitConf {
 #[derive(Clone, Copy, Debug)]
 pub struct UsageConf {
     pub source: UsageSourceConf,
+    /// The API `usage=` names: where `$rate_limit_api_key` reads the credential.
+    pub api: Option<Api>,
     pub reserve: AmountConf,
     /// `debt=`; `None`: one capacity of the zone's bucket.
     pub debt: Option<u64>,
@@ -368,6 +374,8 @@ pub struct LocConf {
     /// How the location's lines are decided: worked out (in each worker) on the location's
     /// first request, once zones are known. Not merged.
     pub shape: Cell<Option<Shape>>,
+    /// What the proxy module's directives of this level say (`usage_proxy.rs`).
+    pub proxy: usage_proxy::ProxySeen,
 }
 
 /// How a location's `rate_limit` lines are decided.
@@ -397,6 +405,7 @@ impl Default for LocConf {
             remote_net: None,
             admin_server: false,
             shape: Cell::new(None),
+            proxy: usage_proxy::ProxySeen::default(),
         }
     }
 }
@@ -441,6 +450,11 @@ impl LocConf {
         self.limits.as_deref().unwrap_or(&[])
     }
 
+    /// The API the location's `usage=` lines name (one at most: `rate_limit` refuses two).
+    pub fn api(&self) -> Option<Api> {
+        self.limits().iter().find_map(|limit| limit.usage?.api)
+    }
+
     /// Whether the location's lines need the request body before they are decided: a
     /// `reserve=auto` line, or one that reads a provider's response (whose request may have
     /// to ask for usage).
@@ -471,6 +485,7 @@ impl Merge for LocConf {
         merge(&mut self.grpc, prev.grpc);
         self.log_level = self.log_level.or(prev.log_level);
         self.remote_net = self.remote_net.or(prev.remote_net);
+        self.proxy.merge(&prev.proxy);
         Ok(())
     }
 }
@@ -538,6 +553,7 @@ pub fn postconfiguration(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
     }
     empty_key::warn_empty_keys(cf, mcf);
     unreached::warn_unreached(cf, &mcf.limited_places);
+    usage_proxy::warn_unreadable_usage(cf, mcf);
     let index = variable_index(cf, b"rate_limit_status")?;
     if let Some(mcf) = main_conf(cf) {
         mcf.status_variable = Some(index);

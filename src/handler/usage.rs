@@ -27,8 +27,11 @@ use ngx::ngx_log_error;
 use ratelimit_core::top::TopKind;
 use ratelimit_core::usage::reader::{Format, Reader, Reported};
 use ratelimit_core::usage::request::UsageChunkFilter;
-use ratelimit_core::usage::settle::{self, End, Settlement};
-use ratelimit_core::usage::{parse_tokens, OnMissing, Provider, Raw, Usage, Weights, MAX_COUNT};
+use ratelimit_core::usage::settle::{self, End, Report, Settlement};
+use ratelimit_core::usage::{
+    parse_tokens, Malformed, OnMissing, Provider, Raw, Usage, Weights, AUTO_DEFAULT_CEILING,
+    MAX_COUNT,
+};
 use ratelimit_core::Outcome;
 
 use crate::conf::{AmountConf, ConfError, LimitConf, RateLimitModule, UsageConf, UsageSourceConf};
@@ -129,8 +132,8 @@ enum Found {
     /// The cost of the usage reported.
     Usage(u64),
     Missing,
-    /// A figure that is not an integer from 0 to 2^53: no usage either.
-    Malformed(Raw),
+    /// A figure that is not an integer from 0 to 2^53, a document that cannot be read.
+    Malformed(Malformed),
 }
 
 /// `usage=$var`'s value: missing when not found or empty, malformed when not a count.
@@ -143,7 +146,7 @@ fn variable_usage(r: &mut ngx_http_request_t, index: ngx_uint_t) -> Found {
     };
     match parse_tokens(text).filter(|&tokens| tokens <= MAX_COUNT) {
         Some(tokens) => Found::Usage(tokens),
-        None => Found::Malformed(Raw::of(text)),
+        None => Found::Malformed(Malformed::Figure(Raw::of(text))),
     }
 }
 
@@ -478,48 +481,81 @@ impl UsageState {
         Some(output.saturating_add(self.prompt_estimate))
     }
 
-    /// The tokens `line` owes as the request ends now, and what usage it found. A priced
-    /// line whose table has no price for the response's model (or whose response named none)
-    /// keeps its reservation.
+    /// The tokens `line` owes as the request ends now, and what usage it found
+    /// (`settle::owed`). A priced line whose table has no price for the model (or that no
+    /// model names) charges the table's highest prices.
     fn owed(&self, r: &mut ngx_http_request_t, line: &Line) -> Owed {
+        let mut unpriced = None;
         let found = match line.usage.source {
             UsageSourceConf::Reader(_) => match self.reader.as_ref().map(Reader::reported) {
                 _ if self.unreadable => Found::Missing,
-                Some(Reported::Usage(usage)) => match line.usage.prices {
-                    None => Found::Usage(line.usage.weights.cost(&usage)),
-                    Some(index) => match self.prices(r, index) {
-                        Some(weights) => Found::Usage(weights.cost(&usage)),
-                        None => {
-                            return Owed {
-                                tokens: line.reserved,
-                                found: Found::Usage(line.reserved),
-                                unpriced: Some(index),
-                            }
-                        }
-                    },
-                },
-                Some(Reported::Malformed(raw)) => Found::Malformed(raw),
+                Some(Reported::Usage(usage)) => {
+                    Found::Usage(self.cost(r, line, &usage, &mut unpriced))
+                }
+                Some(Reported::Malformed(malformed)) => Found::Malformed(malformed),
                 Some(Reported::Nothing) | None => Found::Missing,
             },
             UsageSourceConf::Variable(index) => variable_usage(r, index),
         };
-        let tokens = match found {
-            Found::Usage(tokens) => Some(tokens),
-            // An estimate is charged as a usage found would be; it is counted as missing.
-            Found::Missing | Found::Malformed(_) => (line.usage.on_missing == OnMissing::Estimate)
-                .then(|| self.estimate())
-                .flatten(),
+        let report = match found {
+            Found::Usage(cost) => Report::Usage(cost),
+            Found::Missing => Report::Missing {
+                estimate: (line.usage.on_missing == OnMissing::Estimate)
+                    .then(|| self.estimate())
+                    .flatten(),
+            },
+            // A variable's value is the cost in the operator's own unit: only the
+            // reservation says what the request may cost.
+            Found::Malformed(_) => Report::Malformed {
+                bound: match line.usage.source {
+                    UsageSourceConf::Reader(_) => self
+                        .request_bound(r, line)
+                        .map(|usage| self.cost(r, line, &usage, &mut unpriced)),
+                    UsageSourceConf::Variable(_) => None,
+                },
+            },
         };
         Owed {
-            tokens: settle::charged_tokens(
-                line.reserved,
-                tokens,
-                self.end(r),
-                line.usage.on_missing,
-            ),
+            tokens: settle::owed(line.reserved, report, self.end(r), line.usage.on_missing),
             found,
-            unpriced: None,
+            unpriced,
         }
+    }
+
+    /// The cost of `usage` for `line`: weighted, or priced (`unpriced` set when the model
+    /// had no price and the table's highest were charged).
+    fn cost(
+        &self,
+        r: &ngx_http_request_t,
+        line: &Line,
+        usage: &Usage,
+        unpriced: &mut Option<usize>,
+    ) -> u64 {
+        let Some(index) = line.usage.prices else {
+            return line.usage.weights.cost(usage);
+        };
+        let Some((weights, priced)) = self.prices(r, index) else {
+            *unpriced = Some(index);
+            return line.reserved;
+        };
+        if !priced {
+            *unpriced = Some(index);
+        }
+        weights.cost(usage)
+    }
+
+    /// The most the request may use as its body says (`reserve=auto`'s figure), when the
+    /// body was read.
+    fn request_bound(&self, r: &ngx_http_request_t, line: &Line) -> Option<Usage> {
+        let facts = &super::body::body_of(r)?.facts;
+        let default = match line.usage.reserve {
+            AmountConf::Auto(default) => default,
+            AmountConf::Fixed(_) | AmountConf::Variable(_) => AUTO_DEFAULT_CEILING,
+        };
+        Some(settle::request_bound(
+            facts.reservation(default),
+            facts.prompt_estimate(),
+        ))
     }
 
     /// The model the response named.
@@ -527,14 +563,16 @@ impl UsageState {
         self.reader.as_ref()?.model()
     }
 
-    /// The prices of the response's model in table `index`, in micro-dollars per token.
-    fn prices(&self, r: &ngx_http_request_t, index: usize) -> Option<Weights> {
+    /// The prices in table `index` of the model the response names, else of the request's,
+    /// in micro-dollars per token, and whether the table prices it (else its highest prices).
+    fn prices(&self, r: &ngx_http_request_t, index: usize) -> Option<(Weights, bool)> {
         let table = RateLimitModule::main_conf(r)?
             .prices
             .get(index)?
             .table
             .as_ref()?;
-        table.prices(self.priced_model(r)?)
+        let request = super::body::body_of(r).and_then(|body| body.facts.model.as_deref());
+        Some(table.price_for(self.model(), request))
     }
 
     /// The model a priced line charges for: the one the response named, else the request
@@ -589,7 +627,7 @@ pub unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
                 }
                 if let Some(index) = unpriced {
                     zone.count(Counter::Unpriced);
-                    log_unpriced(r, state.priced_model(r), index, line.reserved, now);
+                    log_unpriced(r, state.priced_model(r), index, owed, now);
                 }
                 if let Some(key) = &line.key {
                     zone.record_top_amount(TopKind::Tokens, now, key, owed);
@@ -598,11 +636,11 @@ pub unsafe extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
                     Found::Usage(_) => Counter::UsageFound,
                     Found::Missing | Found::Malformed(_) => Counter::UsageMissing,
                 });
-                if let Found::Malformed(raw) = found {
+                if let Found::Malformed(malformed) = found {
                     zone.count(Counter::UsageBad);
                     // One line a request, however many zones settle it.
                     if !logged && zone.should_log_bad_usage(now) {
-                        log_malformed(r, &line.zone_name, &raw, line.usage.on_missing);
+                        log_malformed(r, &line.zone_name, &malformed, owed, line.reserved);
                         logged = true;
                     }
                 }
@@ -637,13 +675,7 @@ struct Owed {
 static UNPRICED_LOGGED_SEC: AtomicU64 = AtomicU64::new(u64::MAX);
 
 /// A usage priced by no line of its table: logged at most once a second per worker.
-fn log_unpriced(
-    r: &ngx_http_request_t,
-    model: Option<&str>,
-    index: usize,
-    reserved: u64,
-    now_ns: u64,
-) {
+fn log_unpriced(r: &ngx_http_request_t, model: Option<&str>, index: usize, owed: u64, now_ns: u64) {
     if !once_a_second(&UNPRICED_LOGGED_SEC, now_ns) {
         return;
     }
@@ -652,30 +684,31 @@ fn log_unpriced(
         .map_or("", |named| named.name.as_str());
     let what = match model {
         Some(model) => format!("no price for model \"{}\"", model.escape_debug()),
-        None => "the response named no model".to_string(),
+        None => "no model named by the response or the request".to_string(),
     };
     ngx_log_error!(
         NGX_LOG_WARN,
         connection_log(r),
-        "rate_limit: {what} in rate_limit_prices \"{table}\": the request keeps its \
-         reservation of {reserved}; add the model or a \"default\" line"
+        "rate_limit: {what} in rate_limit_prices \"{table}\": charged {owed} at the table's \
+         highest prices; add the model or a \"default\" line"
     );
 }
 
-/// A malformed usage, at most once a second per zone: what the response said, cut.
-fn log_malformed(r: &ngx_http_request_t, zone_name: &str, raw: &Raw, on_missing: OnMissing) {
-    let charged = match on_missing {
-        OnMissing::Refund => "refund",
-        OnMissing::Keep => "keep",
-        OnMissing::Estimate => "estimate",
-    };
+/// A malformed usage, at most once a second per zone: what the response said, cut, and what
+/// the request was charged for it.
+fn log_malformed(
+    r: &ngx_http_request_t,
+    zone_name: &str,
+    malformed: &Malformed,
+    owed: u64,
+    reserved: u64,
+) {
     ngx_log_error!(
         NGX_LOG_WARN,
         connection_log(r),
-        "rate_limit: malformed usage in the response, settled by zone \"{zone_name}\" as no \
-         usage (on_missing={charged}): a count must be an integer from 0 to {}, not {}",
-        MAX_COUNT,
-        raw.text()
+        "rate_limit: malformed usage in the response, zone \"{zone_name}\" charged {owed} (the \
+         most the request may use, at least its reservation of {reserved}): {}",
+        malformed.reason()
     );
 }
 

@@ -10,7 +10,7 @@ use nginx_sys::{
     ngx_stream_compile_complex_value_t, ngx_stream_complex_value_t, ngx_stream_content_handler_pt,
 };
 use ngx::core::NGX_CONF_OK;
-use ngx::ffi::{ngx_command_t, ngx_conf_t, ngx_flag_t, ngx_uint_t, NGX_LOG_EMERG};
+use ngx::ffi::{ngx_command_t, ngx_conf_t, ngx_flag_t, ngx_uint_t, NGX_LOG_EMERG, NGX_LOG_WARN};
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_conf_log_error;
 use ratelimit_core::key_form::NetPrefixes;
@@ -215,6 +215,9 @@ fn rate_limit_zone(cf: &mut ngx_conf_t, main: &mut MainConf) -> Result<(), ConfE
     check_unclaimed(shm_zone, &name, true)?;
     let after_preread = uses_ssl_preread(args[1].as_bytes());
     main.preread_used |= after_preread;
+    if is_server_name_alone(args[1].as_bytes()) {
+        warn_empty_server_name(cf, &name, &String::from_utf8_lossy(args[1].as_bytes()));
+    }
     let key = ZoneKey::Stream(StreamKey {
         value: key,
         variable: key_variable,
@@ -228,6 +231,30 @@ fn rate_limit_zone(cf: &mut ngx_conf_t, main: &mut MainConf) -> Result<(), ConfE
         .ok_or(ConfError::Logged)?
         .add(zone);
     Ok(())
+}
+
+/// Whether a zone's KEY is `$ssl_preread_server_name` alone.
+fn is_server_name_alone(key: &[u8]) -> bool {
+    matches!(
+        key,
+        b"$ssl_preread_server_name" | b"${ssl_preread_server_name}"
+    )
+}
+
+/// A zone keyed by `$ssl_preread_server_name` alone: a client that sends no server name (a
+/// ClientHello without SNI, or no TLS at all) has an empty key, and a session with an empty
+/// key is not limited. `nginx -t` says so, at nginx's warning level, with a key that limits
+/// such clients by address.
+fn warn_empty_server_name(cf: &mut ngx_conf_t, zone: &str, key: &str) {
+    ngx_conf_log_error!(
+        NGX_LOG_WARN,
+        cf,
+        "zone \"{zone}\" is keyed by {key}, which is empty for a client \
+         that sends no server name (a TLS ClientHello without SNI, or a client that does not \
+         speak TLS): its sessions are not limited; to limit them by address, key the zone by \
+         \"$ssl_preread_server_name$no_sni_addr\" with \"map $ssl_preread_server_name \
+         $no_sni_addr {{ \"\" $remote_addr; default \"\"; }}\""
+    );
 }
 
 /// Whether a key names a variable of ssl_preread (`$ssl_preread_server_name`,

@@ -6,6 +6,11 @@
 //!   it; the Debian pass declares nothing, so there every Lua test runs or fails.
 //! - `debian-nginx`: Debian's `/usr/sbin/nginx` beside the nginx under test (the README's
 //!   version message, the harness's check that the host's pid file is left alone).
+//! - `grpc`: Debian's `python3-grpcio`, the gRPC server and client of t/grpc.rs.
+//!
+//! `scripts/test.sh` (the README's test command) installs every other package the tests need
+//! and declares `debian-nginx` itself when Debian's nginx is not installed (installing it would
+//! start a service on port 80), saying so.
 //!
 //! A skip is never decided by the test alone: a pass whose nginx lost its Lua module, or a
 //! machine without Debian's nginx, would otherwise turn every such test into a silent "ok".

@@ -1,12 +1,26 @@
-//! `$rate_limit_api_key`: the caller's credential, found where the LLM APIs take it and
+//! `$rate_limit_api_key`: the caller's credential, read where the line's provider takes it and
 //! spelled one way, then replaced by a fingerprint that names it without revealing it.
 //!
-//! Where the credential is looked for, first found first:
-//! 1. `Authorization: Bearer TOKEN` (the scheme in any case, blanks and tabs around the token
-//!    or the whole value: RFC 7235);
-//! 2. `x-api-key: TOKEN` (Anthropic), then `x-goog-api-key: TOKEN` (Gemini), blanks around
-//!    the value dropped;
-//! 3. the query argument `key=TOKEN` (Gemini), percent-decoded.
+//! Where the credential is read depends on the API the request is for ([`Api`], named by the
+//! location's `usage=` line), never on which header comes first:
+//!
+//! | API | its credential | when it has none |
+//! |---|---|---|
+//! | `openai` | `Authorization: Bearer TOKEN` | none |
+//! | `anthropic` | `x-api-key` | `Authorization: Bearer` (an OAuth token) |
+//! | `gemini` | `x-goog-api-key`, `?key=` (both, when both are sent) | `Authorization: Bearer` (an OAuth token) |
+//! | `azure` | `api-key` | `Authorization: Bearer` (a Microsoft Entra ID token) |
+//! | none named | every place above | — |
+//!
+//! A header of another API is not read, so whatever a client adds to a request, its key is
+//! the credential its API bills. Every copy of the places read must agree: two `Authorization`
+//! headers with two tokens, or `x-goog-api-key` and `?key=` naming two keys, are a
+//! [`Credential::Conflict`], whose key is [`CONFLICT_KEY`] (one budget for every such
+//! request, never a fresh one: the upstream may bill either credential).
+//!
+//! Spellings: the `Bearer` scheme in any case (RFC 7235), blanks and tabs around the token or
+//! the whole value; blanks around a header's value dropped; `?key=` (its name in any case)
+//! percent-decoded. An empty value, and another scheme than `Bearer`, is no credential.
 //!
 //! The fingerprint is what the variable's value is, so the secret itself never reaches the
 //! zone: not its shared memory, top keys, the admin API, logs, the state file nor Redis. It is
@@ -29,46 +43,187 @@ pub const SHOWN_MIN_LEN: usize = 24;
 const SHOWN_LEN: usize = 3;
 /// The longest fingerprint: `HEAD...TAIL~HASH`.
 pub const FINGERPRINT_MAX: usize = SHOWN_LEN + 3 + SHOWN_LEN + 1 + HASH_HEX_LEN;
+/// The key of a request whose copies of its credential disagree ([`Credential::Conflict`]):
+/// no fingerprint has it (a fingerprint has a `~`).
+pub const CONFLICT_KEY: &[u8] = b"conflicting-credentials";
 
-/// The request's headers and query string where a credential may be.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Sources<'a> {
-    /// `Authorization`
-    pub authorization: Option<&'a [u8]>,
-    /// `x-api-key`
-    pub x_api_key: Option<&'a [u8]>,
-    /// `x-goog-api-key`
-    pub x_goog_api_key: Option<&'a [u8]>,
-    /// The request's query string (without `?`).
-    pub args: &'a [u8],
+/// The API a request's credential is for: where it is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Api {
+    /// OpenAI (and OpenAI-compatible servers): `Authorization: Bearer`.
+    OpenAi,
+    /// Anthropic: `x-api-key`.
+    Anthropic,
+    /// Gemini: `x-goog-api-key` or `?key=`.
+    Gemini,
+    /// Azure OpenAI: `api-key`.
+    Azure,
 }
 
-/// The credential, spelled one way; `None` when the request carries none.
-///
-/// ```
-/// use ratelimit_core::api_key::{credential, Sources};
-///
-/// let sources = Sources { authorization: Some(b"bearer \t sk-1 "), ..Sources::default() };
-/// assert_eq!(credential(&sources).as_deref(), Some(&b"sk-1"[..]));
-/// let sources = Sources { args: b"alt=sse&key=AI%7Aa", ..Sources::default() };
-/// assert_eq!(credential(&sources).as_deref(), Some(&b"AIza"[..]));
-/// ```
-pub fn credential<'a>(sources: &Sources<'a>) -> Option<Cow<'a, [u8]>> {
-    if let Some(token) = sources.authorization.and_then(bearer_token) {
-        return Some(Cow::Borrowed(token));
-    }
-    for value in [sources.x_api_key, sources.x_goog_api_key]
-        .into_iter()
-        .flatten()
-    {
-        let value = trim_blanks(value);
-        if !value.is_empty() {
-            return Some(Cow::Borrowed(value));
+impl Api {
+    /// Every API, in the order of [`Api::index`].
+    pub const ALL: [Api; 4] = [Api::OpenAi, Api::Anthropic, Api::Gemini, Api::Azure];
+
+    /// `openai`, `anthropic`, `gemini`, `azure`: the word of `usage=`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Api::OpenAi => "openai",
+            Api::Anthropic => "anthropic",
+            Api::Gemini => "gemini",
+            Api::Azure => "azure",
         }
     }
-    let value = crate::key::query_arg(sources.args, b"key")?;
-    let decoded = percent_decoded(value);
-    (!decoded.is_empty()).then_some(decoded)
+
+    /// Its place in [`Api::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The API's own places, and whether `Authorization: Bearer` is read when they hold none.
+    fn places(self) -> (&'static [Place], bool) {
+        match self {
+            Api::OpenAi => (&[Place::Authorization], false),
+            Api::Anthropic => (&[Place::XApiKey], true),
+            Api::Gemini => (&[Place::XGoogApiKey, Place::QueryKey], true),
+            Api::Azure => (&[Place::ApiKey], true),
+        }
+    }
+}
+
+/// Where a credential may be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    Authorization,
+    XApiKey,
+    XGoogApiKey,
+    ApiKey,
+    QueryKey,
+}
+
+const PLACES: usize = 5;
+const ALL_PLACES: [Place; PLACES] = [
+    Place::Authorization,
+    Place::XApiKey,
+    Place::XGoogApiKey,
+    Place::ApiKey,
+    Place::QueryKey,
+];
+
+/// What one place held, over all its copies.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+enum Seen<'a> {
+    #[default]
+    Absent,
+    One(Cow<'a, [u8]>),
+    /// Two copies named two credentials.
+    Conflict,
+}
+
+impl<'a> Seen<'a> {
+    fn add(&mut self, value: Cow<'a, [u8]>) {
+        match self {
+            Seen::Absent => *self = Seen::One(value),
+            Seen::One(seen) if *seen == value => {}
+            Seen::One(_) | Seen::Conflict => *self = Seen::Conflict,
+        }
+    }
+}
+
+/// The credential a request carries for an API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Credential<'a> {
+    /// None: the variable is empty.
+    Absent,
+    /// The credential, spelled one way.
+    One(&'a [u8]),
+    /// Copies of the places read name different credentials.
+    Conflict,
+}
+
+/// The credentials of a request, place by place: fed every header and the query string.
+#[derive(Clone, Debug, Default)]
+pub struct Sources<'a> {
+    places: [Seen<'a>; PLACES],
+}
+
+impl<'a> Sources<'a> {
+    /// One request header, any: the ones that hold no credential are skipped.
+    pub fn header(&mut self, name: &[u8], value: &'a [u8]) {
+        let place = match name.len() {
+            7 if name.eq_ignore_ascii_case(b"api-key") => Place::ApiKey,
+            9 if name.eq_ignore_ascii_case(b"x-api-key") => Place::XApiKey,
+            13 if name.eq_ignore_ascii_case(b"authorization") => Place::Authorization,
+            14 if name.eq_ignore_ascii_case(b"x-goog-api-key") => Place::XGoogApiKey,
+            _ => return,
+        };
+        let value = match place {
+            Place::Authorization => bearer_token(value),
+            _ => Some(trim_blanks(value)).filter(|value| !value.is_empty()),
+        };
+        if let Some(value) = value {
+            self.places[place as usize].add(Cow::Borrowed(value));
+        }
+    }
+
+    /// The query string (without `?`): every `key=` argument, its name in any case.
+    pub fn query(&mut self, args: &'a [u8]) {
+        for argument in args.split(|&byte| byte == b'&') {
+            let Some((name, value)) = argument.split_at_checked(4) else {
+                continue;
+            };
+            if name.eq_ignore_ascii_case(b"key=") {
+                let value = percent_decoded(value);
+                if !value.is_empty() {
+                    self.places[Place::QueryKey as usize].add(value);
+                }
+            }
+        }
+    }
+
+    /// The credential for `api` (`None`: a location that names no API, where every place is
+    /// read and all must agree).
+    ///
+    /// ```
+    /// use ratelimit_core::api_key::{Api, Credential, Sources};
+    ///
+    /// let mut sources = Sources::default();
+    /// sources.header(b"x-goog-api-key", b"AIza-1");
+    /// sources.header(b"X-Api-Key", b"junk-7");
+    /// sources.header(b"authorization", b"bearer \t sk-1 ");
+    /// assert_eq!(sources.credential(Some(Api::Gemini)), Credential::One(b"AIza-1"));
+    /// assert_eq!(sources.credential(Some(Api::Anthropic)), Credential::One(b"junk-7"));
+    /// assert_eq!(sources.credential(Some(Api::OpenAi)), Credential::One(b"sk-1"));
+    /// assert_eq!(sources.credential(Some(Api::Azure)), Credential::One(b"sk-1"));
+    /// assert_eq!(sources.credential(None), Credential::Conflict);
+    /// sources.query(b"alt=sse&key=AI%7Aa");
+    /// assert_eq!(sources.credential(Some(Api::Gemini)), Credential::Conflict);
+    /// ```
+    pub fn credential(&self, api: Option<Api>) -> Credential<'_> {
+        let Some(api) = api else {
+            return self.agreed(&ALL_PLACES);
+        };
+        let (own, bearer) = api.places();
+        match self.agreed(own) {
+            Credential::Absent if bearer => self.agreed(&[Place::Authorization]),
+            found => found,
+        }
+    }
+
+    /// The one credential `places` hold between them.
+    fn agreed(&self, places: &[Place]) -> Credential<'_> {
+        let mut found: Option<&[u8]> = None;
+        for &place in places {
+            match &self.places[place as usize] {
+                Seen::Absent => {}
+                Seen::Conflict => return Credential::Conflict,
+                Seen::One(value) => match found {
+                    Some(other) if other != value.as_ref() => return Credential::Conflict,
+                    _ => found = Some(value),
+                },
+            }
+        }
+        found.map_or(Credential::Absent, Credential::One)
+    }
 }
 
 /// The token of `Bearer TOKEN` (the scheme in any case, blanks around); `None` for another
@@ -169,75 +324,208 @@ mod tests {
         String::from_utf8(out[..len].to_vec()).unwrap()
     }
 
+    const SECRET: &[u8] = b"sk-test-0123456789abcdefghijKLM";
+
+    /// The credential of a request of `headers` and `query` for `api`.
+    fn read(headers: &[(&str, &str)], query: &str, api: Option<Api>) -> Option<Vec<u8>> {
+        let mut sources = Sources::default();
+        for (name, value) in headers {
+            sources.header(name.as_bytes(), value.as_bytes());
+        }
+        sources.query(query.as_bytes());
+        match sources.credential(api) {
+            Credential::Absent => None,
+            Credential::One(value) => Some(value.to_vec()),
+            Credential::Conflict => Some(CONFLICT_KEY.to_vec()),
+        }
+    }
+
     #[test]
     fn spellings_of_one_credential() {
-        let secret = b"sk-test-0123456789abcdefghijKLM";
-        let authorization = |value: &'static [u8]| Sources {
-            authorization: Some(value),
-            ..Sources::default()
-        };
-        let rows: &[Sources] = &[
-            authorization(b"Bearer sk-test-0123456789abcdefghijKLM"),
-            authorization(b"bearer sk-test-0123456789abcdefghijKLM"),
-            authorization(b"BEARER   sk-test-0123456789abcdefghijKLM"),
-            authorization(b"Bearer\tsk-test-0123456789abcdefghijKLM"),
-            authorization(b" \tbEaReR sk-test-0123456789abcdefghijKLM \t"),
-            Sources {
-                x_api_key: Some(b" sk-test-0123456789abcdefghijKLM"),
-                ..Sources::default()
-            },
-            Sources {
-                x_goog_api_key: Some(b"sk-test-0123456789abcdefghijKLM"),
-                ..Sources::default()
-            },
-            Sources {
-                args: b"alt=sse&key=sk-test-0123456789abcdefghijKLM",
-                ..Sources::default()
-            },
-            Sources {
-                args: b"KEY=sk%2Dtest-0123456789abcdefghijKLM&x=1",
-                ..Sources::default()
-            },
-            // Another scheme in Authorization: the next place is read.
-            Sources {
-                authorization: Some(b"Basic dXNlcjpwYXNz"),
-                x_api_key: Some(b"sk-test-0123456789abcdefghijKLM"),
-                ..Sources::default()
-            },
+        let secret = "sk-test-0123456789abcdefghijKLM";
+        let bearer = |spelling: &str| spelling.replace("TOKEN", secret);
+        for spelling in [
+            "Bearer TOKEN",
+            "bearer TOKEN",
+            "BEARER   TOKEN",
+            "Bearer\tTOKEN",
+            " \tbEaReR TOKEN \t",
+        ] {
+            let value = bearer(spelling);
+            for api in [Some(Api::OpenAi), None] {
+                let headers = [("Authorization", value.as_str())];
+                assert_eq!(
+                    read(&headers, "", api).as_deref(),
+                    Some(SECRET),
+                    "{spelling:?}"
+                );
+            }
+        }
+        #[rustfmt::skip]
+        let rows: &[(&str, &str, &str, Api)] = &[
+            ("x-api-key", " sk-test-0123456789abcdefghijKLM", "", Api::Anthropic),
+            ("X-Goog-Api-Key", "sk-test-0123456789abcdefghijKLM\t", "", Api::Gemini),
+            ("API-KEY", "sk-test-0123456789abcdefghijKLM", "", Api::Azure),
+            ("x-other", "1", "alt=sse&key=sk-test-0123456789abcdefghijKLM", Api::Gemini),
+            ("x-other", "1", "KEY=sk%2Dtest-0123456789abcdefghijKLM&x=1", Api::Gemini),
+            // Both of Gemini's places, agreeing.
+            ("x-goog-api-key", "sk-test-0123456789abcdefghijKLM", "key=sk-test-0123456789abcdefghijKLM", Api::Gemini),
         ];
-        for sources in rows {
+        for &(name, value, query, api) in rows {
             assert_eq!(
-                credential(sources).as_deref(),
-                Some(&secret[..]),
-                "{sources:?}"
+                read(&[(name, value)], query, Some(api)).as_deref(),
+                Some(SECRET),
+                "{name} {query}"
+            );
+            // A location that names no API reads every place.
+            assert_eq!(
+                read(&[(name, value)], query, None).as_deref(),
+                Some(SECRET),
+                "{name} {query}"
+            );
+        }
+    }
+
+    /// Each API reads its own places only: another API's header, junk or not, never changes
+    /// the key; `Authorization: Bearer` stands in only where the API's own places are empty.
+    #[test]
+    fn each_api_reads_its_own_places() {
+        let junk = [
+            ("Authorization", "Bearer junk-1"),
+            ("x-api-key", "junk-2"),
+            ("x-goog-api-key", "junk-3"),
+            ("api-key", "junk-4"),
+        ];
+        let own = |api: Api| match api {
+            Api::OpenAi => ("authorization", "Bearer sk-test-0123456789abcdefghijKLM"),
+            Api::Anthropic => ("X-API-KEY", "sk-test-0123456789abcdefghijKLM"),
+            Api::Gemini => ("x-goog-api-key", "sk-test-0123456789abcdefghijKLM"),
+            Api::Azure => ("Api-Key", "sk-test-0123456789abcdefghijKLM"),
+        };
+        for api in Api::ALL {
+            // Every subset of the other APIs' headers, before and after the API's own.
+            let others: Vec<_> = junk
+                .iter()
+                .filter(|(name, _)| !name.eq_ignore_ascii_case(own(api).0))
+                .collect();
+            for subset in 0..1u32 << others.len() {
+                let picked: Vec<(&str, &str)> = others
+                    .iter()
+                    .enumerate()
+                    .filter(|(at, _)| subset & (1 << at) != 0)
+                    .map(|(_, header)| **header)
+                    .collect();
+                for own_first in [true, false] {
+                    let mut headers = picked.clone();
+                    if own_first {
+                        headers.insert(0, own(api));
+                    } else {
+                        headers.push(own(api));
+                    }
+                    let query = if subset & 1 != 0 { "key=junk-5" } else { "" };
+                    let query = if api == Api::Gemini { "" } else { query };
+                    assert_eq!(
+                        read(&headers, query, Some(api)).as_deref(),
+                        Some(SECRET),
+                        "{api:?} {headers:?} {query}"
+                    );
+                }
+            }
+        }
+        // None of its own: Bearer for the APIs that take OAuth tokens, not another API's key.
+        let only_bearer = [
+            ("Authorization", "Bearer sk-test-0123456789abcdefghijKLM"),
+            ("x-api-key", "junk"),
+        ];
+        assert_eq!(
+            read(&only_bearer, "", Some(Api::Gemini)).as_deref(),
+            Some(SECRET)
+        );
+        assert_eq!(
+            read(&only_bearer, "", Some(Api::Azure)).as_deref(),
+            Some(SECRET)
+        );
+        assert_eq!(
+            read(&only_bearer[1..], "key=junk-5", Some(Api::OpenAi)),
+            None
+        );
+        assert_eq!(read(&only_bearer[1..], "", Some(Api::Gemini)), None);
+        assert_eq!(
+            read(&[("x-goog-api-key", "junk")], "", Some(Api::Azure)),
+            None
+        );
+    }
+
+    /// `(headers, query, API, credential)`; `None`: a conflict.
+    type Row<'a> = (
+        &'a [(&'a str, &'a str)],
+        &'a str,
+        Option<Api>,
+        Option<&'a [u8]>,
+    );
+
+    /// Copies of one place, or Gemini's two places, that disagree are a conflict; copies
+    /// that agree, or a copy that says nothing (empty, another scheme), are not.
+    #[test]
+    fn conflicts() {
+        let conflict = Some(CONFLICT_KEY.to_vec());
+        #[rustfmt::skip]
+        let rows: &[Row] = &[
+            (&[("Authorization", "Bearer sk-a"), ("authorization", "Bearer sk-b")], "", Some(Api::OpenAi), None),
+            (&[("Authorization", "Bearer sk-a"), ("authorization", "bearer  sk-a")], "", Some(Api::OpenAi), Some(b"sk-a")),
+            (&[("Authorization", "Basic dXNlcjpwYXNz"), ("authorization", "Bearer sk-a")], "", Some(Api::OpenAi), Some(b"sk-a")),
+            (&[("Authorization", "Bearer "), ("authorization", "Bearer sk-a")], "", Some(Api::OpenAi), Some(b"sk-a")),
+            (&[("x-goog-api-key", "AIza-a")], "key=AIza-b", Some(Api::Gemini), None),
+            (&[("x-goog-api-key", "AIza-a")], "key=AIza-a&KEY=AIza%2Da", Some(Api::Gemini), Some(b"AIza-a")),
+            (&[], "key=AIza-a&Key=AIza-b", Some(Api::Gemini), None),
+            (&[("x-api-key", "a"), ("X-Api-Key", "b")], "", Some(Api::Anthropic), None),
+            (&[("api-key", "a"), ("api-key", "b"), ("Authorization", "Bearer t")], "", Some(Api::Azure), None),
+            // A conflict of one API is none of another's business.
+            (&[("x-api-key", "a"), ("X-Api-Key", "b"), ("Authorization", "Bearer sk-a")], "", Some(Api::OpenAi), Some(b"sk-a")),
+            // No API named: every place must agree.
+            (&[("Authorization", "Bearer sk-a"), ("x-api-key", "sk-a")], "key=sk-a", None, Some(b"sk-a")),
+            (&[("Authorization", "Bearer sk-a"), ("x-api-key", "sk-b")], "", None, None),
+            (&[("api-key", "sk-a")], "key=sk-b", None, None),
+        ];
+        for &(headers, query, api, expected) in rows {
+            let expected = match expected {
+                Some(value) => Some(value.to_vec()),
+                None => conflict.clone(),
+            };
+            assert_eq!(
+                read(headers, query, api),
+                expected,
+                "{headers:?} {query} {api:?}"
             );
         }
     }
 
     #[test]
     fn no_credential() {
-        let rows: &[Sources] = &[
-            Sources::default(),
-            Sources {
-                authorization: Some(b"Bearer"),
-                ..Sources::default()
-            },
-            Sources {
-                authorization: Some(b"Bearer  \t "),
-                ..Sources::default()
-            },
-            Sources {
-                authorization: Some(b"Bearerx token"),
-                ..Sources::default()
-            },
-            Sources {
-                x_api_key: Some(b"  "),
-                args: b"monkey=1&key=",
-                ..Sources::default()
-            },
+        #[rustfmt::skip]
+        let rows: &[(&[(&str, &str)], &str)] = &[
+            (&[], ""),
+            (&[("Authorization", "Bearer")], ""),
+            (&[("Authorization", "Bearer  \t ")], ""),
+            (&[("Authorization", "Bearerx token")], ""),
+            (&[("Authorization", "Basic dXNlcjpwYXNz")], ""),
+            (&[("x-api-key", "  "), ("api-key", ""), ("x-goog-api-key", "\t")], "monkey=1&key=&keys=2"),
+            (&[("x-api-keys", "a"), ("xapi-key", "b"), ("authorisation", "Bearer c")], "akey=1&key"),
         ];
-        for sources in rows {
-            assert_eq!(credential(sources), None, "{sources:?}");
+        for &(headers, query) in rows {
+            for api in [
+                None,
+                Some(Api::OpenAi),
+                Some(Api::Anthropic),
+                Some(Api::Gemini),
+                Some(Api::Azure),
+            ] {
+                assert_eq!(
+                    read(headers, query, api),
+                    None,
+                    "{headers:?} {query} {api:?}"
+                );
+            }
         }
     }
 

@@ -593,8 +593,19 @@ mod tests {
         );
         assert_eq!(usage.reserve, Amount::Variable("reserve".into()));
         assert_eq!((usage.debt, usage.on_missing), (None, OnMissing::Refund));
+        assert_eq!(usage.api, None);
         let usage = limit("usage=anthropic").unwrap().usage.unwrap();
         assert_eq!((usage.reserve, usage.prices), (Amount::Fixed(1), None));
+        assert_eq!(usage.api, Some(crate::api_key::Api::Anthropic));
+        // Azure OpenAI answers in OpenAI's shapes; its credential is its own.
+        let usage = limit("usage=azure").unwrap().usage.unwrap();
+        assert_eq!(
+            (usage.source, usage.api),
+            (
+                UsageSource::Reader(Provider::OpenAi),
+                Some(crate::api_key::Api::Azure)
+            )
+        );
         let usage = limit("usage=openai prices=models").unwrap().usage.unwrap();
         assert_eq!(usage.prices.as_deref(), Some("models"));
         let usage = limit("usage=openai reserve=auto").unwrap().usage.unwrap();
@@ -611,9 +622,9 @@ mod tests {
         #[rustfmt::skip]
         let errors = [
             ("usage=claude", "invalid usage value \"usage=claude\": it must be openai, \
-              anthropic, gemini or a $variable"),
+              anthropic, gemini, azure or a $variable"),
             ("usage=$", "invalid usage value \"usage=$\": it must be openai, anthropic, \
-              gemini or a $variable"),
+              gemini, azure or a $variable"),
             ("usage=openai reserve=0", "invalid reserve value \"reserve=0\": it must be a \
               number of tokens from 1 to 4194303, a $variable, or auto[:N] (the request's own \
               ceiling, N when it sets none)"),
@@ -632,11 +643,11 @@ mod tests {
               by commas, each W a number from 0 to 1000 with up to three decimals, as in \
               usage_weights=input:1,output:4,cached:0"),
             ("reserve=100", "\"reserve\" needs \"usage\": usage=openai|anthropic|gemini|\
-              $variable says where the cost known after the response comes from"),
+              azure|$variable says where the cost known after the response comes from"),
             ("usage=openai cost=5", "\"cost=5\" and \"usage\" cannot be used together: with \
               usage=, reserve= is what is charged at the door"),
             ("usage=$x usage_weights=output:2", "\"usage_weights\" apply to a built-in reader \
-              (openai, anthropic, gemini): the value of \"$x\" is the cost itself"),
+              (openai, anthropic, gemini, azure): the value of \"$x\" is the cost itself"),
             ("cost=$", "invalid cost value \"cost=$\": it must be a number from 1 up, or a \
               $variable"),
             ("usage_weight=output:4", "invalid parameter \"usage_weight=output:4\", did you \
@@ -647,9 +658,9 @@ mod tests {
             ("usage=openai prices=", "invalid prices value \"prices=\": it must name a \
               rate_limit_prices table, as in prices=models"),
             ("prices=models", "\"prices\" needs \"usage\": usage=openai|anthropic|gemini|\
-              $variable says where the cost known after the response comes from"),
+              azure|$variable says where the cost known after the response comes from"),
             ("usage=$x prices=models", "\"prices\" apply to a built-in reader (openai, \
-              anthropic, gemini): the value of \"$x\" is the cost itself"),
+              anthropic, gemini, azure): the value of \"$x\" is the cost itself"),
             ("usage=openai prices=models usage_weights=output:2", "\"prices=models\" and \
               \"usage_weights\" cannot be used together: the price table gives each kind of \
               token its price"),

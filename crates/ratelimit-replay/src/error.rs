@@ -95,7 +95,7 @@ pub enum ReplayError {
     #[error(
         "--limit usage=...: each request's tokens are read from the access log's \
          ${variable}, and {format} has none: give the log_format that wrote the log with \
-         --log-format '... ${variable}' (usage=openai|anthropic|gemini read \
+         --log-format '... ${variable}' (usage=openai|anthropic|gemini|azure read \
          $rate_limit_usage_cost)"
     )]
     UsageNotInFormat { variable: String, format: String },

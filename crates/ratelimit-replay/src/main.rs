@@ -37,7 +37,7 @@ struct Args {
     /// 'nodelay on_status=401,403' (on_status needs a log with $status).
     /// 'usage=$VARIABLE reserve=N [debt=N] [on_missing=keep]' replays a usage-based (token)
     /// limit: each request's tokens are read from the log's $VARIABLE (give --log-format);
-    /// usage=openai|anthropic|gemini read $rate_limit_usage_cost, the weighted cost the
+    /// usage=openai|anthropic|gemini|azure read $rate_limit_usage_cost, the weighted cost the
     /// module logs. See "Usage-based limits" below
     #[arg(long)]
     limit: Option<String>,

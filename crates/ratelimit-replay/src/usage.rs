@@ -245,7 +245,7 @@ fn read_log(
 
 /// A priced line's cost from its log fields (model, prompt, completion, cached tokens): the
 /// table's price of the model; a usage of `-` follows `on_missing=`, and a model the table
-/// does not price (or `-`) keeps the reservation, as in the module.
+/// does not price (or `-`) is charged at the table's highest prices, as in the module.
 fn priced(
     line: usize,
     fields: &[String],
@@ -275,11 +275,12 @@ fn priced(
         cached_tokens: tokens(3)?.unwrap_or(0),
         total_tokens: 0,
     };
-    let cost = match field(0) {
+    let model = match field(0) {
         "" | "-" => None,
-        model => table.prices(model).map(|weights| weights.cost(&usage)),
+        model => Some(model),
     };
-    Ok((cost.unwrap_or(reserved), false))
+    let (weights, _) = table.price_for(model, None);
+    Ok((weights.cost(&usage), false))
 }
 
 /// `--limit usage=...`: replay the log, or calibrate with `--calibrate`.

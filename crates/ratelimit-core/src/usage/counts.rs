@@ -49,13 +49,57 @@ impl core::fmt::Debug for Raw {
     }
 }
 
+/// What makes a response's usage malformed: no usage, whatever else it reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Malformed {
+    /// A figure that is not an integer from 0 to [`MAX_COUNT`] (`-5`, `"300"`, `1e3`, a
+    /// usage object that is a number), or a usage object without a count (`{}`, all `null`).
+    Figure(Raw),
+    /// A document that names a usage but is not JSON its reader can read: what the parser
+    /// said (a key given twice, a number out of range, `NaN`).
+    Unreadable(Raw),
+}
+
+impl Malformed {
+    /// The malformed figure, or a JSON error, with what is valid: for a log line.
+    ///
+    /// ```
+    /// use ratelimit_core::usage::{Malformed, Raw};
+    ///
+    /// assert_eq!(
+    ///     Malformed::Figure(Raw::of(b"-5")).reason(),
+    ///     "a count must be an integer from 0 to 9007199254740992, not -5"
+    /// );
+    /// ```
+    pub fn reason(&self) -> String {
+        match self {
+            Malformed::Figure(raw) => format!(
+                "a count must be an integer from 0 to {MAX_COUNT}, not {}",
+                raw.text()
+            ),
+            Malformed::Unreadable(raw) => format!(
+                "the JSON that names it cannot be read ({}): each key once, numbers that fit",
+                raw.text()
+            ),
+        }
+    }
+
+    /// The parser's error, without where it was (`duplicate field `usage``).
+    pub(crate) fn unreadable(error: &serde_json::Error) -> Malformed {
+        let text = error.to_string();
+        let text = text.split(" at line ").next().unwrap_or(&text);
+        Malformed::Unreadable(Raw::of(text.as_bytes()))
+    }
+}
+
 /// The counts reported so far, each as the provider names it, and what was wrong with them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Counts {
     /// A usage object was seen (a count in it or not).
     pub(crate) reported: bool,
-    /// The first figure that is not an integer from 0 to [`MAX_COUNT`] and not `null`.
-    pub(crate) malformed: Option<Raw>,
+    /// The first figure that is not an integer from 0 to [`MAX_COUNT`] and not `null`, or
+    /// the first document naming a usage that could not be read.
+    pub(crate) malformed: Option<Malformed>,
     /// A count was `null` (read as not reported: the providers write `null` for a count they
     /// do not know, Anthropic's `message_delta` for its input counts).
     pub(crate) null: bool,

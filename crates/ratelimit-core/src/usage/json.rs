@@ -3,13 +3,16 @@
 //! whatever the body holds besides), which is most of what reading a usage event costs.
 //!
 //! The views are lenient where the providers' documents may vary: an object the reader looks
-//! into (`usage`, `response`, `message`, a `*_details`) that is something else is as if it
-//! were absent, and `null` is a count not reported where providers write it (a cache's counts,
-//! Gemini's thoughts, Anthropic's input counts, which `message_delta` may leave `null`). They
-//! are strict on the counts: an integer from 0 to 2^53 is one, anything else (negative,
-//! fractional or larger, `1e3`, a string, an object, `null` elsewhere) is a malformed figure, noted with its text in [`Counts`] and making the
+//! into (`response`, `message`, a `*_details`) that is something else is as if it were
+//! absent, and `null` is a count not reported where providers write it (a cache's counts,
+//! Gemini's thoughts, Anthropic's input counts, which `message_delta` may leave `null`), and a
+//! usage not reported where OpenAI's chunks write `"usage":null`. They are strict on the usage
+//! and its counts: an integer from 0 to 2^53 is a count, anything else (negative, fractional
+//! or larger, `1e3`, a string, an object, `null` elsewhere), and a usage that is not an object
+//! (`"usage":7`), is a malformed figure, noted with its text in [`Counts`] and making the
 //! whole usage malformed. A document that is not JSON, or an object that names one of the
-//! fields below twice, yields nothing.
+//! fields below twice, is an error for the caller ([`super::reader`]), which makes it a
+//! malformed usage when the document names one.
 
 use core::fmt;
 use std::borrow::Cow;
@@ -17,7 +20,7 @@ use std::borrow::Cow;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use super::counts::{Counts, Raw, MAX_COUNT};
+use super::counts::{Counts, Malformed, Raw, MAX_COUNT};
 use super::Provider;
 
 /// A count as the document gave it.
@@ -43,10 +46,14 @@ impl<'de> Deserialize<'de> for Count {
 struct CountVisitor;
 
 /// `value` rendered into a [`Raw`].
-fn malformed(value: impl fmt::Display) -> Count {
+fn rendered(value: impl fmt::Display) -> Raw {
     let mut text = String::new();
     let _ = fmt::write(&mut text, format_args!("{value}"));
-    Count::Malformed(Raw::of(text.as_bytes()))
+    Raw::of(text.as_bytes())
+}
+
+fn malformed(value: impl fmt::Display) -> Count {
+    Count::Malformed(rendered(value))
 }
 
 /// A count up to [`MAX_COUNT`]; a larger one is malformed.
@@ -163,6 +170,89 @@ impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
     }
 }
 
+/// A usage object (`usage`, `usageMetadata`) as the document gave it.
+#[derive(Debug, Default)]
+enum UsageField<T> {
+    /// Not in the document.
+    #[default]
+    Absent,
+    /// `null`: no usage reported (OpenAI's chunks before the last).
+    Null,
+    Object(T),
+    /// Anything else: a malformed usage (`7`, `"1000"`, `[...]`).
+    Other(Raw),
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for UsageField<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<UsageField<T>, D::Error> {
+        deserializer.deserialize_any(UsageFieldVisitor(core::marker::PhantomData))
+    }
+}
+
+struct UsageFieldVisitor<T>(core::marker::PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for UsageFieldVisitor<T> {
+    type Value = UsageField<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<UsageField<T>, A::Error> {
+        T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(UsageField::Object)
+    }
+
+    fn visit_unit<E>(self) -> Result<UsageField<T>, E> {
+        Ok(UsageField::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<UsageField<T>, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(UsageField::Other(Raw::of(b"[...]")))
+    }
+
+    fn visit_u64<E>(self, value: u64) -> Result<UsageField<T>, E> {
+        Ok(UsageField::Other(rendered(value)))
+    }
+
+    fn visit_i64<E>(self, value: i64) -> Result<UsageField<T>, E> {
+        Ok(UsageField::Other(rendered(value)))
+    }
+
+    fn visit_f64<E>(self, value: f64) -> Result<UsageField<T>, E> {
+        Ok(UsageField::Other(rendered(format_args!("{value:?}"))))
+    }
+
+    fn visit_bool<E>(self, value: bool) -> Result<UsageField<T>, E> {
+        Ok(UsageField::Other(rendered(value)))
+    }
+
+    fn visit_str<E>(self, value: &str) -> Result<UsageField<T>, E> {
+        Ok(UsageField::Other(rendered(format_args!("{value:?}"))))
+    }
+}
+
+impl<T> UsageField<T> {
+    /// Whether it says nothing: absent or `null`.
+    fn is_silent(&self) -> bool {
+        matches!(self, UsageField::Absent | UsageField::Null)
+    }
+
+    /// Its counts read into `counts` by `read`; a usage that is not an object is malformed.
+    /// Whether it carried usage.
+    fn read(&self, counts: &mut Counts, read: impl FnOnce(&T, &mut Counts) -> bool) -> bool {
+        match self {
+            UsageField::Object(usage) => read(usage, counts),
+            UsageField::Other(raw) => {
+                counts.reported = true;
+                counts.malformed.get_or_insert(Malformed::Figure(*raw));
+                false
+            }
+            UsageField::Absent | UsageField::Null => false,
+        }
+    }
+}
+
 /// OpenAI's usage: Chat Completions' names, or the Responses API's.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
@@ -205,14 +295,14 @@ struct GeminiUsage {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct OpenAiDocument {
-    usage: Object<OpenAiUsage>,
+    usage: UsageField<OpenAiUsage>,
     response: Object<OpenAiResponse>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct OpenAiResponse {
-    usage: Object<OpenAiUsage>,
+    usage: UsageField<OpenAiUsage>,
 }
 
 /// An Anthropic body or event: `usage`, and `message.usage` in `message_start`.
@@ -221,20 +311,20 @@ struct OpenAiResponse {
 struct AnthropicDocument<'a> {
     #[serde(rename = "type", borrow)]
     kind: Option<Cow<'a, str>>,
-    usage: Object<AnthropicUsage>,
+    usage: UsageField<AnthropicUsage>,
     message: Object<AnthropicMessage>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct AnthropicMessage {
-    usage: Object<AnthropicUsage>,
+    usage: UsageField<AnthropicUsage>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
 struct GeminiDocument {
-    usage_metadata: Object<GeminiUsage>,
+    usage_metadata: UsageField<GeminiUsage>,
 }
 
 impl Count {
@@ -276,7 +366,7 @@ fn take_or_null(
             false
         }
         Count::Malformed(raw) => {
-            counts.malformed.get_or_insert(raw);
+            counts.malformed.get_or_insert(Malformed::Figure(raw));
             false
         }
     }
@@ -326,96 +416,94 @@ impl GeminiUsage {
     }
 }
 
-fn parse<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Option<T> {
-    serde_json::from_slice(bytes).ok()
+fn parse<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, serde_json::Error> {
+    serde_json::from_slice(bytes)
 }
 
-/// One event's data (`event` its `event:` name): whether it carried usage.
+/// One event's data (`event` its `event:` name): whether it carried usage; an error when the
+/// data is not JSON its view reads (the caller decides whether it named a usage).
 pub(super) fn read_event(
     provider: Provider,
     event: &[u8],
     data: &[u8],
     counts: &mut Counts,
-) -> bool {
-    match provider {
-        Provider::OpenAi => parse::<OpenAiDocument>(data).is_some_and(|doc| doc.read(counts)),
-        Provider::Anthropic => parse::<AnthropicDocument>(data).is_some_and(|doc| {
+) -> Result<bool, serde_json::Error> {
+    Ok(match provider {
+        Provider::OpenAi => parse::<OpenAiDocument>(data)?.read(counts),
+        Provider::Anthropic => {
+            let doc = parse::<AnthropicDocument>(data)?;
             let start = doc.kind.as_deref() == Some("message_start") || event == b"message_start";
             doc.read(start, counts)
-        }),
-        Provider::Gemini => read_document(provider, data, counts),
-    }
+        }
+        Provider::Gemini => return read_document(provider, data, counts),
+    })
 }
 
-/// A whole JSON body: whether it carried usage.
-pub(super) fn read_document(provider: Provider, body: &[u8], counts: &mut Counts) -> bool {
-    match provider {
-        Provider::OpenAi => parse::<OpenAiDocument>(body)
-            .is_some_and(|doc| doc.usage.0.as_ref().is_some_and(|usage| usage.read(counts))),
-        Provider::Anthropic => parse::<AnthropicDocument>(body)
-            .is_some_and(|doc| doc.usage.0.as_ref().is_some_and(|usage| usage.read(counts))),
+/// A whole JSON body: whether it carried usage; an error when it is not JSON its view reads.
+pub(super) fn read_document(
+    provider: Provider,
+    body: &[u8],
+    counts: &mut Counts,
+) -> Result<bool, serde_json::Error> {
+    Ok(match provider {
+        Provider::OpenAi => parse::<OpenAiDocument>(body)?
+            .usage
+            .read(counts, OpenAiUsage::read),
+        Provider::Anthropic => parse::<AnthropicDocument>(body)?
+            .usage
+            .read(counts, AnthropicUsage::read),
         // One document, or (`streamGenerateContent` without `alt=sse`) an array of them.
         Provider::Gemini if body.trim_ascii_start().starts_with(b"[") => {
-            parse::<Vec<GeminiDocument>>(body).is_some_and(|docs| {
-                docs.iter()
-                    .fold(false, |found, doc| doc.read(counts) | found)
-            })
+            parse::<Vec<GeminiDocument>>(body)?
+                .iter()
+                .fold(false, |found, doc| doc.read(counts) | found)
         }
-        Provider::Gemini => parse::<GeminiDocument>(body).is_some_and(|doc| doc.read(counts)),
-    }
+        Provider::Gemini => parse::<GeminiDocument>(body)?.read(counts),
+    })
 }
 
 /// The provider's usage object at the start of `bytes` (what follows its key's colon, in the
-/// kept tail of a body or event too long to keep whole): whether it carried usage. Bytes
-/// after the object do not matter.
-pub(super) fn read_usage_object(provider: Provider, bytes: &[u8], counts: &mut Counts) -> bool {
-    fn first<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Option<T> {
-        let mut values = serde_json::Deserializer::from_slice(bytes).into_iter::<Object<T>>();
-        values.next()?.ok()?.0
+/// kept tail of a body or event too long to keep whole): whether it carried usage; an error
+/// when it is not JSON its view reads. Bytes after the object do not matter.
+pub(super) fn read_usage_object(
+    provider: Provider,
+    bytes: &[u8],
+    counts: &mut Counts,
+) -> Result<bool, serde_json::Error> {
+    fn first<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<UsageField<T>, serde_json::Error> {
+        let mut values = serde_json::Deserializer::from_slice(bytes).into_iter::<UsageField<T>>();
+        values.next().unwrap_or(Ok(UsageField::Absent))
     }
-    match provider {
-        Provider::OpenAi => first::<OpenAiUsage>(bytes).is_some_and(|usage| usage.read(counts)),
-        Provider::Anthropic => {
-            first::<AnthropicUsage>(bytes).is_some_and(|usage| usage.read(counts))
-        }
-        Provider::Gemini => first::<GeminiUsage>(bytes).is_some_and(|usage| usage.read(counts)),
-    }
+    Ok(match provider {
+        Provider::OpenAi => first::<OpenAiUsage>(bytes)?.read(counts, OpenAiUsage::read),
+        Provider::Anthropic => first::<AnthropicUsage>(bytes)?.read(counts, AnthropicUsage::read),
+        Provider::Gemini => first::<GeminiUsage>(bytes)?.read(counts, GeminiUsage::read),
+    })
 }
 
 impl OpenAiDocument {
     /// Responses API: `response.completed` (and `.incomplete`, `.failed`) carries
     /// `response.usage`; Chat Completions: the last chunk's `usage`.
     fn read(&self, counts: &mut Counts) -> bool {
-        if let Some(usage) = self.response.0.as_ref().and_then(|r| r.usage.0.as_ref()) {
-            return usage.read(counts);
+        match self.response.0.as_ref().map(|response| &response.usage) {
+            Some(usage) if !usage.is_silent() => usage.read(counts, OpenAiUsage::read),
+            _ => self.usage.read(counts, OpenAiUsage::read),
         }
-        self.usage
-            .0
-            .as_ref()
-            .is_some_and(|usage| usage.read(counts))
     }
 }
 
 impl AnthropicDocument<'_> {
     fn read(&self, start: bool, counts: &mut Counts) -> bool {
-        if start {
-            if let Some(usage) = self.message.0.as_ref().and_then(|m| m.usage.0.as_ref()) {
-                return usage.read(counts);
-            }
+        match self.message.0.as_ref().map(|message| &message.usage) {
+            Some(usage) if start && !usage.is_silent() => usage.read(counts, AnthropicUsage::read),
+            _ => self.usage.read(counts, AnthropicUsage::read),
         }
-        self.usage
-            .0
-            .as_ref()
-            .is_some_and(|usage| usage.read(counts))
     }
 }
 
 impl GeminiDocument {
     fn read(&self, counts: &mut Counts) -> bool {
-        self.usage_metadata
-            .0
-            .as_ref()
-            .is_some_and(|usage| usage.read(counts))
+        self.usage_metadata.read(counts, GeminiUsage::read)
     }
 }
 

@@ -12,7 +12,7 @@
 //!   the response names (`prices=`).
 
 mod counts;
-pub use counts::{Raw, MAX_COUNT};
+pub use counts::{Malformed, Raw, MAX_COUNT};
 mod json;
 pub mod model;
 pub mod openai;
@@ -22,9 +22,11 @@ pub mod request;
 pub mod settle;
 mod sse;
 
+use crate::api_key::Api;
 use crate::policy::{parse_integer, SpecError};
 
-/// Whose response body the built-in reader understands.
+/// Whose response body the built-in reader understands (`usage=azure` reads OpenAI's: Azure
+/// OpenAI answers in its shapes; what sets it apart is its credential, [`UsageSpec::api`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Provider {
     /// OpenAI Chat Completions and the Responses API (and OpenAI-compatible servers).
@@ -211,6 +213,9 @@ pub struct Usage {
 pub struct UsageSpec {
     /// `usage=`
     pub source: UsageSource,
+    /// The API `usage=` names (`None` for a `$variable`): where `$rate_limit_api_key` reads
+    /// the caller's credential in the line's location.
+    pub api: Option<Api>,
     /// `reserve=`: charged at the door (default 1).
     pub reserve: Amount,
     /// `debt=N`: how many tokens a key may owe after a settlement; `None`: the bucket's
@@ -239,6 +244,7 @@ pub const USAGE_PARAMETERS: &[&str] = &[
 #[derive(Default)]
 pub(crate) struct UsageWords<'a> {
     source: Option<UsageSource>,
+    api: Option<Api>,
     reserve: Option<Amount>,
     debt: Option<u64>,
     on_missing: Option<OnMissing>,
@@ -254,14 +260,16 @@ impl<'a> UsageWords<'a> {
         let (name, value) = word.split_once('=').unwrap_or((word, ""));
         match name {
             "usage" => {
-                self.source = Some(match value {
-                    "openai" => UsageSource::Reader(Provider::OpenAi),
-                    "anthropic" => UsageSource::Reader(Provider::Anthropic),
-                    "gemini" => UsageSource::Reader(Provider::Gemini),
-                    _ => UsageSource::Variable(variable_name(value).ok_or_else(|| {
+                let api = Api::ALL.into_iter().find(|api| api.as_str() == value);
+                self.api = api;
+                self.source = Some(match api {
+                    Some(Api::OpenAi | Api::Azure) => UsageSource::Reader(Provider::OpenAi),
+                    Some(Api::Anthropic) => UsageSource::Reader(Provider::Anthropic),
+                    Some(Api::Gemini) => UsageSource::Reader(Provider::Gemini),
+                    None => UsageSource::Variable(variable_name(value).ok_or_else(|| {
                         SpecError::InvalidValue(format!(
                             "invalid usage value \"{word}\": it must be openai, anthropic, \
-                             gemini or a $variable"
+                             gemini, azure or a $variable"
                         ))
                     })?),
                 });
@@ -329,7 +337,7 @@ impl<'a> UsageWords<'a> {
             if let Some(word) = self.needs_usage {
                 let name = word.split('=').next().unwrap_or(word);
                 return Err(SpecError::Conflict(format!(
-                    "\"{name}\" needs \"usage\": usage=openai|anthropic|gemini|$variable says \
+                    "\"{name}\" needs \"usage\": usage=openai|anthropic|gemini|azure|$variable says \
                      where the cost known after the response comes from"
                 )));
             }
@@ -343,14 +351,14 @@ impl<'a> UsageWords<'a> {
         }
         if let (UsageSource::Variable(name), Some(_)) = (&source, self.weights) {
             return Err(SpecError::Conflict(format!(
-                "\"usage_weights\" apply to a built-in reader (openai, anthropic, gemini): the \
+                "\"usage_weights\" apply to a built-in reader (openai, anthropic, gemini, azure): the \
                  value of \"${name}\" is the cost itself"
             )));
         }
         if let Some(prices) = self.prices {
             if let UsageSource::Variable(name) = &source {
                 return Err(SpecError::Conflict(format!(
-                    "\"prices\" apply to a built-in reader (openai, anthropic, gemini): the \
+                    "\"prices\" apply to a built-in reader (openai, anthropic, gemini, azure): the \
                      value of \"${name}\" is the cost itself"
                 )));
             }
@@ -363,6 +371,7 @@ impl<'a> UsageWords<'a> {
         }
         Ok(Some(UsageSpec {
             source,
+            api: self.api,
             reserve: self.reserve.unwrap_or(Amount::Fixed(1)),
             debt: self.debt,
             on_missing: self.on_missing.unwrap_or_default(),

@@ -107,7 +107,7 @@ impl PriceTable {
 
     /// The prices of `model`: the line naming it exactly, else the line whose name is its
     /// longest prefix (`gpt-4o` for `gpt-4o-2024-08-06`), else `default`; `None` when none
-    /// applies (the caller keeps the reservation and logs the model).
+    /// applies ([`PriceTable::price_for`] then charges the table's highest prices).
     ///
     /// ```
     /// use ratelimit_core::usage::prices::PriceTable;
@@ -121,6 +121,77 @@ impl PriceTable {
     /// assert_eq!(output("claude-sonnet-4"), None);
     /// ```
     pub fn prices(&self, model: &str) -> Option<Weights> {
+        self.named(model).or(self.default)
+    }
+}
+
+impl PriceTable {
+    /// The highest price of each kind of token over the table's lines (`default` included):
+    /// what a model the table does not price costs, so that it is never nearly free.
+    ///
+    /// ```
+    /// use ratelimit_core::usage::prices::PriceTable;
+    ///
+    /// let mut table = PriceTable::default();
+    /// table.add_line(&["big", "input=10", "output=30", "cached=1"]).unwrap();
+    /// table.add_line(&["odd", "input=15", "output=1"]).unwrap();
+    /// let highest = table.highest();
+    /// assert_eq!((highest.input_milli, highest.output_milli, highest.cached_milli), (15_000, 30_000, 15_000));
+    /// ```
+    pub fn highest(&self) -> Weights {
+        let lines = self
+            .models
+            .iter()
+            .map(|price| price.weights)
+            .chain(self.default);
+        lines.fold(
+            Weights {
+                input_milli: 0,
+                output_milli: 0,
+                cached_milli: 0,
+            },
+            |top, line| Weights {
+                input_milli: top.input_milli.max(line.input_milli),
+                output_milli: top.output_milli.max(line.output_milli),
+                cached_milli: top.cached_milli.max(line.cached_milli),
+            },
+        )
+    }
+
+    /// The prices a request is charged at, and whether the table prices its model: the
+    /// model the response names, matched exactly or by prefix, else the one the request
+    /// named, else `default`, else (`false`) the table's [`PriceTable::highest`], so that a
+    /// model it does not price is never nearly free.
+    ///
+    /// ```
+    /// use ratelimit_core::usage::prices::PriceTable;
+    ///
+    /// let mut table = PriceTable::default();
+    /// table.add_line(&["big", "input=10", "output=30"]).unwrap();
+    /// table.add_line(&["small", "input=0.5", "output=1.5"]).unwrap();
+    /// let output = |response, request| {
+    ///     let (weights, priced) = table.price_for(response, request);
+    ///     (weights.output_milli, priced)
+    /// };
+    /// assert_eq!(output(Some("small-2025"), Some("big")), (1_500, true));
+    /// assert_eq!(output(Some("mystery"), Some("small")), (1_500, true));
+    /// assert_eq!(output(None, Some("mystery")), (30_000, false));
+    /// assert_eq!(output(None, None), (30_000, false));
+    /// ```
+    pub fn price_for(&self, response: Option<&str>, request: Option<&str>) -> (Weights, bool) {
+        let named = [response, request]
+            .into_iter()
+            .flatten()
+            .find_map(|model| self.named(model))
+            .or(self.default);
+        match named {
+            Some(weights) => (weights, true),
+            None => (self.highest(), false),
+        }
+    }
+
+    /// The line naming `model` exactly, else the one whose name is its longest prefix.
+    fn named(&self, model: &str) -> Option<Weights> {
         if let Some(exact) = self.models.iter().find(|price| price.model == model) {
             return Some(exact.weights);
         }
@@ -129,7 +200,6 @@ impl PriceTable {
             .filter(|price| model.starts_with(price.model.as_str()))
             .max_by_key(|price| price.model.len())
             .map(|price| price.weights)
-            .or(self.default)
     }
 }
 

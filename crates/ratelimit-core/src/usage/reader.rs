@@ -24,7 +24,7 @@ use std::sync::OnceLock;
 
 use memchr::memmem::Finder;
 
-use super::counts::{Capped, Counts, Raw};
+use super::counts::{Capped, Counts, Malformed, Raw};
 use super::json;
 use super::sse::EventStream;
 use super::{Provider, Usage};
@@ -38,12 +38,30 @@ pub const TAIL_MAX: usize = 64 << 10;
 
 /// Read the provider's usage from `kept`: the whole document (`event`: the event's name,
 /// for an event's data) when it was kept whole; else the usage object found nearest the end
-/// of the tail, under its key. Whether it carried usage.
+/// of the tail, under its key. Whether it carried usage. A document that names a usage (not
+/// `null`) but is not JSON the provider's view reads (a key twice, a number out of range,
+/// `NaN`) makes the usage malformed; one that ends before its JSON does (a body cut short)
+/// carried none.
 fn read_kept(kept: &Capped, provider: Provider, event: Option<&[u8]>, counts: &mut Counts) -> bool {
+    let unreadable = |error: serde_json::Error, counts: &mut Counts| {
+        counts.reported = true;
+        counts
+            .malformed
+            .get_or_insert(Malformed::unreadable(&error));
+        false
+    };
     if !kept.is_truncated() {
-        return match event {
+        let read = match event {
             Some(event) => json::read_event(provider, event, kept.bytes(), counts),
             None => json::read_document(provider, kept.bytes(), counts),
+        };
+        return match read {
+            Ok(found) => found,
+            Err(error) if error.is_eof() => false,
+            Err(error) => {
+                let names_usage = !usage_only_null(kept.bytes(), usage_finder(provider), is_blank);
+                names_usage && unreadable(error, counts)
+            }
         };
     }
     let key = usage_key(provider);
@@ -56,12 +74,20 @@ fn read_kept(kept: &Capped, provider: Provider, event: Option<&[u8]>, counts: &m
             continue;
         };
         // The nearest object that carries counts (an earlier one may, when the last is
-        // cut or empty).
-        if json::read_usage_object(provider, trim_start(rest), counts) {
-            return true;
+        // `null` or cut).
+        match json::read_usage_object(provider, trim_start(rest), counts) {
+            Ok(true) => return true,
+            Ok(false) => {}
+            Err(error) if error.is_eof() => {}
+            Err(error) => return unreadable(error, counts),
         }
     }
     false
+}
+
+/// Any JSON blank.
+fn is_blank(byte: u8) -> bool {
+    byte.is_ascii_whitespace()
 }
 
 /// When a model is looked for (`Some(None)`) and `kept` was kept whole, the model it names.
@@ -243,8 +269,9 @@ pub enum Reported {
     /// Counts, every one valid.
     Usage(Usage),
     /// A usage with a figure that is not an integer from 0 to 2^53 (the first such figure),
-    /// or a usage object with no count at all (`null` figures, or none): no usage.
-    Malformed(Raw),
+    /// a usage object with no count at all (`null` figures, or none), or a document naming a
+    /// usage that cannot be read: no usage to charge.
+    Malformed(Malformed),
     /// No usage object.
     Nothing,
 }
@@ -396,15 +423,15 @@ impl Reader {
 
     /// What the body reported so far.
     pub fn reported(&self) -> Reported {
-        if let Some(raw) = self.counts.malformed {
-            return Reported::Malformed(raw);
+        if let Some(malformed) = self.counts.malformed {
+            return Reported::Malformed(malformed);
         }
         if self.found {
             return Reported::Usage(self.normalised());
         }
         if self.counts.reported {
             let raw: &[u8] = if self.counts.null { b"null" } else { b"{}" };
-            return Reported::Malformed(Raw::of(raw));
+            return Reported::Malformed(Malformed::Figure(Raw::of(raw)));
         }
         Reported::Nothing
     }
@@ -684,11 +711,32 @@ mod tests {
             (OpenAi, r#"{"usage":{}}"#.into(), malformed("{}")),
             (OpenAi, r#"{"usage":{"prompt_tokens":null,"completion_tokens":0,"total_tokens":0}}"#.into(), malformed("null")),
             (Anthropic, r#"{"usage":{"input_tokens":null,"cache_read_input_tokens":null}}"#.into(), malformed("null")),
-            (OpenAi, format!(r#"{{"usage":{{"total_tokens":"{}"}}}}"#, "x".repeat(100)), Reported::Malformed(Raw::of(format!("\"{}", "x".repeat(100)).as_bytes()))),
+            (OpenAi, format!(r#"{{"usage":{{"total_tokens":"{}"}}}}"#, "x".repeat(100)), Reported::Malformed(Malformed::Figure(Raw::of(format!("\"{}", "x".repeat(100)).as_bytes())))),
             (OpenAi, r#"{"usage":{"total_tokens":9007199254740992}}"#.into(), Reported::Usage(Usage { prompt_tokens: 0, completion_tokens: 0, cached_tokens: 0, total_tokens: 1 << 53 })),
             (OpenAi, r#"{"usage":null}"#.into(), Reported::Nothing),
             (Gemini, r#"{"usageMetadata":{"promptTokenCount":2,"candidatesTokenCount":-1}}"#.into(), malformed("-1")),
             (Anthropic, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":-15}}\n\n".into(), malformed("-15")),
+            // Hostile documents: a key twice (a JSON reader that keeps the last one would read
+            // another usage), numbers no reader holds, a usage that is not an object.
+            (OpenAi, r#"{"usage":{"prompt_tokens":5,"completion_tokens":0,"completion_tokens":900}}"#.into(), unreadable("duplicate field `completion_tokens`")),
+            (OpenAi, r#"{"usage":{"total_tokens":0},"usage":{"total_tokens":900}}"#.into(), unreadable("duplicate field `usage`")),
+            (OpenAi, r#"{"usage":{"total_tokens":1e400}}"#.into(), unreadable("number out of range")),
+            (OpenAi, r#"{"usage":{"total_tokens":NaN}}"#.into(), unreadable("expected value")),
+            (Anthropic, r#"{"type":"message","type":"x","usage":{"input_tokens":1,"output_tokens":2}}"#.into(), unreadable("duplicate field `type`")),
+            (Gemini, r#"[{"usageMetadata":{"promptTokenCount":1}},{"usageMetadata":{"promptTokenCount":1,"promptTokenCount":2}}]"#.into(), unreadable("duplicate field `promptTokenCount`")),
+            (OpenAi, r#"{"usage":7}"#.into(), malformed("7")),
+            (OpenAi, r#"{"usage":"1000"}"#.into(), malformed("\"1000\"")),
+            (OpenAi, r#"{"usage":[1000]}"#.into(), malformed("[...]")),
+            (Gemini, r#"{"usageMetadata":true}"#.into(), malformed("true")),
+            (OpenAi, "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":-1}}\n\n".into(), malformed("-1")),
+            (OpenAi, "data: {\"choices\":[],\"usage\":{\"total_tokens\":1,\"total_tokens\":9}}\n\ndata: [DONE]\n\n".into(), unreadable("duplicate field `total_tokens`")),
+            (OpenAi, "data: {\"choices\":[],\"usage\":null,\"usage\":{\"total_tokens\":9}}\n\n".into(), unreadable("duplicate field `usage`")),
+            // Not a usage: other keys twice, a body that is not JSON, one cut short, `null`.
+            (OpenAi, r#"{"id":"a","id":"b","usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}"#.into(), Reported::Usage(Usage { prompt_tokens: 1, completion_tokens: 2, cached_tokens: 0, total_tokens: 3 })),
+            (OpenAi, "<html>502 Bad Gateway</html>".into(), Reported::Nothing),
+            (OpenAi, r#"{"usage":{"prompt_tokens":1,"comp"#.into(), Reported::Nothing),
+            (OpenAi, r#"{"usage":null,"x":NaN}"#.into(), Reported::Nothing),
+            (OpenAi, r#"{"error":{"message":"the \"usage\": field","x":1e400}}"#.into(), Reported::Nothing),
             // Anthropic's message_delta may say `null` for the input counts it does not repeat.
             (Anthropic, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":null,\"output_tokens\":15}}\n\n".into(), Reported::Usage(Usage { prompt_tokens: 25, completion_tokens: 15, cached_tokens: 0, total_tokens: 40 })),
         ];
@@ -706,7 +754,11 @@ mod tests {
     }
 
     fn malformed(text: &str) -> Reported {
-        Reported::Malformed(Raw::of(text.as_bytes()))
+        Reported::Malformed(Malformed::Figure(Raw::of(text.as_bytes())))
+    }
+
+    fn unreadable(text: &str) -> Reported {
+        Reported::Malformed(Malformed::Unreadable(Raw::of(text.as_bytes())))
     }
 
     #[test]

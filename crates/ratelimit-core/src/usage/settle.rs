@@ -3,14 +3,15 @@
 //! `T` nanoseconds.
 //!
 //! At the door a request is charged its reservation `R` like a request of cost `R`. After the
-//! response it owes `U` (the usage found, or what [`charged_tokens`] says when none was):
+//! response it owes `U` (the usage found, or what [`owed`] says when none was, or a malformed
+//! one):
 //! `U < R` gives back `R - U` (the same arithmetic as `uncommit`), `U > R` charges `U - R`
 //! more without asking whether it fits ([`charge_into_debt`]): the key may then be past its
 //! capacity, in debt, by at most `debt` tokens (what goes beyond is forgiven). While in debt
 //! every request is refused by the bucket's own arithmetic, whose wait (`retry_after_ns`) is
 //! then the time the debt takes to be repaid plus the time for the next reservation.
 
-use crate::usage::OnMissing;
+use crate::usage::{OnMissing, Usage};
 use crate::{Algorithm, Policy};
 
 /// The two numbers of a bucket that settling needs.
@@ -124,8 +125,83 @@ pub enum End {
     Cut,
 }
 
-/// The tokens a request owes, from the usage found (its weighted cost, or the variable's
-/// value) and how the response ended:
+/// What a line found of its request's usage when the request ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Report {
+    /// A usage, and its cost (weighted or priced).
+    Usage(u64),
+    /// No usage: none in the body (`/v1/models`, an error), a body that could not be read,
+    /// an empty variable.
+    Missing {
+        /// `on_missing=estimate`'s figure, when there is one.
+        estimate: Option<u64>,
+    },
+    /// A usage that is malformed (a figure that is not a count, a document that cannot be
+    /// read): the upstream reported something, nothing says how much.
+    Malformed {
+        /// The most the request could have cost, when its body said ([`request_bound`], at
+        /// the line's weights or prices).
+        bound: Option<u64>,
+    },
+}
+
+/// The tokens a request owes, from what its line found and how the response ended:
+///
+/// | found | end | `refund` (default) | `keep` | `estimate` |
+/// |---|---|---|---|---|
+/// | usage `U` | complete | `U` | `U` | `U` |
+/// | usage `U` | cut | `max(U, R)` | `max(U, R)` | `max(U, R)` |
+/// | none | complete | 0 | `R` | the estimate `E`, 0 without one |
+/// | none | cut | `R` | `R` | `max(E, R)` |
+/// | malformed | any | `max(B, R)` | `max(B, R)` | `max(B, R)` |
+///
+/// `B` is the request's bound (`R` alone when it is not known): a malformed usage is never
+/// settled below what the request was reserved, whatever `on_missing` says, since a broken or
+/// hostile upstream must not make a request free.
+///
+/// ```
+/// use ratelimit_core::usage::settle::{owed, End, Report};
+/// use ratelimit_core::usage::OnMissing;
+///
+/// let malformed = Report::Malformed { bound: Some(1200) };
+/// assert_eq!(owed(100, malformed, End::Complete, OnMissing::Refund), 1200);
+/// let missing = Report::Missing { estimate: None };
+/// assert_eq!(owed(100, missing, End::Complete, OnMissing::Refund), 0);
+/// ```
+pub fn owed(reserved: u64, report: Report, end: End, on_missing: OnMissing) -> u64 {
+    match report {
+        Report::Usage(cost) => charged_tokens(reserved, Some(cost), end, on_missing),
+        Report::Missing { estimate } => {
+            let estimate = estimate.filter(|_| on_missing == OnMissing::Estimate);
+            charged_tokens(reserved, estimate, end, on_missing)
+        }
+        Report::Malformed { bound } => bound.unwrap_or(0).max(reserved),
+    }
+}
+
+/// The most a request may use as its body says, as `reserve=auto` reads it: `reservation`
+/// tokens ([`crate::usage::request::RequestFacts::reservation`]), of which `prompt_estimate`
+/// are its prompt's (input) and the rest its output ceiling.
+///
+/// ```
+/// use ratelimit_core::usage::settle::request_bound;
+///
+/// let bound = request_bound(1_021, 21);
+/// assert_eq!((bound.prompt_tokens, bound.completion_tokens, bound.total_tokens), (21, 1_000, 1_021));
+/// ```
+pub fn request_bound(reservation: u64, prompt_estimate: u64) -> Usage {
+    let prompt = prompt_estimate.min(reservation);
+    Usage {
+        prompt_tokens: prompt,
+        completion_tokens: reservation - prompt,
+        cached_tokens: 0,
+        total_tokens: reservation,
+    }
+}
+
+/// The tokens a request owes, from the usage found (its weighted cost, the variable's value,
+/// or `on_missing=estimate`'s estimate) and how the response ended, when the usage is not
+/// malformed ([`owed`]):
 ///
 /// | usage found | end | owed |
 /// |---|---|---|
@@ -220,6 +296,54 @@ mod tests {
                 "{reserved} {found:?} {end:?} {on_missing:?}"
             );
         }
+    }
+
+    /// [`owed`]'s table: every report, end and `on_missing`, with `R` = 100, `U` = 40,
+    /// `E` = 70 and `B` = 1200 (a malformed usage is never settled below `R`, nor at 0).
+    #[test]
+    fn owed_table() {
+        use OnMissing::{Estimate, Keep, Refund};
+        let usage = Report::Usage(40);
+        let missing = Report::Missing { estimate: Some(70) };
+        let silent = Report::Missing { estimate: None };
+        let malformed = Report::Malformed { bound: Some(1200) };
+        let small = Report::Malformed { bound: Some(30) };
+        let unknown = Report::Malformed { bound: None };
+        #[rustfmt::skip]
+        let rows: &[(Report, End, [u64; 3])] = &[
+            // report, end, owed with refund, keep, estimate
+            (usage,     End::Complete, [40, 40, 40]),
+            (usage,     End::Cut,      [100, 100, 100]),
+            (missing,   End::Complete, [0, 100, 70]),
+            (silent,    End::Complete, [0, 100, 0]),
+            (missing,   End::Cut,      [100, 100, 100]),
+            (Report::Missing { estimate: Some(700) }, End::Cut, [100, 100, 700]),
+            (malformed, End::Complete, [1200, 1200, 1200]),
+            (malformed, End::Cut,      [1200, 1200, 1200]),
+            (small,     End::Complete, [100, 100, 100]),
+            (unknown,   End::Complete, [100, 100, 100]),
+        ];
+        for &(report, end, expected) in rows {
+            for (on_missing, expected) in [Refund, Keep, Estimate].into_iter().zip(expected) {
+                assert_eq!(
+                    owed(100, report, end, on_missing),
+                    expected,
+                    "{report:?} {end:?} {on_missing:?}"
+                );
+            }
+        }
+        assert_eq!(
+            owed(
+                100,
+                Report::Malformed {
+                    bound: Some(u64::MAX)
+                },
+                End::Cut,
+                Refund
+            ),
+            u64::MAX
+        );
+        assert_eq!(request_bound(10, 50).completion_tokens, 0);
     }
 
     /// `(now s, event, outcome, retry_after s, debt after)`: a token bucket of 60 tokens a
