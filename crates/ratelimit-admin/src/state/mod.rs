@@ -382,7 +382,9 @@ mod tests {
         let mut state = sample();
         let zone = state.zones.get_mut("monthly").unwrap();
         let quota = zone.quota.as_mut().unwrap();
-        quota.words = (0..200u64).map(|n| (n * 2 + 1, 7 << 54 | n + 1)).collect();
+        quota.words = (0..200u64)
+            .map(|n| (n * 2 + 1, (7 << 54) | (n + 1)))
+            .collect();
         zone.overrides = (0..100u8)
             .map(|n| (vec![b'k', n], Limits::quota(u64::from(n) + 1)))
             .collect();
