@@ -62,6 +62,18 @@ fn save(conf: &str, changes: &[(&str, &str, &str)]) -> Vec<(String, (Value, Valu
     zones
 }
 
+/// Every line's end, and the middle of every line.
+fn cuts(text: &str) -> Vec<usize> {
+    let mut cuts = Vec::new();
+    let mut at = 0;
+    for line in text.split_inclusive('\n') {
+        cuts.push(at + line.len() / 2);
+        at += line.len();
+        cuts.push(at);
+    }
+    cuts
+}
+
 #[test]
 fn a_file_cut_anywhere_restores_its_intact_zones_and_names_the_others() {
     let dir = temp_dir();
@@ -104,14 +116,7 @@ fn a_file_cut_anywhere_restores_its_intact_zones_and_names_the_others() {
         .collect();
     nginx.stop();
     assert_ne!(older, newer);
-    // Every line boundary after the header, and the middle of every line.
-    let mut cuts = Vec::new();
-    let mut at = 0;
-    for line in text.split_inclusive('\n') {
-        cuts.push(at + line.len() / 2);
-        at += line.len();
-        cuts.push(at);
-    }
+    let cuts = cuts(&text);
     let mut outcomes = (0, 0, 0);
     for with_prev in [false, true] {
         for &cut in &cuts {
