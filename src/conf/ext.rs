@@ -111,3 +111,26 @@ impl ConfExt for ngx_conf_t {
         }
     }
 }
+
+/// The module of the cycle being configured named `name` (`c"ngx_http_proxy_module"`), when
+/// this nginx has it: a build may leave any module out.
+pub fn module_named(
+    cf: &ngx_conf_t,
+    name: &core::ffi::CStr,
+) -> Option<&'static ngx::ffi::ngx_module_t> {
+    // SAFETY: the cycle being configured and its module table (`modules_n` entries) are live
+    // while the configuration is read (and its modules as long as the cycle).
+    let modules = unsafe {
+        let cycle = cf.cycle.as_ref()?;
+        if cycle.modules.is_null() {
+            return None;
+        }
+        core::slice::from_raw_parts(cycle.modules, cycle.modules_n)
+    };
+    modules.iter().find_map(|&module| {
+        // SAFETY: each entry is a registered module; its `name` is a NUL-terminated string.
+        let module = unsafe { module.as_ref()? };
+        // SAFETY: as above.
+        (unsafe { core::ffi::CStr::from_ptr(module.name) } == name).then_some(module)
+    })
+}

@@ -6,7 +6,7 @@
 //! Only an unconditional `return` that comes first is certain: one after `set`, inside `if`,
 //! or a `rewrite ... redirect` may or may not answer a given request, and is not warned about.
 
-use core::ffi::{c_void, CStr};
+use core::ffi::c_void;
 
 use ngx::ffi::{
     ngx_array_t, ngx_conf_t, ngx_http_conf_ctx_t, ngx_http_core_srv_conf_t,
@@ -45,21 +45,7 @@ impl LimitedPlace {
 
 /// The rewrite module's index among http modules, found by name: a build may leave it out.
 fn rewrite_index(cf: &ngx_conf_t) -> Option<usize> {
-    // SAFETY: the cycle being configured and its module table (`modules_n` entries) are live
-    // while the configuration is read.
-    let modules = unsafe {
-        let cycle = cf.cycle.as_ref()?;
-        if cycle.modules.is_null() {
-            return None;
-        }
-        core::slice::from_raw_parts(cycle.modules, cycle.modules_n)
-    };
-    modules.iter().find_map(|&module| {
-        // SAFETY: each entry is a registered module; `name` is a NUL-terminated string.
-        let module = unsafe { module.as_ref()? };
-        let name = unsafe { CStr::from_ptr(module.name) };
-        (name == c"ngx_http_rewrite_module").then_some(module.ctx_index)
-    })
+    super::ext::module_named(cf, c"ngx_http_rewrite_module").map(|module| module.ctx_index)
 }
 
 /// Whether the rewrite instructions of a level (its `loc_conf` array) start with `return`.

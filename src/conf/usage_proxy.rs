@@ -16,10 +16,10 @@
 //! when the configuration's temporary pool is destroyed (a configuration that fails), so
 //! nginx's command table never points into this module once a cycle is configured.
 
-use core::ffi::{c_char, c_void, CStr};
+use core::ffi::{c_char, c_void};
 use std::sync::Mutex;
 
-use ngx::ffi::{ngx_command_t, ngx_conf_t, ngx_module_t, ngx_pool_cleanup_add, NGX_LOG_WARN};
+use ngx::ffi::{ngx_command_t, ngx_conf_t, ngx_pool_cleanup_add, NGX_LOG_WARN};
 use ngx::http::HttpModuleLocationConf;
 use ngx::ngx_log_error;
 
@@ -85,22 +85,8 @@ fn original(index: usize) -> Option<SetFn> {
 
 /// The proxy module's command table, when this nginx has the proxy module.
 fn proxy_commands(cf: &ngx_conf_t) -> Option<*mut ngx_command_t> {
-    // SAFETY: the cycle being configured and its module table (`modules_n` entries) are live
-    // while the configuration is read.
-    let modules = unsafe {
-        let cycle = cf.cycle.as_ref()?;
-        if cycle.modules.is_null() {
-            return None;
-        }
-        core::slice::from_raw_parts(cycle.modules, cycle.modules_n)
-    };
-    modules.iter().find_map(|&module| {
-        // SAFETY: each entry is a registered module of the cycle.
-        let module: &ngx_module_t = unsafe { module.as_ref()? };
-        // SAFETY: a registered module's `name` is a NUL-terminated string.
-        let name = unsafe { CStr::from_ptr(module.name) };
-        (name == c"ngx_http_proxy_module" && !module.commands.is_null()).then_some(module.commands)
-    })
+    let module = super::ext::module_named(cf, c"ngx_http_proxy_module")?;
+    (!module.commands.is_null()).then_some(module.commands)
 }
 
 /// Each command of `commands` (up to the terminating one with an empty name) that is one of
