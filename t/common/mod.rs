@@ -25,7 +25,6 @@ pub mod llm;
 pub mod nginx;
 pub mod redis;
 pub mod skip;
-pub mod state_file;
 pub mod timeline;
 pub mod upstream;
 pub mod workers;
