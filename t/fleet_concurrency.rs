@@ -27,6 +27,11 @@ const HOLD: Duration = Duration::from_millis(500);
 const INTERVAL_MS: u64 = 100;
 
 fn instance(redis_port: u16, upstream_port: u16) -> Nginx {
+    instance_of(&format!("redis://127.0.0.1:{redis_port}"), upstream_port)
+}
+
+/// An instance of the fleet synced through `url` (`redis://…`, `redis-sentinel://…`).
+fn instance_of(url: &str, upstream_port: u16) -> Nginx {
     Nginx::start(&format!(
         r#"
 load_module %%MODULE%%;
@@ -35,7 +40,7 @@ error_log logs/error.log info;
 events {{ worker_connections 1024; }}
 http {{
     access_log off;
-    rate_limit_sync redis://127.0.0.1:{redis_port} interval={INTERVAL_MS}ms;
+    rate_limit_sync {url} interval={INTERVAL_MS}ms;
     rate_limit_zone $http_x_key zone=api:1m algorithm=concurrency limit={LIMIT} queue=100
                     queue_timeout=60s sync;
     server {{
@@ -415,10 +420,24 @@ fn local_share_when_redis_stops() {
 /// during the test and Redis's clock does not matter.
 #[test]
 fn the_lease_script_is_serve() {
-    use ratelimit_core::lease::{serve, LeaseReply, LeaseRequest, SERVE_SCRIPT};
+    let redis = Redis::start();
+    script_is_serve(&redis, false);
+    // With the key of when the server's records began (not on Cluster): new, so no lease
+    // grows for 800 s here, in the script as in `serve_since`.
+    script_is_serve(&redis, true);
+}
+
+fn script_is_serve(redis: &Redis, with_since: bool) {
+    use ratelimit_core::lease::{serve, serve_since, LeaseReply, LeaseRequest, SERVE_SCRIPT};
     use std::collections::BTreeMap;
 
-    let redis = Redis::start();
+    let mut since = None;
+    let hash = format!("rl:z:lease:{}", u8::from(with_since));
+    let keys: Vec<&str> = if with_since {
+        vec!["2", &hash, "rl:lease:since"]
+    } else {
+        vec!["1", &hash]
+    };
     let ttl_ms = 600_000u64;
     let mut holders = BTreeMap::new();
     let mut seqs = [0u64; 3];
@@ -441,31 +460,42 @@ fn the_lease_script_is_serve() {
             seq: seqs[at] - if next(10) == 0 { 1 } else { 0 },
             keep: next(14) as u32,
             want: next(16) as u32,
+            in_use: next(15) as u32,
+            grow: next(4) != 0,
         };
-        let expected = serve(&mut holders, limit, &request, 0, ttl_ms);
-        let reply = redis.cli(&[
-            "EVAL",
-            SERVE_SCRIPT,
-            "1",
-            "rl:z:lease:1",
-            &format!("{:016x}", request.instance),
-            &request.seq.to_string(),
-            &request.keep.to_string(),
-            &request.want.to_string(),
-            &limit.to_string(),
-            &ttl_ms.to_string(),
-        ]);
+        let expected = if with_since {
+            serve_since(&mut since, &mut holders, limit, &request, 0, ttl_ms)
+        } else {
+            serve(&mut holders, limit, &request, 0, ttl_ms)
+        };
+        let numbers = [
+            request.seq,
+            u64::from(request.keep),
+            u64::from(request.want),
+            u64::from(limit),
+            ttl_ms,
+            u64::from(request.in_use),
+            u64::from(request.grow),
+        ]
+        .map(|number| number.to_string());
+        let instance = format!("{:016x}", request.instance);
+        let mut args = vec!["EVAL", SERVE_SCRIPT];
+        args.extend(&keys);
+        args.push(&instance);
+        args.extend(numbers.iter().map(String::as_str));
+        let reply = redis.cli(&args);
         let numbers: Vec<u64> = reply
             .split_whitespace()
             .map(|word| word.parse().unwrap_or_else(|_| panic!("reply {reply:?}")))
             .collect();
         let got = match numbers.as_slice() {
             [0, seq, ..] => LeaseReply::Stale { seq: *seq },
-            [1, seq, lease, target, instances] => LeaseReply::Granted {
+            [1, seq, lease, target, instances, known] => LeaseReply::Granted {
                 seq: *seq,
                 lease: *lease as u32,
                 target: *target as u32,
                 instances: *instances as u32,
+                known: *known == 1,
             },
             _ => panic!("reply {reply:?}"),
         };
@@ -522,4 +552,145 @@ fn a_new_loop_adopts_the_leases_of_a_killed_one() {
     );
     drop(fleet);
     drop(clients);
+}
+
+/// The faults of Redis the fleet's leases live through.
+enum Fault {
+    /// Redis stopped (SIGSTOP) for 4 s, then let go on (SIGCONT).
+    Stopped(Redis),
+    /// Redis killed and started again at once, empty.
+    RestartedEmpty(Redis),
+    /// The master killed: the sentinel promotes the replica.
+    FailedOver(Box<common::redis::SentinelSet>),
+}
+
+/// Three instances of `limit=12 sync`, 36 clients of 0.5 s requests (12 per instance),
+/// synced at 4 permits each; then `fault`. At most 12 in flight at the upstream at every
+/// change from the fault on (`on_failure=local_share`: 12 / 3 on each instance while Redis
+/// fails, and the requests admitted so claimed before any lease grows once it answers), and
+/// at least 10.2 on average over the 3 s from 1 s after the last instance synced again.
+fn through(fault: Fault) {
+    let upstream = Counter::start();
+    let (url, name) = match &fault {
+        Fault::Stopped(redis) => (format!("redis://127.0.0.1:{}", redis.port), "stopped 4 s"),
+        Fault::RestartedEmpty(redis) => (
+            format!("redis://127.0.0.1:{}", redis.port),
+            "restarted empty",
+        ),
+        Fault::FailedOver(set) => (
+            format!("redis-sentinel://127.0.0.1:{}/fleet", set.sentinel.port),
+            "failed over",
+        ),
+    };
+    let fleet: Vec<Nginx> = (0..3).map(|_| instance_of(&url, upstream.port)).collect();
+    synced(&fleet.iter().collect::<Vec<_>>());
+    let ports: Vec<u16> = fleet.iter().map(Nginx::port).collect();
+    let clients = load(&ports, 36);
+    let four: Vec<(&Nginx, u64)> = fleet.iter().map(|nginx| (nginx, 4)).collect();
+    wait_leases(&four, Duration::from_secs(10));
+    let from = upstream.started.elapsed();
+    let _kept = match fault {
+        Fault::Stopped(redis) => {
+            redis.signal(common::redis::SIGSTOP);
+            let stopped = Instant::now();
+            for nginx in &fleet {
+                wait_mode(nginx, "local_share", Duration::from_secs(4));
+            }
+            thread::sleep(Duration::from_secs(4).saturating_sub(stopped.elapsed()));
+            redis.signal(common::redis::SIGCONT);
+            (Some(redis), None)
+        }
+        Fault::RestartedEmpty(mut redis) => {
+            redis.kill();
+            redis.spawn();
+            assert_eq!(
+                redis.cli(&["DBSIZE"]).trim(),
+                "0",
+                "Redis restarted with keys"
+            );
+            // Synced again: each instance's heartbeat is in the new server.
+            redis.wait_instances(3);
+            (Some(redis), None)
+        }
+        Fault::FailedOver(mut set) => {
+            let killed_unix_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_millis();
+            set.master.kill();
+            // Synced again: each instance's heartbeat on the promoted replica is later than
+            // the kill (the old master is dead; a replica takes no writes until promoted).
+            let killed = Instant::now();
+            loop {
+                let reply = set.replica.cli(&[
+                    "ZCOUNT",
+                    "rl:instances",
+                    &format!("({killed_unix_ms}"),
+                    "+inf",
+                ]);
+                if reply.trim() == "3" {
+                    break;
+                }
+                assert!(
+                    killed.elapsed() < Duration::from_secs(20),
+                    "not synced with the promoted replica 20 s after the kill: {reply}"
+                );
+                thread::sleep(Duration::from_millis(20));
+            }
+            (None, Some(set))
+        }
+    };
+    for nginx in &fleet {
+        wait_mode(nginx, "synced", Duration::from_secs(20));
+    }
+    let back = upstream.started.elapsed();
+    let to = back + Duration::from_secs(4);
+    while upstream.started.elapsed() < to {
+        thread::sleep(Duration::from_millis(50));
+    }
+    let events = upstream.events();
+    let (most, _) = in_flight_over(&events, from, to);
+    let (_, mean) = in_flight_over(&events, back + Duration::from_secs(1), to);
+    let logs: String = fleet.iter().map(Nginx::error_log).collect();
+    println!(
+        "fleet concurrency, Redis {name}: most in flight {most} from the fault on, mean \
+         {mean:.2} once synced again (synced {:?} after the fault)",
+        back - from
+    );
+    assert!(
+        most <= LIMIT,
+        "Redis {name}: {most} in flight at once, over the fleet's {LIMIT}\n{logs}"
+    );
+    assert!(
+        mean >= 10.2,
+        "Redis {name}: {mean:.2} in flight on average once synced again\n{logs}"
+    );
+    drop(fleet);
+    drop(clients);
+}
+
+#[test]
+fn leases_stay_within_the_limit_when_redis_stops() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    through(Fault::Stopped(Redis::start()));
+}
+
+#[test]
+fn leases_stay_within_the_limit_when_redis_restarts_empty() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    through(Fault::RestartedEmpty(Redis::start()));
+}
+
+#[test]
+fn leases_stay_within_the_limit_through_a_sentinel_failover() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    through(Fault::FailedOver(Box::new(
+        common::redis::SentinelSet::start("fleet", None, None),
+    )));
 }

@@ -54,6 +54,9 @@ struct Held {
 pub struct Leases {
     held: HashMap<(usize, u64), Held>,
     round: u64,
+    /// Until when no lease grows (ms, the instance's clock): Redis answered again after
+    /// `on_failure=` applied, or forgot a lease ([`LeaseHolder::hold`]).
+    hold_until_ms: u64,
 }
 
 /// The request sent for one key this round.
@@ -84,6 +87,14 @@ impl Leases {
         let instance = sync.instance_id;
         let now = now_ms();
         let send = sync.sends.fetch_add(1, Ordering::AcqRel) + 1;
+        // Back from a failure mode: the fleet's requests admitted under it are claimed this
+        // round and the next, before any lease grows.
+        let failed = matches!(sync.mode(), Mode::LocalShare | Mode::Open | Mode::Closed);
+        if reachable && failed {
+            let mut probe = LeaseHolder::new(instance);
+            probe.hold(now, ttl_ms);
+            self.hold_until_ms = self.hold_until_ms.max(probe.hold_until_ms);
+        }
         let mut commands = Vec::new();
         let mut sent = Vec::new();
         for (index, lease_zone) in zones.iter().enumerate() {
@@ -117,6 +128,7 @@ impl Leases {
                 held.slot = words.slot();
                 held.seen = self.round;
                 let holder = &mut held.holder;
+                holder.hold_until_ms = holder.hold_until_ms.max(self.hold_until_ms);
                 holder.in_use = slots.in_flight;
                 holder.peak = holder
                     .peak
@@ -131,28 +143,35 @@ impl Leases {
                 request.seq = send;
                 holder.seq = send;
                 // Shrink first, then look at what is in use: a request that read the old
-                // word and took a permit meanwhile is counted in what this one keeps.
+                // word and took a permit meanwhile is in what this one claims, and so are
+                // requests admitted under `on_failure=` or a lease that ran out.
                 lease
                     .lease
                     .store(LeaseWord::of(holder).pack(), Ordering::SeqCst);
                 fence(Ordering::SeqCst);
-                let in_use = words.load().in_flight;
-                if in_use > request.keep {
-                    request.keep = in_use;
-                    holder.lease = holder.lease.max(in_use);
-                }
+                request.in_use = words.load().in_flight;
                 let name = format!("{}{}:lease:{:016x}", spec.prefix, lease_zone.name, hash);
                 let mut command = redis::cmd("EVAL");
+                command.arg(SERVE_SCRIPT);
+                // When the server's lease records began (a restart, a promoted replica
+                // without them): not on Redis Cluster, where it would be in another slot.
+                if spec.cluster {
+                    command.arg(1).arg(&name);
+                } else {
+                    command
+                        .arg(2)
+                        .arg(&name)
+                        .arg(format!("{}lease:since", spec.prefix));
+                }
                 command
-                    .arg(SERVE_SCRIPT)
-                    .arg(1)
-                    .arg(&name)
                     .arg(format!("{instance:016x}"))
                     .arg(request.seq)
                     .arg(request.keep)
                     .arg(request.want)
                     .arg(limit)
-                    .arg(ttl_ms);
+                    .arg(ttl_ms)
+                    .arg(request.in_use)
+                    .arg(if request.grow { "1" } else { "0" });
                 commands.push(Routed { key: name, command });
                 sent.push(Sent { key, limit });
             }
@@ -178,6 +197,8 @@ impl Leases {
             };
             if let Some(reply) = reply.ok().and_then(|value| check_reply(&value, sent.limit)) {
                 held.holder.apply(&reply, now, ttl_ms);
+                // Redis forgot this lease, and so every lease of its keys: none grows.
+                self.hold_until_ms = self.hold_until_ms.max(held.holder.hold_until_ms);
             }
         }
         for (&(index, hash), held) in &self.held {
@@ -245,7 +266,7 @@ fn check_reply(value: &redis::Value, limit: u32) -> Option<LeaseReply> {
             _ => None,
         })
         .collect::<Option<_>>()?;
-    let &[applied, seq, lease, target, instances] = numbers.as_slice() else {
+    let &[applied, seq, lease, target, instances, known] = numbers.as_slice() else {
         return None;
     };
     let seq = u64::try_from(seq).ok()?;
@@ -253,7 +274,7 @@ fn check_reply(value: &redis::Value, limit: u32) -> Option<LeaseReply> {
         return Some(LeaseReply::Stale { seq });
     }
     let permits = |n: i64| u32::try_from(n).ok().filter(|&n| n <= limit);
-    if !(1..=MAX_INSTANCES).contains(&instances) {
+    if !(1..=MAX_INSTANCES).contains(&instances) || !(0..=1).contains(&known) {
         return None;
     }
     Some(LeaseReply::Granted {
@@ -261,5 +282,6 @@ fn check_reply(value: &redis::Value, limit: u32) -> Option<LeaseReply> {
         lease: permits(lease)?,
         target: permits(target)?,
         instances: instances as u32,
+        known: known == 1,
     })
 }

@@ -60,6 +60,17 @@ pub struct Holder {
     pub seq: u64,
     /// When the lease expires, on Redis's clock (ms).
     pub expires_ms: u64,
+    /// The permits its requests held when it sent its last request, whether leased or not
+    /// (admitted under `on_failure=` while Redis did not answer, or under a lease that ran
+    /// out): the others count `max(lease, claim)` as taken.
+    pub claim: u32,
+}
+
+impl Holder {
+    /// What the other instances count as taken by this one.
+    fn taken(&self) -> u64 {
+        u64::from(self.lease.max(self.claim))
+    }
 }
 
 /// What an instance sends once per round.
@@ -73,6 +84,12 @@ pub struct LeaseRequest {
     pub keep: u32,
     /// What it would like to hold.
     pub want: u32,
+    /// The permits its requests hold now, leased or not: recorded as its claim, and granted
+    /// as lease as far as no other record holds them.
+    pub in_use: u32,
+    /// Whether the lease may grow beyond what it keeps (`false` while the instance waits
+    /// for the fleet's claims after Redis failed or forgot it).
+    pub grow: bool,
 }
 
 /// Redis's answer to a [`LeaseRequest`].
@@ -89,6 +106,10 @@ pub enum LeaseReply {
         target: u32,
         /// Instances holding a live record, this one included.
         instances: u32,
+        /// Whether Redis held a live record of the instance: an instance that sent a lease
+        /// to keep and is not known was forgotten (Redis restarted empty, a replica took
+        /// over, its record expired while it could not answer).
+        known: bool,
     },
     /// A request older than one already applied: nothing changed.
     Stale {
@@ -106,35 +127,73 @@ pub fn serve(
     now_ms: u64,
     ttl_ms: u64,
 ) -> LeaseReply {
+    serve_young(false, holders, limit, request, now_ms, ttl_ms)
+}
+
+/// [`serve`] on a Redis that keeps when its lease records began (`since`, on its clock; set
+/// by the first request when `None`, as after a restart or a `FLUSHALL`): for `ttl` and one
+/// interval from then no lease grows, since the leases of records lost with the data live
+/// that long on their holders' clocks, and their holders claim what is in use meanwhile.
+pub fn serve_since(
+    since: &mut Option<u64>,
+    holders: &mut BTreeMap<u64, Holder>,
+    limit: u32,
+    request: &LeaseRequest,
+    now_ms: u64,
+    ttl_ms: u64,
+) -> LeaseReply {
+    let began = *since.get_or_insert(now_ms);
+    let young = now_ms < began.saturating_add(ttl_ms + ttl_ms / EXPIRY_ROUNDS);
+    serve_young(young, holders, limit, request, now_ms, ttl_ms)
+}
+
+/// [`serve`], with no lease growing when the records are `young`.
+fn serve_young(
+    young: bool,
+    holders: &mut BTreeMap<u64, Holder>,
+    limit: u32,
+    request: &LeaseRequest,
+    now_ms: u64,
+    ttl_ms: u64,
+) -> LeaseReply {
     holders.retain(|_, holder| holder.expires_ms > now_ms);
     let mine = holders.get(&request.instance).copied();
     if mine.is_some_and(|holder| request.seq <= holder.seq) {
         return LeaseReply::Stale { seq: request.seq };
     }
     let held = mine.map_or(0, |holder| holder.lease);
-    // An instance keeps at most what its record holds (an expired record holds nothing).
-    let keep = request.keep.min(held);
+    let others = holders
+        .iter()
+        .filter(|(&instance, _)| instance != request.instance)
+        .map(|(_, holder)| holder);
+    let taken: u64 = others.clone().map(Holder::taken).sum();
+    let claim = request.in_use.min(limit);
+    // An instance keeps at most what its record holds (an expired record holds nothing),
+    // and what its requests hold as far as no other record holds it.
+    let unclaimed = u64::from(limit).saturating_sub(taken) as u32;
+    let keep = request.keep.min(held).max(claim.min(unclaimed));
     let want = request.want.min(limit).max(keep);
-    let others: u64 = holders
-        .iter()
-        .filter(|(&instance, _)| instance != request.instance)
-        .map(|(_, holder)| u64::from(holder.lease))
-        .sum();
-    let free = u64::from(limit).saturating_sub(others + u64::from(keep));
-    let wants: Vec<u32> = holders
-        .iter()
-        .filter(|(&instance, _)| instance != request.instance)
-        .map(|(_, holder)| holder.want)
+    let free = u64::from(limit).saturating_sub(taken + u64::from(keep));
+    let wants: Vec<u32> = others
+        .clone()
+        .map(|holder| holder.want)
         .chain([want])
         .collect();
     let level = fair_level(limit, &wants);
-    let target = want.min(level);
-    let others_short = holders
-        .iter()
-        .any(|(&instance, holder)| instance != request.instance && holder.want > holder.lease);
-    let cap = if others_short { target.max(keep) } else { want };
-    // While nobody else is short the instance may use all it holds.
-    let target = if others_short { target } else { want.max(keep) };
+    // Others short of what they want, or more in use than the limit: the fair part rules.
+    let short = others.clone().any(|holder| holder.want > holder.lease)
+        || taken + u64::from(keep.max(claim)) > u64::from(limit);
+    let forgotten = mine.is_none() && request.keep > 0;
+    let (mut cap, target) = if short {
+        let target = want.min(level);
+        (target.max(keep), target)
+    } else {
+        // While nobody else is short the instance may use all it holds.
+        (want, want.max(keep))
+    };
+    if !request.grow || forgotten || young {
+        cap = keep;
+    }
     let grow = u64::from(cap.saturating_sub(keep)).min(free) as u32;
     let lease = keep + grow;
     holders.insert(
@@ -144,6 +203,7 @@ pub fn serve(
             want,
             seq: request.seq,
             expires_ms: now_ms.saturating_add(ttl_ms),
+            claim,
         },
     );
     LeaseReply::Granted {
@@ -151,44 +211,53 @@ pub fn serve(
         lease,
         target,
         instances: holders.len() as u32,
+        known: mine.is_some(),
     }
 }
 
-/// KEYS[1] the key's lease hash (field: instance id, value `lease want seq expires_ms`).
-/// ARGV: [1] instance, [2] the request's number, [3] what it keeps, [4] what it wants,
-/// [5] the limit, [6] the lease's lifetime (ms). [`serve`] on Redis's
-/// clock: expired records dropped, a stale request ignored, the grant taken from what no
-/// other live record holds, growth capped at the fair part while another instance is short.
-/// Returns `[applied (1) or stale (0), seq, lease, target, instances]`.
+/// KEYS[1] the key's lease hash (field: instance id, value `lease want seq expires_ms claim`;
+/// a record without `claim` claims nothing). ARGV: [1] instance, [2] the request's number,
+/// [3] what it keeps, [4] what it wants, [5] the limit, [6] the lease's lifetime (ms), [7] its
+/// permits in use, [8] `1` when the lease may grow. [`serve`] on Redis's clock: expired
+/// records dropped, a stale request ignored, the permits in use claimed, the grant taken from
+/// what no other live record holds or claims, growth capped at the fair part while another
+/// instance is short or more is in use than the limit, and none for a request that may not
+/// grow or keeps a lease Redis does not know. KEYS[2], when given (not on Redis Cluster,
+/// where it would be in another slot), is when the server's lease records began
+/// ([`serve_since`]).
+/// Returns `[applied (1) or stale (0), seq, lease, target, instances, known (1) or not (0)]`.
 pub const SERVE_SCRIPT: &str = r#"
 if redis.replicate_commands then redis.replicate_commands() end
 local hash, instance = KEYS[1], ARGV[1]
 local seq, keep, want = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local limit, ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
+local claim, may_grow = math.min(tonumber(ARGV[7]), limit), ARGV[8] == '1'
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local all = redis.call('HGETALL', hash)
 local others, mine = {}, nil
 for i = 1, #all, 2 do
-  local l, w, s, e = string.match(all[i + 1], '^(%d+) (%d+) (%d+) (%d+)$')
+  local l, w, s, e, c = string.match(all[i + 1], '^(%d+) (%d+) (%d+) (%d+) ?(%d*)$')
   if not l or tonumber(e) <= now then
     redis.call('HDEL', hash, all[i])
   elseif all[i] == instance then
     mine = {tonumber(l), tonumber(w), tonumber(s)}
   else
-    others[#others + 1] = {tonumber(l), tonumber(w)}
+    others[#others + 1] = {tonumber(l), tonumber(w), tonumber(c) or 0}
   end
 end
-if mine and seq <= mine[3] then return {0, seq, 0, 0, 0} end
+if mine and seq <= mine[3] then return {0, seq, 0, 0, 0, 0} end
 local held = 0
 if mine then held = mine[1] end
-keep = math.min(keep, held)
-want = math.max(math.min(want, limit), keep)
 local taken, short = 0, false
 for _, other in ipairs(others) do
-  taken = taken + other[1]
+  taken = taken + math.max(other[1], other[3])
   if other[2] > other[1] then short = true end
 end
+local forgotten = (not mine) and keep > 0
+keep = math.max(math.min(keep, held), math.min(claim, math.max(limit - taken, 0)))
+want = math.max(math.min(want, limit), keep)
+if taken + math.max(keep, claim) > limit then short = true end
 local free = math.max(limit - taken - keep, 0)
 local function used(level)
   local sum = math.min(want, level)
@@ -202,10 +271,22 @@ while low < high do
 end
 local target, cap = math.min(want, low), want
 if short then cap = math.max(target, keep) else target = math.max(want, keep) end
+if #KEYS > 1 then
+  local since = tonumber(redis.call('GET', KEYS[2]))
+  if not since then
+    since = now
+    redis.call('SET', KEYS[2], now)
+  end
+  if now < since + ttl + math.floor(ttl / 3) then cap = keep end
+end
+if forgotten or not may_grow then cap = keep end
 local lease = keep + math.min(math.max(cap - keep, 0), free)
-redis.call('HSET', hash, instance, string.format('%d %d %d %d', lease, want, seq, now + ttl))
+redis.call('HSET', hash, instance,
+  string.format('%d %d %d %d %d', lease, want, seq, now + ttl, claim))
 redis.call('PEXPIRE', hash, 2 * ttl)
-return {1, seq, lease, target, #others + 1}
+local known = 0
+if mine then known = 1 end
+return {1, seq, lease, target, #others + 1, known}
 "#;
 
 /// The max-min fair level: the largest `level` with `sum(min(want, level)) <= limit`, so that
@@ -261,6 +342,11 @@ pub struct LeaseHolder {
     pub instances: u32,
     /// Leases that expired while permits were in use (Redis unreachable for `ttl`).
     pub expired_in_use: u64,
+    /// Until when (ms, its clock) its lease may not grow: the fleet's claims are coming in
+    /// after Redis failed or forgot the leases ([`LeaseHolder::hold`]).
+    pub hold_until_ms: u64,
+    /// What its last request kept.
+    kept: u32,
 }
 
 impl LeaseHolder {
@@ -279,6 +365,8 @@ impl LeaseHolder {
             refused: 0,
             instances: 1,
             expired_in_use: 0,
+            hold_until_ms: 0,
+            kept: 0,
         }
     }
 
@@ -329,11 +417,14 @@ impl LeaseHolder {
         self.sent_ms = now_ms;
         self.peak = self.in_use;
         self.refused = 0;
+        self.kept = keep;
         LeaseRequest {
             instance: self.instance,
             seq: self.seq,
             keep,
             want,
+            in_use: self.in_use,
+            grow: now_ms >= self.hold_until_ms,
         }
     }
 
@@ -347,11 +438,17 @@ impl LeaseHolder {
             lease,
             target,
             instances,
+            known,
         } = *reply
         else {
             return;
         };
         self.expire(now_ms);
+        if seq == self.seq && !known && self.kept > 0 {
+            // Redis lost the lease it kept: the other instances' leases it lost too are in
+            // use until they expire on their own clocks, and their claims are coming.
+            self.hold(now_ms, ttl_ms);
+        }
         if seq == self.seq {
             self.expires_ms = self.sent_ms.saturating_add(ttl_ms);
             self.target = target;
@@ -363,6 +460,18 @@ impl LeaseHolder {
             self.expires_ms = self.expires_ms.max(sent_ms.saturating_add(ttl_ms));
         }
         self.expire(now_ms);
+    }
+
+    /// No growth until the fleet's claims are in: for `ttl` and one interval from `now_ms`,
+    /// its requests keep what they hold and ask for no more. Called when Redis answers again
+    /// after `on_failure=` applied (the others admitted under theirs meanwhile, and reach
+    /// Redis within a round of it), and when Redis forgot the lease it kept (restarted empty,
+    /// a replica promoted): every lease Redis lost expires on its holder's clock within
+    /// `ttl`, its holder claims what its requests still hold at its next round, and only
+    /// then is the rest free.
+    pub fn hold(&mut self, now_ms: u64, ttl_ms: u64) {
+        let until = now_ms.saturating_add(ttl_ms + ttl_ms / EXPIRY_ROUNDS);
+        self.hold_until_ms = self.hold_until_ms.max(until);
     }
 
     /// `on_failure=local_share`: the permits it may grant alone, `limit` over the instances
@@ -448,6 +557,8 @@ mod tests {
             seq,
             keep,
             want,
+            in_use: keep,
+            grow: true,
         };
         // Alone: everything it wants.
         let reply = serve(&mut holders, 12, &ask(1, 1, 0, 12), 0, 300);
@@ -471,6 +582,66 @@ mod tests {
         assert_eq!(granted(reply), (4, 6));
         let reply = serve(&mut holders, 12, &ask(2, 4, 4, 12), 400, 300);
         assert_eq!(granted(reply), (12, 12));
+    }
+
+    fn request(instance: u64, seq: u64, keep: u32, in_use: u32, grow: bool) -> LeaseRequest {
+        LeaseRequest {
+            instance,
+            seq,
+            keep,
+            want: 12,
+            in_use,
+            grow,
+        }
+    }
+
+    #[test]
+    fn permits_in_use_are_claimed_before_any_lease_grows() {
+        // Redis answers again after a failure mode: the leases it recorded expired, and each
+        // of three instances has 4 requests in flight under `local_share`.
+        let mut holders = BTreeMap::new();
+        for instance in 1..=3 {
+            let reply = serve(&mut holders, 12, &request(instance, 9, 0, 4, false), 0, 300);
+            assert_eq!(granted(reply).0, 4, "instance {instance}");
+        }
+        // Held back no more: nothing is free.
+        let reply = serve(&mut holders, 12, &request(1, 10, 4, 4, true), 10, 300);
+        assert_eq!(granted(reply).0, 4);
+        // More in use than the limit (each admitted 12 under `open`): the second gets no
+        // lease beyond what no record claims, and both are told their fair part.
+        let mut holders = BTreeMap::new();
+        let reply = serve(&mut holders, 12, &request(1, 1, 0, 12, true), 0, 300);
+        assert_eq!(granted(reply), (12, 12));
+        let reply = serve(&mut holders, 12, &request(2, 1, 0, 12, true), 0, 300);
+        assert_eq!(granted(reply), (0, 6));
+        let reply = serve(&mut holders, 12, &request(1, 2, 12, 12, true), 10, 300);
+        assert_eq!(granted(reply), (12, 6));
+    }
+
+    #[test]
+    fn a_lease_redis_forgot_does_not_grow_and_holds_the_instance_back() {
+        // Redis restarted empty while the instance held 4: it keeps what is in use, gets no
+        // more although 12 look free, and is told it was not known.
+        let mut holders = BTreeMap::new();
+        let reply = serve(&mut holders, 12, &request(1, 5, 4, 3, true), 0, 300);
+        let LeaseReply::Granted { lease, known, .. } = reply else {
+            panic!("stale");
+        };
+        assert_eq!((lease, known), (3, false));
+        let mut holder = LeaseHolder::new(1);
+        holder.lease = 4;
+        holder.target = 4;
+        holder.in_use = 3;
+        holder.expires_ms = 1_000;
+        let sent = holder.request(100, 12);
+        assert!(sent.grow && sent.keep > 0);
+        let reply = serve(&mut BTreeMap::new(), 12, &sent, 100, 300);
+        holder.apply(&reply, 110, 300);
+        // Held back for the lease's lifetime and one interval: its next requests ask for no
+        // growth until then.
+        assert_eq!(holder.hold_until_ms, 110 + 400);
+        assert!(!holder.request(200, 12).grow);
+        assert!(holder.request(510, 12).grow);
     }
 
     #[test]

@@ -13,7 +13,9 @@
 use std::collections::{BTreeMap, BinaryHeap};
 
 use proptest::prelude::*;
-use ratelimit_core::lease::{serve, Holder, LeaseHolder, LeaseReply, LeaseRequest, EXPIRY_ROUNDS};
+use ratelimit_core::lease::{
+    serve_since, Holder, LeaseHolder, LeaseReply, LeaseRequest, EXPIRY_ROUNDS,
+};
 
 const TICK_MS: u64 = 10;
 const INTERVAL_MS: u64 = 100;
@@ -97,6 +99,8 @@ struct Fleet {
     network: Network,
     rng: Rng,
     redis: BTreeMap<u64, Holder>,
+    /// When Redis's lease records began (`serve_since`): `None` after a restart.
+    since: Option<u64>,
     instances: Vec<Instance>,
     messages: BinaryHeap<InFlight>,
     order: u64,
@@ -124,6 +128,7 @@ impl Fleet {
             network,
             rng,
             redis: BTreeMap::new(),
+            since: None,
             instances,
             messages: BinaryHeap::new(),
             order: 0,
@@ -170,7 +175,14 @@ impl Fleet {
             };
             match message {
                 Message::ToRedis(request) => {
-                    let reply = serve(&mut self.redis, self.limit, &request, self.now_ms, TTL_MS);
+                    let reply = serve_since(
+                        &mut self.since,
+                        &mut self.redis,
+                        self.limit,
+                        &request,
+                        self.now_ms,
+                        TTL_MS,
+                    );
                     let index = self
                         .instances
                         .iter()
@@ -377,6 +389,38 @@ proptest! {
             prop_assert!(fleet.in_use() <= limit);
         }
         prop_assert_eq!(fleet.expired_in_use(), 0);
+    }
+
+    /// Redis restarted empty at any moment (every record lost while the instances hold
+    /// their leases), Redis answering within 90 ms otherwise: the instance that finds its
+    /// lease forgotten keeps only what is in use, none grows until the others' claims are
+    /// in, and the permits in use stay within the limit throughout.
+    #[test]
+    fn a_redis_restart_keeps_permits_in_use_within_the_limit(
+        count in 1usize..=4,
+        limit in 1u32..=20,
+        max_delay_ms in 0u64..=90,
+        seed in any::<u64>(),
+        load in prop::collection::vec(0u64..=4, 4),
+        restarts in prop::collection::vec(20u64..380, 1..3),
+    ) {
+        let network = Network { max_delay_ms, loss_per_mille: 0, duplicate_per_mille: 50 };
+        let mut fleet = Fleet::new(count, limit, network, seed);
+        for tick in 0..400u64 {
+            fleet.now_ms = tick * TICK_MS;
+            if restarts.contains(&tick) {
+                fleet.redis.clear();
+                fleet.since = None;
+            }
+            let arrivals: Vec<u64> = (0..count)
+                .map(|index| fleet.rng.below(load[index] + 1))
+                .collect();
+            fleet.tick(&arrivals);
+            prop_assert!(
+                fleet.in_use() <= limit,
+                "{} in use at {} ms, over {limit}", fleet.in_use(), fleet.now_ms
+            );
+        }
     }
 }
 
