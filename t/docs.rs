@@ -276,7 +276,12 @@ fn runnable(lines: &[&str]) -> String {
             config.push_str(&format!("{}listen 127.0.0.1:{placeholder};\n", &code[..at]));
             continue;
         }
-        config.push_str(line);
+        // The host's directories stay the host's: nginx -t opens logs (and a state file's
+        // directory is written) under the test's prefix instead.
+        let line = line
+            .replace("/var/log/nginx/", "logs/")
+            .replace("/var/lib/nginx/", "");
+        config.push_str(&line);
         config.push('\n');
     }
     config
