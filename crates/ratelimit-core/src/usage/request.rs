@@ -224,24 +224,6 @@ fn object<'a>(
 }
 
 impl RequestFacts {
-    /// Read `body` (JSON; anything else says nothing but its length). A body [`check`]
-    /// refuses says nothing here.
-    ///
-    /// [`check`]: RequestFacts::check
-    ///
-    /// ```
-    /// use ratelimit_core::usage::request::RequestFacts;
-    ///
-    /// let facts = RequestFacts::read(br#"{"model":"m","max_tokens":300,"stream":true}"#);
-    /// assert_eq!((facts.model.as_deref(), facts.ceiling, facts.stream), (Some("m"), Some(300), true));
-    /// ```
-    pub fn read(body: &[u8]) -> RequestFacts {
-        RequestFacts::check(body).unwrap_or(RequestFacts {
-            bytes: body.len(),
-            ..RequestFacts::default()
-        })
-    }
-
     /// What `body` says, or why it cannot be read for sure. An empty body says nothing.
     ///
     /// ```
@@ -482,6 +464,14 @@ fn is_usage_chunk(event: &[u8]) -> bool {
 mod tests {
     use super::*;
 
+    /// What a body says, or nothing but its length when [`RequestFacts::check`] refuses it.
+    fn read(body: &[u8]) -> RequestFacts {
+        RequestFacts::check(body).unwrap_or(RequestFacts {
+            bytes: body.len(),
+            ..RequestFacts::default()
+        })
+    }
+
     #[test]
     fn facts_of_each_api() {
         #[rustfmt::skip]
@@ -540,7 +530,7 @@ mod tests {
             ("[1,2]", None, None, false, None),
         ];
         for &(body, model, ceiling, stream, include_usage) in rows {
-            let facts = RequestFacts::read(body.as_bytes());
+            let facts = read(body.as_bytes());
             assert_eq!(facts.model.as_deref(), model, "{body}");
             assert_eq!(facts.ceiling, ceiling, "{body}");
             assert_eq!(facts.stream, stream, "{body}");
@@ -562,7 +552,7 @@ mod tests {
         ];
         for &(body, expected) in rows {
             assert_eq!(
-                RequestFacts::read(body.as_bytes()).needs_usage_asked(),
+                read(body.as_bytes()).needs_usage_asked(),
                 expected,
                 "{body}"
             );
@@ -571,9 +561,9 @@ mod tests {
 
     #[test]
     fn reservation_is_ceiling_plus_prompt() {
-        let facts = RequestFacts::read(br#"{"max_tokens":300}"#);
+        let facts = read(br#"{"max_tokens":300}"#);
         assert_eq!(facts.reservation(4096), 300 + 5);
-        let none = RequestFacts::read(b"{}");
+        let none = read(b"{}");
         assert_eq!(none.reservation(4096), 4096 + 1);
         let huge = RequestFacts {
             ceiling: Some(u64::MAX),
@@ -594,7 +584,7 @@ mod tests {
         ];
         for body in rows {
             let asked = with_usage_asked(body.as_bytes()).unwrap();
-            let facts = RequestFacts::read(&asked);
+            let facts = read(&asked);
             assert_eq!(facts.include_usage, Some(true), "{body}");
             let before: serde_json::Value = serde_json::from_str(body).unwrap();
             let mut after: serde_json::Value = serde_json::from_slice(&asked).unwrap();
