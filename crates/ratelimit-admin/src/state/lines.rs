@@ -12,7 +12,8 @@
 //! The first line names the zones the file holds; each zone's line says how many overrides
 //! and key counts follow it (in lines of at most [`RECORDS_PER_LINE`]), so a reader knows
 //! which zones it has whole. `crc` is the CRC-32 (IEEE, as zlib's) of the line without its
-//! `,"crc":"..."` member, in 8 lowercase hex digits.
+//! `,"crc":"..."` member, in 8 lowercase hex digits. A damaged newline runs two lines together;
+//! the reader takes them apart where the next line begins (see `objects`).
 
 use std::collections::BTreeMap;
 
@@ -216,18 +217,15 @@ pub(super) fn read(text: &[u8]) -> Result<Reading, String> {
         if raw.is_empty() && lines.peek().is_none() {
             break;
         }
-        let line = match unseal(raw)
-            .map_err(|reason| Refusal::Line(reason.to_string()))
-            .and_then(|object| parse(&object))
-        {
-            Ok(line) => line,
-            Err(Refusal::Version(version)) => return Err(super::unsupported(version)),
-            Err(Refusal::Line(reason)) => {
-                reading.problems.push(format!("line {number}: {reason}"));
-                continue;
+        for (first, object) in objects(raw, number, &mut reading.problems) {
+            match parse(&object) {
+                Ok(line) => take(line, number, number == 1 && first, &mut reading, &mut parts),
+                Err(Refusal::Version(version)) => return Err(super::unsupported(version)),
+                Err(Refusal::Line(reason)) => {
+                    reading.problems.push(format!("line {number}: {reason}"))
+                }
             }
-        };
-        take(line, number, &mut reading, &mut parts);
+        }
     }
     if raw_ends_cut(text) {
         reading
@@ -236,6 +234,54 @@ pub(super) fn read(text: &[u8]) -> Result<Reading, String> {
     }
     finish(&mut reading, parts);
     Ok(reading)
+}
+
+/// How every line begins (serde's tag of [`Line`]'s variants). Inside a line these bytes
+/// never occur: JSON escapes every `"` within a string.
+const LINE_STARTS: [&[u8]; 4] = [
+    b"{\"rate_limit_state\":{",
+    b"{\"zone\":{",
+    b"{\"overrides\":{",
+    b"{\"counts\":{",
+];
+
+/// The checked objects of one line of the file, each with whether it opens the line; what
+/// fails its checksum goes to `problems`. A line whose checksum fails may be lines run
+/// together by a damaged newline: each part that starts as a line does is checked on its
+/// own (without the byte that replaced its newline), so that the damaged byte does not take
+/// the next line's zone with it.
+fn objects(raw: &[u8], number: usize, problems: &mut Vec<String>) -> Vec<(bool, Vec<u8>)> {
+    let reason = match unseal(raw) {
+        Ok(object) => return vec![(true, object)],
+        Err(reason) => reason,
+    };
+    let mut starts: Vec<usize> = (1..raw.len())
+        .filter(|&at| LINE_STARTS.iter().any(|start| raw[at..].starts_with(start)))
+        .collect();
+    if starts.is_empty() {
+        problems.push(format!("line {number}: {reason}"));
+        return Vec::new();
+    }
+    problems.push(format!(
+        "line {number}: {reason}: {} lines run together (a damaged newline), read one by one",
+        starts.len() + 1
+    ));
+    starts.insert(0, 0);
+    starts.push(raw.len());
+    let mut objects = Vec::new();
+    for (part, pair) in starts.windows(2).enumerate() {
+        let piece = &raw[pair[0]..pair[1]];
+        let last = pair[1] == raw.len();
+        let object = unseal(piece).or_else(|reason| match piece.split_last() {
+            Some((_, rest)) if !last => unseal(rest),
+            _ => Err(reason),
+        });
+        match object {
+            Ok(object) => objects.push((part == 0, object)),
+            Err(reason) => problems.push(format!("line {number}, part {}: {reason}", part + 1)),
+        }
+    }
+    objects
 }
 
 fn raw_ends_cut(text: &[u8]) -> bool {
@@ -266,9 +312,17 @@ fn parse(object: &[u8]) -> Result<Line, Refusal> {
     Ok(serde_json::from_slice(object).map_err(|error| format!("invalid JSON: {error}"))?)
 }
 
-fn take(line: Line, number: usize, reading: &mut Reading, parts: &mut BTreeMap<String, Parts>) {
+/// One checked line's records into its zone's parts; `opens_file` when it is the file's
+/// first object, the only place for the header.
+fn take(
+    line: Line,
+    number: usize,
+    opens_file: bool,
+    reading: &mut Reading,
+    parts: &mut BTreeMap<String, Parts>,
+) {
     match line {
-        Line::RateLimitState(header) if number == 1 => reading.announced = Some(header.zones),
+        Line::RateLimitState(header) if opens_file => reading.announced = Some(header.zones),
         Line::RateLimitState(_) => reading
             .problems
             .push(format!("line {number}: a header after the first line")),
