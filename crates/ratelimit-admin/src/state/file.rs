@@ -203,7 +203,9 @@ impl Loaded {
 /// Replace the file at `path` with what `snapshot` gives, so that a crash at any point leaves
 /// either the old file or the new one whole: the text goes to `PATH.tmp`, which is synced, the
 /// old file is kept as `PATH.prev` (a hard link, or a copy where links are refused), then
-/// `PATH.tmp` is renamed over `PATH` and the directory synced. All of it under an exclusive
+/// `PATH.tmp` is renamed over `PATH`; the directory is synced after each rename, so that they
+/// reach the disk in their order (a `PATH` of the new save never beside a `PATH.prev` of
+/// the save before the old one). All of it under an exclusive
 /// `flock` on `PATH.lock`, so that two processes saving at once cannot interleave (the kernel
 /// drops the lock of a process that dies); `snapshot` is called with the lock held, so the
 /// state written is the newest one. On an error the old file stays as it was.
@@ -231,15 +233,25 @@ pub fn save(path: &Path, snapshot: impl FnOnce() -> StateFile) -> io::Result<()>
     }
     keep_previous(path)?;
     fs::rename(&tmp_path, path).map_err(|error| annotate(error, path))?;
-    // The rename is durable once the directory is synced; a failure here loses nothing now.
-    if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
-        let _ = File::open(dir).and_then(|dir| dir.sync_all());
-    }
+    // The new file is in place: a failure to make its rename durable loses nothing now.
+    let _ = sync_dir(path);
     Ok(())
 }
 
+/// Sync the directory of `path`: a rename in it is durable once it is.
+fn sync_dir(path: &Path) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    File::open(dir)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|error| annotate(error, dir))
+}
+
 /// `PATH.prev` becomes the file now at `PATH` (whole: it was renamed there), itself by a
-/// rename, so that a crash leaves the old `PATH.prev` or the new one.
+/// rename, so that a crash leaves the old `PATH.prev` or the new one; the rename is synced
+/// before `PATH` is replaced (an error stops the save with `PATH` as it was).
 fn keep_previous(path: &Path) -> io::Result<()> {
     let previous = sibling(path, ".prev");
     let staged = sibling(path, ".prev.tmp");
@@ -258,7 +270,8 @@ fn keep_previous(path: &Path) -> io::Result<()> {
             }
         }
     }
-    fs::rename(&staged, &previous).map_err(|error| annotate(error, &previous))
+    fs::rename(&staged, &previous).map_err(|error| annotate(error, &previous))?;
+    sync_dir(path)
 }
 
 fn annotate(error: io::Error, path: &Path) -> io::Error {
