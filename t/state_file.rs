@@ -6,8 +6,9 @@
 //! comes back from the save before (`warn`). Each is checked as one exact line of the error
 //! log, level included.
 //!
-//! SIGKILL of nginx's whole process group during admin writes leaves the file whole, holding
-//! the last acknowledged write or the one after it.
+//! SIGKILL of nginx's whole process group during admin writes and quota requests leaves the
+//! file whole, holding the last acknowledged save or the one after it: a zone's limits, a
+//! quota zone's override and its keys' counts, all of which come back after the restart.
 
 mod common;
 
@@ -15,7 +16,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::admin::admin_json as admin;
 use common::Nginx;
@@ -323,13 +324,41 @@ fn outcome_index(outcome: Outcome) -> usize {
     }
 }
 
-/// PATCH zone `one`'s burst on a new connection; `Some(status)` when nginx answered.
-fn try_patch_burst(port: u16, burst: u64) -> Option<u16> {
+/// The offset from UTC (`+HH:00`) at which it is about noon now: a day in it ends 11 to 13
+/// hours from now, so that a quota counted by the day never starts afresh during the test.
+fn noon_offset() -> String {
+    let hour = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 3600
+        % 24;
+    let offset = 12 - hour as i64;
+    let sign = if offset < 0 { '-' } else { '+' };
+    format!("{sign}{:02}:00", offset.abs())
+}
+
+/// [`conf`] and a quota zone `daily`: 5 requests a day per `X-Key` on `/quota/`.
+fn quota_conf(path: &Path) -> String {
+    common::admin::admin_api()
+        .main("user root;")
+        .http(&format!("rate_limit_state_file {};", path.display()))
+        .http(&format!(
+            "rate_limit_zone $http_x_key zone=daily:1m algorithm=quota limit=5 period=day \
+             tz={};",
+            noon_offset()
+        ))
+        .locations("location /quota/ { rate_limit zone=daily; alias html/; }")
+        .build()
+}
+
+/// METHOD PATH with `X-Key: key` (and `body` as JSON) on a new connection; `Some(status)`
+/// when nginx answered.
+fn try_send(port: u16, method: &str, path: &str, key: &str, body: &str) -> Option<u16> {
     use std::io::{Read, Write};
-    let body = format!("{{\"burst\": {burst}}}");
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     let request = format!(
-        "PATCH /ratelimit/zones/one HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nX-Key: {key}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
@@ -337,6 +366,47 @@ fn try_patch_burst(port: u16, burst: u64) -> Option<u16> {
     let mut answer = String::new();
     stream.read_to_string(&mut answer).ok()?;
     answer.split(' ').nth(1)?.parse().ok()
+}
+
+/// Zone `daily`'s override of key `vip` has limit `VIP_BASE + step` after the writer's step.
+const VIP_BASE: u64 = 100;
+
+/// The key whose quota step `step` of round `round` uses up.
+fn quota_key(round: u32, step: u64) -> String {
+    format!("r{round}-s{step}")
+}
+
+/// One step of the writer: key [`quota_key`] uses its day's quota (5 of 5), then zone
+/// `daily`'s override of `vip` is set to limit `VIP_BASE + step` and zone `one`'s burst to
+/// `step`. Every admin write saves the whole state, the counts before it included.
+/// `Err(None)` when nginx stopped answering (it was killed), `Err(Some(..))` on a wrong answer.
+fn write_step(port: u16, round: u32, step: u64) -> Result<(), Option<String>> {
+    let key = quota_key(round, step);
+    let wrong = |what: &str, status: u16| Err(Some(format!("{what}: {status}")));
+    for n in 1..=5 {
+        match try_send(port, "GET", "/quota/", &key, "").ok_or(None)? {
+            200 => {}
+            status => return wrong(&format!("request {n} of key {key}"), status),
+        }
+    }
+    let limit = format!("{{\"limit\": {}}}", VIP_BASE + step);
+    match try_send(
+        port,
+        "PUT",
+        "/ratelimit/zones/daily/overrides/vip",
+        "",
+        &limit,
+    )
+    .ok_or(None)?
+    {
+        200 | 201 => {}
+        status => return wrong("PUT vip", status),
+    }
+    let burst = format!("{{\"burst\": {step}}}");
+    match try_send(port, "PATCH", "/ratelimit/zones/one", "", &burst).ok_or(None)? {
+        200 => Ok(()),
+        status => wrong("PATCH one", status),
+    }
 }
 
 /// A small seeded generator (xorshift64), so that the kill moments repeat run to run.
@@ -347,70 +417,136 @@ fn next(seed: &mut u64) -> u64 {
     *seed
 }
 
-/// 20 times: a writer PATCHes zone `one`'s burst up by one a request (each answer comes after
-/// its save), and the whole process group is SIGKILLed after a seeded random number of
-/// acknowledged writes plus a random few hundred microseconds. The file left is whole (every
-/// line's checksum matches) and holds the last acknowledged burst or the one after it; nginx
-/// restarts on it with that burst.
+/// What the last complete save holds, which a restart must show: zone `one`'s burst, the
+/// `vip` override's limit, and keys whose quota is used up (5 of 5).
+#[derive(Default)]
+struct Saved {
+    burst: u64,
+    vip_limit: Option<u64>,
+    used_up: Vec<String>,
+}
+
+/// Start nginx on the file and check that it shows `saved`, its quota counts in force.
+fn restart_on(conf: &str, saved: &Saved) -> Nginx {
+    let nginx = Nginx::start(conf);
+    nginx.write_file("html/index.html", "ok\n");
+    let log = nginx.error_log();
+    let damaged = log.contains("is damaged") || log.contains("is ignored");
+    assert!(!damaged, "{log}");
+    assert_eq!(
+        admin(&nginx, "GET", "zones/one", None).1["burst"],
+        saved.burst
+    );
+    if let Some(limit) = saved.vip_limit {
+        let (_, vip) = admin(&nginx, "GET", "zones/daily/overrides/vip", None);
+        assert_eq!(vip["limit"], limit, "{log}");
+    }
+    for key in &saved.used_up {
+        let (status, state) = admin(&nginx, "GET", &format!("zones/daily/keys/{key}"), None);
+        let counted = (status, state["used"].as_u64(), state["limit"].as_u64());
+        assert_eq!(counted, (200, Some(5), Some(5)), "{key}:\n{log}");
+    }
+    if let Some(key) = saved.used_up.last() {
+        let status = try_send(nginx.port(), "GET", "/quota/", key, "");
+        assert_eq!(status, Some(429), "{key}: its count is not in force");
+    }
+    nginx
+}
+
+/// The file after a kill: whole (every line's checksum matches, `PATH.prev` too), then zone
+/// `one`'s burst and the `vip` override's limit.
+fn read_after_kill(path: &Path) -> (u64, u64) {
+    let file = common::state_file::read(path);
+    if sibling(path, ".prev").exists() {
+        common::state_file::read(&sibling(path, ".prev"));
+    }
+    let burst = file["zones"]["one"]["limits"]["burst"].as_u64().unwrap();
+    // A quota zone's limit is saved as its burst.
+    let vip = &file["zones"]["daily"]["overrides"]["vip"]["burst"];
+    (burst, vip.as_u64().unwrap())
+}
+
+/// 20 rounds: a writer repeats [`write_step`] (a key's quota used up, an override's limit
+/// changed, a zone's burst changed, each answer after its save), and nginx's whole process
+/// group is SIGKILLed after a seeded random number of steps plus a random part of one. The
+/// file left is whole and holds the last acknowledged step or the one after it, the counts
+/// of every step it holds included; nginx restarts on it showing all of them.
+///
+/// A SIGKILL takes effect between system calls, and a save writes its text in one: this
+/// checks which save is left and the restart on it (a kill inside a save leaves `PATH.tmp`
+/// and the lock behind), not a power loss in the middle of a write, which the synced
+/// temporary file and renames are for.
 #[test]
 fn kill_9_during_writes_leaves_the_last_complete_save() {
     let dir = temp_dir("kill");
     let path = dir.join("state.json");
-    let conf = conf(&path);
+    let conf = quota_conf(&path);
     let mut seed = 0x5eed_1234_abcd_u64;
-    let mut burst = 0;
-    let mut outcomes = (0, 0);
+    let mut saved = Saved::default();
+    // Kills with PATH.tmp left (inside a save), files of the last acknowledged step, of the
+    // one after, and of the one after by its override only.
+    let mut outcomes = [0; 4];
     for round in 0..20 {
-        let nginx = Nginx::start(&conf);
-        assert_eq!(admin(&nginx, "GET", "zones/one", None).1["burst"], burst);
-        let log = nginx.error_log();
-        assert!(
-            !log.contains("is damaged") && !log.contains("is ignored"),
-            "{log}"
-        );
-        let acked = Arc::new(AtomicU64::new(burst));
+        let nginx = restart_on(&conf, &saved);
+        let acked = Arc::new(AtomicU64::new(saved.burst));
         let writer = {
             let (acked, port) = (acked.clone(), nginx.port());
-            std::thread::spawn(move || {
-                let mut value = acked.load(Ordering::SeqCst);
-                loop {
-                    value += 1;
-                    match try_patch_burst(port, value) {
-                        Some(200) => acked.store(value, Ordering::SeqCst),
-                        _ => return,
-                    }
+            std::thread::spawn(move || loop {
+                let step = acked.load(Ordering::SeqCst) + 1;
+                match write_step(port, round, step) {
+                    Ok(()) => acked.store(step, Ordering::SeqCst),
+                    Err(wrong) => return wrong,
                 }
             })
         };
-        let wanted = burst + 1 + next(&mut seed) % 30;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while acked.load(Ordering::SeqCst) < wanted {
-            assert!(Instant::now() < deadline, "round {round}: writes stalled");
+        let began = Instant::now();
+        let wanted = 1 + next(&mut seed) % 30;
+        while acked.load(Ordering::SeqCst) < saved.burst + wanted {
+            let stalled = began.elapsed() > Duration::from_secs(30);
+            assert!(!stalled, "round {round}: writes stalled");
             std::thread::yield_now();
         }
-        std::thread::sleep(Duration::from_micros(next(&mut seed) % 800));
-        let last = acked.load(Ordering::SeqCst);
+        let step_us = began.elapsed().as_micros() as u64 / wanted;
+        std::thread::sleep(Duration::from_micros(next(&mut seed) % step_us.max(1)));
         common::nginx::sys::signal(-(nginx.master_pid() as i32), common::nginx::sys::SIGKILL);
-        writer.join().unwrap();
-        let last = last.max(acked.load(Ordering::SeqCst));
+        let wrong = writer.join().unwrap();
+        assert!(wrong.is_none(), "round {round}: {wrong:?}");
         drop(nginx);
-        let saved = common::state_file::read(&path);
-        let found = saved["zones"]["one"]["limits"]["burst"].as_u64().unwrap();
+        outcomes[0] += usize::from(sibling(&path, ".tmp").exists());
+        let last = acked.load(Ordering::SeqCst);
+        let (burst, vip) = read_after_kill(&path);
         assert!(
-            found == last || found == last + 1,
-            "round {round}: the file has burst {found}, the last acknowledged write {last}"
+            burst == last || burst == last + 1,
+            "round {round}: the file has burst {burst}, the last acknowledged step {last}"
         );
-        outcomes.0 += u64::from(found == last);
-        outcomes.1 += u64::from(found == last + 1);
-        burst = found;
+        let vip_step = vip - VIP_BASE;
+        assert!(
+            vip_step == burst || (vip_step == last + 1 && burst == last),
+            "round {round}: override of step {vip_step}, burst of step {burst}, acked {last}"
+        );
+        outcomes[1] += usize::from(burst == last);
+        outcomes[2] += usize::from(burst == last + 1);
+        outcomes[3] += usize::from(vip_step > burst);
+        // The keys of every step the file holds (its override's step's too) are used up.
+        let steps = saved.burst + 1..=vip_step;
+        saved
+            .used_up
+            .extend(steps.map(|step| quota_key(round, step)));
+        saved.burst = burst;
+        saved.vip_limit = Some(vip);
     }
-    let nginx = Nginx::start(&conf);
-    assert_eq!(admin(&nginx, "GET", "zones/one", None).1["burst"], burst);
-    nginx.stop();
+    drop(restart_on(&conf, &saved));
     eprintln!(
-        "20 kills: the file held the last acknowledged write {} times, the one after it {} \
-         times; final burst {burst}",
-        outcomes.0, outcomes.1
+        "20 kills, 21 restarts: {} kills inside a save (PATH.tmp left); the file held the \
+         last acknowledged step {} times, the one after it {} times ({} more by its override \
+         only); {} keys' quotas (5 of 5) and the override restored after the last; final \
+         burst {}",
+        outcomes[0],
+        outcomes[1],
+        outcomes[2],
+        outcomes[3],
+        saved.used_up.len(),
+        saved.burst
     );
     let _ = fs::remove_dir_all(&dir);
 }
