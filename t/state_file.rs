@@ -20,6 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::admin::admin_json as admin;
 use common::Nginx;
+use ratelimit_admin::state::sibling;
 use serde_json::Value;
 
 /// The zones of t/admin.rs's config, one per algorithm.
@@ -40,11 +41,6 @@ fn temp_dir(name: &str) -> PathBuf {
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// `PATH.suffix`
-fn sibling(path: &Path, suffix: &str) -> PathBuf {
-    PathBuf::from(format!("{}{suffix}", path.display()))
 }
 
 /// One line of a whole file: the zone it belongs to (`None` for the header), whether it is
