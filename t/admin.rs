@@ -927,9 +927,7 @@ impl StateDir {
     }
 
     fn read(&self) -> Value {
-        let text = fs::read_to_string(self.file()).expect("no state file");
-        serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("state file is not JSON ({e}):\n{text}"))
+        common::state_file::read(&self.file())
     }
 }
 
@@ -982,7 +980,7 @@ fn a_restart_restores_the_state_file() {
     nginx.stop();
 
     let saved = dir.read();
-    assert_eq!(saved["version"], 1);
+    assert_eq!(saved["version"], 2);
     assert_eq!(
         saved["zones"]["one"],
         json!({
@@ -1111,7 +1109,7 @@ fn a_relative_state_file_is_under_the_prefix() {
     let (status, _) = admin(&nginx, "PATCH", "zones/one", Some(r#"{"burst": 1}"#));
     assert_eq!(status, 200);
     let path = nginx.prefix().join("state/admin.json");
-    let saved: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+    let saved = common::state_file::read(&path);
     assert_eq!(saved["zones"]["one"]["limits"]["burst"], 1);
 }
 

@@ -225,7 +225,7 @@ fn a_crash_keeps_the_counts_of_the_last_periodic_write() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     let counted = || {
         let text = std::fs::read_to_string(&state).unwrap_or_default();
-        let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let value = common::state_file::parse(&text);
         value["zones"]["monthly"]["quota"]["counts"]
             .as_object()
             .is_some_and(|counts| counts.len() == 1)

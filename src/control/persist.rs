@@ -7,13 +7,14 @@ use std::sync::Mutex;
 
 use ngx::ffi::{ngx_cycle_t, ngx_log_t, NGX_LOG_ERR, NGX_LOG_NOTICE, NGX_LOG_WARN};
 use ngx::ngx_log_error;
-use ratelimit_admin::state::{self, Note, QuotaCounts, StateError, StateFile, ZoneState};
+use ratelimit_admin::state::{self, Loaded, Note, QuotaCounts, StateError, StateFile, ZoneState};
 use ratelimit_admin::AdminZone;
 
 use super::zones::shared_zones;
 use crate::conf::registry::{self, Registry};
 use crate::conf::ZoneConf;
 use crate::glue::now_ns;
+use crate::store::Zone;
 
 /// The state file of the configuration being loaded, for the zone inits that follow its
 /// parsing in the same `ngx_init_cycle` (zone init has no way to the registry).
@@ -24,10 +25,10 @@ enum Pending {
     /// No `rate_limit_state_file` in the configuration being loaded.
     Unset,
     /// Not read yet: read at the first fresh zone (a reload that keeps every zone reads
-    /// nothing).
-    Configured(PathBuf),
-    /// Read (or found missing or corrupt, and logged): what to restore from.
-    Loaded(PathBuf, Option<StateFile>),
+    /// nothing); with the most it reads of the file ([`state::size_bound`]).
+    Configured(PathBuf, u64),
+    /// Read (or found missing or unusable, and logged): what to restore from.
+    Loaded(PathBuf, Option<Box<Loaded>>),
 }
 
 /// Once the whole configuration is read (before its zones are initialized): make the path
@@ -38,11 +39,21 @@ pub fn configure(cycle: &ngx_cycle_t, registry: &mut Registry) {
         .as_ref()
         .map(|path| Path::new(&cycle.prefix.to_string()).join(path));
     registry.state_file = path.as_ref().map(|path| path.display().to_string());
+    let bound = size_bound(registry);
     let mut pending = PENDING.lock().unwrap_or_else(|e| e.into_inner());
     *pending = match path {
-        Some(path) => Pending::Configured(path),
+        Some(path) => Pending::Configured(path, bound),
         None => Pending::Unset,
     };
+}
+
+/// The most of the file read for the registry's zones: what their shared memory could fill.
+fn size_bound(registry: &Registry) -> u64 {
+    state::size_bound(registry.zones().map(|zone_conf| {
+        // SAFETY: `shm_zone` is set by the zone's directive and lives with the cycle; its size
+        // is the directive's.
+        unsafe { zone_conf.shm_zone.as_ref() }.map_or(0, |shm_zone| shm_zone.shm.size as u64)
+    }))
 }
 
 /// Restore what the state file holds for a zone whose shared memory is fresh (first start, or
@@ -61,45 +72,79 @@ pub fn restore(zone_conf: &mut ZoneConf) {
     // SAFETY: `shm_zone` was set by `rate_limit_zone`; its log is the cycle's log.
     let log = unsafe { (*zone_conf.shm_zone).shm.log };
     let mut pending = PENDING.lock().unwrap_or_else(|e| e.into_inner());
-    if let Pending::Configured(path) = &*pending {
+    if let Pending::Configured(path, bound) = &*pending {
         let path = path.clone();
-        let file = load(&path, log);
-        *pending = Pending::Loaded(path, file);
+        let file = load(&path, *bound, log);
+        *pending = Pending::Loaded(path, file.map(Box::new));
     }
     let Pending::Loaded(path, Some(file)) = &*pending else {
         return;
     };
-    let Some(saved) = file.zones.get(&zone_conf.name) else {
+    let path = path.display().to_string();
+    let chosen = file.zone(&zone_conf.name);
+    if let Some(note) = &chosen.note {
+        log_note(log, &path, note);
+    }
+    let Some(saved) = chosen.state else {
         return;
     };
-    let name = &zone_conf.name;
-    let path = path.display();
-    let plan = state::plan_restore(saved, name, zone.algorithm(), zone_conf.limits);
+    let plan = state::plan_restore(saved, &zone_conf.name, zone.algorithm(), zone_conf.limits);
     for note in &plan.notes {
-        match note {
-            Note::Notice(text) => {
-                ngx_log_error!(
-                    NGX_LOG_NOTICE,
-                    log,
-                    "rate_limit_state_file \"{path}\": {text}"
-                );
-            }
-            Note::Warn(text) => {
-                ngx_log_error!(
-                    NGX_LOG_WARN,
-                    log,
-                    "rate_limit_state_file \"{path}\": {text}"
-                );
-            }
-        }
+        log_note(log, &path, note);
     }
-    // A quota zone's keys: their ids need the seed they were hashed with, overrides too.
+    let zone = match usable_counts(zone_conf, saved, log, &path) {
+        Some(quota) => restore_counts(zone_conf, zone, quota, log, &path),
+        None => zone,
+    };
+    if let Some(limits) = plan.limits {
+        // No worker runs yet (zone init is in the master).
+        zone.restore_limits(limits);
+    }
+    let restored = restore_overrides(zone_conf, &zone, &plan.overrides, log, &path);
+    if plan.limits.is_some() || restored > 0 {
+        let limits = zone.limits().unwrap_or(zone_conf.limits);
+        ngx_log_error!(
+            NGX_LOG_NOTICE,
+            log,
+            "rate_limit_state_file \"{path}\": zone \"{}\" restored: rate {} burst {}, \
+             {restored} override(s)",
+            zone_conf.name,
+            limits.rate,
+            limits.burst
+        );
+    }
+}
+
+/// One line about the file, at the note's level.
+fn log_note(log: *mut ngx_log_t, path: &str, note: &Note) {
+    let (level, text) = match note {
+        Note::Notice(text) => (NGX_LOG_NOTICE, text),
+        Note::Warn(text) => (NGX_LOG_WARN, text),
+        Note::Error(text) => (NGX_LOG_ERR, text),
+    };
+    ngx_log_error!(level, log, "rate_limit_state_file \"{path}\": {text}");
+}
+
+/// A quota zone's saved counts, when they still count here: the same calendar, and the same
+/// seed for a `sync` zone (which hashes keys with the seed of its name, as every instance of
+/// the fleet does: counts saved under another seed name no key here).
+fn usable_counts<'a>(
+    zone_conf: &ZoneConf,
+    saved: &'a ZoneState,
+    log: *mut ngx_log_t,
+    path: &str,
+) -> Option<&'a QuotaCounts> {
+    let zone = zone_conf.zone?;
+    let quota = saved
+        .quota
+        .as_ref()
+        .filter(|_| zone.algorithm().is_quota())?;
+    let name = &zone_conf.name;
     let calendar = zone_conf
         .quota
         .as_ref()
         .map(|quota| quota.calendar.to_string());
-    let quota = saved.quota.as_ref().filter(|_| zone.algorithm().is_quota());
-    if let Some(quota) = quota.filter(|quota| Some(&quota.calendar) != calendar.as_ref()) {
+    if Some(&quota.calendar) != calendar.as_ref() {
         ngx_log_error!(
             NGX_LOG_NOTICE,
             log,
@@ -108,11 +153,9 @@ pub fn restore(zone_conf: &mut ZoneConf) {
             quota.calendar,
             calendar.as_deref().unwrap_or("-")
         );
+        return None;
     }
-    let quota = quota.filter(|quota| Some(&quota.calendar) == calendar.as_ref());
-    // A `sync` zone hashes keys with the seed of its name, as every instance of the fleet
-    // does: counts saved under another seed (the zone had no `sync`) name no key here.
-    if let Some(quota) = quota.filter(|quota| zone.is_sync() && quota.seed != zone.seed()) {
+    if zone.is_sync() && quota.seed != zone.seed() {
         ngx_log_error!(
             NGX_LOG_NOTICE,
             log,
@@ -120,74 +163,104 @@ pub fn restore(zone_conf: &mut ZoneConf) {
              \"sync\": the fleet's counts in Redis are used instead",
             quota.words.len()
         );
+        return None;
     }
-    let quota = quota.filter(|quota| !zone.is_sync() || quota.seed == zone.seed());
-    let zone = match quota {
-        Some(quota) => {
-            let zone = zone.reseeded(quota.seed);
-            zone_conf.zone = Some(zone);
-            let now = now_ns();
-            let lost = quota
-                .words
-                .iter()
-                .filter(|(id, word)| !zone.restore_word(*id, *word, now))
-                .count();
-            ngx_log_error!(
-                NGX_LOG_NOTICE,
-                log,
-                "rate_limit_state_file \"{path}\": zone \"{name}\" restored the counts of {} \
-                 key(s)",
-                quota.words.len() - lost
-            );
-            if lost > 0 {
-                ngx_log_error!(
-                    NGX_LOG_WARN,
-                    log,
-                    "rate_limit_state_file \"{path}\": zone \"{name}\" has no room for the \
-                     counts of {lost} key(s): make the zone larger"
-                );
-            }
-            zone
-        }
-        None => zone,
-    };
-    if let Some(limits) = plan.limits {
-        // No worker runs yet (zone init is in the master).
-        zone.restore_limits(limits);
+    Some(quota)
+}
+
+/// Put a quota zone's counts of the current period into its fresh memory (reseeded with the
+/// seed they were hashed with); returns the zone.
+fn restore_counts(
+    zone_conf: &mut ZoneConf,
+    zone: Zone,
+    quota: &QuotaCounts,
+    log: *mut ngx_log_t,
+    path: &str,
+) -> Zone {
+    let now = now_ns();
+    let (words, other_periods) = quota.of_period(super::quota::window(zone_conf, now).tag);
+    let zone = zone.reseeded(quota.seed);
+    zone_conf.zone = Some(zone);
+    let lost = words
+        .iter()
+        .filter(|(id, word)| !zone.restore_word(*id, *word, now))
+        .count();
+    let name = &zone_conf.name;
+    ngx_log_error!(
+        NGX_LOG_NOTICE,
+        log,
+        "rate_limit_state_file \"{path}\": zone \"{name}\" restored the counts of {} key(s)",
+        words.len() - lost
+    );
+    if other_periods > 0 {
+        ngx_log_error!(
+            NGX_LOG_NOTICE,
+            log,
+            "rate_limit_state_file \"{path}\": zone \"{name}\" dropped the counts of \
+             {other_periods} key(s) of another period than the current one"
+        );
     }
+    if lost > 0 {
+        ngx_log_error!(
+            NGX_LOG_WARN,
+            log,
+            "rate_limit_state_file \"{path}\": zone \"{name}\" has no room for the \
+             counts of {lost} key(s): make the zone larger"
+        );
+    }
+    zone
+}
+
+/// Put the overrides into the zone; returns how many it took. A full table is named once,
+/// with the count of what it could not take.
+fn restore_overrides(
+    zone_conf: &ZoneConf,
+    zone: &Zone,
+    overrides: &[(Vec<u8>, ratelimit_core::Limits)],
+    log: *mut ngx_log_t,
+    path: &str,
+) -> usize {
     let mut restored = 0;
-    for (key, limits) in &plan.overrides {
+    let mut refused = 0;
+    for (key, limits) in overrides {
         match zone.set_override(key, *limits) {
             Ok(_) => restored += 1,
+            Err(_) if refused > 0 => refused += 1,
             Err(_) => {
+                refused += 1;
                 ngx_log_error!(
                     NGX_LOG_WARN,
                     log,
-                    "rate_limit_state_file \"{path}\": zone \"{name}\" has no room for the \
+                    "rate_limit_state_file \"{path}\": zone \"{}\" has no room for the \
                      override of key \"{}\"",
+                    zone_conf.name,
                     zone_conf.key_form.show(key)
                 );
             }
         }
     }
-    if plan.limits.is_some() || restored > 0 {
-        let limits = zone.limits().unwrap_or(zone_conf.limits);
+    if refused > 1 {
         ngx_log_error!(
-            NGX_LOG_NOTICE,
+            NGX_LOG_WARN,
             log,
-            "rate_limit_state_file \"{path}\": zone \"{name}\" restored: rate {} burst {}, \
-             {restored} override(s)",
-            limits.rate,
-            limits.burst
+            "rate_limit_state_file \"{path}\": zone \"{}\" has no room for {refused} \
+             override(s) in all: make the zone larger",
+            zone_conf.name
         );
     }
+    restored
 }
 
-/// Read the file, logging why it is not used when it is not.
-fn load(path: &Path, log: *mut ngx_log_t) -> Option<StateFile> {
+/// Read the file (and its previous copy when it is damaged), logging what is wrong with it.
+fn load(path: &Path, bound: u64, log: *mut ngx_log_t) -> Option<Loaded> {
     let shown = path.display();
-    match state::load(path) {
-        Ok(file) => Some(file),
+    match state::load(path, bound) {
+        Ok(file) => {
+            if let Some(note) = file.file_note() {
+                ngx_log_error!(NGX_LOG_ERR, log, "rate_limit_state_file \"{shown}\" {note}");
+            }
+            Some(file)
+        }
         Err(StateError::Missing) => {
             ngx_log_error!(
                 NGX_LOG_NOTICE,
@@ -221,10 +294,10 @@ pub fn worker_started(cycle: &ngx_cycle_t) {
     let Some(path) = &registry.state_file else {
         return;
     };
-    if let Ok(old) = state::load(Path::new(path)) {
+    if let Ok(old) = state::load(Path::new(path), size_bound(registry)) {
         let zones = shared_zones(registry, 0);
         let configured = |name: &str| zones.iter().any(|zone| zone.name() == name);
-        for text in state::gone_zones(&old, configured) {
+        for text in state::gone_zones(&old.current, configured) {
             ngx_log_error!(
                 NGX_LOG_NOTICE,
                 cycle.log,

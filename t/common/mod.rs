@@ -25,6 +25,7 @@ pub mod llm;
 pub mod nginx;
 pub mod redis;
 pub mod skip;
+pub mod state_file;
 pub mod timeline;
 pub mod upstream;
 pub mod workers;

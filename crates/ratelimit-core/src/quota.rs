@@ -114,6 +114,21 @@ pub fn used(state: u64, window: &QuotaWindow) -> u64 {
     }
 }
 
+/// The period tag a state word counts in (0 for a fresh key's word): what a reader of saved
+/// words compares with the current period's before it restores one.
+///
+/// ```
+/// use ratelimit_core::quota::{state_of, tag_of_state, QuotaWindow};
+///
+/// let window = QuotaWindow { tag: 1023, end_ns: 0 };
+/// assert_eq!(tag_of_state(state_of(7, &window)), 1023);
+/// assert_eq!(tag_of_state(0), 0);
+/// ```
+#[inline]
+pub fn tag_of_state(state: u64) -> u64 {
+    state >> COUNT_BITS
+}
+
 /// The state of a key that used `count` in `window`.
 #[inline]
 pub fn state_of(count: u64, window: &QuotaWindow) -> u64 {

@@ -63,6 +63,20 @@ pub fn key_id(hash: u64) -> u64 {
     (hash >> PIN_BITS) | 1
 }
 
+/// Whether `id` can be a key's id ([`key_id`]'s shape: odd, within `64 - PIN_BITS` bits): what
+/// a reader checks before an id from outside (a state file) reaches a table.
+///
+/// ```
+/// use ratelimit_slots::{is_key_id, key_id};
+///
+/// assert!(is_key_id(key_id(u64::MAX)) && is_key_id(key_id(0)));
+/// assert!(!is_key_id(0) && !is_key_id(2) && !is_key_id(u64::MAX));
+/// ```
+#[inline]
+pub fn is_key_id(id: u64) -> bool {
+    id & 1 == 1 && id <= u64::MAX >> PIN_BITS
+}
+
 /// Where a key's state is: its slot, and the id of the key that owned it when it was found.
 /// Kept across time (a request's give-back, a queued request, the sync loop's entries), it
 /// refers to the key, not to whichever key holds the slot later.
