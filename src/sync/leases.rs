@@ -20,7 +20,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{fence, Ordering};
 
 use ratelimit_core::concurrency::ConcurrencyLimit;
-use ratelimit_core::lease::{LeaseHolder, LeaseReply, LeaseWord, EXPIRY_ROUNDS, SERVE_SCRIPT};
+use ratelimit_core::lease::{
+    hold_end, LeaseHolder, LeaseReply, LeaseWord, EXPIRY_ROUNDS, SERVE_SCRIPT,
+};
 use ratelimit_core::sync_spec::SyncSpec;
 
 use super::cluster::Routed;
@@ -91,9 +93,7 @@ impl Leases {
         // round and the next, before any lease grows.
         let failed = matches!(sync.mode(), Mode::LocalShare | Mode::Open | Mode::Closed);
         if reachable && failed {
-            let mut probe = LeaseHolder::new(instance);
-            probe.hold(now, ttl_ms);
-            self.hold_until_ms = self.hold_until_ms.max(probe.hold_until_ms);
+            self.hold_until_ms = self.hold_until_ms.max(hold_end(now, ttl_ms));
         }
         let mut commands = Vec::new();
         let mut sent = Vec::new();

@@ -143,7 +143,7 @@ pub fn serve_since(
     ttl_ms: u64,
 ) -> LeaseReply {
     let began = *since.get_or_insert(now_ms);
-    let young = now_ms < began.saturating_add(ttl_ms + ttl_ms / EXPIRY_ROUNDS);
+    let young = now_ms < hold_end(began, ttl_ms);
     serve_young(young, holders, limit, request, now_ms, ttl_ms)
 }
 
@@ -288,6 +288,13 @@ local known = 0
 if mine then known = 1 end
 return {1, seq, lease, target, #others + 1, known}
 "#;
+
+/// When a hold begun at `from_ms` ends: `ttl` and one interval later, long enough for every
+/// lease Redis lost to expire on its holder's clock and for its holder's claim to arrive
+/// ([`LeaseHolder::hold`], [`serve_since`]; the script's `ttl + ttl / 3`).
+pub fn hold_end(from_ms: u64, ttl_ms: u64) -> u64 {
+    from_ms.saturating_add(ttl_ms + ttl_ms / EXPIRY_ROUNDS)
+}
 
 /// The max-min fair level: the largest `level` with `sum(min(want, level)) <= limit`, so that
 /// an instance wanting less than its equal part gets what it wants and the others share the
@@ -470,8 +477,7 @@ impl LeaseHolder {
     /// `ttl`, its holder claims what its requests still hold at its next round, and only
     /// then is the rest free.
     pub fn hold(&mut self, now_ms: u64, ttl_ms: u64) {
-        let until = now_ms.saturating_add(ttl_ms + ttl_ms / EXPIRY_ROUNDS);
-        self.hold_until_ms = self.hold_until_ms.max(until);
+        self.hold_until_ms = self.hold_until_ms.max(hold_end(now_ms, ttl_ms));
     }
 
     /// `on_failure=local_share`: the permits it may grant alone, `limit` over the instances
