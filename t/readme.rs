@@ -1092,3 +1092,158 @@ fn shown_fields(shown: &str) -> Vec<String> {
     }
     fields
 }
+
+/// Issue 49: docs/install.md's shell blocks for the vendored nginx run as written, in a
+/// scratch copy of the checkout's layout (its `scripts/`, `nginx-conf/` and `target/debug/`
+/// linked in, so that `my.conf`, `target/run/` and `target/mine/` are the test's own): the
+/// first copies basic.conf and starts it with `scripts/run-example.sh` (the script's own
+/// `NGINX`/`MODULE`/`PORT` variables pick the vendored build and free ports), which answers
+/// and limits; the second runs the config that script wrote under a prefix of its own, and
+/// the page's `kill -QUIT` stops it. (The page's other blocks install packages into the
+/// machine's nginx: scripts/check-install.sh runs them verbatim, as root, in CI.)
+#[test]
+fn install_vendored_blocks_run_as_written() {
+    let page = "docs/install.md";
+    let blocks = code_blocks(
+        &section(page, "The vendored nginx: your own config with the module"),
+        "sh",
+    );
+    assert_eq!(blocks.len(), 2, "{page}: the vendored nginx's shell blocks");
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let scratch = std::env::temp_dir()
+        .join("ngx-rate-limit-t")
+        .join(format!("install-vendored-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&scratch);
+    fs::create_dir_all(scratch.join("target")).unwrap();
+    for linked in ["scripts", "nginx-conf", "lib", "target/debug"] {
+        std::os::unix::fs::symlink(repo.join(linked), scratch.join(linked)).unwrap();
+    }
+    let vendored = run_with(
+        "ls -t target/debug/build/nginx-sys-*/out/objs/nginx | head -n1",
+        &[],
+    );
+    let vendored = repo.join(vendored.trim());
+    assert!(vendored.is_file(), "no vendored nginx: run `cargo build`");
+    let (port, admin_port, upstream_port) = (free_port(), free_port(), free_port());
+    let script = |block: &[String]| {
+        let mut command = Command::new("bash");
+        command
+            .args(["-e", "-c", &block.join("\n")])
+            .current_dir(&scratch)
+            .stdin(Stdio::null())
+            .process_group(0);
+        command
+    };
+
+    // The first block: run-example.sh in the foreground, stopped as a user stops it.
+    let log = fs::File::create(scratch.join("example.log")).unwrap();
+    // NGINX only for the script: an nginx started with NGINX set takes it for the sockets of
+    // a binary upgrade, and stays in the foreground.
+    let mut example = script(&blocks[0])
+        .env("NGINX", &vendored)
+        .env(
+            "MODULE",
+            repo.join("target/debug/libngx_http_rate_limit_module.so"),
+        )
+        .env("PORT", port.to_string())
+        .env("ADMIN_PORT", admin_port.to_string())
+        .env("UPSTREAM_PORT", upstream_port.to_string())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run bash: {e}"));
+    let example_log = || fs::read_to_string(scratch.join("example.log")).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(status)) = example.try_wait() {
+            panic!(
+                "{page}: the first block exited ({status}):\n{}",
+                example_log()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{page}: not listening:\n{}",
+            example_log()
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(scratch.join("my.conf").is_file(), "{page}: no my.conf");
+    // basic.conf: 5r/s with burst=10 nodelay, so 30 requests at once meet the limit.
+    let statuses: Vec<u16> = (0..30).map(|_| common::get(port, "/").status).collect();
+    assert_eq!(statuses[0], 200, "{page}: {statuses:?}\n{}", example_log());
+    assert!(
+        statuses.contains(&429),
+        "{page}: never limited: {statuses:?}"
+    );
+    sys::signal(-(example.id() as i32), sys::SIGTERM);
+    let status = example.wait().unwrap();
+    let written = scratch.join("target/run/nginx.conf");
+    assert!(
+        written.is_file(),
+        "{page}: run-example.sh wrote no {}",
+        written.display()
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "{page}: still listening after {status}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+
+    // The second block: the written config under the prefix target/mine, in the background
+    // (SIGKILLed by its pid file should an assertion fail before the page's command stops it).
+    struct KillOnDrop(PathBuf);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            if let Some(pid) = fs::read_to_string(&self.0)
+                .ok()
+                .and_then(|p| p.trim().parse().ok())
+            {
+                sys::signal(pid, sys::SIGKILL);
+            }
+        }
+    }
+    let _daemon = KillOnDrop(scratch.join("target/mine/logs/nginx.pid"));
+    // Its output to a file: the daemon keeps the descriptors it was started with.
+    let log = fs::File::create(scratch.join("mine.log")).unwrap();
+    let status = script(&blocks[1])
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .status()
+        .unwrap();
+    let said = fs::read_to_string(scratch.join("mine.log")).unwrap_or_default();
+    assert!(
+        status.success(),
+        "{page}: the second block: {status}\n{said}"
+    );
+    assert!(said.contains("test is successful"), "{page}: {said}");
+    let answer = common::get(port, "/");
+    assert_eq!(
+        answer.header("x-rate-limit-status"),
+        Some("PASSED"),
+        "{page}: {answer:?}"
+    );
+    let stop = "kill -QUIT $(cat target/mine/logs/nginx.pid)";
+    assert!(
+        repo_file(page).contains(&format!("`{stop}`")),
+        "{page} says how to stop it"
+    );
+    let output = script(&[stop.to_string()]).output().unwrap();
+    assert!(
+        output.status.success(),
+        "{stop}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while scratch.join("target/mine/logs/nginx.pid").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{page}: `{stop}` did not stop nginx"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    let _ = fs::remove_dir_all(&scratch);
+}
