@@ -16,10 +16,8 @@ pub mod usage;
 use core::ptr;
 
 use ngx::core::Status;
-use ngx::ffi::NGX_LOG_ERR;
 use ngx::ffi::{ngx_http_request_t, ngx_int_t, ngx_shm_zone_t};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf};
-use ngx::ngx_log_error;
 use ratelimit_core::{Outcome, NANOS_PER_SEC};
 use smallvec::SmallVec;
 
@@ -30,7 +28,6 @@ use crate::control::decide::{self, Applied, AppliedLimit, Charge, Found, One};
 use crate::control::outcome::{self, Action, Door, Refused, Wait};
 use crate::glue::response::add_header;
 use crate::glue::{connection_log, now_ns};
-use crate::store::MAX_KEY_BYTES;
 pub use charge::log_handler as charge_log_handler;
 pub use concurrency::log_handler as concurrency_log_handler;
 use headers::add_rate_limit_headers;
@@ -54,30 +51,9 @@ fn find_key<'a>(
 ) -> Option<Found<'a>> {
     let zone_conf = zone_conf_of(shm_zone)?;
     let zone = zone_conf.zone.as_ref()?;
+    let log = connection_log(r);
     let key = evaluate_key(r, zone_conf)?;
-    if key.is_empty() {
-        return None;
-    }
-    if key.len() > MAX_KEY_BYTES {
-        log_key_too_long(r, zone_conf);
-        return None;
-    }
-    let (found, evicted) = decide::find(zone_conf, zone, key, now_ns);
-    if evicted {
-        found.log_zone_full(now_ns, connection_log(r));
-    }
-    Some(found)
-}
-
-#[cold]
-#[inline(never)]
-fn log_key_too_long(r: &ngx_http_request_t, zone_conf: &ZoneConf) {
-    ngx_log_error!(
-        NGX_LOG_ERR,
-        connection_log(r),
-        "the value of the \"{}\" key is more than 65535 bytes",
-        zone_conf.key_text
-    );
+    crate::control::key::find(zone_conf, zone, key, now_ns, log)
 }
 
 /// The zone's entry for the request's key and the limits that apply to it, not yet decided.

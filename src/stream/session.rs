@@ -18,7 +18,7 @@ use crate::control::decide::{self, Applied, AppliedLimit, Charge, Found, Verdict
 use crate::control::outcome::{self, Action, Door, LimitStatus, StatusValue as SessionState};
 use crate::control::queue::Owner;
 use crate::glue::{fill_remote_net, now_ns, value_bits};
-use crate::store::{Counter, MAX_KEY_BYTES};
+use crate::store::Counter;
 
 /// Where a session's outcome is kept: `$rate_limit_status`'s own value in `s->variables`
 /// (set: the session was decided already, and is resuming after its delay).
@@ -168,23 +168,7 @@ fn find_key(
     let shared = zone.zone.as_ref()?;
     let log = session_log(s);
     let key = evaluate_key(s, main, zone)?;
-    if key.is_empty() {
-        return None;
-    }
-    if key.len() > MAX_KEY_BYTES {
-        ngx_log_error!(
-            ngx::ffi::NGX_LOG_ERR,
-            log,
-            "the value of the \"{}\" key is more than 65535 bytes",
-            zone.key_text
-        );
-        return None;
-    }
-    let (found, evicted) = decide::find(zone, shared, key, now_ns);
-    if evicted {
-        found.log_zone_full(now_ns, log);
-    }
-    Some(found)
+    crate::control::key::find(zone, shared, key, now_ns, log)
 }
 
 /// The key copied, for the top keys and the penalty box (only delayed, rejected and blocked
