@@ -1,5 +1,5 @@
 //! A door's key in a zone, the same for every door: checked (1 to `MAX_KEY_BYTES` bytes),
-//! then its entry found. The http and stream doors evaluate the key and call [`find`]; the
+//! then its entry found. The http and stream doors evaluate the key and call [`entry`]; the
 //! Lua door, which answers each refusal with its own code, calls [`check`] and [`lookup`].
 
 use ngx::ffi::{ngx_log_t, NGX_LOG_ERR};
@@ -54,7 +54,7 @@ pub fn lookup<'a>(
 /// The zone's entry for the key a request or a session evaluated, claimed for a new key;
 /// `None` when the key is empty (not limited) or too long (said in `log`).
 #[inline(always)]
-pub fn find<'a>(
+pub fn entry<'a>(
     zone_conf: &'a ZoneConf,
     zone: &'a Zone,
     key: &[u8],

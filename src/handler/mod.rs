@@ -12,6 +12,7 @@ mod key;
 mod remote_net;
 mod status;
 pub mod usage;
+mod variables;
 
 use core::ptr;
 
@@ -34,6 +35,7 @@ use headers::add_rate_limit_headers;
 use key::evaluate_key;
 use status::{request_state, LimitStatus, RequestState};
 pub use usage::log_handler as usage_log_handler;
+pub use variables::add_variables;
 
 fn zone_conf_of(shm_zone: *mut ngx_shm_zone_t) -> Option<&'static ZoneConf> {
     // SAFETY: `shm_zone` was returned by ngx_shared_memory_add for this cycle; its `data` is a
@@ -53,7 +55,7 @@ fn find_key<'a>(
     let zone = zone_conf.zone.as_ref()?;
     let log = connection_log(r);
     let key = evaluate_key(r, zone_conf)?;
-    crate::control::key::find(zone_conf, zone, key, now_ns, log)
+    crate::control::key::entry(zone_conf, zone, key, now_ns, log)
 }
 
 /// The zone's entry for the request's key and the limits that apply to it, not yet decided.
@@ -64,16 +66,6 @@ fn resolve<'a>(
     now_ns: u64,
 ) -> Option<Applied<'a>> {
     Applied::new(find_key(r, shm_zone, now_ns)?, limit, now_ns)
-}
-
-/// Register the module's variables: `$rate_limit_status`, `$rate_limit_usage_*`,
-/// `$rate_limit_remote_net`, `$rate_limit_api_key`.
-pub fn add_variables(cf: &mut ngx::ffi::ngx_conf_t) -> Result<(), crate::conf::ConfError> {
-    status::add_variables(cf)?;
-    remote_net::add_variable(cf)?;
-    api_key::add_variable(cf)?;
-    body::add_variable(cf)?;
-    usage::add_variables(cf)
 }
 
 /// In place of [`preaccess_handler`] when `RATE_LIMIT_PANIC_AT=handler::preaccess_handler`
