@@ -10,14 +10,14 @@
 //! (`crate::control::decide`), so a Lua location and a `rate_limit` location share state and
 //! decide alike; changes of limits go through `crate::control::zones`.
 //!
-//! No panic may cross `extern "C"`: each body runs under `catch_unwind` and answers
-//! [`Status::Internal`] if it panics. Pointers are checked before use; errors are negative
+//! No panic may cross `extern "C"`: each body runs in the module's panic guard
+//! (`glue::guard`, as every entry nginx calls), which logs a panic in one `alert` line; the
+//! call then answers [`Status::Internal`]. Pointers are checked before use; errors are negative
 //! codes the Lua side turns into messages.
 
 use core::ffi::c_int;
 use core::ptr;
 use std::borrow::Cow;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use ngx::ffi::ngx_http_request_t;
 use ratelimit_core::penalty::BlockPolicy;
@@ -173,13 +173,17 @@ impl From<Refused> for Status {
     }
 }
 
-/// Run `body` with a panic turned into [`Status::Internal`].
+/// Run `body` in the module's panic guard (`glue::guard::entry`): a panic is logged, and the
+/// call answers [`Status::Internal`].
 fn guarded(body: impl FnOnce() -> Result<(), Status>) -> c_int {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => Status::Ok as c_int,
-        Ok(Err(status)) => status as c_int,
-        Err(_) => Status::Internal as c_int,
-    }
+    crate::glue::guard::entry(
+        "lua",
+        || Status::Internal as c_int,
+        || match body() {
+            Ok(()) => Status::Ok as c_int,
+            Err(status) => status as c_int,
+        },
+    )
 }
 
 /// `len` bytes at `data`, or `None` for a null pointer with a length.

@@ -68,17 +68,6 @@ fn resolve<'a>(
     Applied::new(find_key(r, shm_zone, now_ns)?, limit, now_ns)
 }
 
-/// In place of [`preaccess_handler`] when `RATE_LIMIT_PANIC_AT=handler::preaccess_handler`
-/// (t/panic.rs): a handler that panics inside its guard.
-pub unsafe extern "C" fn panicking_preaccess_handler(_r: *mut ngx_http_request_t) -> ngx_int_t {
-    const NAME: &str = "handler::preaccess_handler";
-    crate::glue::guard::entry(
-        NAME,
-        || nginx_sys::NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t,
-        || crate::glue::guard::provoke(NAME),
-    )
-}
-
 /// The preaccess phase handler.
 pub unsafe extern "C" fn preaccess_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     crate::glue::guard::entry(

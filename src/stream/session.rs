@@ -210,17 +210,6 @@ enum Act {
     Delay(u64),
 }
 
-/// In place of [`preaccess_handler`] when `RATE_LIMIT_PANIC_AT=stream::preaccess_handler`
-/// (t/panic.rs): a handler that panics inside its guard.
-pub unsafe extern "C" fn panicking_preaccess_handler(_s: *mut ngx_stream_session_t) -> ngx_int_t {
-    const NAME: &str = "stream::preaccess_handler";
-    crate::glue::guard::entry(
-        NAME,
-        || nginx_sys::NGX_STREAM_INTERNAL_SERVER_ERROR as ngx_int_t,
-        || crate::glue::guard::provoke(NAME),
-    )
-}
-
 /// The stream preaccess phase handler.
 pub unsafe extern "C" fn preaccess_handler(s: *mut ngx_stream_session_t) -> ngx_int_t {
     crate::glue::guard::entry(
