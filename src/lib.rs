@@ -109,11 +109,10 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
             let Some(cmcf) = NgxHttpCoreModule::main_conf_mut(cf) else {
                 return Status::NGX_ERROR.into();
             };
-            let preaccess: Handler = if glue::guard::provoked("handler::preaccess_handler") {
-                handler::panicking_preaccess_handler
-            } else {
-                handler::preaccess_handler
-            };
+            let preaccess: Handler = glue::guard::phase_handler(
+                "handler::preaccess_handler",
+                handler::preaccess_handler,
+            );
             let mut phases = vec![(ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, preaccess)];
             if concurrency {
                 phases.push((

@@ -10,14 +10,14 @@
 //! (`crate::control::decide`), so a Lua location and a `rate_limit` location share state and
 //! decide alike; changes of limits go through `crate::control::zones`.
 //!
-//! No panic may cross `extern "C"`: each body runs under `catch_unwind` and answers
-//! [`Status::Internal`] if it panics. Pointers are checked before use; errors are negative
+//! No panic may cross `extern "C"`: each body runs in the module's panic guard
+//! (`glue::guard`, as every entry nginx calls), which logs a panic in one `alert` line; the
+//! call then answers [`Status::Internal`]. Pointers are checked before use; errors are negative
 //! codes the Lua side turns into messages.
 
 use core::ffi::c_int;
 use core::ptr;
 use std::borrow::Cow;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use ngx::ffi::ngx_http_request_t;
 use ratelimit_core::penalty::BlockPolicy;
@@ -28,9 +28,10 @@ use crate::conf::registry;
 use crate::conf::{LimitConf, ZoneConf};
 use crate::control::concurrency::{self as slots, Arrival, Line, Peek, Refusal};
 use crate::control::decide::{self, Applied, AppliedLimit, Charge};
+use crate::control::key::Refused;
 use crate::control::queue::{self, LuaTurn, Owner};
 use crate::glue::{connection_log, now_ns};
-use crate::store::{Counter, Zone, MAX_KEY_BYTES};
+use crate::store::{Counter, Zone};
 
 /// Bumped whenever a struct or a function signature below changes.
 pub const ABI_VERSION: c_int = 4;
@@ -163,13 +164,26 @@ impl LuaOptions {
     }
 }
 
-/// Run `body` with a panic turned into [`Status::Internal`].
-fn guarded(body: impl FnOnce() -> Result<(), Status>) -> c_int {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => Status::Ok as c_int,
-        Ok(Err(status)) => status as c_int,
-        Err(_) => Status::Internal as c_int,
+impl From<Refused> for Status {
+    fn from(refused: Refused) -> Status {
+        match refused {
+            Refused::Empty => Status::EmptyKey,
+            Refused::TooLong => Status::KeyTooLong,
+        }
     }
+}
+
+/// Run `body` in the module's panic guard (`glue::guard::entry`): a panic is logged, and the
+/// call answers [`Status::Internal`].
+fn guarded(body: impl FnOnce() -> Result<(), Status>) -> c_int {
+    crate::glue::guard::entry(
+        "lua",
+        || Status::Internal as c_int,
+        || match body() {
+            Ok(()) => Status::Ok as c_int,
+            Err(status) => status as c_int,
+        },
+    )
 }
 
 /// `len` bytes at `data`, or `None` for a null pointer with a length.
@@ -256,12 +270,7 @@ unsafe fn target<'r>(
     // SAFETY: a non-null `opts` points to a struct the Lua side allocated.
     let opts = unsafe { opts.as_ref() }.ok_or(Status::BadArgument)?;
     let (zone_conf, zone) = zone_by_name(r, name)?;
-    if key.is_empty() {
-        return Err(Status::EmptyKey);
-    }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(Status::KeyTooLong);
-    }
+    crate::control::key::check(key)?;
     if zone_conf.algorithm.counts_in_flight() {
         return Err(Status::WrongKind);
     }
@@ -272,15 +281,8 @@ unsafe fn target<'r>(
         }
     })?;
     let now_ns = now_ns();
-    let found = if claim {
-        let (found, evicted) = decide::find(zone_conf, zone, &key, now_ns);
-        if evicted {
-            found.log_zone_full(now_ns, connection_log(r));
-        }
-        found
-    } else {
-        decide::find_existing(zone_conf, zone, &key)
-    };
+    let found =
+        crate::control::key::lookup(zone_conf, zone, &key, now_ns, claim, connection_log(r));
     let applied = Applied::new(found, &limit, now_ns).ok_or(Status::Internal)?;
     Ok(Target {
         applied,
@@ -650,26 +652,14 @@ unsafe fn conn_line<'r>(
     if !zone_conf.algorithm.counts_in_flight() {
         return Err(Status::WrongKind);
     }
-    if key.is_empty() {
-        return Err(Status::EmptyKey);
-    }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(Status::KeyTooLong);
-    }
+    crate::control::key::check(key)?;
     if cost == 0 {
         return Err(Status::BadArgument);
     }
     let key = zone_conf.key_form.parse(key);
     let now_ns = now_ns();
-    let found = if claim {
-        let (found, evicted) = decide::find(zone_conf, zone, &key, now_ns);
-        if evicted {
-            found.log_zone_full(now_ns, connection_log(r));
-        }
-        found
-    } else {
-        decide::find_existing(zone_conf, zone, &key)
-    };
+    let found =
+        crate::control::key::lookup(zone_conf, zone, &key, now_ns, claim, connection_log(r));
     Ok(Line {
         zone_conf,
         zone: *zone,
@@ -967,11 +957,6 @@ unsafe fn block_target<'r>(
     // SAFETY: as above.
     let key = unsafe { bytes(key.0, key.1) }.ok_or(Status::BadArgument)?;
     let (zone_conf, _) = zone_by_name(r, name)?;
-    if key.is_empty() {
-        return Err(Status::EmptyKey);
-    }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(Status::KeyTooLong);
-    }
+    crate::control::key::check(key)?;
     Ok((zone_conf, zone_conf.key_form.parse(key)))
 }

@@ -3,6 +3,7 @@
 //! every front door calls ([`decide`]). Imports conf, the store and glue; no front door.
 //!
 //! * [`decide`]: a request's limits resolved, decided and accounted for;
+//! * [`key`]: a door's key checked and its entry found, the same for every door;
 //! * [`outcome`]: a verdict settled into one action (go on, delay, refuse), logged and
 //!   counted once for every door;
 //! * [`zones`]: the zones as the admin API sees them, and every change to them;
@@ -16,6 +17,7 @@ pub mod blocks;
 pub mod concurrency;
 pub mod decide;
 mod fleet;
+pub mod key;
 pub mod outcome;
 pub mod persist;
 pub mod queue;

@@ -14,7 +14,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, Once};
 
-use ngx::ffi::NGX_LOG_ALERT;
+use ngx::ffi::{ngx_int_t, NGX_LOG_ALERT};
 use ngx::ngx_log_error;
 
 /// The last panic of nginx's own thread (where and why), for its entry's log line. Written by
@@ -47,7 +47,7 @@ pub fn configure() {
 /// Run `work`, the body of the `extern "C"` entry `name`; after a panic, log it and answer
 /// `failed()`.
 #[inline]
-pub fn entry<T>(name: &'static str, failed: impl FnOnce() -> T, work: impl FnOnce() -> T) -> T {
+pub fn entry<T>(name: &str, failed: impl FnOnce() -> T, work: impl FnOnce() -> T) -> T {
     let result = catch_unwind(AssertUnwindSafe(work));
     match result {
         Ok(value) => value,
@@ -75,15 +75,37 @@ fn logged(name: &str) {
     );
 }
 
-/// Whether `RATE_LIMIT_PANIC_AT` names the entry `name` (its handler is then installed as one
-/// that calls [`provoke`]).
-pub fn provoked(name: &str) -> bool {
-    *PANIC_AT.lock().unwrap_or_else(|e| e.into_inner()) == name
+/// The phase handler to install as the entry `name` (http's or stream's, `S` its request or
+/// session): `handler`, or [`panicking`] when `RATE_LIMIT_PANIC_AT` names it.
+pub fn phase_handler<S>(name: &str, handler: PhaseHandler<S>) -> PhaseHandler<S> {
+    if *PANIC_AT.lock().unwrap_or_else(|e| e.into_inner()) == name {
+        panicking::<S>
+    } else {
+        handler
+    }
 }
 
-/// The work of a handler installed by `RATE_LIMIT_PANIC_AT`.
+/// A phase handler, as nginx calls it with a request (http) or a session (stream).
+pub type PhaseHandler<S> = unsafe extern "C" fn(*mut S) -> ngx_int_t;
+
+// A panicking handler answers both phases' internal error with one number.
+const _: () = assert!(
+    nginx_sys::NGX_HTTP_INTERNAL_SERVER_ERROR == nginx_sys::NGX_STREAM_INTERNAL_SERVER_ERROR
+);
+
+/// The phase handler installed in place of the one `RATE_LIMIT_PANIC_AT` names (t/panic.rs):
+/// it panics inside its guard, which answers 500 (a request's, or a session closed with it).
+unsafe extern "C" fn panicking<S>(_: *mut S) -> ngx_int_t {
+    let name = PANIC_AT.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    entry(
+        &name,
+        || nginx_sys::NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t,
+        || provoke(&name),
+    )
+}
+
 #[cold]
-pub fn provoke(name: &str) -> ! {
+fn provoke(name: &str) -> ! {
     panic!("RATE_LIMIT_PANIC_AT={name}");
 }
 

@@ -6,6 +6,7 @@ pub mod guard;
 pub mod pool;
 pub mod response;
 pub mod value_bits;
+pub mod variables;
 
 use ngx::ffi::{ngx_array_t, ngx_http_request_t, ngx_log_t};
 

@@ -3,66 +3,20 @@
 //! (`ratelimit_core::api_key`); empty when the request carries none. `$rate_limit_api_key_openai`,
 //! `_anthropic`, `_gemini` and `_azure` read one provider's places wherever they are used.
 
-use ngx::ffi::{
-    ngx_conf_t, ngx_http_add_variable, ngx_http_request_t, ngx_http_variable_value_t, ngx_int_t,
-    ngx_str_t, ngx_uint_t, NGX_HTTP_VAR_NOCACHEABLE,
-};
+use ngx::ffi::{ngx_http_request_t, ngx_http_variable_value_t, ngx_int_t};
 use ngx::http::HttpModuleLocationConf;
 use ratelimit_core::api_key::{
     fingerprint, Api, Credential, Sources, CONFLICT_KEY, FINGERPRINT_MAX,
 };
 
-use crate::conf::{ConfError, RateLimitModule};
+use crate::conf::RateLimitModule;
 use crate::glue::value_bits;
 
 /// The `data` of `$rate_limit_api_key`: the location's provider, read per evaluation.
-const LOCATION_API: usize = usize::MAX;
+pub(super) const LOCATION_API: usize = usize::MAX;
 
-/// Register `$rate_limit_api_key` and the four per-provider variables.
-///
-/// `$rate_limit_api_key` is not cacheable: its value depends on the location it is read in
-/// (a server-level `if` reads it before the location is known, with every place read). The
-/// per-provider variables are: the headers and the query string they read are the request's
-/// own.
-pub fn add_variable(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
-    add(
-        cf,
-        "rate_limit_api_key",
-        LOCATION_API,
-        NGX_HTTP_VAR_NOCACHEABLE as ngx_uint_t,
-    )?;
-    for api in Api::ALL {
-        let name = match api {
-            Api::OpenAi => "rate_limit_api_key_openai",
-            Api::Anthropic => "rate_limit_api_key_anthropic",
-            Api::Gemini => "rate_limit_api_key_gemini",
-            Api::Azure => "rate_limit_api_key_azure",
-        };
-        add(cf, name, api.index(), 0)?;
-    }
-    Ok(())
-}
-
-fn add(
-    cf: &mut ngx_conf_t,
-    name: &'static str,
-    data: usize,
-    flags: ngx_uint_t,
-) -> Result<(), ConfError> {
-    let mut name = ngx_str_t {
-        len: name.len(),
-        data: name.as_ptr().cast_mut(),
-    };
-    // SAFETY: `cf` is valid; the name is static.
-    let var = unsafe { ngx_http_add_variable(cf, &mut name, flags) };
-    // SAFETY: a non-null result is a live variable definition.
-    let var = unsafe { var.as_mut() }.ok_or(ConfError::Logged)?;
-    var.get_handler = Some(api_key_variable);
-    var.data = data;
-    Ok(())
-}
-
-unsafe extern "C" fn api_key_variable(
+/// `data`: an [`Api`]'s index, or [`LOCATION_API`].
+pub(super) unsafe extern "C" fn api_key_variable(
     r: *mut ngx_http_request_t,
     v: *mut ngx_http_variable_value_t,
     data: usize,

@@ -15,16 +15,15 @@ use core::ptr;
 
 use ngx::core::Status;
 use ngx::ffi::{
-    ngx_alloc_chain_link, ngx_conf_t, ngx_create_temp_buf, ngx_http_add_variable,
-    ngx_http_core_run_phases, ngx_http_finalize_request, ngx_http_read_client_request_body,
-    ngx_http_request_t, ngx_http_variable_value_t, ngx_int_t, ngx_pnalloc, ngx_pool_cleanup_add,
-    ngx_str_t, ngx_uint_t, NGX_HTTP_VAR_NOCACHEABLE,
+    ngx_alloc_chain_link, ngx_create_temp_buf, ngx_http_core_run_phases, ngx_http_finalize_request,
+    ngx_http_read_client_request_body, ngx_http_request_t, ngx_http_variable_value_t, ngx_int_t,
+    ngx_pnalloc, ngx_pool_cleanup_add, ngx_str_t,
 };
 use ngx::http::HttpModuleLocationConf;
 use ratelimit_core::usage::request::{with_usage_asked, RequestFacts, Unreadable, BODY_READ_MAX};
 use ratelimit_core::usage::{OnUnreadable, Provider};
 
-use crate::conf::{ConfError, LocConf, RateLimitModule, UsageSourceConf};
+use crate::conf::{LocConf, RateLimitModule, UsageSourceConf};
 use crate::glue::value_bits;
 
 /// The handler of the cleanup that keeps a request's [`Body`], read from here both when it
@@ -260,24 +259,9 @@ pub fn body_of(r: &ngx_http_request_t) -> Option<&'static Body> {
     unsafe { data.cast::<Body>().as_ref() }
 }
 
-/// Register `$rate_limit_llm_model`.
-pub fn add_variable(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
-    let mut name = ngx_str_t {
-        len: "rate_limit_llm_model".len(),
-        data: c"rate_limit_llm_model".as_ptr().cast_mut().cast(),
-    };
-    // SAFETY: `cf` is valid; the name is static.
-    let var =
-        unsafe { ngx_http_add_variable(cf, &mut name, NGX_HTTP_VAR_NOCACHEABLE as ngx_uint_t) };
-    // SAFETY: a non-null result is a live variable definition.
-    let var = unsafe { var.as_mut() }.ok_or(ConfError::Logged)?;
-    var.get_handler = Some(model_variable);
-    Ok(())
-}
-
 /// `$rate_limit_llm_model`: the request body's `model` (a string), empty when it names none
 /// or was not read (a location without a line that reads it).
-unsafe extern "C" fn model_variable(
+pub(super) unsafe extern "C" fn model_variable(
     r: *mut ngx_http_request_t,
     v: *mut ngx_http_variable_value_t,
     _data: usize,

@@ -12,14 +12,13 @@ mod key;
 mod remote_net;
 mod status;
 pub mod usage;
+mod variables;
 
 use core::ptr;
 
 use ngx::core::Status;
-use ngx::ffi::NGX_LOG_ERR;
 use ngx::ffi::{ngx_http_request_t, ngx_int_t, ngx_shm_zone_t};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf};
-use ngx::ngx_log_error;
 use ratelimit_core::{Outcome, NANOS_PER_SEC};
 use smallvec::SmallVec;
 
@@ -30,13 +29,13 @@ use crate::control::decide::{self, Applied, AppliedLimit, Charge, Found, One};
 use crate::control::outcome::{self, Action, Door, Refused, Wait};
 use crate::glue::response::add_header;
 use crate::glue::{connection_log, now_ns};
-use crate::store::MAX_KEY_BYTES;
 pub use charge::log_handler as charge_log_handler;
 pub use concurrency::log_handler as concurrency_log_handler;
 use headers::add_rate_limit_headers;
 use key::evaluate_key;
 use status::{request_state, LimitStatus, RequestState};
 pub use usage::log_handler as usage_log_handler;
+pub use variables::add_variables;
 
 fn zone_conf_of(shm_zone: *mut ngx_shm_zone_t) -> Option<&'static ZoneConf> {
     // SAFETY: `shm_zone` was returned by ngx_shared_memory_add for this cycle; its `data` is a
@@ -54,30 +53,9 @@ fn find_key<'a>(
 ) -> Option<Found<'a>> {
     let zone_conf = zone_conf_of(shm_zone)?;
     let zone = zone_conf.zone.as_ref()?;
+    let log = connection_log(r);
     let key = evaluate_key(r, zone_conf)?;
-    if key.is_empty() {
-        return None;
-    }
-    if key.len() > MAX_KEY_BYTES {
-        log_key_too_long(r, zone_conf);
-        return None;
-    }
-    let (found, evicted) = decide::find(zone_conf, zone, key, now_ns);
-    if evicted {
-        found.log_zone_full(now_ns, connection_log(r));
-    }
-    Some(found)
-}
-
-#[cold]
-#[inline(never)]
-fn log_key_too_long(r: &ngx_http_request_t, zone_conf: &ZoneConf) {
-    ngx_log_error!(
-        NGX_LOG_ERR,
-        connection_log(r),
-        "the value of the \"{}\" key is more than 65535 bytes",
-        zone_conf.key_text
-    );
+    crate::control::key::entry(zone_conf, zone, key, now_ns, log)
 }
 
 /// The zone's entry for the request's key and the limits that apply to it, not yet decided.
@@ -88,27 +66,6 @@ fn resolve<'a>(
     now_ns: u64,
 ) -> Option<Applied<'a>> {
     Applied::new(find_key(r, shm_zone, now_ns)?, limit, now_ns)
-}
-
-/// Register the module's variables: `$rate_limit_status`, `$rate_limit_usage_*`,
-/// `$rate_limit_remote_net`, `$rate_limit_api_key`.
-pub fn add_variables(cf: &mut ngx::ffi::ngx_conf_t) -> Result<(), crate::conf::ConfError> {
-    status::add_variables(cf)?;
-    remote_net::add_variable(cf)?;
-    api_key::add_variable(cf)?;
-    body::add_variable(cf)?;
-    usage::add_variables(cf)
-}
-
-/// In place of [`preaccess_handler`] when `RATE_LIMIT_PANIC_AT=handler::preaccess_handler`
-/// (t/panic.rs): a handler that panics inside its guard.
-pub unsafe extern "C" fn panicking_preaccess_handler(_r: *mut ngx_http_request_t) -> ngx_int_t {
-    const NAME: &str = "handler::preaccess_handler";
-    crate::glue::guard::entry(
-        NAME,
-        || nginx_sys::NGX_HTTP_INTERNAL_SERVER_ERROR as ngx_int_t,
-        || crate::glue::guard::provoke(NAME),
-    )
 }
 
 /// The preaccess phase handler.

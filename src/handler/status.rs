@@ -2,12 +2,8 @@
 //! `r->variables` (`control::outcome::StatusValue`).
 
 use ngx::core::Status;
-use ngx::ffi::{
-    ngx_conf_t, ngx_http_add_variable, ngx_http_request_t, ngx_http_variable_value_t, ngx_int_t,
-    ngx_str_t, ngx_uint_t, NGX_HTTP_VAR_NOCACHEABLE,
-};
+use ngx::ffi::{ngx_http_request_t, ngx_http_variable_value_t, ngx_int_t, ngx_uint_t};
 
-use crate::conf::ConfError;
 use crate::glue::value_bits;
 
 pub use crate::control::outcome::{LimitStatus, StatusValue as RequestState};
@@ -20,24 +16,9 @@ pub fn request_state(r: &ngx_http_request_t, index: ngx_uint_t) -> RequestState 
     unsafe { RequestState::new(r.variables.add(index)) }
 }
 
-/// Register `$rate_limit_status`.
-pub fn add_variables(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
-    let mut name = ngx_str_t {
-        len: "rate_limit_status".len(),
-        data: c"rate_limit_status".as_ptr().cast_mut().cast(),
-    };
-    // SAFETY: `cf` is valid; the name is static.
-    let var =
-        unsafe { ngx_http_add_variable(cf, &mut name, NGX_HTTP_VAR_NOCACHEABLE as ngx_uint_t) };
-    // SAFETY: a non-null result is a live variable definition.
-    let var = unsafe { var.as_mut() }.ok_or(ConfError::Logged)?;
-    var.get_handler = Some(status_variable);
-    Ok(())
-}
-
 /// Called only while no outcome is stored in the request's variables (`RequestState::set`
 /// stores it there directly): no limit applied.
-unsafe extern "C" fn status_variable(
+pub(super) unsafe extern "C" fn status_variable(
     _r: *mut ngx_http_request_t,
     v: *mut ngx_http_variable_value_t,
     _data: usize,

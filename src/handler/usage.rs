@@ -16,11 +16,10 @@ use core::sync::atomic::AtomicU64;
 
 use ngx::core::Status;
 use ngx::ffi::{
-    ngx_alloc_chain_link, ngx_buf_t, ngx_chain_t, ngx_conf_t, ngx_create_temp_buf,
-    ngx_http_add_variable, ngx_http_output_body_filter_pt, ngx_http_output_header_filter_pt,
-    ngx_http_request_t, ngx_http_top_body_filter, ngx_http_top_header_filter,
-    ngx_http_variable_value_t, ngx_int_t, ngx_pcalloc, ngx_pool_cleanup_add, ngx_str_t, ngx_uint_t,
-    NGX_HTTP_VAR_NOCACHEABLE, NGX_LOG_WARN,
+    ngx_alloc_chain_link, ngx_buf_t, ngx_chain_t, ngx_create_temp_buf,
+    ngx_http_output_body_filter_pt, ngx_http_output_header_filter_pt, ngx_http_request_t,
+    ngx_http_top_body_filter, ngx_http_top_header_filter, ngx_http_variable_value_t, ngx_int_t,
+    ngx_pcalloc, ngx_pool_cleanup_add, ngx_uint_t, NGX_LOG_WARN,
 };
 use ngx::http::HttpModuleMainConf;
 use ngx::ngx_log_error;
@@ -34,7 +33,7 @@ use ratelimit_core::usage::{
 };
 use ratelimit_core::Outcome;
 
-use crate::conf::{AmountConf, ConfError, LimitConf, RateLimitModule, UsageConf, UsageSourceConf};
+use crate::conf::{AmountConf, LimitConf, RateLimitModule, UsageConf, UsageSourceConf};
 use crate::control::decide::{Applied, AppliedLimit, Charged, Verdict};
 use crate::glue::response::{add_header, answer_now};
 use crate::glue::{connection_log, now_ns, value_bits};
@@ -717,41 +716,18 @@ fn log_malformed(
     );
 }
 
-/// The `$rate_limit_usage_*` variables, by the value their handler's `data` selects.
-const VARIABLES: [(&str, usize); 6] = [
-    ("rate_limit_usage_prompt_tokens", 0),
-    ("rate_limit_usage_completion_tokens", 1),
-    ("rate_limit_usage_cached_tokens", 2),
-    ("rate_limit_usage_total_tokens", 3),
-    ("rate_limit_usage_cost", 4),
-    ("rate_limit_usage_model", MODEL),
-];
-
-/// The `data` of `$rate_limit_usage_model`.
-const MODEL: usize = 5;
-
-/// Register the `$rate_limit_usage_*` variables.
-pub fn add_variables(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
-    for (name, which) in VARIABLES {
-        let mut name = ngx_str_t {
-            len: name.len(),
-            data: name.as_ptr().cast_mut(),
-        };
-        // SAFETY: `cf` is valid; the name is static.
-        let var =
-            unsafe { ngx_http_add_variable(cf, &mut name, NGX_HTTP_VAR_NOCACHEABLE as ngx_uint_t) };
-        // SAFETY: a non-null result is a live variable definition.
-        let var = unsafe { var.as_mut() }.ok_or(ConfError::Logged)?;
-        var.get_handler = Some(usage_variable);
-        var.data = which;
-    }
-    Ok(())
-}
+/// The `data` of each `$rate_limit_usage_*` variable (`handler::variables`).
+pub(super) const PROMPT_TOKENS: usize = 0;
+pub(super) const COMPLETION_TOKENS: usize = 1;
+pub(super) const CACHED_TOKENS: usize = 2;
+pub(super) const TOTAL_TOKENS: usize = 3;
+pub(super) const COST: usize = 4;
+pub(super) const MODEL: usize = 5;
 
 /// `$rate_limit_usage_*`: the tokens the response reported (not found when it reported
 /// none), `_cost`: what the first usage-based line charges for the request, and `_model`:
 /// the model the response named (not found when it named none).
-unsafe extern "C" fn usage_variable(
+pub(super) unsafe extern "C" fn usage_variable(
     r: *mut ngx_http_request_t,
     v: *mut ngx_http_variable_value_t,
     data: usize,
@@ -769,15 +745,15 @@ unsafe extern "C" fn usage_variable(
                 if data == MODEL {
                     return state.model().map(|model| model.as_bytes().to_vec());
                 }
-                let number = if data == 4 {
+                let number = if data == COST {
                     let line = state.lines.first()?;
                     state.owed(r, line).tokens
                 } else {
                     let usage = state.usage()?;
                     match data {
-                        0 => usage.prompt_tokens,
-                        1 => usage.completion_tokens,
-                        2 => usage.cached_tokens,
+                        PROMPT_TOKENS => usage.prompt_tokens,
+                        COMPLETION_TOKENS => usage.completion_tokens,
+                        CACHED_TOKENS => usage.cached_tokens,
                         _ => usage.total_tokens,
                     }
                 };

@@ -79,11 +79,8 @@ fn install(cf: &mut ngx_conf_t) -> Result<(), ConfError> {
         &mut *(*ctx.main_conf.add(index)).cast::<ngx_stream_core_main_conf_t>()
     };
     let phase = &mut cmcf.phases[ngx_stream_phases_NGX_STREAM_PREACCESS_PHASE as usize];
-    let preaccess = if crate::glue::guard::provoked("stream::preaccess_handler") {
-        session::panicking_preaccess_handler
-    } else {
-        session::preaccess_handler
-    };
+    let preaccess =
+        crate::glue::guard::phase_handler("stream::preaccess_handler", session::preaccess_handler);
     push_handler(&mut phase.handlers, preaccess)?;
     if main.preread_used {
         wrap_content_handlers(cmcf)?;

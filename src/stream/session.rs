@@ -4,7 +4,10 @@
 
 use core::ptr;
 
-use nginx_sys::{ngx_stream_session_t, NGX_STREAM_SERVICE_UNAVAILABLE, NGX_STREAM_VAR_NOCACHEABLE};
+use nginx_sys::{
+    ngx_stream_get_variable_pt, ngx_stream_session_t, NGX_STREAM_SERVICE_UNAVAILABLE,
+    NGX_STREAM_VAR_NOCACHEABLE,
+};
 use ngx::core::Status;
 use ngx::ffi::{ngx_event_t, ngx_int_t, ngx_log_t, ngx_str_t, ngx_uint_t, ngx_variable_value_t};
 use ngx::ngx_log_error;
@@ -17,8 +20,9 @@ use crate::control::concurrency::{self, Arrival, Line};
 use crate::control::decide::{self, Applied, AppliedLimit, Charge, Found, Verdict};
 use crate::control::outcome::{self, Action, Door, LimitStatus, StatusValue as SessionState};
 use crate::control::queue::Owner;
+use crate::glue::variables::{register, Variable};
 use crate::glue::{fill_remote_net, now_ns, value_bits};
-use crate::store::{Counter, MAX_KEY_BYTES};
+use crate::store::Counter;
 
 /// Where a session's outcome is kept: `$rate_limit_status`'s own value in `s->variables`
 /// (set: the session was decided already, and is resuming after its delay).
@@ -29,28 +33,33 @@ fn session_state(s: &ngx_stream_session_t, index: ngx_uint_t) -> SessionState {
     unsafe { SessionState::new(s.variables.add(index)) }
 }
 
-/// Register the stream `$rate_limit_status`.
+/// The stream door's variables, recomputed at each read (the outcome is stored once the
+/// session is decided; the prefix lengths are the server's).
+static VARIABLES: [Variable<ngx_stream_get_variable_pt>; 2] = [
+    Variable {
+        name: "rate_limit_status",
+        get: Some(status_variable),
+        data: 0,
+        flags: NGX_STREAM_VAR_NOCACHEABLE as ngx_uint_t,
+    },
+    Variable {
+        name: "rate_limit_remote_net",
+        get: Some(remote_net_variable),
+        data: 0,
+        flags: NGX_STREAM_VAR_NOCACHEABLE as ngx_uint_t,
+    },
+];
+
+/// Register the stream `$rate_limit_status` and `$rate_limit_remote_net`.
 pub fn add_variables(cf: &mut ngx::ffi::ngx_conf_t, main: &MainConf) -> Result<(), ConfError> {
-    let mut name = ngx_str_t {
-        len: "rate_limit_status".len(),
-        data: c"rate_limit_status".as_ptr().cast_mut().cast(),
-    };
-    let flags = NGX_STREAM_VAR_NOCACHEABLE as ngx_uint_t;
-    // SAFETY: `cf` is valid; the name is static.
-    let var = unsafe { (main.api.add_variable)(cf, &mut name, flags) };
-    // SAFETY: a non-null result is a live variable definition.
-    let var = unsafe { var.as_mut() }.ok_or(ConfError::Logged)?;
-    var.get_handler = Some(status_variable);
-    let mut name = ngx_str_t {
-        len: "rate_limit_remote_net".len(),
-        data: c"rate_limit_remote_net".as_ptr().cast_mut().cast(),
-    };
-    // SAFETY: as above.
-    let var = unsafe { (main.api.add_variable)(cf, &mut name, flags) };
-    // SAFETY: as above.
-    let var = unsafe { var.as_mut() }.ok_or(ConfError::Logged)?;
-    var.get_handler = Some(remote_net_variable);
-    Ok(())
+    // SAFETY: `cf` is the live configuration being read; ngx_stream_add_variable returns null
+    // (having logged why) or the live definition of the name.
+    unsafe {
+        register(&VARIABLES, |name, flags| {
+            (main.api.add_variable)(cf, name, flags)
+        })
+    }
+    .ok_or(ConfError::Logged)
 }
 
 /// `$rate_limit_remote_net`: the client's network, masked to the server's
@@ -168,23 +177,7 @@ fn find_key(
     let shared = zone.zone.as_ref()?;
     let log = session_log(s);
     let key = evaluate_key(s, main, zone)?;
-    if key.is_empty() {
-        return None;
-    }
-    if key.len() > MAX_KEY_BYTES {
-        ngx_log_error!(
-            ngx::ffi::NGX_LOG_ERR,
-            log,
-            "the value of the \"{}\" key is more than 65535 bytes",
-            zone.key_text
-        );
-        return None;
-    }
-    let (found, evicted) = decide::find(zone, shared, key, now_ns);
-    if evicted {
-        found.log_zone_full(now_ns, log);
-    }
-    Some(found)
+    crate::control::key::entry(zone, shared, key, now_ns, log)
 }
 
 /// The key copied, for the top keys and the penalty box (only delayed, rejected and blocked
@@ -215,17 +208,6 @@ enum Act {
     Close(ngx_int_t),
     /// Wait this long, then go on.
     Delay(u64),
-}
-
-/// In place of [`preaccess_handler`] when `RATE_LIMIT_PANIC_AT=stream::preaccess_handler`
-/// (t/panic.rs): a handler that panics inside its guard.
-pub unsafe extern "C" fn panicking_preaccess_handler(_s: *mut ngx_stream_session_t) -> ngx_int_t {
-    const NAME: &str = "stream::preaccess_handler";
-    crate::glue::guard::entry(
-        NAME,
-        || nginx_sys::NGX_STREAM_INTERNAL_SERVER_ERROR as ngx_int_t,
-        || crate::glue::guard::provoke(NAME),
-    )
 }
 
 /// The stream preaccess phase handler.
