@@ -1,0 +1,137 @@
+//! The round's pipeline: the heartbeat, each zone's limits and overrides, and the key
+//! script calls in batches of one hash-tag group.
+
+use super::scripts::{HEARTBEAT_SCRIPT, KEY_SCRIPT, LIMITS_SCRIPT};
+use super::state::{Entry, Task};
+use crate::sync::cluster;
+use crate::sync::zone::SyncZone;
+
+/// Keys in one key script call: a call runs alone in Redis, so a few milliseconds at most.
+const KEYS_PER_CALL: usize = 256;
+
+/// Slot groups of a zone's keys: a key's Redis name carries `{NN}`, one of this many hash
+/// tags, so that a Redis Cluster puts the keys of one group in one slot (a script call's keys
+/// must share a slot) while the groups spread over the cluster's nodes.
+const SLOT_GROUPS: u64 = 64;
+
+impl Task {
+    /// A key's Redis name: `prefix zone:{group}:id`.
+    pub(super) fn key_name(&self, zone: &SyncZone, hash: u64) -> String {
+        format!(
+            "{}{}:{{{:02x}}}:{:016x}",
+            self.spec.prefix,
+            zone.name,
+            hash % SLOT_GROUPS,
+            hash
+        )
+    }
+
+    /// The round's commands, each with the key that routes it: the heartbeat, each zone's
+    /// limits, the overrides of the zones listed in the second value (those whose overrides
+    /// could be read), then the key script calls, each for the entries in its range of the
+    /// third value (at most [`KEYS_PER_CALL`] keys of one slot group).
+    #[allow(clippy::type_complexity)]
+    pub(super) fn commands(
+        &self,
+        entries: &[Entry],
+        send: u64,
+        busy: bool,
+    ) -> (
+        Vec<cluster::Routed>,
+        Vec<usize>,
+        Vec<std::ops::Range<usize>>,
+    ) {
+        let mut commands = Vec::with_capacity(1 + 2 * self.zones.len());
+        let alive_ms = (3 * self.spec.interval_ms).max(1000);
+        let key = format!("{}instances", self.spec.prefix);
+        let mut command = redis::cmd("EVALSHA");
+        command
+            .arg(redis::Script::new(HEARTBEAT_SCRIPT).get_hash())
+            .arg(1)
+            .arg(&key)
+            .arg(format!("{:016x}", self.sync.instance_id))
+            .arg(alive_ms);
+        commands.push(cluster::Routed { key, command });
+        let limits_hash = redis::Script::new(LIMITS_SCRIPT).get_hash().to_string();
+        for zone in &self.zones {
+            let local = zone.zone.limits_word();
+            let first = zone.first_round.get();
+            let changed = first || local != zone.agreed_limits.get();
+            let config = zone.zone.config_limits_word();
+            let key = format!("{}{}:limits", self.spec.prefix, zone.name);
+            let mut command = redis::cmd("EVALSHA");
+            command
+                .arg(&limits_hash)
+                .arg(1)
+                .arg(&key)
+                .arg(if changed {
+                    local.to_string()
+                } else {
+                    String::new()
+                })
+                .arg(if first {
+                    config.to_string()
+                } else {
+                    String::new()
+                });
+            commands.push(cluster::Routed { key, command });
+        }
+        let mut with_overrides = Vec::new();
+        for (index, zone) in self.zones.iter().enumerate() {
+            let key = format!("{}{}:overrides", self.spec.prefix, zone.name);
+            let command = zone.overrides.borrow_mut().command(&zone.zone, key, busy);
+            if let Some(command) = command {
+                commands.push(command);
+                with_overrides.push(index);
+            }
+        }
+        // Entries in order of their slot group (a Cluster needs one slot per call; one server
+        // takes any mix, and the order changes nothing there).
+        let mut batches = Vec::new();
+        let key_hash = redis::Script::new(KEY_SCRIPT).get_hash().to_string();
+        let instance = format!("{:016x}", self.sync.instance_id);
+        let mut at = 0;
+        while at < entries.len() {
+            let group = entries[at].hash % SLOT_GROUPS;
+            let mut end = at + 1;
+            while end < entries.len()
+                && end - at < KEYS_PER_CALL
+                && (!self.spec.cluster || entries[end].hash % SLOT_GROUPS == group)
+            {
+                end += 1;
+            }
+            let batch = &entries[at..end];
+            let names: Vec<String> = batch
+                .iter()
+                .map(|entry| self.key_name(&self.zones[entry.zone], entry.hash))
+                .collect();
+            let mut command = redis::cmd("EVALSHA");
+            command.arg(&key_hash).arg(batch.len());
+            for name in &names {
+                command.arg(name);
+            }
+            command.arg(&instance).arg(send).arg(self.spec.interval_ms);
+            for entry in batch {
+                let idle_ms = (entry.shape.capacity_ns() / 1_000_000)
+                    .saturating_add(2 * alive_ms)
+                    .saturating_add(self.spec.interval_ms);
+                command
+                    .arg(entry.delta)
+                    .arg(entry.shape.interval_ns)
+                    .arg(entry.shape.capacity)
+                    .arg(idle_ms)
+                    .arg(entry.unconfirmed.len());
+                for &(earlier, sent) in &entry.unconfirmed {
+                    command.arg(earlier).arg(sent);
+                }
+            }
+            commands.push(cluster::Routed {
+                key: names[0].clone(),
+                command,
+            });
+            batches.push(at..end);
+            at = end;
+        }
+        (commands, with_overrides, batches)
+    }
+}
