@@ -42,7 +42,20 @@ impl Task {
         Vec<std::ops::Range<usize>>,
     ) {
         let mut commands = Vec::with_capacity(1 + 2 * self.zones.len());
-        let alive_ms = (3 * self.spec.interval_ms).max(1000);
+        commands.push(self.heartbeat_command());
+        self.limits_commands(&mut commands);
+        let with_overrides = self.overrides_commands(&mut commands, busy);
+        let batches = self.key_commands(&mut commands, entries, send);
+        (commands, with_overrides, batches)
+    }
+
+    /// How long an instance counts as alive after its last heartbeat (ms).
+    fn alive_ms(&self) -> u64 {
+        (3 * self.spec.interval_ms).max(1000)
+    }
+
+    /// This instance alive, and how many are ([`HEARTBEAT_SCRIPT`]).
+    fn heartbeat_command(&self) -> cluster::Routed {
         let key = format!("{}instances", self.spec.prefix);
         let mut command = redis::cmd("EVALSHA");
         command
@@ -50,8 +63,13 @@ impl Task {
             .arg(1)
             .arg(&key)
             .arg(format!("{:016x}", self.sync.instance_id))
-            .arg(alive_ms);
-        commands.push(cluster::Routed { key, command });
+            .arg(self.alive_ms());
+        cluster::Routed { key, command }
+    }
+
+    /// Each zone's limits ([`LIMITS_SCRIPT`]): its own when changed here (or in a loop's
+    /// first round, with its file's), the fleet's back.
+    fn limits_commands(&self, commands: &mut Vec<cluster::Routed>) {
         let limits_hash = redis::Script::new(LIMITS_SCRIPT).get_hash().to_string();
         for zone in &self.zones {
             let local = zone.zone.limits_word();
@@ -76,6 +94,10 @@ impl Task {
                 });
             commands.push(cluster::Routed { key, command });
         }
+    }
+
+    /// Each zone's overrides (`sync::overrides`), when they can be read: the zones sent.
+    fn overrides_commands(&self, commands: &mut Vec<cluster::Routed>, busy: bool) -> Vec<usize> {
         let mut with_overrides = Vec::new();
         for (index, zone) in self.zones.iter().enumerate() {
             let key = format!("{}{}:overrides", self.spec.prefix, zone.name);
@@ -85,6 +107,17 @@ impl Task {
                 with_overrides.push(index);
             }
         }
+        with_overrides
+    }
+
+    /// The key script calls ([`KEY_SCRIPT`]) for `entries`, sent as number `send`: each
+    /// call's range of `entries`.
+    fn key_commands(
+        &self,
+        commands: &mut Vec<cluster::Routed>,
+        entries: &[Entry],
+        send: u64,
+    ) -> Vec<std::ops::Range<usize>> {
         // Entries in order of their slot group (a Cluster needs one slot per call; one server
         // takes any mix, and the order changes nothing there).
         let mut batches = Vec::new();
@@ -112,18 +145,7 @@ impl Task {
             }
             command.arg(&instance).arg(send).arg(self.spec.interval_ms);
             for entry in batch {
-                let idle_ms = (entry.shape.capacity_ns() / 1_000_000)
-                    .saturating_add(2 * alive_ms)
-                    .saturating_add(self.spec.interval_ms);
-                command
-                    .arg(entry.delta)
-                    .arg(entry.shape.interval_ns)
-                    .arg(entry.shape.capacity)
-                    .arg(idle_ms)
-                    .arg(entry.unconfirmed.len());
-                for &(earlier, sent) in &entry.unconfirmed {
-                    command.arg(earlier).arg(sent);
-                }
+                self.key_arguments(&mut command, entry);
             }
             commands.push(cluster::Routed {
                 key: names[0].clone(),
@@ -132,6 +154,23 @@ impl Task {
             batches.push(at..end);
             at = end;
         }
-        (commands, with_overrides, batches)
+        batches
+    }
+
+    /// One key's arguments to [`KEY_SCRIPT`]: its delta, shape, idle expiry and the earlier
+    /// sends it carries again.
+    fn key_arguments(&self, command: &mut redis::Cmd, entry: &Entry) {
+        let idle_ms = (entry.shape.capacity_ns() / 1_000_000)
+            .saturating_add(2 * self.alive_ms())
+            .saturating_add(self.spec.interval_ms);
+        command
+            .arg(entry.delta)
+            .arg(entry.shape.interval_ns)
+            .arg(entry.shape.capacity)
+            .arg(idle_ms)
+            .arg(entry.unconfirmed.len());
+        for &(earlier, sent) in &entry.unconfirmed {
+            command.arg(earlier).arg(sent);
+        }
     }
 }

@@ -21,6 +21,7 @@ mod commands;
 mod connection;
 mod exchange;
 mod missed;
+mod outcome;
 mod replies;
 mod run;
 mod scripts;

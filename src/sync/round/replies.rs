@@ -1,9 +1,11 @@
 //! Reading Redis's replies: integers, limits, a key script call's triples, and values out
 //! of bounds counted for the workers to log.
 
-use ratelimit_core::fleet_round::BadValue;
+use std::ops::Range;
 
-use super::state::Task;
+use ratelimit_core::fleet_round::{self, BadValue, KeyReply};
+
+use super::state::{Entry, Task};
 use crate::sync::shared::{Bad, SyncError};
 
 /// A limits script's reply: `Some(None)` when the fleet has no value yet, `None` when the
@@ -21,7 +23,84 @@ pub(super) fn integer(value: &redis::Value) -> Option<i64> {
     }
 }
 
+/// The heartbeat's and the keys' replies of a round, read.
+pub(super) struct KeyReplies<'a> {
+    /// The instances alive, from the heartbeat (the last known when it was not answered).
+    pub(super) instances: u64,
+    /// The keys answered within bounds, with their replies.
+    pub(super) synced: Vec<(&'a Entry, KeyReply)>,
+    /// The keys unanswered or answered out of bounds.
+    pub(super) failed: Vec<&'a Entry>,
+    /// The first command unanswered or answered wrong.
+    pub(super) first_error: Option<SyncError>,
+}
+
 impl Task {
+    /// Read the heartbeat's reply, then the key script calls' (the rest of `results`), one
+    /// per range of `entries` in `batches`.
+    pub(super) fn read_replies<'a>(
+        &self,
+        heartbeat: Result<redis::Value, SyncError>,
+        results: impl Iterator<Item = Result<redis::Value, SyncError>>,
+        batches: &[Range<usize>],
+        entries: &'a [Entry],
+    ) -> KeyReplies<'a> {
+        let (instances, mut first_error) = self.heartbeat_reply(heartbeat);
+        let mut synced = Vec::new();
+        let mut failed = Vec::new();
+        for (range, result) in batches.iter().zip(results) {
+            let batch = &entries[range.clone()];
+            let replies = result.and_then(|value| self.key_replies(&value, batch.len()));
+            match replies {
+                Ok(replies) => {
+                    for (entry, reply) in batch.iter().zip(replies) {
+                        match fleet_round::check_key_reply(&entry.shape, self.sync_ns(), reply) {
+                            Ok(reply) => synced.push((entry, reply)),
+                            Err(bad) => {
+                                self.note(&bad, self.zones[entry.zone].id);
+                                failed.push(entry);
+                            }
+                        }
+                    }
+                }
+                Err(error) => {
+                    first_error = first_error.or(Some(error));
+                    failed.extend(batch);
+                }
+            }
+        }
+        KeyReplies {
+            instances,
+            synced,
+            failed,
+            first_error,
+        }
+    }
+
+    /// The instances alive as the heartbeat's reply counts them (the last known when it
+    /// cannot be taken), and the error when it was not answered or cannot be read.
+    fn heartbeat_reply(
+        &self,
+        heartbeat: Result<redis::Value, SyncError>,
+    ) -> (u64, Option<SyncError>) {
+        let mut error = heartbeat.as_ref().err().copied();
+        let instances = match heartbeat {
+            Ok(value) => match integer(&value).map(fleet_round::check_instances) {
+                Some(Ok(instances)) => instances,
+                Some(Err(bad)) => {
+                    self.note(&bad, 0);
+                    self.sync.instances()
+                }
+                None => {
+                    error = error.or(Some(SyncError::Reply));
+                    self.sync.instances()
+                }
+            },
+            Err(_) => self.sync.instances(),
+        };
+        (instances, error)
+    }
+
     /// A key script call's reply: three integers per key.
     pub(super) fn key_replies(
         &self,

@@ -8,13 +8,13 @@ use std::time::Duration;
 use ratelimit_core::fleet_round::{self, RoundBudget};
 
 use super::connection::{Link, SingleLink};
-use super::replies::integer;
-use super::state::{LoopState, Task, KEEP_AFTER_TIMEOUTS, LATE_BYTES_MAX};
+use super::outcome::Sent;
+use super::state::{LoopState, Task};
 use crate::glue::now_ms;
 use crate::sync::cluster;
 use crate::sync::leases::Leases;
 use crate::sync::link;
-use crate::sync::shared::{Bad, Mode, SyncError};
+use crate::sync::shared::{Bad, SyncError};
 
 impl Task {
     /// The thread's body.
@@ -29,14 +29,6 @@ impl Task {
                 .last_error
                 .store(SyncError::Connect as u64, Ordering::Relaxed),
         }
-    }
-
-    pub(super) fn interval(&self) -> Duration {
-        Duration::from_millis(self.spec.interval_ms)
-    }
-
-    pub(super) fn sync_ns(&self) -> u64 {
-        self.spec.interval_ms * 1_000_000
     }
 
     pub(super) async fn main_loop(self) {
@@ -110,6 +102,9 @@ impl Task {
         }
     }
 
+    /// One round: the keys that need the fleet taken, one exchange with the heartbeat, the
+    /// zones' limits and overrides and the keys, the replies applied, then the zones' blocks,
+    /// leases and quota counters, and the books kept on how the round went.
     pub(super) async fn round(&self, link: &mut Link, state: &mut LoopState) {
         let round = self.sync.round.load(Ordering::Acquire);
         let instances = self.sync.instances();
@@ -124,149 +119,36 @@ impl Task {
         }
         let busy = self.settle_inbox();
         let started = std::time::Instant::now();
-        let timeout = Duration::from_millis(self.spec.timeout_ms);
         let send = self.sync.sends.fetch_add(1, Ordering::AcqRel) + 1;
         let (commands, with_overrides, batches) = self.commands(&entries, send, busy);
-        let bound = fleet_round::reply_bytes_bound(entries.len(), self.zones.len());
-        link.allow(bound.saturating_add(state.late_bytes));
-        // Whether the round ran out of time while a connection was being opened.
-        let mut connect_timed_out = false;
-        let results = match tokio::time::timeout(timeout, self.exchange(link, &commands)).await {
-            Ok(results) => results,
-            Err(_) => {
-                connect_timed_out = link.connecting();
-                // Stuck in a TLS handshake: typically a server that does not speak TLS and
-                // waits for a command line that a ClientHello never ends (told when it
-                // happens again, below: a first handshake may merely be slow).
-                let error = match (link.connecting(), self.spec.is_tls()) {
-                    (true, true) => SyncError::TlsNoAnswer,
-                    (true, false) => SyncError::ConnectTimeout,
-                    (false, _) => SyncError::Timeout,
-                };
-                state.timeouts += 1;
-                if link.connecting() || state.timeouts.is_multiple_of(KEEP_AFTER_TIMEOUTS) {
-                    link.reset();
-                    state.late_bytes = 0;
-                } else {
-                    state.late_bytes = (state.late_bytes + bound).min(LATE_BYTES_MAX);
-                }
-                commands.iter().map(|_| Err(error)).collect()
-            }
-        };
-        if link.overflowed() {
-            self.sync.note_bad(
-                Bad::ReplySize,
-                0,
-                0,
-                bound.saturating_add(state.late_bytes) as u64,
-            );
-        }
+        let (results, connect_timed_out) = self
+            .exchange_keys(link, state, &commands, entries.len())
+            .await;
         let mut results = results.into_iter();
         let heartbeat = results.next().unwrap_or(Err(SyncError::Reply));
         self.agree_control(&mut results, &with_overrides);
-        let mut first_error = heartbeat.as_ref().err().copied();
-        let instances = match heartbeat {
-            Ok(value) => match integer(&value).map(fleet_round::check_instances) {
-                Some(Ok(instances)) => instances,
-                Some(Err(bad)) => {
-                    self.note(&bad, 0);
-                    self.sync.instances()
-                }
-                None => {
-                    first_error = first_error.or(Some(SyncError::Reply));
-                    self.sync.instances()
-                }
-            },
-            Err(_) => self.sync.instances(),
+        let replies = self.read_replies(heartbeat, results, &batches, &entries);
+        self.apply(&replies.synced, replies.instances, round, state);
+        let sent = Sent {
+            round,
+            send,
+            sending,
+            keys: entries.len(),
+            took: started.elapsed(),
         };
-        let mut synced = Vec::new();
-        let mut failed = Vec::new();
-        for (range, result) in batches.iter().zip(results) {
-            let batch = &entries[range.clone()];
-            let replies = result.and_then(|value| self.key_replies(&value, batch.len()));
-            match replies {
-                Ok(replies) => {
-                    for (entry, reply) in batch.iter().zip(replies) {
-                        match fleet_round::check_key_reply(&entry.shape, self.sync_ns(), reply) {
-                            Ok(reply) => synced.push((entry, reply)),
-                            Err(bad) => {
-                                self.note(&bad, self.zones[entry.zone].id);
-                                failed.push(entry);
-                            }
-                        }
-                    }
-                }
-                Err(error) => {
-                    first_error = first_error.or(Some(error));
-                    failed.extend(batch);
-                }
-            }
-        }
-        self.apply(&synced, instances, round, state);
-        let took = started.elapsed();
         self.sync_blocks(link).await;
-        self.sync_leases(link, &mut state.leases, first_error.is_none())
+        self.sync_leases(link, &mut state.leases, replies.first_error.is_none())
             .await;
-        match first_error {
-            None => {
-                let lag_us = took.as_micros() as u64;
-                self.sync.instances.store(instances, Ordering::Relaxed);
-                self.sync.lag_us.store(lag_us, Ordering::Relaxed);
-                self.sync.last_ok_ms.store(now_ms(), Ordering::Relaxed);
-                self.sync.round_trips.fetch_add(1, Ordering::Relaxed);
-                self.sync
-                    .keys_pushed
-                    .fetch_add(entries.len() as u64, Ordering::Relaxed);
-                self.sync.missed.store(0, Ordering::Relaxed);
-                self.sync.last_error.store(0, Ordering::Relaxed);
-                self.connect_timeouts.set(0);
-                self.sync.mode.store(Mode::Synced as u64, Ordering::Release);
-                state.failing = false;
-                state.timeouts = 0;
-                state.late_bytes = 0;
-                if sending {
-                    state.budget.after(
-                        entries.len(),
-                        Some(took.as_nanos() as u64),
-                        timeout.as_nanos() as u64,
-                    );
-                }
-                // Keys whose reply was dropped: back to their slots, granted from shares.
-                if !failed.is_empty() {
-                    self.missed(&failed, round, send, self.sync.mode(), state);
-                }
-            }
-            Some(error) => {
-                if error != SyncError::Timeout {
-                    link.reset();
-                    state.timeouts = 0;
-                    state.late_bytes = 0;
-                }
-                self.sync.errors.fetch_add(1, Ordering::Relaxed);
-                // A connection still opening when the round's time ran out (TCP, a TLS
-                // handshake, AUTH) is told only when the next attempt ends so too: a first
-                // connection may outlast a round (a cold resolver, a handshake on a loaded
-                // machine, a slow AUTH), and what the next attempt finds (an authentication
-                // failure, a refusal, a port that does not speak TLS) is the news, not a
-                // time-out before it.
-                let connect_timeouts = if connect_timed_out {
-                    self.connect_timeouts.get() + 1
-                } else {
-                    0
-                };
-                self.connect_timeouts.set(connect_timeouts);
-                if connect_timeouts != 1 {
-                    self.sync.last_error.store(error as u64, Ordering::Relaxed);
-                }
-                if sending {
-                    state
-                        .budget
-                        .after(entries.len(), None, timeout.as_nanos() as u64);
-                }
-                state.failing = true;
-                let mode = self.miss();
-                self.missed(&failed, round, send, mode, state);
-            }
+        match replies.first_error {
+            None => self.round_succeeded(state, &sent, replies.instances, &replies.failed),
+            Some(error) => self.round_failed(
+                link,
+                state,
+                &sent,
+                error,
+                connect_timed_out,
+                &replies.failed,
+            ),
         }
         if !state.failing {
             self.sync_quotas(link).await;

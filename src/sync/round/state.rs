@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ratelimit_core::fleet::FleetShape;
 use ratelimit_core::fleet_round::RoundBudget;
@@ -39,6 +40,23 @@ pub struct Task {
 // SAFETY: `Zone` holds pointers into shared memory mapped for the whole life of the process;
 // the thread only uses its atomic accessors, which are valid from any thread.
 unsafe impl Send for Task {}
+
+impl Task {
+    /// The sync interval.
+    pub(super) fn interval(&self) -> Duration {
+        Duration::from_millis(self.spec.interval_ms)
+    }
+
+    /// The sync interval in nanoseconds.
+    pub(super) fn sync_ns(&self) -> u64 {
+        self.spec.interval_ms * 1_000_000
+    }
+
+    /// The most an exchange may take (`timeout=`).
+    pub(super) fn timeout(&self) -> Duration {
+        Duration::from_millis(self.spec.timeout_ms)
+    }
+}
 
 /// What the loop remembers of a key between rounds.
 #[derive(Clone, Copy, Default)]
