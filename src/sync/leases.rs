@@ -45,7 +45,8 @@ pub struct LeaseZone {
 /// A key's lease as the loop keeps it between rounds.
 struct Held {
     holder: LeaseHolder,
-    slot: SlotIndex,
+    /// Its entry in the zone's table (found again by its id).
+    entry: SlotIndex,
     /// The round it was last found in its zone.
     seen: u64,
 }
@@ -109,11 +110,11 @@ impl Leases {
                 let Some(lease) = words.lease else {
                     continue;
                 };
-                let slots = words.load();
+                let permits = words.load();
                 let refused = lease.refused.swap(0, Ordering::AcqRel) as u32;
                 let word = LeaseWord::unpack(lease.lease.load(Ordering::Acquire));
                 let key = (index, hash);
-                let busy = slots.in_flight > 0 || slots.queued() > 0 || refused > 0;
+                let busy = permits.in_flight > 0 || permits.queued() > 0 || refused > 0;
                 if !busy && word.permits == 0 && !self.held.contains_key(&key) {
                     continue;
                 }
@@ -122,17 +123,17 @@ impl Leases {
                 }
                 let held = self.held.entry(key).or_insert_with(|| Held {
                     holder: adopt(instance, &word),
-                    slot: words.slot(),
+                    entry: words.slot(),
                     seen: 0,
                 });
-                held.slot = words.slot();
+                held.entry = words.slot();
                 held.seen = self.round;
                 let holder = &mut held.holder;
                 holder.hold_until_ms = holder.hold_until_ms.max(self.hold_until_ms);
-                holder.in_use = slots.in_flight;
+                holder.in_use = permits.in_flight;
                 holder.peak = holder
                     .peak
-                    .max(slots.in_flight.saturating_add(slots.queued()));
+                    .max(permits.in_flight.saturating_add(permits.queued()));
                 holder.refused = holder.refused.saturating_add(refused);
                 if !reachable {
                     continue;
@@ -187,12 +188,12 @@ impl Leases {
             }
         }
         for (&(index, hash), held) in &self.held {
-            if held.slot.id != hash {
+            if held.entry.id != hash {
                 continue;
             }
             let Some(words) = zones
                 .get(index)
-                .and_then(|zone| zone.zone.key_words(held.slot))
+                .and_then(|zone| zone.zone.key_words(held.entry))
             else {
                 continue;
             };

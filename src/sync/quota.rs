@@ -10,7 +10,7 @@
 //! the hash expires at the period's end plus [`EXPIRY_MARGIN_MS`]); a key this instance
 //! refused for want of its total, and then every other key counted this period in turns (at
 //! most [`READS_PER_ROUND`] a round), is read with `HGET`. Each total is checked and written
-//! to the key's slot: its fleet word, and its state raised to the total plus what was
+//! to the key's entry: its fleet word, and its state raised to the total plus what was
 //! admitted here since. A failed send puts its delta back, merged with what comes next, and
 //! the next send lists it (its number and delta): the script adds only what the hash has not
 //! applied yet, so a send that timed out and was applied late is not counted twice.
@@ -25,7 +25,7 @@ use super::quota_keep::{QuotaSync, UNCONFIRMED, UNCONFIRMED_KEYS};
 use super::shared::{Bad, SyncError, SyncShared};
 use super::zone::SyncZone;
 
-/// Keys sent with a delta in one round (all zones): the rest wait in their slots, merged
+/// Keys sent with a delta in one round (all zones): the rest wait in their entries, merged
 /// with what comes next.
 pub const SENDS_PER_ROUND: usize = 8192;
 
@@ -224,7 +224,7 @@ fn key_command(
 }
 
 /// A period's counter of the key `hash`: `prefix zone:q:{group}:start:id` (the group is the
-/// keys' slot group, so a Redis Cluster spreads a zone's counters over its nodes).
+/// keys' hash-tag group, so a Redis Cluster spreads a zone's counters over its nodes).
 fn key_name(prefix: &str, zone: &SyncZone, hash: u64, start_ms: i64) -> String {
     format!(
         "{prefix}{}:q:{{{:02x}}}:{}:{hash:016x}",
@@ -234,7 +234,7 @@ fn key_name(prefix: &str, zone: &SyncZone, hash: u64, start_ms: i64) -> String {
     )
 }
 
-/// The replies to [`commands`]: each key's total into its slot, a failed key's delta back to
+/// The replies to [`commands`]: each key's total into its entry, a failed key's delta back to
 /// its pending word. Returns the first error.
 pub fn received(
     zones: &[SyncZone],

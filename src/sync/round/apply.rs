@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use ratelimit_core::fleet::{self, grant_word, ASKED};
 use ratelimit_core::fleet_round;
 
-use super::state::{Entry, KeyMemory, LoopState, Task, REMEMBERED_KEYS};
+use super::state::{KeyMemory, LoopState, TakenKey, Task, REMEMBERED_KEYS};
 use crate::glue::now_ns;
 
 impl Task {
@@ -33,35 +33,35 @@ impl Task {
     /// applied after the new ones; the key gets a fresh grant instead.
     pub(super) fn apply(
         &self,
-        synced: &[(&Entry, fleet_round::KeyReply)],
+        synced: &[(&TakenKey, fleet_round::KeyReply)],
         instances: u64,
         round: u64,
         state: &mut LoopState,
     ) {
         let sync_ns = self.sync_ns();
         let now = now_ns();
-        for &(entry, reply) in synced {
-            state.unconfirmed.remove(&(entry.zone, entry.hash));
-            let zone = &self.zones[entry.zone];
-            let key = Self::remember(state, (entry.zone, entry.hash), round);
-            let mine = entry.delta + key.last_delta;
-            key.last_delta = entry.delta;
+        for &(taken, reply) in synced {
+            state.unconfirmed.remove(&(taken.zone, taken.hash));
+            let zone = &self.zones[taken.zone];
+            let key = Self::remember(state, (taken.zone, taken.hash), round);
+            let mine = taken.delta + key.last_delta;
+            key.last_delta = taken.delta;
             key.share = fleet::share(mine, reply.recent, reply.before, instances);
             key.round = round;
-            let Some(slot) = entry.slot else {
+            let Some(entry) = taken.entry else {
                 continue; // evicted: nothing left here to grant.
             };
             // Evicted meanwhile: the new key starts from a fresh grant.
-            let Some(pinned) = zone.zone.sync_pin(slot, entry.hash) else {
+            let Some(pinned) = zone.zone.sync_pin(entry, taken.hash) else {
                 continue;
             };
-            let hash = entry.hash;
+            let hash = taken.hash;
             let [local, pending, grant] = pinned.words();
-            if zone.shape(hash) != Some(entry.shape) {
+            if zone.shape(hash) != Some(taken.shape) {
                 grant.store(0, Ordering::Release);
                 continue;
             }
-            let room = fleet::fleet_room_milli(&entry.shape, reply.ahead_ns, sync_ns);
+            let room = fleet::fleet_room_milli(&taken.shape, reply.ahead_ns, sync_ns);
             let spent_since = pending.load(Ordering::Acquire) & !ASKED;
             let granted = fleet::grant_milli(room, key.share, spent_since);
             grant.store(grant_word::pack(round as u32, granted), Ordering::Release);
@@ -70,7 +70,7 @@ impl Task {
                 let settled = fleet::settle_local_state(
                     current,
                     algorithm,
-                    &entry.shape,
+                    &taken.shape,
                     reply.ahead_ns,
                     now,
                 );

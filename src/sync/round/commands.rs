@@ -2,17 +2,17 @@
 //! script calls in batches of one hash-tag group.
 
 use super::scripts::{HEARTBEAT_SCRIPT, KEY_SCRIPT, LIMITS_SCRIPT};
-use super::state::{Entry, Task};
+use super::state::{TakenKey, Task};
 use crate::sync::cluster;
 use crate::sync::zone::SyncZone;
 
 /// Keys in one key script call: a call runs alone in Redis, so a few milliseconds at most.
 const KEYS_PER_CALL: usize = 256;
 
-/// Slot groups of a zone's keys: a key's Redis name carries `{NN}`, one of this many hash
-/// tags, so that a Redis Cluster puts the keys of one group in one slot (a script call's keys
-/// must share a slot) while the groups spread over the cluster's nodes.
-const SLOT_GROUPS: u64 = 64;
+/// Hash-tag groups of a zone's keys: a key's Redis name carries `{NN}`, one of this many hash
+/// tags, so that a Redis Cluster puts the keys of one group in one hash slot (a script call's
+/// keys must share a hash slot) while the groups spread over the cluster's nodes.
+const HASH_TAG_GROUPS: u64 = 64;
 
 impl Task {
     /// A key's Redis name: `prefix zone:{group}:id`.
@@ -21,19 +21,19 @@ impl Task {
             "{}{}:{{{:02x}}}:{:016x}",
             self.spec.prefix,
             zone.name,
-            hash % SLOT_GROUPS,
+            hash % HASH_TAG_GROUPS,
             hash
         )
     }
 
     /// The round's commands, each with the key that routes it: the heartbeat, each zone's
     /// limits, the overrides of the zones listed in the second value (those whose overrides
-    /// could be read), then the key script calls, each for the entries in its range of the
-    /// third value (at most [`KEYS_PER_CALL`] keys of one slot group).
+    /// could be read), then the key script calls, each for the keys taken in its range of the
+    /// third value (at most [`KEYS_PER_CALL`] keys of one hash-tag group).
     #[allow(clippy::type_complexity)]
     pub(super) fn commands(
         &self,
-        entries: &[Entry],
+        taken_keys: &[TakenKey],
         send: u64,
         busy: bool,
     ) -> (
@@ -45,7 +45,7 @@ impl Task {
         commands.push(self.heartbeat_command());
         self.limits_commands(&mut commands);
         let with_overrides = self.overrides_commands(&mut commands, busy);
-        let batches = self.key_commands(&mut commands, entries, send);
+        let batches = self.key_commands(&mut commands, taken_keys, send);
         (commands, with_overrides, batches)
     }
 
@@ -110,33 +110,34 @@ impl Task {
         with_overrides
     }
 
-    /// The key script calls ([`KEY_SCRIPT`]) for `entries`, sent as number `send`: each
-    /// call's range of `entries`.
+    /// The key script calls ([`KEY_SCRIPT`]) for `taken_keys`, sent as number `send`: each
+    /// call's range of `taken_keys`.
     fn key_commands(
         &self,
         commands: &mut Vec<cluster::Routed>,
-        entries: &[Entry],
+        taken_keys: &[TakenKey],
         send: u64,
     ) -> Vec<std::ops::Range<usize>> {
-        // Entries in order of their slot group (a Cluster needs one slot per call; one server
+        // Taken keys in order of their hash-tag group (a Cluster needs one hash slot per call;
+        // one server
         // takes any mix, and the order changes nothing there).
         let mut batches = Vec::new();
         let key_hash = redis::Script::new(KEY_SCRIPT).get_hash().to_string();
         let instance = format!("{:016x}", self.sync.instance_id);
         let mut at = 0;
-        while at < entries.len() {
-            let group = entries[at].hash % SLOT_GROUPS;
+        while at < taken_keys.len() {
+            let group = taken_keys[at].hash % HASH_TAG_GROUPS;
             let mut end = at + 1;
-            while end < entries.len()
+            while end < taken_keys.len()
                 && end - at < KEYS_PER_CALL
-                && (!self.spec.cluster || entries[end].hash % SLOT_GROUPS == group)
+                && (!self.spec.cluster || taken_keys[end].hash % HASH_TAG_GROUPS == group)
             {
                 end += 1;
             }
-            let batch = &entries[at..end];
+            let batch = &taken_keys[at..end];
             let names: Vec<String> = batch
                 .iter()
-                .map(|entry| self.key_name(&self.zones[entry.zone], entry.hash))
+                .map(|taken| self.key_name(&self.zones[taken.zone], taken.hash))
                 .collect();
             let mut command = redis::cmd("EVALSHA");
             command.arg(&key_hash).arg(batch.len());
@@ -144,8 +145,8 @@ impl Task {
                 command.arg(name);
             }
             command.arg(&instance).arg(send).arg(self.spec.interval_ms);
-            for entry in batch {
-                self.key_arguments(&mut command, entry);
+            for taken in batch {
+                self.key_arguments(&mut command, taken);
             }
             commands.push(cluster::Routed {
                 key: names[0].clone(),
@@ -159,17 +160,17 @@ impl Task {
 
     /// One key's arguments to [`KEY_SCRIPT`]: its delta, shape, idle expiry and the earlier
     /// sends it carries again.
-    fn key_arguments(&self, command: &mut redis::Cmd, entry: &Entry) {
-        let idle_ms = (entry.shape.capacity_ns() / 1_000_000)
+    fn key_arguments(&self, command: &mut redis::Cmd, taken: &TakenKey) {
+        let idle_ms = (taken.shape.capacity_ns() / 1_000_000)
             .saturating_add(2 * self.alive_ms())
             .saturating_add(self.spec.interval_ms);
         command
-            .arg(entry.delta)
-            .arg(entry.shape.interval_ns)
-            .arg(entry.shape.capacity)
+            .arg(taken.delta)
+            .arg(taken.shape.interval_ns)
+            .arg(taken.shape.capacity)
             .arg(idle_ms)
-            .arg(entry.unconfirmed.len());
-        for &(earlier, sent) in &entry.unconfirmed {
+            .arg(taken.unconfirmed.len());
+        for &(earlier, sent) in &taken.unconfirmed {
             command.arg(earlier).arg(sent);
         }
     }

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use ratelimit_core::fleet::{self, grant_word, FleetShape};
 use ratelimit_core::sync_spec::{OnFailure, SyncSpec};
 
-use super::state::{Candidate, Entry, LoopState, Task, REMEMBERED_KEYS, UNCONFIRMED};
+use super::state::{Candidate, LoopState, TakenKey, Task, REMEMBERED_KEYS, UNCONFIRMED};
 use crate::sync::shared::Mode;
 
 impl Task {
@@ -29,41 +29,41 @@ impl Task {
         mode
     }
 
-    /// Keys whose send failed (or whose reply was dropped): the deltas go back to their slots
+    /// Keys whose send failed (or whose reply was dropped): the deltas go back to their entries
     /// (the fleet is charged for them later; an evicted key's to the orphan ring), the send
     /// is remembered as possibly applied late, and the keys get grants from shares.
     pub(super) fn missed(
         &self,
-        entries: &[&Entry],
+        taken_keys: &[&TakenKey],
         round: u64,
         send: u64,
         mode: Mode,
         state: &mut LoopState,
     ) {
-        for entry in entries {
-            let zone = &self.zones[entry.zone];
-            let key = (entry.zone, entry.hash);
+        for taken in taken_keys {
+            let zone = &self.zones[taken.zone];
+            let key = (taken.zone, taken.hash);
             if state.unconfirmed.len() < REMEMBERED_KEYS || state.unconfirmed.contains_key(&key) {
                 let sends = state.unconfirmed.entry(key).or_default();
                 if sends.len() == UNCONFIRMED {
                     sends.remove(1);
                 }
-                sends.push((send, entry.delta));
+                sends.push((send, taken.delta));
             }
-            let pinned = entry
-                .slot
-                .and_then(|slot| zone.zone.sync_pin(slot, entry.hash));
+            let pinned = taken
+                .entry
+                .and_then(|entry| zone.zone.sync_pin(entry, taken.hash));
             let Some(pinned) = pinned else {
-                self.sync.orphans.push(zone.id, entry.hash, entry.delta);
+                self.sync.orphans.push(zone.id, taken.hash, taken.delta);
                 continue;
             };
             let [_, pending, grant] = pinned.words();
-            pending.fetch_add(entry.delta, Ordering::AcqRel);
+            pending.fetch_add(taken.delta, Ordering::AcqRel);
             self.grant_from_share(
                 grant,
-                entry.zone,
-                entry.hash,
-                &entry.shape,
+                taken.zone,
+                taken.hash,
+                &taken.shape,
                 round,
                 mode,
                 state,
@@ -81,7 +81,7 @@ impl Task {
     ) {
         for candidate in candidates {
             let zone = &self.zones[candidate.zone];
-            let Some(pinned) = zone.zone.sync_pin(candidate.slot, candidate.hash) else {
+            let Some(pinned) = zone.zone.sync_pin(candidate.entry, candidate.hash) else {
                 continue;
             };
             let (hash, [_, _, grant]) = (candidate.hash, pinned.words());

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::connection::Link;
-use super::state::{Entry, LoopState, Task};
+use super::state::{LoopState, TakenKey, Task};
 use crate::glue::now_ms;
 use crate::sync::shared::{Mode, SyncError};
 
@@ -31,7 +31,7 @@ impl Task {
         state: &mut LoopState,
         sent: &Sent,
         instances: u64,
-        failed: &[&Entry],
+        failed: &[&TakenKey],
     ) {
         let lag_us = sent.took.as_micros() as u64;
         self.sync.instances.store(instances, Ordering::Relaxed);
@@ -71,7 +71,7 @@ impl Task {
         sent: &Sent,
         error: SyncError,
         connect_timed_out: bool,
-        failed: &[&Entry],
+        failed: &[&TakenKey],
     ) {
         if error != SyncError::Timeout {
             link.reset();

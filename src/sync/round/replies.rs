@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use ratelimit_core::fleet_round::{self, BadValue, KeyReply};
 
-use super::state::{Entry, Task};
+use super::state::{TakenKey, Task};
 use crate::sync::shared::{Bad, SyncError};
 
 /// A limits script's reply: `Some(None)` when the fleet has no value yet, `None` when the
@@ -28,37 +28,37 @@ pub(super) struct KeyReplies<'a> {
     /// The instances alive, from the heartbeat (the last known when it was not answered).
     pub(super) instances: u64,
     /// The keys answered within bounds, with their replies.
-    pub(super) synced: Vec<(&'a Entry, KeyReply)>,
+    pub(super) synced: Vec<(&'a TakenKey, KeyReply)>,
     /// The keys unanswered or answered out of bounds.
-    pub(super) failed: Vec<&'a Entry>,
+    pub(super) failed: Vec<&'a TakenKey>,
     /// The first command unanswered or answered wrong.
     pub(super) first_error: Option<SyncError>,
 }
 
 impl Task {
     /// Read the heartbeat's reply, then the key script calls' (the rest of `results`), one
-    /// per range of `entries` in `batches`.
+    /// per range of `taken_keys` in `batches`.
     pub(super) fn read_replies<'a>(
         &self,
         heartbeat: Result<redis::Value, SyncError>,
         results: impl Iterator<Item = Result<redis::Value, SyncError>>,
         batches: &[Range<usize>],
-        entries: &'a [Entry],
+        taken_keys: &'a [TakenKey],
     ) -> KeyReplies<'a> {
         let (instances, mut first_error) = self.heartbeat_reply(heartbeat);
         let mut synced = Vec::new();
         let mut failed = Vec::new();
         for (range, result) in batches.iter().zip(results) {
-            let batch = &entries[range.clone()];
+            let batch = &taken_keys[range.clone()];
             let replies = result.and_then(|value| self.key_replies(&value, batch.len()));
             match replies {
                 Ok(replies) => {
-                    for (entry, reply) in batch.iter().zip(replies) {
-                        match fleet_round::check_key_reply(&entry.shape, self.sync_ns(), reply) {
-                            Ok(reply) => synced.push((entry, reply)),
+                    for (taken, reply) in batch.iter().zip(replies) {
+                        match fleet_round::check_key_reply(&taken.shape, self.sync_ns(), reply) {
+                            Ok(reply) => synced.push((taken, reply)),
                             Err(bad) => {
-                                self.note(&bad, self.zones[entry.zone].id);
-                                failed.push(entry);
+                                self.note(&bad, self.zones[taken.zone].id);
+                                failed.push(taken);
                             }
                         }
                     }

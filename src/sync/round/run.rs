@@ -112,28 +112,28 @@ impl Task {
         // After a failed round, no key goes out until a round trip succeeds: a stalled Redis
         // is not handed a backlog to chew through when it resumes.
         let sending = !state.failing;
-        let mut entries = Vec::new();
+        let mut taken_keys = Vec::new();
         if sending {
-            self.take(&candidates, &mut entries, state);
-            self.take_orphans(&mut entries, state.budget.keys, state);
+            self.take(&candidates, &mut taken_keys, state);
+            self.take_orphans(&mut taken_keys, state.budget.keys, state);
         }
         let busy = self.settle_inbox();
         let started = std::time::Instant::now();
         let send = self.sync.sends.fetch_add(1, Ordering::AcqRel) + 1;
-        let (commands, with_overrides, batches) = self.commands(&entries, send, busy);
+        let (commands, with_overrides, batches) = self.commands(&taken_keys, send, busy);
         let (results, connect_timed_out) = self
-            .exchange_keys(link, state, &commands, entries.len())
+            .exchange_keys(link, state, &commands, taken_keys.len())
             .await;
         let mut results = results.into_iter();
         let heartbeat = results.next().unwrap_or(Err(SyncError::Reply));
         self.agree_control(&mut results, &with_overrides);
-        let replies = self.read_replies(heartbeat, results, &batches, &entries);
+        let replies = self.read_replies(heartbeat, results, &batches, &taken_keys);
         self.apply(&replies.synced, replies.instances, round, state);
         let sent = Sent {
             round,
             send,
             sending,
-            keys: entries.len(),
+            keys: taken_keys.len(),
             took: started.elapsed(),
         };
         self.sync_blocks(link).await;

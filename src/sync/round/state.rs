@@ -100,15 +100,17 @@ pub(super) const LATE_BYTES_MAX: usize = 8 << 20;
 pub(super) struct Candidate {
     pub(super) rank: u64,
     pub(super) zone: usize,
-    pub(super) slot: usize,
+    /// Its entry in the zone's table.
+    pub(super) entry: usize,
     pub(super) hash: u64,
 }
 
 /// A key taken in this round.
-pub(super) struct Entry {
+pub(super) struct TakenKey {
     pub(super) zone: usize,
-    /// Its slot, or `None` for a key evicted since the last round (from the orphan ring).
-    pub(super) slot: Option<usize>,
+    /// Its entry in the zone's table, or `None` for a key evicted since the last round (from
+    /// the orphan ring).
+    pub(super) entry: Option<usize>,
     pub(super) hash: u64,
     pub(super) delta: u64,
     pub(super) shape: FleetShape,

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use ratelimit_core::fleet::ASKED;
 use ratelimit_core::fleet_round;
 
-use super::state::{Candidate, Entry, LoopState, Task};
+use super::state::{Candidate, LoopState, TakenKey, Task};
 
 impl Task {
     /// The keys that need the fleet this round, most urgent first: at most `budget` of them,
@@ -25,8 +25,8 @@ impl Task {
             }
             // The `budget` most urgent keys of the zone: a min-heap of the best so far.
             let mut best: BinaryHeap<std::cmp::Reverse<Candidate>> = BinaryHeap::new();
-            for slot in 0..zone.slot_count() {
-                let Some((hash, word)) = zone.sync_slot(slot) else {
+            for entry in 0..zone.slot_count() {
+                let Some((hash, word)) = zone.sync_slot(entry) else {
                     break;
                 };
                 if hash == 0 || word == 0 {
@@ -41,7 +41,7 @@ impl Task {
                 let candidate = Candidate {
                     rank,
                     zone: zone_index,
-                    slot,
+                    entry,
                     hash,
                 };
                 if best.len() < budget {
@@ -74,13 +74,13 @@ impl Task {
     pub(super) fn take(
         &self,
         candidates: &[Candidate],
-        entries: &mut Vec<Entry>,
+        taken_keys: &mut Vec<TakenKey>,
         state: &LoopState,
     ) {
         for candidate in candidates {
             let synced = &self.zones[candidate.zone];
             // Evicted meanwhile: its delta went to the orphan ring.
-            let Some(pinned) = synced.zone.sync_pin(candidate.slot, candidate.hash) else {
+            let Some(pinned) = synced.zone.sync_pin(candidate.entry, candidate.hash) else {
                 continue;
             };
             let hash = candidate.hash;
@@ -90,9 +90,9 @@ impl Task {
             };
             let word = pending.swap(0, Ordering::AcqRel);
             drop(pinned);
-            entries.push(Entry {
+            taken_keys.push(TakenKey {
                 zone: candidate.zone,
-                slot: Some(candidate.slot),
+                entry: Some(candidate.entry),
                 hash,
                 delta: (word & !ASKED).min(shape.carry_limit()),
                 shape,
@@ -107,7 +107,12 @@ impl Task {
 
     /// The deltas of keys evicted since the last round (the orphan ring), those that need
     /// the fleet, within the round's budget; the others are within their share and dropped.
-    pub(super) fn take_orphans(&self, entries: &mut Vec<Entry>, budget: usize, state: &LoopState) {
+    pub(super) fn take_orphans(
+        &self,
+        taken_keys: &mut Vec<TakenKey>,
+        budget: usize,
+        state: &LoopState,
+    ) {
         let instances = self.sync.instances();
         let sync_ns = self.sync_ns();
         self.sync.orphans.drain(|zone_id, hash, delta| {
@@ -117,15 +122,15 @@ impl Task {
             let Some(shape) = self.zones[zone].shape(hash) else {
                 return;
             };
-            if entries.len() >= budget
+            if taken_keys.len() >= budget
                 || fleet_round::urgency(delta, &shape, instances, sync_ns).is_none()
             {
                 self.sync.orphans_dropped.fetch_add(1, Ordering::Relaxed);
                 return;
             }
-            entries.push(Entry {
+            taken_keys.push(TakenKey {
                 zone,
-                slot: None,
+                entry: None,
                 hash,
                 delta: (delta & !ASKED).min(shape.carry_limit()),
                 shape,
