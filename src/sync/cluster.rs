@@ -1,13 +1,13 @@
 //! Redis Cluster for the sync loop: one pipeline per master node per round.
 //!
-//! The `redis` crate's async cluster connection sends a pipeline to one slot only (its
-//! commands must share a slot), while a sync round holds keys of many slots. So the loop
-//! routes itself: the slot map from `CLUSTER SLOTS` (read from a seed URL, again after any
-//! failure or `MOVED`), a key's slot by CRC16 of its hash tag or whole name (the
-//! `crc16` crate), one multiplexed connection per master, and every node's pipeline sent at
-//! once. A node that fails fails only its own commands. A command answered `MOVED` or `ASK`
-//! (a slot moved or being migrated, e.g. while resharding) is sent to the node named in the
-//! same round, so a reshard costs no sync.
+//! The `redis` crate's async cluster connection sends a pipeline to one hash slot only (its
+//! commands must share a hash slot), while a sync round holds keys of many hash slots. So the
+//! loop routes itself: the hash slot map from `CLUSTER SLOTS` (read from a seed URL, again
+//! after any failure or `MOVED`), a key's hash slot by CRC16 of its hash tag or whole name
+//! (the `crc16` crate), one multiplexed connection per master, and every node's pipeline sent
+//! at once. A node that fails fails only its own commands. A command answered `MOVED` or
+//! `ASK` (a hash slot moved or being migrated, e.g. while resharding) is sent to the node
+//! named in the same round, so a reshard costs no sync.
 
 use futures_util::future::join_all;
 use redis::{ConnectionAddr, ConnectionInfo, Value};
@@ -15,8 +15,8 @@ use redis::{ConnectionAddr, ConnectionInfo, Value};
 use super::link::{self, ReadBudget};
 use super::shared::SyncError;
 
-/// Slots of a Redis Cluster.
-const SLOTS: u16 = 16384;
+/// Hash slots of a Redis Cluster.
+const HASH_SLOTS: u16 = 16384;
 
 struct Node {
     info: ConnectionInfo,
@@ -36,9 +36,9 @@ pub struct ClusterLink {
     /// What each connection may read in the current exchange.
     allowed: usize,
     nodes: Vec<Node>,
-    /// `(first slot, last slot, node)`.
-    slots: Vec<(u16, u16, usize)>,
-    /// Set while the slot map is being read (left set when a timeout cancels it).
+    /// `(first hash slot, last hash slot, node)`.
+    hash_slots: Vec<(u16, u16, usize)>,
+    /// Set while the hash slot map is being read (left set when a timeout cancels it).
     refreshing: bool,
 }
 
@@ -60,7 +60,7 @@ impl ClusterLink {
             tls,
             allowed: 0,
             nodes: Vec::new(),
-            slots: Vec::new(),
+            hash_slots: Vec::new(),
             refreshing: false,
         }
     }
@@ -86,14 +86,14 @@ impl ClusterLink {
         self.nodes.iter().any(|node| node.overflowed)
     }
 
-    /// Forget the slot map and connections (after a failure): the next round reads them again.
+    /// Forget the hash slot map and connections (after a failure): the next round reads them again.
     pub fn reset(&mut self) {
         self.nodes.clear();
-        self.slots.clear();
+        self.hash_slots.clear();
         self.refreshing = false;
     }
 
-    /// Read the slot map: from a node already connected when there is one (no new
+    /// Read the hash slot map: from a node already connected when there is one (no new
     /// connection: the round after a `MOVED` stays one round trip longer, not a handshake
     /// longer), else from the seeds in turn.
     async fn refresh(&mut self) -> Result<(), SyncError> {
@@ -131,17 +131,17 @@ impl ClusterLink {
     }
 
     /// Route by `map` (`(first, last, host, port)`); nodes already connected keep their
-    /// connection (a slot that moved between known nodes costs no handshake).
+    /// connection (a hash slot that moved between known nodes costs no handshake).
     fn use_map(
         &mut self,
         seed: &ConnectionInfo,
         map: Vec<(u16, u16, String, u16)>,
     ) -> Result<(), SyncError> {
         let mut known = std::mem::take(&mut self.nodes);
-        self.slots.clear();
-        for (first, last_slot, host, port) in map {
+        self.hash_slots.clear();
+        for (first, last, host, port) in map {
             let node = self.node_index(seed, &host, port)?;
-            self.slots.push((first, last_slot, node));
+            self.hash_slots.push((first, last, node));
         }
         for node in &mut self.nodes {
             if let Some(old) = known.iter_mut().find(|old| old.info.addr == node.info.addr) {
@@ -190,15 +190,15 @@ impl ClusterLink {
     }
 
     fn node_for(&self, key: &str) -> Option<usize> {
-        let slot = key_slot(key.as_bytes());
-        self.slots
+        let hash_slot = key_hash_slot(key.as_bytes());
+        self.hash_slots
             .iter()
-            .find(|&&(first, last, _)| first <= slot && slot <= last)
+            .find(|&&(first, last, _)| first <= hash_slot && hash_slot <= last)
             .map(|&(_, _, node)| node)
     }
 
     /// Send every command, one pipeline per node (scripts loaded first where needed), all
-    /// nodes at once. A command answered `MOVED` or `ASK` (a slot moved, or being migrated) is
+    /// nodes at once. A command answered `MOVED` or `ASK` (a hash slot moved, or being migrated) is
     /// sent again at once to the node named, `ASK`ed ones after `ASKING`: one more round trip
     /// for those commands only. Returns each command's reply, or the error of its node.
     pub async fn send(
@@ -206,7 +206,7 @@ impl ClusterLink {
         commands: &[Routed],
         scripts: &[&str],
     ) -> Vec<Result<Value, SyncError>> {
-        if self.slots.is_empty() {
+        if self.hash_slots.is_empty() {
             self.refreshing = true;
             let refreshed = self.refresh().await;
             self.refreshing = false;
@@ -238,7 +238,7 @@ impl ClusterLink {
                 continue;
             };
             if let Ok(node) = self.node_index(&seed, &host, port) {
-                // MOVED: the slot map is out of date (read again next round).
+                // MOVED: the hash slot map is out of date (read again next round).
                 moved |= !asking;
                 again.push((at, node, asking));
             }
@@ -256,13 +256,13 @@ impl ClusterLink {
             })
             .collect();
         if failed {
-            // A node down: connections and slot map anew next round.
+            // A node down: connections and hash slot map anew next round.
             self.reset();
         } else if moved {
-            // A slot moved: the map is read again next round, the connections are kept (a
+            // A hash slot moved: the map is read again next round, the connections are kept (a
             // round that opened them all again, and loaded the scripts on each, could run
             // out of `timeout=` on a loaded machine).
-            self.slots.clear();
+            self.hash_slots.clear();
         }
         replies
     }
@@ -318,7 +318,7 @@ fn redirection(reply: &Value) -> Option<(bool, String, u16)> {
         "MOVED" => false,
         _ => return None,
     };
-    // "SLOT HOST:PORT"
+    // "HASH-SLOT HOST:PORT"
     let address = error.details()?.split_ascii_whitespace().nth(1)?;
     let (host, port) = address.rsplit_once(':')?;
     Some((asking, host.to_string(), port.parse().ok()?))
@@ -402,7 +402,7 @@ async fn send_to_node(
     }
 }
 
-/// What a `CLUSTER SLOTS` reply may take: a few hundred bytes per slot range.
+/// What a `CLUSTER SLOTS` reply may take: a few hundred bytes per hash slot range.
 const SLOTS_REPLY_BYTES: usize = 1 << 20;
 
 /// `CLUSTER SLOTS` of one node: `(first, last, master host, master port)`.
@@ -471,9 +471,9 @@ async fn slots_over(
     Ok(map)
 }
 
-/// A key's cluster slot: CRC16 (XMODEM) of its hash tag (`{...}`, when not empty) or of the
+/// A key's hash slot: CRC16 (XMODEM) of its hash tag (`{...}`, when not empty) or of the
 /// whole key, modulo 16384.
-pub fn key_slot(key: &[u8]) -> u16 {
+pub fn key_hash_slot(key: &[u8]) -> u16 {
     let tagged = key
         .iter()
         .position(|&byte| byte == b'{')
@@ -483,5 +483,5 @@ pub fn key_slot(key: &[u8]) -> u16 {
             (close > 0).then(|| &rest[..close])
         })
         .unwrap_or(key);
-    crc16::State::<crc16::XMODEM>::calculate(tagged) % SLOTS
+    crc16::State::<crc16::XMODEM>::calculate(tagged) % HASH_SLOTS
 }

@@ -11,7 +11,7 @@
 //! (its own clock, so earlier): a killed instance's permits are back in the fleet within
 //! three intervals of its last round, and the next round of the others takes them.
 //!
-//! Kept apart from the rate keys' sync (`task.rs` calls [`Leases::prepare`] and
+//! Kept apart from the rate keys' sync (`round/after_keys.rs` calls [`Leases::prepare`] and
 //! [`Leases::settle`] once per round, around an exchange of their own). The loop-side state
 //! ([`LeaseHolder`] per key) lives in the thread; a worker that takes the loop over adopts
 //! each key's lease word as it finds it.
@@ -21,7 +21,7 @@ use std::sync::atomic::{fence, Ordering};
 
 use ratelimit_core::concurrency::ConcurrencyLimit;
 use ratelimit_core::lease::{
-    hold_end, LeaseHolder, LeaseReply, LeaseWord, EXPIRY_ROUNDS, SERVE_SCRIPT,
+    hold_end, LeaseHolder, LeaseReply, LeaseRequest, LeaseWord, EXPIRY_ROUNDS, SERVE_SCRIPT,
 };
 use ratelimit_core::sync_spec::SyncSpec;
 
@@ -45,7 +45,8 @@ pub struct LeaseZone {
 /// A key's lease as the loop keeps it between rounds.
 struct Held {
     holder: LeaseHolder,
-    slot: SlotIndex,
+    /// Its entry in the zone's table (found again by its id).
+    entry: SlotIndex,
     /// The round it was last found in its zone.
     seen: u64,
 }
@@ -109,11 +110,11 @@ impl Leases {
                 let Some(lease) = words.lease else {
                     continue;
                 };
-                let slots = words.load();
+                let permits = words.load();
                 let refused = lease.refused.swap(0, Ordering::AcqRel) as u32;
                 let word = LeaseWord::unpack(lease.lease.load(Ordering::Acquire));
                 let key = (index, hash);
-                let busy = slots.in_flight > 0 || slots.queued() > 0 || refused > 0;
+                let busy = permits.in_flight > 0 || permits.queued() > 0 || refused > 0;
                 if !busy && word.permits == 0 && !self.held.contains_key(&key) {
                     continue;
                 }
@@ -122,17 +123,17 @@ impl Leases {
                 }
                 let held = self.held.entry(key).or_insert_with(|| Held {
                     holder: adopt(instance, &word),
-                    slot: words.slot(),
+                    entry: words.slot(),
                     seen: 0,
                 });
-                held.slot = words.slot();
+                held.entry = words.slot();
                 held.seen = self.round;
                 let holder = &mut held.holder;
                 holder.hold_until_ms = holder.hold_until_ms.max(self.hold_until_ms);
-                holder.in_use = slots.in_flight;
+                holder.in_use = permits.in_flight;
                 holder.peak = holder
                     .peak
-                    .max(slots.in_flight.saturating_add(slots.queued()));
+                    .max(permits.in_flight.saturating_add(permits.queued()));
                 holder.refused = holder.refused.saturating_add(refused);
                 if !reachable {
                     continue;
@@ -150,29 +151,14 @@ impl Leases {
                     .store(LeaseWord::of(holder).pack(), Ordering::SeqCst);
                 fence(Ordering::SeqCst);
                 request.in_use = words.load().in_flight;
-                let name = format!("{}{}:lease:{:016x}", spec.prefix, lease_zone.name, hash);
-                let mut command = redis::cmd("EVAL");
-                command.arg(SERVE_SCRIPT);
-                // When the server's lease records began (a restart, a promoted replica
-                // without them): not on Redis Cluster, where it would be in another slot.
-                if spec.cluster {
-                    command.arg(1).arg(&name);
-                } else {
-                    command
-                        .arg(2)
-                        .arg(&name)
-                        .arg(format!("{}lease:since", spec.prefix));
-                }
-                command
-                    .arg(format!("{instance:016x}"))
-                    .arg(request.seq)
-                    .arg(request.keep)
-                    .arg(request.want)
-                    .arg(limit)
-                    .arg(ttl_ms)
-                    .arg(request.in_use)
-                    .arg(if request.grow { "1" } else { "0" });
-                commands.push(Routed { key: name, command });
+                commands.push(serve_command(
+                    spec,
+                    &lease_zone.name,
+                    hash,
+                    instance,
+                    &request,
+                    limit,
+                ));
                 sent.push(Sent { key, limit });
             }
         }
@@ -202,12 +188,12 @@ impl Leases {
             }
         }
         for (&(index, hash), held) in &self.held {
-            if held.slot.id != hash {
+            if held.entry.id != hash {
                 continue;
             }
             let Some(words) = zones
                 .get(index)
-                .and_then(|zone| zone.zone.key_words(held.slot))
+                .and_then(|zone| zone.zone.key_words(held.entry))
             else {
                 continue;
             };
@@ -227,6 +213,42 @@ impl Leases {
                 || (held.seen == current && holder.peak > 0)
         });
     }
+}
+
+/// One key's request to [`SERVE_SCRIPT`] (a lease of at most `limit` permits, kept for the
+/// rounds of [`EXPIRY_ROUNDS`]), routed by the key's lease record.
+fn serve_command(
+    spec: &SyncSpec,
+    zone_name: &str,
+    hash: u64,
+    instance: u64,
+    request: &LeaseRequest,
+    limit: u32,
+) -> Routed {
+    let ttl_ms = EXPIRY_ROUNDS * spec.interval_ms;
+    let name = format!("{}{}:lease:{:016x}", spec.prefix, zone_name, hash);
+    let mut command = redis::cmd("EVAL");
+    command.arg(SERVE_SCRIPT);
+    // When the server's lease records began (a restart, a promoted replica without them):
+    // not on Redis Cluster, where it would be in another hash slot.
+    if spec.cluster {
+        command.arg(1).arg(&name);
+    } else {
+        command
+            .arg(2)
+            .arg(&name)
+            .arg(format!("{}lease:since", spec.prefix));
+    }
+    command
+        .arg(format!("{instance:016x}"))
+        .arg(request.seq)
+        .arg(request.keep)
+        .arg(request.want)
+        .arg(limit)
+        .arg(ttl_ms)
+        .arg(request.in_use)
+        .arg(if request.grow { "1" } else { "0" });
+    Routed { key: name, command }
 }
 
 /// A key whose lease this thread did not make (the loop moved to this worker): its word as

@@ -25,9 +25,9 @@ mod overrides;
 mod quota;
 mod quota_keep;
 mod repeats;
+mod round;
 mod sentinel;
 mod shared;
-mod task;
 mod tls;
 mod zone;
 
@@ -251,7 +251,7 @@ fn start_loop(cycle: &mut ngx_cycle_t, sync: &'static SyncShared, me: u64) -> Op
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
     let round_timeout = Duration::from_millis(spec.timeout_ms);
-    let job = task::Task {
+    let job = round::Task {
         zones,
         lease_zones,
         spec,

@@ -10,7 +10,7 @@
 //! the hash expires at the period's end plus [`EXPIRY_MARGIN_MS`]); a key this instance
 //! refused for want of its total, and then every other key counted this period in turns (at
 //! most [`READS_PER_ROUND`] a round), is read with `HGET`. Each total is checked and written
-//! to the key's slot: its fleet word, and its state raised to the total plus what was
+//! to the key's entry: its fleet word, and its state raised to the total plus what was
 //! admitted here since. A failed send puts its delta back, merged with what comes next, and
 //! the next send lists it (its number and delta): the script adds only what the hash has not
 //! applied yet, so a send that timed out and was applied late is not counted twice.
@@ -25,7 +25,7 @@ use super::quota_keep::{QuotaSync, UNCONFIRMED, UNCONFIRMED_KEYS};
 use super::shared::{Bad, SyncError, SyncShared};
 use super::zone::SyncZone;
 
-/// Keys sent with a delta in one round (all zones): the rest wait in their slots, merged
+/// Keys sent with a delta in one round (all zones): the rest wait in their entries, merged
 /// with what comes next.
 pub const SENDS_PER_ROUND: usize = 8192;
 
@@ -50,7 +50,8 @@ pub const QUOTA_SCRIPT: &str = include_str!("quota.lua");
 /// A key in this round's exchange.
 pub struct Sent {
     zone: usize,
-    slot: usize,
+    /// Its entry in the zone's table.
+    entry: usize,
     hash: u64,
     window: QuotaWindow,
     /// Sent by [`QUOTA_SCRIPT`]; 0: read by `HGET`.
@@ -69,104 +70,161 @@ pub fn commands(
 ) -> (Vec<Sent>, Vec<Routed>) {
     let script = redis::Script::new(QUOTA_SCRIPT).get_hash().to_string();
     let (mut keys, mut commands) = (Vec::new(), Vec::new());
-    let (mut sends, mut reads) = (0, 0);
+    let mut taken = Taken::default();
     for (index, zone) in zones.iter().enumerate() {
         let Some(quota) = &zone.quota else {
             continue;
         };
         let (window, start_ms, end_ms) = quota.period();
-        let (mut zone_sends, mut asked, mut zone_reads) = (Vec::new(), Vec::new(), Vec::new());
-        let slots = zone.zone.slot_count();
-        let from = quota.cursor.get().min(slots);
-        let mut next_cursor = 0;
-        for slot in (from..slots).chain(0..from) {
-            let Some((hash, _)) = zone.zone.sync_slot(slot) else {
-                break;
-            };
-            if hash == 0 {
-                continue;
-            }
-            let Some(pinned) = zone.zone.sync_pin(slot, hash) else {
-                continue;
-            };
-            let [state, pending, fleet] = pinned.words();
-            let key = |delta| Sent {
-                zone: index,
-                slot,
-                hash,
-                window,
-                delta,
-                unconfirmed: Vec::new(),
-            };
-            if used(pending.load(Ordering::Acquire), &window) > 0 && sends < SENDS_PER_ROUND {
-                // Swapped out: what is admitted from now on goes to the next round. A delta of
-                // an earlier period is dropped with its period.
-                let delta = used(pending.swap(0, Ordering::AcqRel), &window);
-                if delta > 0 {
-                    sends += 1;
-                    let unconfirmed = quota.unconfirmed.borrow();
-                    let earlier = unconfirmed
-                        .get(&hash)
-                        .filter(|(tag, _)| *tag == window.tag)
-                        .map(|(_, sends)| sends.clone())
-                        .unwrap_or_default();
-                    zone_sends.push(Sent {
-                        unconfirmed: earlier,
-                        ..key(delta)
-                    });
-                    continue;
-                }
-            }
-            let fleet = fleet.load(Ordering::Acquire);
-            if fleet_quota::is_asked(fleet, &window) {
-                if asked.len() < READS_PER_ROUND {
-                    asked.push(key(0));
-                }
-                continue;
-            }
-            let counted = used(state.load(Ordering::Acquire), &window) > 0
-                || fleet_quota::fleet_total(fleet, &window).is_some();
-            if counted && next_cursor == 0 {
-                if reads < READS_PER_ROUND {
-                    reads += 1;
-                    zone_reads.push(key(0));
-                } else {
-                    next_cursor = slot;
-                }
-            }
+        let zone_keys = zone_keys(index, zone, quota, window, &mut taken);
+        let expiry_ms = end_ms.saturating_add(EXPIRY_MARGIN_MS);
+        for sent in zone_keys.in_order() {
+            let name = key_name(prefix, zone, sent.hash, start_ms);
+            let command = key_command(sent, &name, &script, instance, send, expiry_ms);
+            commands.push(Routed { key: name, command });
         }
-        quota.cursor.set(next_cursor);
-        for entry in zone_sends.iter().chain(&asked).chain(&zone_reads) {
-            let key = key_name(prefix, zone, entry.hash, start_ms);
-            let mut command;
-            if entry.delta == 0 {
-                command = redis::cmd("HGET");
-                command.arg(&key).arg("n");
-            } else {
-                command = redis::cmd("EVALSHA");
-                command
-                    .arg(&script)
-                    .arg(1)
-                    .arg(&key)
-                    .arg(format!("{instance:016x}"))
-                    .arg(send)
-                    .arg(entry.delta)
-                    .arg(end_ms.saturating_add(EXPIRY_MARGIN_MS));
-                for &(earlier, delta) in &entry.unconfirmed {
-                    command.arg(earlier).arg(delta);
-                }
-            }
-            commands.push(Routed { key, command });
-        }
-        keys.extend(zone_sends);
-        keys.extend(asked);
-        keys.extend(zone_reads);
+        keys.extend(zone_keys.sends);
+        keys.extend(zone_keys.asked);
+        keys.extend(zone_keys.reads);
     }
     (keys, commands)
 }
 
+/// The keys sent and read so far this round, all zones (within [`SENDS_PER_ROUND`] and
+/// [`READS_PER_ROUND`]).
+#[derive(Default)]
+struct Taken {
+    sends: usize,
+    reads: usize,
+}
+
+/// One zone's keys in this round's exchange, in the order they go.
+struct ZoneKeys {
+    /// With a delta.
+    sends: Vec<Sent>,
+    /// Refused for want of their total: read first.
+    asked: Vec<Sent>,
+    /// Counted this period: read in turn, from the zone's cursor on.
+    reads: Vec<Sent>,
+}
+
+impl ZoneKeys {
+    fn in_order(&self) -> impl Iterator<Item = &Sent> {
+        self.sends.iter().chain(&self.asked).chain(&self.reads)
+    }
+}
+
+/// A quota zone's keys for this round: their deltas swapped out, the keys refused for want of
+/// their total, and the counted keys whose turn it is to be read (the zone's cursor moved to
+/// the first one left for a later round).
+fn zone_keys(
+    index: usize,
+    zone: &SyncZone,
+    quota: &QuotaSync,
+    window: QuotaWindow,
+    taken: &mut Taken,
+) -> ZoneKeys {
+    let mut keys = ZoneKeys {
+        sends: Vec::new(),
+        asked: Vec::new(),
+        reads: Vec::new(),
+    };
+    let entries = zone.zone.slot_count();
+    let from = quota.cursor.get().min(entries);
+    let mut next_cursor = 0;
+    for entry in (from..entries).chain(0..from) {
+        let Some((hash, _)) = zone.zone.sync_slot(entry) else {
+            break;
+        };
+        if hash == 0 {
+            continue;
+        }
+        let Some(pinned) = zone.zone.sync_pin(entry, hash) else {
+            continue;
+        };
+        let [state, pending, fleet] = pinned.words();
+        let key = |delta| Sent {
+            zone: index,
+            entry,
+            hash,
+            window,
+            delta,
+            unconfirmed: Vec::new(),
+        };
+        if used(pending.load(Ordering::Acquire), &window) > 0 && taken.sends < SENDS_PER_ROUND {
+            // Swapped out: what is admitted from now on goes to the next round. A delta of
+            // an earlier period is dropped with its period.
+            let delta = used(pending.swap(0, Ordering::AcqRel), &window);
+            if delta > 0 {
+                taken.sends += 1;
+                let unconfirmed = quota.unconfirmed.borrow();
+                let earlier = unconfirmed
+                    .get(&hash)
+                    .filter(|(tag, _)| *tag == window.tag)
+                    .map(|(_, sends)| sends.clone())
+                    .unwrap_or_default();
+                keys.sends.push(Sent {
+                    unconfirmed: earlier,
+                    ..key(delta)
+                });
+                continue;
+            }
+        }
+        let fleet = fleet.load(Ordering::Acquire);
+        if fleet_quota::is_asked(fleet, &window) {
+            if keys.asked.len() < READS_PER_ROUND {
+                keys.asked.push(key(0));
+            }
+            continue;
+        }
+        let counted = used(state.load(Ordering::Acquire), &window) > 0
+            || fleet_quota::fleet_total(fleet, &window).is_some();
+        if counted && next_cursor == 0 {
+            if taken.reads < READS_PER_ROUND {
+                taken.reads += 1;
+                keys.reads.push(key(0));
+            } else {
+                next_cursor = entry;
+            }
+        }
+    }
+    quota.cursor.set(next_cursor);
+    keys
+}
+
+/// One key's command: [`QUOTA_SCRIPT`] with its delta (the counter expiring at `expiry_ms`,
+/// Unix ms), or a read of its counter.
+fn key_command(
+    sent: &Sent,
+    name: &str,
+    script: &str,
+    instance: u64,
+    send: u64,
+    expiry_ms: i64,
+) -> redis::Cmd {
+    let mut command;
+    if sent.delta == 0 {
+        command = redis::cmd("HGET");
+        command.arg(name).arg("n");
+    } else {
+        command = redis::cmd("EVALSHA");
+        command
+            .arg(script)
+            .arg(1)
+            .arg(name)
+            .arg(format!("{instance:016x}"))
+            .arg(send)
+            .arg(sent.delta)
+            .arg(expiry_ms);
+        for &(earlier, delta) in &sent.unconfirmed {
+            command.arg(earlier).arg(delta);
+        }
+    }
+    command
+}
+
 /// A period's counter of the key `hash`: `prefix zone:q:{group}:start:id` (the group is the
-/// keys' slot group, so a Redis Cluster spreads a zone's counters over its nodes).
+/// keys' hash-tag group, so a Redis Cluster spreads a zone's counters over its nodes).
 fn key_name(prefix: &str, zone: &SyncZone, hash: u64, start_ms: i64) -> String {
     format!(
         "{prefix}{}:q:{{{:02x}}}:{}:{hash:016x}",
@@ -176,7 +234,7 @@ fn key_name(prefix: &str, zone: &SyncZone, hash: u64, start_ms: i64) -> String {
     )
 }
 
-/// The replies to [`commands`]: each key's total into its slot, a failed key's delta back to
+/// The replies to [`commands`]: each key's total into its entry, a failed key's delta back to
 /// its pending word. Returns the first error.
 pub fn received(
     zones: &[SyncZone],
@@ -187,8 +245,8 @@ pub fn received(
 ) -> Option<SyncError> {
     let mut replies = replies.into_iter();
     let mut first_error = None;
-    for entry in sent {
-        let zone = &zones[entry.zone];
+    for key in sent {
+        let zone = &zones[key.zone];
         let reply = replies.next().unwrap_or(Err(SyncError::Reply));
         let total = reply.and_then(|value| match total_of(&value) {
             Total::Valid(total) => Ok(total),
@@ -207,18 +265,18 @@ pub fn received(
         let Some(quota) = zone.quota.as_ref() else {
             continue;
         };
-        if entry.delta > 0 {
-            remember(quota, entry, send, total.is_ok());
+        if key.delta > 0 {
+            remember(quota, key, send, total.is_ok());
         }
         // The period moved on since the commands were built: what they carried is over.
-        if quota.period().0 != entry.window {
+        if quota.period().0 != key.window {
             continue;
         }
-        let Some(pinned) = zone.zone.sync_pin(entry.slot, entry.hash) else {
+        let Some(pinned) = zone.zone.sync_pin(key.entry, key.hash) else {
             continue;
         };
         let [state, pending, fleet] = pinned.words();
-        let window = &entry.window;
+        let window = &key.window;
         match total {
             Ok(total) => {
                 fleet.store(fleet_quota::fleet_word(total, window), Ordering::Release);
@@ -227,9 +285,9 @@ pub fn received(
                     Some(fleet_quota::synced_state(word, window, total, pending))
                 });
             }
-            Err(_) if entry.delta > 0 => {
+            Err(_) if key.delta > 0 => {
                 let _ = pending.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
-                    Some(fleet_quota::add_pending(word, window, entry.delta))
+                    Some(fleet_quota::add_pending(word, window, key.delta))
                 });
             }
             Err(_) => {}
@@ -239,21 +297,21 @@ pub fn received(
 }
 
 /// After a send: an applied one clears the key's failed sends, a failed one joins them.
-fn remember(quota: &QuotaSync, entry: &Sent, send: u64, applied: bool) {
+fn remember(quota: &QuotaSync, key: &Sent, send: u64, applied: bool) {
     let mut unconfirmed = quota.unconfirmed.borrow_mut();
     if applied {
-        unconfirmed.remove(&entry.hash);
+        unconfirmed.remove(&key.hash);
         return;
     }
-    if unconfirmed.len() >= UNCONFIRMED_KEYS && !unconfirmed.contains_key(&entry.hash) {
+    if unconfirmed.len() >= UNCONFIRMED_KEYS && !unconfirmed.contains_key(&key.hash) {
         return;
     }
-    let mut sends = entry.unconfirmed.clone();
+    let mut sends = key.unconfirmed.clone();
     if sends.len() >= UNCONFIRMED {
         sends.remove(0);
     }
-    sends.push((send, entry.delta));
-    unconfirmed.insert(entry.hash, (entry.window.tag, sends));
+    sends.push((send, key.delta));
+    unconfirmed.insert(key.hash, (key.window.tag, sends));
 }
 
 /// A counter's reply, checked like user input.

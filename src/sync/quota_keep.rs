@@ -23,7 +23,7 @@ pub(super) type FailedSends = (u64, Vec<(u64, u64)>);
 /// What the loop keeps of a quota zone between rounds.
 pub struct QuotaSync {
     pub calendar: Calendar,
-    /// The slot where the next round's reads begin.
+    /// The entry where the next round's reads begin.
     pub(super) cursor: Cell<usize>,
     /// Each key's failed sends since its last applied one, by the key's id.
     pub(super) unconfirmed: RefCell<HashMap<u64, FailedSends>>,
