@@ -49,7 +49,7 @@
 //! worker adds its samples to ([`histogram_add`]). Time is passed in (`now_ns`, any monotonic
 //! clock); nothing here panics.
 
-use crate::NANOS_PER_SEC;
+use crate::rate::NANOS_PER_SEC;
 
 /// Shortest window over which samples are gathered before the limit moves.
 pub const WINDOW_NS: u64 = 100_000_000;

@@ -1,8 +1,10 @@
 //! What callers need to know about each [`Algorithm`], asked of the algorithm rather than
 //! matched on its name: adding an algorithm is adding its answers here (and its arithmetic).
 
+use crate::policy::Algorithm;
 use crate::quota::QuotaWindow;
-use crate::{sliding_log, Algorithm, Rate};
+use crate::rate::Rate;
+use crate::sliding_log;
 
 impl Algorithm {
     /// Every algorithm, in the order of their [`Algorithm::code`]s.

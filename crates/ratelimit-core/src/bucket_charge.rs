@@ -10,7 +10,8 @@
 
 use std::num::NonZeroU64;
 
-use crate::{Algorithm, DelayMode, Outcome, Policy};
+use crate::decision::Outcome;
+use crate::policy::{Algorithm, DelayMode, Policy};
 
 /// A leaky or token bucket policy, as the three products the decision compares with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,7 +34,7 @@ impl BucketCharge {
         let interval = policy.limits.rate.interval_ns().max(1);
         // Judging the key `τ` less ahead (see `gcra`) is comparing the real distance with
         // thresholds `τ` larger: the same outcomes, since `τ < T` and costs are whole.
-        let tolerance = crate::gcra::jitter_tolerance_ns(NonZeroU64::new(interval)?);
+        let tolerance = crate::rate::jitter_tolerance_ns(NonZeroU64::new(interval)?);
         let (slots, delay) = match policy.algorithm {
             Algorithm::LeakyBucket => (policy.limits.burst.checked_add(1)?, policy.delay),
             Algorithm::TokenBucket => (policy.limits.burst.max(1), DelayMode::NoDelay),
@@ -83,7 +84,9 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::{decide_word, Limits, Rate, RateUnit};
+    use crate::decide::decide_word;
+    use crate::policy::Limits;
+    use crate::rate::{Rate, RateUnit};
 
     fn policy(
         algorithm: Algorithm,

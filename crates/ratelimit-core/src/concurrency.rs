@@ -35,8 +35,8 @@
 use std::fmt;
 
 use crate::adaptive::{AdaptiveBounds, MAX_LIMIT};
+use crate::rate::NANOS_PER_SEC;
 use crate::spec::{parse_zone, SpecError};
-use crate::NANOS_PER_SEC;
 
 /// The parameters of a concurrency zone's `rate_limit_zone`, for the error that quotes an
 /// unknown one.

@@ -5,11 +5,13 @@
 
 use proptest::prelude::*;
 
-use crate::reference;
-use crate::{
-    decide_word, rescale_word, sliding_log, standing_policy, word_idle_at_ns, word_idle_at_ns_near,
-    Algorithm, DelayMode, Limits, Policy, Rate, RateUnit,
+use crate::decide::{
+    decide_word, rescale_word, standing_policy, word_idle_at_ns, word_idle_at_ns_near,
 };
+use crate::policy::{Algorithm, DelayMode, Limits, Policy};
+use crate::rate::{Rate, RateUnit};
+use crate::reference;
+use crate::sliding_log;
 
 const SECOND: u64 = 1_000_000_000;
 /// About 11.6 days of uptime on `CLOCK_MONOTONIC`.
@@ -167,7 +169,7 @@ fn reference_applies(policy: &Policy) -> bool {
     matches!(
         policy.algorithm,
         Algorithm::SlidingLog | Algorithm::SlidingWindow
-    ) || policy.limits.rate.interval_ns() >= crate::gcra::JITTER_FORGIVEN_BELOW_NS
+    ) || policy.limits.rate.interval_ns() >= crate::rate::JITTER_FORGIVEN_BELOW_NS
 }
 
 /// Every word function on one `(policy, state, now)`.

@@ -39,7 +39,9 @@
 
 use std::num::{NonZeroU128, NonZeroU64};
 
-use crate::{Decision, DelayMode, Outcome, Rate};
+use crate::decision::{Decision, Outcome};
+use crate::policy::DelayMode;
+use crate::rate::{jitter_tolerance_ns, Rate};
 
 /// Decide one request of `cost` against a bucket of `extra + 1` requests, delayed as `delay`
 /// says (the token bucket never delays: `NoDelay`). Returns the decision and, when charged,
@@ -123,20 +125,6 @@ pub(crate) fn decide(
         excess_milli,
     };
     (decision, next)
-}
-
-/// Intervals shorter than this forgive arrival jitter (see the module documentation).
-pub const JITTER_FORGIVEN_BELOW_NS: u64 = 1_000_000;
-
-/// How much earlier than its turn a request may arrive, for an interval `T`: `T / 2` under a
-/// millisecond, else 0.
-#[inline(always)]
-pub fn jitter_tolerance_ns(interval_ns: NonZeroU64) -> u64 {
-    if interval_ns.get() < JITTER_FORGIVEN_BELOW_NS {
-        interval_ns.get() / 2
-    } else {
-        0
-    }
 }
 
 /// Largest `a` for which `1000 * a + 1000` fits in u64 (about 213 days).

@@ -18,7 +18,9 @@
 //! A request costing more than `burst + 1` never passes: its `retry_after_ns` is
 //! [`crate::Decision::NEVER_NS`].
 
-use crate::{gcra, Decision, Limits, Policy};
+use crate::decision::Decision;
+use crate::gcra;
+use crate::policy::{Limits, Policy};
 
 /// Decide one request; `state` 0 is a fresh key. See [`crate::decide_word`].
 // Always inlined, so that a caller reading only the outcome and the new state computes no
@@ -48,7 +50,9 @@ pub fn idle_at_ns(state: u64, limits: &Limits) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Algorithm, DelayMode, Outcome, Rate, RateUnit};
+    use crate::decision::Outcome;
+    use crate::policy::{Algorithm, DelayMode};
+    use crate::rate::{Rate, RateUnit};
     use Outcome::{Delayed as D, Passed as P, Rejected as R};
 
     const MS: u64 = 1_000_000;

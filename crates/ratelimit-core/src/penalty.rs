@@ -22,7 +22,7 @@
 
 use std::fmt;
 
-use crate::SpecError;
+use crate::policy::SpecError;
 
 /// Nanoseconds in one millisecond.
 const NANOS_PER_MS: u64 = 1_000_000;

@@ -180,7 +180,7 @@ impl Limits {
     /// 365 days, `K * T` at most. Every theoretical arrival time then fits a `u64` until the
     /// monotonic clock passes `u64::MAX - MAX_BUCKET_SPAN_NS` (about 484 years of uptime);
     /// larger buckets would need more than 64 bits of nanoseconds (see `gcra`).
-    pub const MAX_BUCKET_SPAN_NS: u64 = 36_500 * 86_400 * crate::NANOS_PER_SEC;
+    pub const MAX_BUCKET_SPAN_NS: u64 = 36_500 * 86_400 * crate::rate::NANOS_PER_SEC;
 
     /// The largest burst `algorithm` takes at `rate`: [`Limits::MAX_BURST`], or less when a
     /// full bucket would span more than [`Limits::MAX_BUCKET_SPAN_NS`] (at rates under about
@@ -302,33 +302,6 @@ pub struct Policy {
     pub delay: DelayMode,
     /// How many requests this request counts as (`cost=N`, default 1, at least 1).
     pub cost: u64,
-}
-
-impl Policy {
-    /// The largest cost a request can have and still pass (on a fresh key): the bucket's
-    /// `K` (`burst + 1` leaky, `burst` but at least 1 token), the sliding algorithms' `N`. A
-    /// request costing more is rejected with [`crate::Decision::NEVER_NS`].
-    ///
-    /// ```
-    /// use ratelimit_core::{Algorithm, DelayMode, Limits, Policy, Rate};
-    ///
-    /// let limits = Limits { rate: Rate::parse("5r/s").unwrap(), burst: 2 };
-    /// let policy = |algorithm| Policy { algorithm, limits, delay: DelayMode::NoDelay, cost: 1 };
-    /// assert_eq!(policy(Algorithm::LeakyBucket).max_cost(), 3);
-    /// assert_eq!(policy(Algorithm::TokenBucket).max_cost(), 2);
-    /// assert_eq!(policy(Algorithm::SlidingWindow).max_cost(), 5);
-    /// ```
-    pub fn max_cost(&self) -> u64 {
-        match self.algorithm {
-            Algorithm::LeakyBucket => self.limits.burst.saturating_add(1),
-            Algorithm::TokenBucket => crate::token_bucket::capacity(&self.limits),
-            Algorithm::SlidingLog => crate::sliding_log::window_limit(&self.limits.rate),
-            Algorithm::SlidingWindow => crate::sliding_window::window_limit(&self.limits.rate),
-            // Slots are counted by crate::concurrency, never by a policy's decision.
-            Algorithm::Concurrency => u64::MAX,
-            Algorithm::Quota(_) => self.limits.quota_limit(),
-        }
-    }
 }
 
 /// The period a decision is made in: its tag and its end, on the clock of the `now_ns` the

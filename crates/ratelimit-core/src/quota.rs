@@ -10,10 +10,12 @@
 //! caller's clock (the module computes it from the wall clock with [`crate::period`]), so that
 //! the arithmetic here stays free of time zones and reads no clock.
 
+use crate::decision::{Decision, Outcome};
 use crate::period::{Calendar, CalendarError};
 use crate::policy::parse_integer;
 pub use crate::policy::QuotaWindow;
-use crate::{Algorithm, Decision, Limits, Outcome, Policy, Rate, RateUnit, SpecError};
+use crate::policy::{Algorithm, Limits, Policy, SpecError};
+use crate::rate::{Rate, RateUnit};
 
 /// The largest `limit=`: 2^53, what a JSON number (the admin API) holds exactly.
 pub const MAX_LIMIT: u64 = 1 << 53;
@@ -228,7 +230,7 @@ pub fn charge_into_debt(state: u64, policy: &Policy, tokens: u64, debt: u64) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::DelayMode;
+    use crate::policy::DelayMode;
 
     fn policy(limit: u64, tag: u64, end_ns: u64, cost: u64) -> Policy {
         Policy {

@@ -1,8 +1,10 @@
 //! Rates written like nginx's `rate=10r/s`.
 
 use std::fmt;
+use std::num::NonZeroU64;
 
-use crate::NANOS_PER_SEC;
+/// Nanoseconds in one second.
+pub const NANOS_PER_SEC: u64 = 1_000_000_000;
 
 /// What a rate looks like, for the errors that quote a bad one.
 pub const RATE_SYNTAX: &str =
@@ -126,9 +128,7 @@ impl Rate {
     /// interval when the interval is under a millisecond, else 0 (see the leaky bucket).
     #[inline]
     pub fn jitter_tolerance_ns(&self) -> u64 {
-        crate::gcra::jitter_tolerance_ns(
-            std::num::NonZeroU64::new(self.interval_ns()).unwrap_or(std::num::NonZeroU64::MIN),
-        )
+        jitter_tolerance_ns(NonZeroU64::new(self.interval_ns()).unwrap_or(NonZeroU64::MIN))
     }
 
     /// The unit's length in nanoseconds: the window of the sliding algorithms.
@@ -142,6 +142,20 @@ impl Rate {
         // Not `is_multiple_of`: the workspace supports Rust 1.81.
         let thousandths = self.milli_requests % 1000;
         (thousandths == 0).then_some(self.milli_requests / 1000)
+    }
+}
+
+/// Intervals shorter than this forgive arrival jitter (see the module documentation of `gcra`).
+pub(crate) const JITTER_FORGIVEN_BELOW_NS: u64 = 1_000_000;
+
+/// How much earlier than its turn a request may arrive, for an interval `T`: `T / 2` under a
+/// millisecond, else 0.
+#[inline(always)]
+pub(crate) fn jitter_tolerance_ns(interval_ns: NonZeroU64) -> u64 {
+    if interval_ns.get() < JITTER_FORGIVEN_BELOW_NS {
+        interval_ns.get() / 2
+    } else {
+        0
     }
 }
 

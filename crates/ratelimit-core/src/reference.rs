@@ -11,7 +11,9 @@
 
 #![allow(dead_code)]
 
-use crate::{Algorithm, Decision, Limits, Policy, Rate};
+use crate::decision::Decision;
+use crate::policy::{Algorithm, Limits, Policy};
+use crate::rate::Rate;
 
 /// `Rate::interval_ns` as it was (one u128 division), rounded up as it is now.
 pub fn interval_ns(rate: &Rate) -> u64 {
@@ -71,7 +73,7 @@ pub fn rescale_word(state: u64, now_ns: u64, algorithm: Algorithm, old: &Rate, n
 }
 
 pub mod gcra {
-    use crate::Rate;
+    use crate::rate::Rate;
 
     /// One request of cost `c` seen against a theoretical arrival time `TAT`.
     /// Differences are `u128` so that `(burst + 1) * T` and the like never overflow.
@@ -127,7 +129,8 @@ pub mod gcra {
 pub mod leaky_bucket {
 
     use super::gcra::{self, Gcra};
-    use crate::{Decision, DelayMode, Limits, Outcome, Policy};
+    use crate::decision::{Decision, Outcome};
+    use crate::policy::{DelayMode, Limits, Policy};
 
     /// Decide one request; `state` 0 is a fresh key. See [`crate::decide_word`].
     pub fn decide(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Option<u64>) {
@@ -194,7 +197,8 @@ pub mod leaky_bucket {
 pub mod token_bucket {
 
     use super::gcra::{self, Gcra};
-    use crate::{Decision, Limits, Outcome, Policy};
+    use crate::decision::{Decision, Outcome};
+    use crate::policy::{Limits, Policy};
 
     /// Decide one request; `state` 0 is a fresh key. See [`crate::decide_word`].
     pub fn decide(state: u64, now_ns: u64, policy: &Policy) -> (Decision, Option<u64>) {
@@ -308,7 +312,9 @@ pub mod token_bucket {
 
 pub mod sliding_window {
 
-    use crate::{Decision, Limits, Outcome, Policy, Rate};
+    use crate::decision::{Decision, Outcome};
+    use crate::policy::{Limits, Policy};
+    use crate::rate::Rate;
 
     const INDEX_BITS: u32 = 24;
     const COUNT_BITS: u32 = 20;
@@ -515,7 +521,9 @@ pub mod sliding_window {
 
 pub mod sliding_log {
 
-    use crate::{Decision, Limits, Outcome, Policy, Rate};
+    use crate::decision::{Decision, Outcome};
+    use crate::policy::{Limits, Policy};
+    use crate::rate::Rate;
 
     const COUNT_MASK: u64 = u32::MAX as u64;
 

@@ -5,12 +5,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 
+use crate::decide::decide_word;
+use crate::decision::{Decision, Outcome};
 use crate::penalty::{Block, BlockPolicy, BlockWord, StatusMatcher};
 use crate::period::{Bounds, Calendar};
+use crate::policy::{Algorithm, Policy, SpecError};
 use crate::quota::{QuotaSpec, QuotaWindow};
-use crate::{
-    decide_word, sliding_log, Algorithm, Decision, LimitSpec, Outcome, Policy, SpecError, ZoneSpec,
-};
+use crate::sliding_log;
+use crate::spec::{LimitSpec, ZoneSpec};
 
 /// The policy `--zone` and `--limit` describe, as a `rate_limit` in that zone would apply it:
 /// the limit's `burst` overrides the zone's (not allowed for a sliding algorithm), its delay
@@ -30,7 +32,7 @@ pub fn policy_from_specs(zone: &ZoneSpec, limit: Option<&LimitSpec>) -> Result<P
     let mut policy = Policy {
         algorithm: zone.algorithm,
         limits: zone.limits(),
-        delay: crate::DelayMode::Delay,
+        delay: crate::policy::DelayMode::Delay,
         cost: 1,
     };
     let Some(limit) = limit else {
@@ -551,7 +553,7 @@ impl fmt::Display for Needed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::NANOS_PER_SEC;
+    use crate::rate::NANOS_PER_SEC;
 
     fn replay_of(zone: &str, limit: Option<&str>) -> Replay {
         let zone = ZoneSpec::parse_words(&zone.split_whitespace().collect::<Vec<_>>()).unwrap();

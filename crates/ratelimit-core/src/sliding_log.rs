@@ -16,7 +16,9 @@
 //! A `now_ns` earlier than the newest entry counts as the newest entry's time, which also
 //! keeps the ring sorted.
 
-use crate::{Decision, Limits, Outcome, Policy, Rate};
+use crate::decision::{Decision, Outcome};
+use crate::policy::{Limits, Policy};
+use crate::rate::Rate;
 
 const COUNT_MASK: u64 = u32::MAX as u64;
 
@@ -295,7 +297,8 @@ pub fn idle_at_ns(log: &[u64], limits: &Limits) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Algorithm, DelayMode, RateUnit};
+    use crate::policy::{Algorithm, DelayMode};
+    use crate::rate::RateUnit;
     use Outcome::{Passed as P, Rejected as R};
 
     const MS: u64 = 1_000_000;

@@ -32,7 +32,9 @@
 
 use std::num::{NonZeroU128, NonZeroU64};
 
-use crate::{Decision, Limits, Outcome, Policy, Rate};
+use crate::decision::{Decision, Outcome};
+use crate::policy::{Limits, Policy};
+use crate::rate::Rate;
 
 const INDEX_BITS: u32 = 24;
 const COUNT_BITS: u32 = 20;
@@ -298,7 +300,8 @@ pub fn idle_at_ns_near(state: u64, limits: &Limits, now_ns: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Algorithm, DelayMode, RateUnit};
+    use crate::policy::{Algorithm, DelayMode};
+    use crate::rate::RateUnit;
     use Outcome::{Passed as P, Rejected as R};
 
     const MS: u64 = 1_000_000;

@@ -12,7 +12,9 @@
 //! A request costing more than `K` never passes: its `retry_after_ns` is
 //! [`Decision::NEVER_NS`].
 
-use crate::{gcra, Decision, DelayMode, Limits, Outcome, Policy};
+use crate::decision::{Decision, Outcome};
+use crate::gcra;
+use crate::policy::{DelayMode, Limits, Policy};
 
 /// Decide one request; `state` 0 is a fresh key. See [`crate::decide_word`].
 // Always inlined, so that a caller reading only the outcome and the new state computes no
@@ -104,7 +106,8 @@ pub fn compose_global(user: &Decision, global: &Decision) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Algorithm, DelayMode, Rate, RateUnit};
+    use crate::policy::{Algorithm, DelayMode};
+    use crate::rate::{Rate, RateUnit};
 
     const MS: u64 = 1_000_000;
     /// A `retry_after_ms` column's "never".

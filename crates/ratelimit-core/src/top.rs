@@ -47,7 +47,7 @@
 //! assert!(top.top(TopKind::Delayed, TopWindow::OneMinute, now_ns, 10).is_empty());
 //! ```
 
-use crate::NANOS_PER_SEC;
+use crate::rate::NANOS_PER_SEC;
 
 /// Counters per summary: a summary's counts are within `total / TOP_CAPACITY` of the truth.
 pub const TOP_CAPACITY: usize = 16;

@@ -5,7 +5,8 @@
 //! Each function returns the state as if `policy.cost` fewer requests had been charged, never
 //! going below a fresh key's state: giving back more than was charged is harmless.
 
-use crate::{sliding_log, sliding_window, Algorithm, Policy};
+use crate::policy::{Algorithm, Policy};
+use crate::{sliding_log, sliding_window};
 
 /// The single-word state `state` with `policy.cost` requests given back at `now_ns`.
 /// `SlidingLog` has no single-word state: see [`uncommit_log`].
@@ -59,8 +60,9 @@ pub fn uncommit_log(log: &mut [u64], policy: &Policy) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::standing_tests::policy;
-    use crate::{decide_word, Outcome};
+    use crate::decide::decide_word;
+    use crate::decide::tests::policy;
+    use crate::decision::Outcome;
 
     const SEC: u64 = 1_000_000_000;
 

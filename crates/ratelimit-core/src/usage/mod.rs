@@ -300,19 +300,19 @@ impl<'a> UsageWords<'a> {
                         "invalid reserve value \"{word}\": it must be a number of tokens from \
                          1 to {}, a $variable, or auto[:N] (the request's own ceiling, N \
                          when it sets none)",
-                        crate::Limits::MAX_BURST
+                        crate::policy::Limits::MAX_BURST
                     ))
                 })?);
             }
             "debt" => {
                 self.debt = Some(
                     parse_integer(value)
-                        .filter(|&debt| debt <= crate::Limits::MAX_BURST)
+                        .filter(|&debt| debt <= crate::policy::Limits::MAX_BURST)
                         .ok_or_else(|| {
                             SpecError::InvalidValue(format!(
                                 "invalid debt value \"{word}\": it must be a number of tokens \
                                  from 0 to {}",
-                                crate::Limits::MAX_BURST
+                                crate::policy::Limits::MAX_BURST
                             ))
                         })?,
                 );
@@ -418,8 +418,9 @@ pub(crate) fn parse_amount(value: &str) -> Option<Amount> {
     if let Some(name) = variable_name(value) {
         return Some(Amount::Variable(name));
     }
-    let tokens =
-        |text: &str| parse_integer(text).filter(|&n| (1..=crate::Limits::MAX_BURST).contains(&n));
+    let tokens = |text: &str| {
+        parse_integer(text).filter(|&n| (1..=crate::policy::Limits::MAX_BURST).contains(&n))
+    };
     if value == "auto" {
         return Some(Amount::Auto(AUTO_DEFAULT_CEILING));
     }

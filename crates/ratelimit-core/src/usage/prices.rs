@@ -10,7 +10,7 @@
 //! rounded up.
 
 use super::Weights;
-use crate::spec::SpecError;
+use crate::policy::SpecError;
 
 /// The most a price may be, in dollars per million tokens (the largest [`Weights`] holds).
 pub const MAX_USD_PER_MILLION: u64 = 1000;
@@ -302,9 +302,10 @@ fn parse_usd(word: &str, value: &str) -> Result<u64, SpecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decision::Outcome;
+    use crate::policy::{Algorithm, DelayMode, Limits, Policy};
     use crate::quota::{self, QuotaWindow};
     use crate::usage::Usage;
-    use crate::{Algorithm, DelayMode, Limits, Outcome, Policy};
 
     fn table(lines: &[&str]) -> PriceTable {
         let mut table = PriceTable::default();

@@ -11,8 +11,8 @@
 //! every request is refused by the bucket's own arithmetic, whose wait (`retry_after_ns`) is
 //! then the time the debt takes to be repaid plus the time for the next reservation.
 
+use crate::policy::{Algorithm, Policy};
 use crate::usage::{OnMissing, Usage};
-use crate::{Algorithm, Policy};
 
 /// The two numbers of a bucket that settling needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -224,7 +224,10 @@ pub fn charged_tokens(reserved: u64, found: Option<u64>, end: End, on_missing: O
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{decide_word, DelayMode, Limits, Outcome, Rate};
+    use crate::decide::decide_word;
+    use crate::decision::Outcome;
+    use crate::policy::{DelayMode, Limits};
+    use crate::rate::Rate;
 
     const SEC: u64 = 1_000_000_000;
 
