@@ -19,4 +19,4 @@ if [ -z "${RATE_LIMIT_MODULE:-}" ]; then
     TEST_NGINX_BINARY=$(ls -dt "$PWD"/target/release/build/nginx-sys-*/out/objs/nginx | head -n 1)
 fi
 export RATE_LIMIT_MODULE TEST_NGINX_BINARY
-cargo test --test cluster_scale -- --ignored --exact bench_cluster_scale --nocapture
+cargo test --bench cluster_scale -- --nocapture

@@ -12,4 +12,4 @@ cargo build --release
 module=$PWD/target/release/libngx_http_rate_limit_module.so
 nginx=$(ls -dt "$PWD"/target/release/build/nginx-sys-*/out/objs/nginx | head -n 1)
 TEST_NGINX_BINARY=$nginx RATE_LIMIT_MODULE=$module \
-    cargo test --test cluster -- --ignored --exact bench_cluster_table --nocapture
+    cargo test --bench cluster -- --nocapture

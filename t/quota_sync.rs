@@ -367,38 +367,6 @@ fn requests_refused_beside_the_quota_or_given_back_are_not_counted_by_the_fleet(
 }
 
 #[test]
-#[ignore = "a measurement: cargo test --test quota_sync -- --ignored --nocapture"]
-fn measure_unsynced_bursts() {
-    let redis = Redis::start();
-    let a = instance(&redis, None, "");
-    let b = instance(&redis, None, "");
-    redis.wait_instances(2);
-    for (round, gap_ms) in [0u64, 0, 0, 2, 2, 2, 5, 5, 5, 10, 10, 10]
-        .iter()
-        .enumerate()
-    {
-        let key = format!("burst{round}");
-        let mut connections = [
-            common::Connection::open(a.port()),
-            common::Connection::open(b.port()),
-        ];
-        let started = Instant::now();
-        let mut admitted = 0;
-        for at in 0..60 {
-            let request = Request::get("/").header("X-Key", &key);
-            if connections[at % 2].send(&request).status == 200 {
-                admitted += 1;
-            }
-            std::thread::sleep(Duration::from_millis(*gap_ms));
-        }
-        println!(
-            "gap {gap_ms} ms: {admitted} of 60 admitted in {:?} (limit {LIMIT})",
-            started.elapsed()
-        );
-    }
-}
-
-#[test]
 fn usage_lines_count_tokens_across_the_fleet() {
     let redis = Redis::start();
     let llm = common::llm::FakeLlm::start();

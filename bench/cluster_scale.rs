@@ -1,9 +1,11 @@
-//! The scale bench of `rate_limit_sync` (`bench/cluster-scale.sh`, not part of `cargo test`):
-//! many distinct keys, Redis stalls, small bursts and a hot key far under its limit, against
-//! the release module, real `redis-server`s and wrk. Writes `bench/results/cluster-scale.md`
-//! (or `CLUSTER_SCALE_OUT`). The spans are scaled down for a 2-core machine shared with other
-//! work; the table states them.
+//! The scale bench of `rate_limit_sync` (`bench/cluster-scale.sh`, or `cargo test --bench
+//! cluster_scale -- --nocapture`; not part of `cargo test`): many distinct keys, Redis stalls,
+//! small bursts and a hot key far under its limit, against the release module, real
+//! `redis-server`s and wrk. Writes `bench/results/cluster-scale.md` (or `CLUSTER_SCALE_OUT`).
+//! The spans are scaled down for a 2-core machine shared with other work; the table states
+//! them.
 
+#[path = "../t/common/mod.rs"]
 mod common;
 
 use std::process::{Child, Command, Stdio};
@@ -512,8 +514,7 @@ fn far_under_row() -> String {
 }
 
 #[test]
-#[ignore = "bench: run by bench/cluster-scale.sh"]
-fn bench_cluster_scale() {
+fn cluster_scale() {
     let only = std::env::var("CLUSTER_SCALE_ONLY").unwrap_or_default();
     let wanted = |part: &str| only.is_empty() || only.split(',').any(|p| p == part);
     let mut out = String::from(
