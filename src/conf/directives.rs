@@ -305,26 +305,8 @@ pub fn limit_line(
         Some(global) => Some(add_shared_zone(cf, global, 0)? as *mut _),
         None => None,
     };
-    // The words that read http variables: their indexes are the http module's.
     if context == LineContext::Stream {
-        if spec.cost_variable.is_some() {
-            return Err(ConfError::NotInStream {
-                word: "cost=$variable",
-                why: "a session's cost is fixed (cost=N)",
-            });
-        }
-        if spec.usage.is_some() {
-            return Err(ConfError::NotInStream {
-                word: "usage=",
-                why: "a session has no response whose usage could settle it",
-            });
-        }
-        if !spec.headers {
-            return Err(ConfError::NotInStream {
-                word: "headers=off",
-                why: "a session has no response headers to leave the line out of",
-            });
-        }
+        stream_words(&spec)?;
     }
     let cost_variable = match &spec.cost_variable {
         Some(name) => {
@@ -337,25 +319,80 @@ pub fn limit_line(
         Some(usage) => Some(usage_conf(cf, usage, spec.global.is_some())?),
         None => None,
     };
-    if let Some(api) = usage.and_then(|usage| usage.api) {
-        let other = existing
-            .iter()
-            .find_map(|limit| limit.usage?.api.filter(|&other| other != api));
-        if let Some(other) = other {
-            return Err(ConfError::Spec {
-                directive: "rate_limit",
-                error: SpecError::Conflict(format!(
-                    "\"usage={}\" and \"usage={}\" in one location: the response is read, \
-                     and the caller's credential taken, for one provider",
-                    api.as_str(),
-                    other.as_str()
-                )),
-            });
-        }
+    one_usage_api(existing, usage)?;
+    let references = line_references(&spec, &name, usage.is_some(), cf.position());
+    let limit = LimitConf {
+        name,
+        shm_zone,
+        burst: spec.burst,
+        delay: spec.delay,
+        global,
+        cost: spec.cost.max(1),
+        charge_cache: Cell::new((0, None)),
+        on_status: spec.on_status,
+        cost_variable,
+        usage,
+        headers: spec.headers,
+    };
+    Ok((limit, references))
+}
+
+/// A `rate_limit` line in `stream` has none of the words that read http variables (their
+/// indexes are the http module's) or a response.
+fn stream_words(spec: &LimitSpec) -> Result<(), ConfError> {
+    if spec.cost_variable.is_some() {
+        return Err(ConfError::NotInStream {
+            word: "cost=$variable",
+            why: "a session's cost is fixed (cost=N)",
+        });
     }
-    let (file, line) = cf.position();
+    if spec.usage.is_some() {
+        return Err(ConfError::NotInStream {
+            word: "usage=",
+            why: "a session has no response whose usage could settle it",
+        });
+    }
+    if !spec.headers {
+        return Err(ConfError::NotInStream {
+            word: "headers=off",
+            why: "a session has no response headers to leave the line out of",
+        });
+    }
+    Ok(())
+}
+
+/// The lines of one location read the usage of one provider's responses: a line's `usage=`
+/// may not name another API than the lines before it.
+fn one_usage_api(existing: &[LimitConf], usage: Option<UsageConf>) -> Result<(), ConfError> {
+    let Some(api) = usage.and_then(|usage| usage.api) else {
+        return Ok(());
+    };
+    let other = existing
+        .iter()
+        .find_map(|limit| limit.usage?.api.filter(|&other| other != api));
+    match other {
+        Some(other) => Err(ConfError::Spec {
+            directive: "rate_limit",
+            error: SpecError::Conflict(format!(
+                "\"usage={}\" and \"usage={}\" in one location: the response is read, \
+                 and the caller's credential taken, for one provider",
+                api.as_str(),
+                other.as_str()
+            )),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The zones a `rate_limit` line at `position` refers to: its zone, and its `global=` zone.
+fn line_references(
+    spec: &LimitSpec,
+    name: &str,
+    usage_given: bool,
+    (file, line): (String, usize),
+) -> Vec<ZoneReference> {
     let mut references = vec![ZoneReference {
-        name: name.clone(),
+        name: name.to_string(),
         global: false,
         local_algorithm_needed: spec.global.is_some().then_some(Algorithm::TokenBucket),
         burst_given: spec.burst.is_some(),
@@ -365,7 +402,7 @@ pub fn limit_line(
             DelayMode::Threshold(_) => Some("delay"),
         },
         burst: spec.burst,
-        usage_given: usage.is_some(),
+        usage_given,
         file: file.clone(),
         line,
         server: core::ptr::null(),
@@ -384,20 +421,7 @@ pub fn limit_line(
             server: core::ptr::null(),
         });
     }
-    let limit = LimitConf {
-        name,
-        shm_zone,
-        burst: spec.burst,
-        delay: spec.delay,
-        global,
-        cost: spec.cost.max(1),
-        charge_cache: Cell::new((0, None)),
-        on_status: spec.on_status,
-        cost_variable,
-        usage,
-        headers: spec.headers,
-    };
-    Ok((limit, references))
+    references
 }
 
 /// Where a `rate_limit` line is read: the words that read variables at the end of a request
