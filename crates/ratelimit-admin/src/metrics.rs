@@ -204,99 +204,118 @@ pub fn render_with_blocks(zones: &[(String, ZoneInfo)], blocks: &[Option<BlockCo
             let mut sample = |extra: &str, value: &str| {
                 let _ = writeln!(out, "{}{{zone=\"{zone}\"{extra}}} {value}", family.name);
             };
-            match family.name {
-                "rate_limit_requests_total" => {
-                    for (outcome, value) in info.counters.by_outcome() {
-                        sample(&format!(",outcome=\"{outcome}\""), &value.to_string());
-                    }
-                    if let Some(block) = block {
-                        let value = block.blocked_requests.to_string();
-                        sample(",outcome=\"blocked\"", &value);
-                        let value = block.blocked_dry_run_requests.to_string();
-                        sample(",outcome=\"blocked_dry_run\"", &value);
-                    }
-                }
-                "rate_limit_blocked_keys" => {
-                    if let Some(block) = block {
-                        sample("", &block.blocked_keys.to_string());
-                    }
-                }
-                "rate_limit_blocks_not_recorded_total" => {
-                    if let Some(block) = block {
-                        sample("", &block.not_recorded.to_string());
-                    }
-                }
-                "rate_limit_keys" => sample("", &info.keys.to_string()),
-                "rate_limit_zone_slots" => sample("", &info.slots.to_string()),
-                "rate_limit_zone_size_bytes" => sample("", &info.size.to_string()),
-                "rate_limit_zone_fullness" => sample("", &fullness(info)),
-                "rate_limit_evictions_total" => sample("", &info.evictions.to_string()),
-                "rate_limit_no_slot_total" => sample("", &info.no_slot.to_string()),
-                "rate_limit_overrides" => sample("", &info.overrides.to_string()),
-                "rate_limit_usage_tokens_total" => {
-                    if let Some(usage) = &info.usage {
-                        for (kind, value) in [
-                            ("reserved", usage.tokens_reserved),
-                            ("used", usage.tokens_used),
-                            ("refunded", usage.tokens_refunded),
-                            ("overrun", usage.tokens_overrun),
-                            ("forgiven", usage.tokens_forgiven),
-                        ] {
-                            sample(&format!(",kind=\"{kind}\""), &value.to_string());
-                        }
-                    }
-                }
-                "rate_limit_usage_settled_total" => {
-                    if let Some(usage) = &info.usage {
-                        sample(",usage=\"found\"", &usage.settled_with_usage.to_string());
-                        sample(
-                            ",usage=\"missing\"",
-                            &usage.settled_without_usage.to_string(),
-                        );
-                    }
-                }
-                "rate_limit_usage_bad_total" => {
-                    if let Some(usage) = &info.usage {
-                        sample("", &usage.bad_usage.to_string());
-                    }
-                }
-                "rate_limit_spent_usd_total" | "rate_limit_unpriced_total" => {
-                    if let Some(spend) = info.usage.and_then(|usage| usage.spend) {
-                        let value = match family.name {
-                            "rate_limit_spent_usd_total" => dollars(spend.spent_micro_usd),
-                            _ => spend.unpriced.to_string(),
-                        };
-                        sample("", &value);
-                    }
-                }
-                "rate_limit_rate_per_second" | "rate_limit_burst"
-                    if info.concurrency.is_some() || info.quota.is_some() => {}
-                "rate_limit_quota_limit" => {
-                    if info.quota.is_some() {
-                        sample("", &info.limits.quota_limit().to_string());
-                    }
-                }
-                "rate_limit_rate_per_second" => sample("", &per_second(&info.limits)),
-                "rate_limit_burst" => sample("", &info.limits.burst.to_string()),
-                "rate_limit_in_flight"
-                | "rate_limit_queued"
-                | "rate_limit_concurrency_limit"
-                | "rate_limit_lease_permits"
-                | "rate_limit_latency_seconds"
-                | "rate_limit_no_load_latency_seconds" => {
-                    if let Some(value) = concurrency_value(family.name, info) {
-                        sample("", &value);
-                    }
-                }
-                sync_family => {
-                    if let Some(sync) = &info.sync {
-                        sample("", &sync_value(sync_family, sync));
-                    }
-                }
-            }
+            zone_samples(family.name, info, block, &mut sample);
         }
     }
     out
+}
+
+/// One zone's samples of the family `family`, each handed to `sample` as its labels after
+/// `zone=` and its value; none where the zone does not have what the family counts.
+fn zone_samples(
+    family: &str,
+    info: &ZoneInfo,
+    block: Option<BlockCounts>,
+    sample: &mut dyn FnMut(&str, &str),
+) {
+    match family {
+        "rate_limit_requests_total" => {
+            for (outcome, value) in info.counters.by_outcome() {
+                sample(&format!(",outcome=\"{outcome}\""), &value.to_string());
+            }
+            if let Some(block) = block {
+                let value = block.blocked_requests.to_string();
+                sample(",outcome=\"blocked\"", &value);
+                let value = block.blocked_dry_run_requests.to_string();
+                sample(",outcome=\"blocked_dry_run\"", &value);
+            }
+        }
+        "rate_limit_blocked_keys" => {
+            if let Some(block) = block {
+                sample("", &block.blocked_keys.to_string());
+            }
+        }
+        "rate_limit_blocks_not_recorded_total" => {
+            if let Some(block) = block {
+                sample("", &block.not_recorded.to_string());
+            }
+        }
+        "rate_limit_keys" => sample("", &info.keys.to_string()),
+        "rate_limit_zone_slots" => sample("", &info.slots.to_string()),
+        "rate_limit_zone_size_bytes" => sample("", &info.size.to_string()),
+        "rate_limit_zone_fullness" => sample("", &fullness(info)),
+        "rate_limit_evictions_total" => sample("", &info.evictions.to_string()),
+        "rate_limit_no_slot_total" => sample("", &info.no_slot.to_string()),
+        "rate_limit_overrides" => sample("", &info.overrides.to_string()),
+        "rate_limit_usage_tokens_total"
+        | "rate_limit_usage_settled_total"
+        | "rate_limit_usage_bad_total"
+        | "rate_limit_spent_usd_total"
+        | "rate_limit_unpriced_total" => usage_samples(family, info, sample),
+        "rate_limit_rate_per_second" | "rate_limit_burst"
+            if info.concurrency.is_some() || info.quota.is_some() => {}
+        "rate_limit_quota_limit" => {
+            if info.quota.is_some() {
+                sample("", &info.limits.quota_limit().to_string());
+            }
+        }
+        "rate_limit_rate_per_second" => sample("", &per_second(&info.limits)),
+        "rate_limit_burst" => sample("", &info.limits.burst.to_string()),
+        "rate_limit_in_flight"
+        | "rate_limit_queued"
+        | "rate_limit_concurrency_limit"
+        | "rate_limit_lease_permits"
+        | "rate_limit_latency_seconds"
+        | "rate_limit_no_load_latency_seconds" => {
+            if let Some(value) = concurrency_value(family, info) {
+                sample("", &value);
+            }
+        }
+        sync_family => {
+            if let Some(sync) = &info.sync {
+                sample("", &sync_value(sync_family, sync));
+            }
+        }
+    }
+}
+
+/// The samples of a usage family (`usage=` tokens and settlements, `prices=` spend) for a
+/// zone with `usage=`; none for another.
+fn usage_samples(family: &str, info: &ZoneInfo, sample: &mut dyn FnMut(&str, &str)) {
+    let Some(usage) = &info.usage else {
+        return;
+    };
+    match family {
+        "rate_limit_usage_tokens_total" => {
+            for (kind, value) in [
+                ("reserved", usage.tokens_reserved),
+                ("used", usage.tokens_used),
+                ("refunded", usage.tokens_refunded),
+                ("overrun", usage.tokens_overrun),
+                ("forgiven", usage.tokens_forgiven),
+            ] {
+                sample(&format!(",kind=\"{kind}\""), &value.to_string());
+            }
+        }
+        "rate_limit_usage_settled_total" => {
+            sample(",usage=\"found\"", &usage.settled_with_usage.to_string());
+            sample(
+                ",usage=\"missing\"",
+                &usage.settled_without_usage.to_string(),
+            );
+        }
+        "rate_limit_usage_bad_total" => sample("", &usage.bad_usage.to_string()),
+        "rate_limit_spent_usd_total" => {
+            if let Some(spend) = usage.spend {
+                sample("", &dollars(spend.spent_micro_usd));
+            }
+        }
+        _ => {
+            if let Some(spend) = usage.spend {
+                sample("", &spend.unpriced.to_string());
+            }
+        }
+    }
 }
 
 /// The value of a concurrency family for `info`, if it has one.

@@ -532,59 +532,15 @@ impl ConcurrencySpec {
             } else if let Some(value) = word.strip_prefix("queue=") {
                 queue = Some(parse_count(word, value, "queue", 0, MAX_QUEUE)?);
             } else if let Some(value) = word.strip_prefix("queue_timeout=") {
-                let timeout = parse_time_ns(value)
-                    .filter(|&ns| (1_000_000..=MAX_QUEUE_TIMEOUT_NS).contains(&ns))
-                    .ok_or_else(|| {
-                        SpecError::InvalidValue(format!(
-                            "invalid queue_timeout value \"{word}\": must be a time from 1ms \
-                             to 24h, such as \"5s\" or \"500ms\""
-                        ))
-                    })?;
-                queue_timeout = Some((word, timeout));
+                queue_timeout = Some((word, parse_queue_timeout(word, value)?));
             } else if word == "sync" {
                 sync = true;
-            } else if let Some((name, _)) = word.split_once('=') {
-                if matches!(name, "rate" | "burst") {
-                    return Err(SpecError::Conflict(format!(
-                        "\"{name}\" is not used by concurrency zones, which limit requests in \
-                         flight with \"limit=\" and queue with \"queue=\""
-                    )));
-                }
-                return Err(SpecError::invalid_parameter(word, CONCURRENCY_PARAMETERS));
             } else {
-                return Err(SpecError::invalid_parameter(word, CONCURRENCY_PARAMETERS));
+                return Err(unknown_word(word));
             }
         }
 
-        let limit = match (limit, adaptive) {
-            (Some(limit), false) => {
-                if let Some((word, _)) = min.or(max) {
-                    return Err(SpecError::Conflict(format!(
-                        "\"{word}\" is used only with \"limit=adaptive\""
-                    )));
-                }
-                ConcurrencyLimit::Fixed(limit)
-            }
-            (None, true) => {
-                let min_value = min.map_or(ConcurrencySpec::DEFAULT_MIN, |(_, min)| min);
-                let max_value =
-                    max.map_or(ConcurrencySpec::DEFAULT_MAX.max(min_value), |(_, max)| max);
-                if min_value > max_value {
-                    return Err(SpecError::Conflict(format!(
-                        "\"min={min_value}\" is more than \"max={max_value}\""
-                    )));
-                }
-                ConcurrencyLimit::Adaptive(AdaptiveBounds::new(min_value, max_value))
-            }
-            // limit=N and limit=adaptive both: the last word wins in nginx, but two limits
-            // are a mistake worth a message.
-            (Some(_), true) => {
-                return Err(SpecError::Conflict(
-                    "\"limit\" is given twice: a number or \"adaptive\"".into(),
-                ))
-            }
-            (None, false) => return Err(SpecError::MissingParameter("limit")),
-        };
+        let limit = limit_of(limit, adaptive, min, max)?;
         if sync && matches!(limit, ConcurrencyLimit::Adaptive(_)) {
             return Err(SpecError::Conflict(
                 "\"sync\" is not supported with \"limit=adaptive\": each instance measures \
@@ -607,6 +563,69 @@ impl ConcurrencySpec {
             sync,
         })
     }
+}
+
+/// The limit of `limit=N` or `limit=adaptive` (`adaptive`), with the bounds `min=` and
+/// `max=` (and the words they were written in), which only an adaptive limit takes.
+fn limit_of(
+    limit: Option<u32>,
+    adaptive: bool,
+    min: Option<(&str, u32)>,
+    max: Option<(&str, u32)>,
+) -> Result<ConcurrencyLimit, SpecError> {
+    match (limit, adaptive) {
+        (Some(limit), false) => {
+            if let Some((word, _)) = min.or(max) {
+                return Err(SpecError::Conflict(format!(
+                    "\"{word}\" is used only with \"limit=adaptive\""
+                )));
+            }
+            Ok(ConcurrencyLimit::Fixed(limit))
+        }
+        (None, true) => {
+            let min_value = min.map_or(ConcurrencySpec::DEFAULT_MIN, |(_, min)| min);
+            let max_value = max.map_or(ConcurrencySpec::DEFAULT_MAX.max(min_value), |(_, max)| max);
+            if min_value > max_value {
+                return Err(SpecError::Conflict(format!(
+                    "\"min={min_value}\" is more than \"max={max_value}\""
+                )));
+            }
+            Ok(ConcurrencyLimit::Adaptive(AdaptiveBounds::new(
+                min_value, max_value,
+            )))
+        }
+        // limit=N and limit=adaptive both: the last word wins in nginx, but two limits
+        // are a mistake worth a message.
+        (Some(_), true) => Err(SpecError::Conflict(
+            "\"limit\" is given twice: a number or \"adaptive\"".into(),
+        )),
+        (None, false) => Err(SpecError::MissingParameter("limit")),
+    }
+}
+
+/// `queue_timeout=`: a time from 1 ms to 24 h.
+fn parse_queue_timeout(word: &str, value: &str) -> Result<u64, SpecError> {
+    parse_time_ns(value)
+        .filter(|&ns| (1_000_000..=MAX_QUEUE_TIMEOUT_NS).contains(&ns))
+        .ok_or_else(|| {
+            SpecError::InvalidValue(format!(
+                "invalid queue_timeout value \"{word}\": must be a time from 1ms \
+                 to 24h, such as \"5s\" or \"500ms\""
+            ))
+        })
+}
+
+/// The error for a word no concurrency zone takes: `rate=` and `burst=` are told apart.
+fn unknown_word(word: &str) -> SpecError {
+    if let Some((name, _)) = word.split_once('=') {
+        if matches!(name, "rate" | "burst") {
+            return SpecError::Conflict(format!(
+                "\"{name}\" is not used by concurrency zones, which limit requests in \
+                 flight with \"limit=\" and queue with \"queue=\""
+            ));
+        }
+    }
+    SpecError::invalid_parameter(word, CONCURRENCY_PARAMETERS)
 }
 
 /// An integer from `low` to `high`: `invalid limit value "limit=x": must be ...`.

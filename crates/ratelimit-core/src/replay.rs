@@ -381,33 +381,7 @@ impl Replay {
     /// ```
     pub fn decide_request(&mut self, key: &str, now_ns: u64, status: Option<u16>) -> Verdict {
         let policy = self.policy_at(now_ns);
-        let position = match self.index.get(key) {
-            Some(&position) => position,
-            None => {
-                let state = match policy.algorithm {
-                    Algorithm::SlidingLog => {
-                        let limit = sliding_log::window_limit(&policy.limits.rate);
-                        KeyState::Log(vec![0; sliding_log::words_for(limit)])
-                    }
-                    _ => KeyState::Word(0),
-                };
-                self.keys.push(Key {
-                    name: key.to_string(),
-                    state,
-                    unlimited: Unlimited::default(),
-                    block: BlockWord::default(),
-                    passed: 0,
-                    delayed: 0,
-                    rejected: 0,
-                    blocked: 0,
-                    blocks: 0,
-                    uncharged: 0,
-                    longest_block_ns: 0,
-                });
-                self.index.insert(key.to_string(), self.keys.len() - 1);
-                self.keys.len() - 1
-            }
-        };
+        let position = self.position_of(key, &policy);
         let Some(entry) = self.keys.get_mut(position) else {
             return Verdict {
                 decision: Decision::rejected(0, 0, 0),
@@ -432,63 +406,56 @@ impl Replay {
                 block: None,
             };
         }
-        // With on_status, a charge that finds the key full (concurrent requests in the
-        // module; a sliding log's exact count here) refuses nothing, the request was served,
-        // but it blocks the key like a rejection.
-        let mut charge_refused = false;
-        let mut decision = if self.on_status.is_some() {
-            let door = entry.state.inspect(now_ns, &policy);
-            if door.outcome != Outcome::Rejected && counted {
-                let charged = entry.state.charge(now_ns, &policy);
-                if charged.outcome == Outcome::Rejected {
-                    charge_refused = true;
-                    Decision {
-                        outcome: Outcome::Passed,
-                        retry_after_ns: 0,
-                        ..charged
-                    }
-                } else {
-                    charged
-                }
-            } else {
-                door
-            }
+        let (mut decision, charge_refused) = if self.on_status.is_some() {
+            entry.state.decide_on_status(now_ns, &policy, counted)
         } else {
-            entry.state.charge(now_ns, &policy)
+            (entry.state.charge(now_ns, &policy), false)
         };
-        if self.on_status.is_some() && decision.outcome == Outcome::Delayed {
-            decision.outcome = Outcome::Passed;
-            decision.delay_ns = 0;
-        }
         let charged = decision.outcome != Outcome::Rejected && counted && !charge_refused;
-        match decision.outcome {
-            Outcome::Passed => entry.passed += 1,
-            Outcome::Delayed => entry.delayed += 1,
-            Outcome::Rejected => entry.rejected += 1,
-        }
-        if !charged && decision.outcome != Outcome::Rejected {
-            entry.uncharged += 1;
-        }
+        entry.count(&decision, charged);
         let over = decision.outcome == Outcome::Rejected || charge_refused;
-        let mut block = None;
-        if let (Some(block_policy), true) = (&self.block, over) {
-            let (word, started) = entry.block.after_rejection(now_ns, block_policy);
-            entry.block = word;
-            entry.blocks += 1;
-            entry.longest_block_ns = entry.longest_block_ns.max(started.duration_ns());
-            // The key cannot pass before the block ends: that is its Retry-After.
-            if decision.outcome == Outcome::Rejected {
-                let left_ns = started.until_ns.saturating_sub(now_ns);
-                decision.retry_after_ns = decision.retry_after_ns.max(left_ns);
+        let block = match (&self.block, over) {
+            (Some(block_policy), true) => {
+                Some(entry.start_block(now_ns, block_policy, &mut decision))
             }
-            block = Some(started);
-        }
+            _ => None,
+        };
         Verdict {
             decision,
             blocked: false,
             charged,
             block,
         }
+    }
+
+    /// Where `key`'s entry is among the replay's keys: a key not seen yet is added, with
+    /// the fresh state of `policy`'s algorithm.
+    fn position_of(&mut self, key: &str, policy: &Policy) -> usize {
+        if let Some(&position) = self.index.get(key) {
+            return position;
+        }
+        let state = match policy.algorithm {
+            Algorithm::SlidingLog => {
+                let limit = sliding_log::window_limit(&policy.limits.rate);
+                KeyState::Log(vec![0; sliding_log::words_for(limit)])
+            }
+            _ => KeyState::Word(0),
+        };
+        self.keys.push(Key {
+            name: key.to_string(),
+            state,
+            unlimited: Unlimited::default(),
+            block: BlockWord::default(),
+            passed: 0,
+            delayed: 0,
+            rejected: 0,
+            blocked: 0,
+            blocks: 0,
+            uncharged: 0,
+            longest_block_ns: 0,
+        });
+        self.index.insert(key.to_string(), self.keys.len() - 1);
+        self.keys.len() - 1
     }
 
     /// Totals per key, in the order keys first appeared.
@@ -515,6 +482,35 @@ impl Replay {
     }
 }
 
+impl Key {
+    /// Count `decision` (`charged` or not) in the key's totals.
+    fn count(&mut self, decision: &Decision, charged: bool) {
+        match decision.outcome {
+            Outcome::Passed => self.passed += 1,
+            Outcome::Delayed => self.delayed += 1,
+            Outcome::Rejected => self.rejected += 1,
+        }
+        if !charged && decision.outcome != Outcome::Rejected {
+            self.uncharged += 1;
+        }
+    }
+
+    /// Block the key after a rejection (or a charge refused) at `now_ns`, and count it. The
+    /// key cannot pass before the block ends: a rejected `decision`'s Retry-After is at
+    /// least that.
+    fn start_block(&mut self, now_ns: u64, policy: &BlockPolicy, decision: &mut Decision) -> Block {
+        let (word, started) = self.block.after_rejection(now_ns, policy);
+        self.block = word;
+        self.blocks += 1;
+        self.longest_block_ns = self.longest_block_ns.max(started.duration_ns());
+        if decision.outcome == Outcome::Rejected {
+            let left_ns = started.until_ns.saturating_sub(now_ns);
+            decision.retry_after_ns = decision.retry_after_ns.max(left_ns);
+        }
+        started
+    }
+}
+
 impl KeyState {
     /// The decision a request would get now, charging nothing.
     fn inspect(&self, now_ns: u64, policy: &Policy) -> Decision {
@@ -536,6 +532,41 @@ impl KeyState {
             }
             KeyState::Log(log) => sliding_log::decide(log, now_ns, policy),
         }
+    }
+
+    /// Decide with `on_status=`: checked at the door (rejected when a request of its cost
+    /// would be), then charged when `counted`, never delayed (the charge comes after the
+    /// response). Returns the decision and whether the charge found the key full: with
+    /// on_status, a charge that finds the key full (concurrent requests in the module; a
+    /// sliding log's exact count here) refuses nothing, the request was served, but it
+    /// blocks the key like a rejection.
+    fn decide_on_status(
+        &mut self,
+        now_ns: u64,
+        policy: &Policy,
+        counted: bool,
+    ) -> (Decision, bool) {
+        let door = self.inspect(now_ns, policy);
+        let (mut decision, charge_refused) = if door.outcome != Outcome::Rejected && counted {
+            let charged = self.charge(now_ns, policy);
+            if charged.outcome == Outcome::Rejected {
+                let passed = Decision {
+                    outcome: Outcome::Passed,
+                    retry_after_ns: 0,
+                    ..charged
+                };
+                (passed, true)
+            } else {
+                (charged, false)
+            }
+        } else {
+            (door, false)
+        };
+        if decision.outcome == Outcome::Delayed {
+            decision.outcome = Outcome::Passed;
+            decision.delay_ns = 0;
+        }
+        (decision, charge_refused)
     }
 }
 

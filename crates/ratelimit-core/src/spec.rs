@@ -93,118 +93,27 @@ impl ZoneSpec {
     /// assert_eq!(block.block_max_ns, 86_400 * 1_000_000_000);
     /// ```
     pub fn parse_words(words: &[&str]) -> Result<ZoneSpec, SpecError> {
-        let mut zone = None;
-        let mut block = None;
-        let mut block_max = None;
-        let mut rate = None;
-        let mut burst = None;
-        let mut algorithm = Algorithm::LeakyBucket;
-        let mut sync = false;
-        let (mut quota_limit, mut period, mut tz) = (None, None, None);
-
+        let mut read = ZoneWords::default();
         for &word in words {
-            if word == "sync" {
-                sync = true;
-            } else if let Some(value) = word.strip_prefix("zone=") {
-                zone = Some(parse_zone(word, value)?);
-            } else if let Some(value) = word.strip_prefix("rate=") {
-                // nginx quotes the whole word: invalid rate "rate=abc"
-                rate = Some(Rate::parse(value).map_err(|_| SpecError::InvalidRate(word.into()))?);
-            } else if let Some(value) = word.strip_prefix("burst=") {
-                burst = Some(parse_burst(word, value)?);
-            } else if let Some(value) = word.strip_prefix("algorithm=") {
-                algorithm = Algorithm::parse(value)?;
-                if algorithm == Algorithm::Concurrency {
-                    return Err(SpecError::Conflict(
-                        "algorithm \"concurrency\" limits requests in flight, not a rate: a \
-                         replay of arrival times cannot show it (its zone words are read by \
-                         ConcurrencySpec)"
-                            .into(),
-                    ));
-                }
-            } else if let Some(value) = word.strip_prefix("block=") {
-                block = Some(parse_block_duration("block", word, value)?);
-            } else if let Some(value) = word.strip_prefix("block_max=") {
-                block_max = Some((word, parse_block_duration("block_max", word, value)?));
-            } else if let Some(value) = word.strip_prefix("limit=") {
-                quota_limit = Some(crate::quota::parse_limit(word, value)?);
-            } else if let Some(value) = word.strip_prefix("period=") {
-                period = Some(value);
-            } else if let Some(value) = word.strip_prefix("tz=") {
-                tz = Some(value);
-            } else {
-                return Err(SpecError::invalid_parameter(word, ZONE_PARAMETERS));
-            }
+            read.take(word)?;
         }
-
-        let quota = match algorithm {
-            Algorithm::Quota(_) => {
-                if rate.is_some() || burst.is_some() {
-                    return Err(SpecError::Conflict(
-                        "\"rate\" and \"burst\" are not used by quota zones, which count up to \
-                         \"limit\" per \"period\""
-                            .into(),
-                    ));
-                }
-                Some(crate::quota::QuotaSpec::new(quota_limit, period, tz)?)
-            }
-            _ => {
-                if let Some(word) = [
-                    quota_limit.map(|_| "limit"),
-                    period.map(|_| "period"),
-                    tz.map(|_| "tz"),
-                ]
-                .into_iter()
-                .flatten()
-                .next()
-                {
-                    return Err(SpecError::Conflict(format!(
-                        "\"{word}\" is used by quota zones only (algorithm=quota)"
-                    )));
-                }
-                None
-            }
-        };
+        let quota = read.quota()?;
         let rate = match &quota {
             Some(quota) => Limits::quota(quota.limit).rate,
-            None => rate.ok_or(SpecError::MissingParameter("rate"))?,
-        };
-        let block = match (block, block_max) {
-            (None, None) => None,
-            (None, Some(_)) => {
-                return Err(SpecError::Conflict(
-                    "\"block_max\" needs \"block\": block=DURATION is the first block's length"
-                        .into(),
-                ))
-            }
-            (Some(block_ns), None) => Some(BlockPolicy {
-                block_ns,
-                block_max_ns: block_ns,
-            }),
-            (Some(block_ns), Some((word, block_max_ns))) => {
-                if block_max_ns < block_ns {
-                    return Err(SpecError::Conflict(format!(
-                        "\"{word}\" is shorter than \"block\": block_max is the longest block"
-                    )));
-                }
-                Some(BlockPolicy {
-                    block_ns,
-                    block_max_ns,
-                })
-            }
+            None => read.rate.ok_or(SpecError::MissingParameter("rate"))?,
         };
         let spec = ZoneSpec {
-            zone,
+            zone: read.zone,
             rate,
-            burst,
-            algorithm,
-            sync,
-            block,
+            burst: read.burst,
+            algorithm: read.algorithm,
+            sync: read.sync,
+            block: block_policy(read.block, read.block_max)?,
             quota,
         };
         spec.check_sliding()?;
-        spec.limits().check_bucket(algorithm)?;
-        if sync && !algorithm.can_sync() {
+        spec.limits().check_bucket(spec.algorithm)?;
+        if spec.sync && !spec.algorithm.can_sync() {
             return Err(SpecError::Conflict(
                 "\"sync\" is not supported by sliding_log: its log of request times cannot be \
                  merged across instances; use sliding_window"
@@ -254,6 +163,136 @@ impl ZoneSpec {
         Limits {
             rate: self.rate,
             burst: self.burst.unwrap_or(0),
+        }
+    }
+}
+
+/// The words of a `rate_limit_zone` as they are read one by one, before they are checked
+/// together.
+struct ZoneWords<'a> {
+    zone: Option<(String, u64)>,
+    block: Option<u64>,
+    /// `block_max=` and the word it was written in.
+    block_max: Option<(&'a str, u64)>,
+    rate: Option<Rate>,
+    burst: Option<u64>,
+    algorithm: Algorithm,
+    sync: bool,
+    quota_limit: Option<u64>,
+    period: Option<&'a str>,
+    tz: Option<&'a str>,
+}
+
+impl Default for ZoneWords<'_> {
+    fn default() -> Self {
+        ZoneWords {
+            zone: None,
+            block: None,
+            block_max: None,
+            rate: None,
+            burst: None,
+            algorithm: Algorithm::LeakyBucket,
+            sync: false,
+            quota_limit: None,
+            period: None,
+            tz: None,
+        }
+    }
+}
+
+impl<'a> ZoneWords<'a> {
+    /// Read one word; an unknown one, or a bad value, is the error.
+    fn take(&mut self, word: &'a str) -> Result<(), SpecError> {
+        if word == "sync" {
+            self.sync = true;
+        } else if let Some(value) = word.strip_prefix("zone=") {
+            self.zone = Some(parse_zone(word, value)?);
+        } else if let Some(value) = word.strip_prefix("rate=") {
+            // nginx quotes the whole word: invalid rate "rate=abc"
+            self.rate = Some(Rate::parse(value).map_err(|_| SpecError::InvalidRate(word.into()))?);
+        } else if let Some(value) = word.strip_prefix("burst=") {
+            self.burst = Some(parse_burst(word, value)?);
+        } else if let Some(value) = word.strip_prefix("algorithm=") {
+            self.algorithm = Algorithm::parse(value)?;
+            if self.algorithm == Algorithm::Concurrency {
+                return Err(SpecError::Conflict(
+                    "algorithm \"concurrency\" limits requests in flight, not a rate: a \
+                     replay of arrival times cannot show it (its zone words are read by \
+                     ConcurrencySpec)"
+                        .into(),
+                ));
+            }
+        } else if let Some(value) = word.strip_prefix("block=") {
+            self.block = Some(parse_block_duration("block", word, value)?);
+        } else if let Some(value) = word.strip_prefix("block_max=") {
+            self.block_max = Some((word, parse_block_duration("block_max", word, value)?));
+        } else if let Some(value) = word.strip_prefix("limit=") {
+            self.quota_limit = Some(crate::quota::parse_limit(word, value)?);
+        } else if let Some(value) = word.strip_prefix("period=") {
+            self.period = Some(value);
+        } else if let Some(value) = word.strip_prefix("tz=") {
+            self.tz = Some(value);
+        } else {
+            return Err(SpecError::invalid_parameter(word, ZONE_PARAMETERS));
+        }
+        Ok(())
+    }
+
+    /// A quota zone's `limit=`, `period=` and `tz=`, which no other zone takes; a quota zone
+    /// takes no `rate=` or `burst=`.
+    fn quota(&self) -> Result<Option<crate::quota::QuotaSpec>, SpecError> {
+        if let Algorithm::Quota(_) = self.algorithm {
+            if self.rate.is_some() || self.burst.is_some() {
+                return Err(SpecError::Conflict(
+                    "\"rate\" and \"burst\" are not used by quota zones, which count up to \
+                     \"limit\" per \"period\""
+                        .into(),
+                ));
+            }
+            return crate::quota::QuotaSpec::new(self.quota_limit, self.period, self.tz).map(Some);
+        }
+        if let Some(word) = [
+            self.quota_limit.map(|_| "limit"),
+            self.period.map(|_| "period"),
+            self.tz.map(|_| "tz"),
+        ]
+        .into_iter()
+        .flatten()
+        .next()
+        {
+            return Err(SpecError::Conflict(format!(
+                "\"{word}\" is used by quota zones only (algorithm=quota)"
+            )));
+        }
+        Ok(None)
+    }
+}
+
+/// The penalty box of `block=` and `block_max=` (the word it was written in): none without
+/// them; `block_max=` needs `block=`, and at least its length.
+fn block_policy(
+    block: Option<u64>,
+    block_max: Option<(&str, u64)>,
+) -> Result<Option<BlockPolicy>, SpecError> {
+    match (block, block_max) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(SpecError::Conflict(
+            "\"block_max\" needs \"block\": block=DURATION is the first block's length".into(),
+        )),
+        (Some(block_ns), None) => Ok(Some(BlockPolicy {
+            block_ns,
+            block_max_ns: block_ns,
+        })),
+        (Some(block_ns), Some((word, block_max_ns))) => {
+            if block_max_ns < block_ns {
+                return Err(SpecError::Conflict(format!(
+                    "\"{word}\" is shorter than \"block\": block_max is the longest block"
+                )));
+            }
+            Ok(Some(BlockPolicy {
+                block_ns,
+                block_max_ns,
+            }))
         }
     }
 }

@@ -121,103 +121,151 @@ impl LineReader {
     pub fn read(&mut self, line: usize, text: &str) -> Result<Option<Request>, InputError> {
         let problem = |problem: String| InputError { line, problem };
         let mut fields = vec![String::new(); self.fields.len()];
-        let (time_text, key, status, time_ns, utc_offset_s, whole_second) = match &self.format {
-            InputFormat::Timeline => {
-                let text = text.split_once('#').map_or(text, |(before, _)| before);
-                let mut fields = text.split_whitespace();
-                let Some(time) = fields.next() else {
-                    return Ok(None);
-                };
-                let key = fields.next().unwrap_or(DEFAULT_KEY);
-                if let Some(extra) = fields.next() {
-                    return Err(problem(format!("unexpected \"{extra}\" after the key")));
-                }
-                let time_ns = parse_seconds(time)
-                    .ok_or_else(|| problem(format!("invalid time \"{time}\"")))?;
-                (time.to_string(), key.to_string(), None, time_ns, 0, false)
-            }
-            InputFormat::AccessLog { key_field } => {
-                let mut fields = text.split_whitespace();
-                let Some(time) = fields.next() else {
-                    return Ok(None);
-                };
-                let key = match *key_field {
-                    0 => return Err(problem("key field 0: fields count from 1".to_string())),
-                    1 => time,
-                    n => text
-                        .split_whitespace()
-                        .nth(n - 1)
-                        .ok_or_else(|| problem(format!("no field {n} for the key")))?,
-                };
-                let time_ns = parse_seconds(time)
-                    .ok_or_else(|| problem(format!("invalid time \"{time}\"")))?;
-                (time.to_string(), key.to_string(), None, time_ns, 0, false)
-            }
-            InputFormat::Log(input) => {
-                if text.trim().is_empty() {
-                    return Ok(None);
-                }
-                let values = input.format.match_line(text).map_err(|mismatch| {
-                    problem(format!(
-                        "does not match the {} log format: {mismatch}",
-                        input.name
-                    ))
-                })?;
-                let value = |name: &str| {
-                    values
-                        .iter()
-                        .find(|(variable, _)| *variable == name)
-                        .map(|(_, value)| *value)
-                };
-                let time_name = input.time.name();
-                let time_text = value(&time_name[1..]).unwrap_or_default();
-                let (time_ns, offset) = input
-                    .time
-                    .parse(time_text)
-                    .ok_or_else(|| problem(format!("invalid {time_name} \"{time_text}\"")))?;
-                let status = match value("status") {
-                    Some(text) => Some(
-                        text.parse::<u16>()
-                            .ok()
-                            .filter(|status| (100..=999).contains(status))
-                            .ok_or_else(|| problem(format!("invalid $status \"{text}\"")))?,
-                    ),
-                    None => None,
-                };
-                let key = input.key.render(&values);
-                let whole = input.time.whole_seconds();
-                for (field, name) in fields.iter_mut().zip(&self.fields) {
-                    *field = value(name).unwrap_or_default().to_string();
-                }
-                (time_text.to_string(), key, status, time_ns, offset, whole)
-            }
+        let read = match &self.format {
+            InputFormat::Timeline => read_timeline(text),
+            InputFormat::AccessLog { key_field } => read_access_log(text, *key_field),
+            InputFormat::Log(input) => read_log(input, text, &self.fields, &mut fields),
         };
-        let mut time_ns = time_ns;
-        if let Some((previous_ns, previous_text)) = &self.previous {
-            if time_ns < *previous_ns {
-                // Workers write whole-second times as they finish requests: a line can come a
-                // second late. It counts in the second being read.
-                if whole_second && *previous_ns - time_ns <= NANOS_PER_SEC {
-                    time_ns = *previous_ns;
-                } else {
-                    return Err(problem(format!(
-                        "time \"{time_text}\" is earlier than the previous request's \
-                         \"{previous_text}\""
-                    )));
-                }
-            }
-        }
-        self.previous = Some((time_ns, time_text.clone()));
+        let Some(read) = read.map_err(problem)? else {
+            return Ok(None);
+        };
+        let time_ns = self.in_order(&read).map_err(problem)?;
+        self.previous = Some((time_ns, read.time_text.clone()));
         Ok(Some(Request {
             line,
-            time_text,
+            time_text: read.time_text,
             time_ns,
-            key,
-            status,
-            whole_second,
-            utc_offset_s,
+            key: read.key,
+            status: read.status,
+            whole_second: read.whole_second,
+            utc_offset_s: read.utc_offset_s,
             fields,
         }))
+    }
+
+    /// The time of `read`, checked against the previous request's: never earlier, except a
+    /// whole-second time at most a second late, which counts in the second being read.
+    fn in_order(&self, read: &LineRead) -> Result<u64, String> {
+        let Some((previous_ns, previous_text)) = &self.previous else {
+            return Ok(read.time_ns);
+        };
+        if read.time_ns >= *previous_ns {
+            return Ok(read.time_ns);
+        }
+        // Workers write whole-second times as they finish requests: a line can come a
+        // second late. It counts in the second being read.
+        if read.whole_second && *previous_ns - read.time_ns <= NANOS_PER_SEC {
+            return Ok(*previous_ns);
+        }
+        Err(format!(
+            "time \"{}\" is earlier than the previous request's \"{previous_text}\"",
+            read.time_text
+        ))
+    }
+}
+
+/// What one line says, before its time is checked against the previous line's.
+struct LineRead {
+    time_text: String,
+    key: String,
+    status: Option<u16>,
+    time_ns: u64,
+    utc_offset_s: i64,
+    whole_second: bool,
+}
+
+/// A timeline line: `SECONDS [KEY]`, `#` starting a comment.
+fn read_timeline(text: &str) -> Result<Option<LineRead>, String> {
+    let text = text.split_once('#').map_or(text, |(before, _)| before);
+    let mut fields = text.split_whitespace();
+    let Some(time) = fields.next() else {
+        return Ok(None);
+    };
+    let key = fields.next().unwrap_or(DEFAULT_KEY);
+    if let Some(extra) = fields.next() {
+        return Err(format!("unexpected \"{extra}\" after the key"));
+    }
+    let time_ns = parse_seconds(time).ok_or_else(|| format!("invalid time \"{time}\""))?;
+    Ok(Some(LineRead::at_seconds(time, key, time_ns)))
+}
+
+/// An access log line whose first field is `$msec`, keyed by its field `key_field` (1-based).
+fn read_access_log(text: &str, key_field: usize) -> Result<Option<LineRead>, String> {
+    let mut fields = text.split_whitespace();
+    let Some(time) = fields.next() else {
+        return Ok(None);
+    };
+    let key = match key_field {
+        0 => return Err("key field 0: fields count from 1".to_string()),
+        1 => time,
+        n => text
+            .split_whitespace()
+            .nth(n - 1)
+            .ok_or_else(|| format!("no field {n} for the key"))?,
+    };
+    let time_ns = parse_seconds(time).ok_or_else(|| format!("invalid time \"{time}\""))?;
+    Ok(Some(LineRead::at_seconds(time, key, time_ns)))
+}
+
+/// A line of `input`'s log format; the values of the variables `names` go into `fields`.
+fn read_log(
+    input: &LogInput,
+    text: &str,
+    names: &[String],
+    fields: &mut [String],
+) -> Result<Option<LineRead>, String> {
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    let values = input
+        .format
+        .match_line(text)
+        .map_err(|mismatch| format!("does not match the {} log format: {mismatch}", input.name))?;
+    let value = |name: &str| {
+        values
+            .iter()
+            .find(|(variable, _)| *variable == name)
+            .map(|(_, value)| *value)
+    };
+    let time_name = input.time.name();
+    let time_text = value(&time_name[1..]).unwrap_or_default();
+    let (time_ns, offset) = input
+        .time
+        .parse(time_text)
+        .ok_or_else(|| format!("invalid {time_name} \"{time_text}\""))?;
+    let status = match value("status") {
+        Some(text) => Some(
+            text.parse::<u16>()
+                .ok()
+                .filter(|status| (100..=999).contains(status))
+                .ok_or_else(|| format!("invalid $status \"{text}\""))?,
+        ),
+        None => None,
+    };
+    for (field, name) in fields.iter_mut().zip(names) {
+        *field = value(name).unwrap_or_default().to_string();
+    }
+    Ok(Some(LineRead {
+        time_text: time_text.to_string(),
+        key: input.key.render(&values),
+        status,
+        time_ns,
+        utc_offset_s: offset,
+        whole_second: input.time.whole_seconds(),
+    }))
+}
+
+impl LineRead {
+    /// A line of a timeline or `$msec` log: a time in seconds, no status, no offset.
+    fn at_seconds(time: &str, key: &str, time_ns: u64) -> LineRead {
+        LineRead {
+            time_text: time.to_string(),
+            key: key.to_string(),
+            status: None,
+            time_ns,
+            utc_offset_s: 0,
+            whole_second: false,
+        }
     }
 }
 
