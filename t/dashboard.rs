@@ -246,7 +246,7 @@ fn dashboard_in_a_real_browser() {
 
     // Override a top key from its row, then remove the override, each confirmed.
     let one = "section[data-zone=\"one\"]";
-    browser.click(&browser.find(&format!("{one} table.top .limit-key")));
+    browser.click_on(&format!("{one} table.top .limit-key"));
     let prefilled = browser
         .script("return document.querySelector('section[data-zone=\"one\"] .override-key').value");
     assert_eq!(prefilled, "greedy");
@@ -265,7 +265,7 @@ fn dashboard_in_a_real_browser() {
     });
     assert_eq!(key_statuses(nginx.port(), "/", "greedy", 2), [200, 429]);
     assert_eq!(key_statuses(nginx.port(), "/", "other", 2), [200, 200]);
-    browser.click(&browser.find(&format!("{one} table.override-list .remove-override")));
+    browser.click_on(&format!("{one} table.override-list .remove-override"));
     browser.click(&browser.find(&format!("{one} .confirm-yes")));
     browser.wait_for("no override", |b| {
         let rows = b.texts(&format!("{one} table.override-list tr"));
@@ -363,7 +363,7 @@ fn dashboard_lists_blocked_keys_and_releases_one() {
         "(block=1h block_max=1d, 2 requests refused while blocked)"
     );
     browser.screenshot(&screenshot_path("dashboard-blocked"));
-    browser.click(&browser.find(&format!("{login} .release")));
+    browser.click_on(&format!("{login} .release"));
     assert_eq!(
         browser.text(&browser.find(&format!("{login} .question"))),
         "Release key \"mallory\" in zone \"login\"?"
@@ -383,7 +383,7 @@ fn dashboard_lists_blocked_keys_and_releases_one() {
         (rows.len() == 2).then_some(rows)
     });
     assert!(rows[1].starts_with("127.0.0.1 "), "{rows:?}");
-    browser.click(&browser.find(&format!("{addr} .release")));
+    browser.click_on(&format!("{addr} .release"));
     assert_eq!(
         browser.text(&browser.find(&format!("{addr} .question"))),
         "Release key \"127.0.0.1\" in zone \"addr\"?"

@@ -1109,6 +1109,26 @@ fn install_vendored_blocks_run_as_written() {
         "sh",
     );
     assert_eq!(blocks.len(), 2, "{page}: the vendored nginx's shell blocks");
+    // No shell block of the page escapes: those not run here stand in the two sections whose
+    // blocks scripts/check-install.sh runs (it refuses to run when their number changes).
+    let elsewhere = [
+        "Debian and Ubuntu: a package for the installed nginx",
+        "Any installed nginx: `scripts/build-for-nginx.sh`",
+    ]
+    .map(|name| code_blocks(&section(page, name), "sh").len());
+    assert_eq!(
+        elsewhere,
+        [3, 2],
+        "{page}: update scripts/check-install.sh too"
+    );
+    let all = code_blocks(&repo_file(page), "sh").len();
+    assert_eq!(
+        all,
+        2 + 3 + 2,
+        "{page}: a shell block outside the sections that are run"
+    );
+    let checked = repo_file("scripts/check-install.sh");
+    assert!(checked.contains("sh debian)\" = 3 ]") && checked.contains("sh any)\" = 2 ]"));
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let scratch = std::env::temp_dir()
         .join("ngx-rate-limit-t")
