@@ -115,7 +115,7 @@ run_block any.1
 shown=$(grep -o '^load_module /path/to/ngx-rate-limit/target/nginx-[^ ]*;$' "$page") ||
     die "$page shows no load_module line for build-for-nginx.sh's module"
 expected=${shown/\/path\/to\/ngx-rate-limit/$PWD}
-[ "$(grep -c "^$expected\$" "$scratch/any.1.out")" = 2 ] ||
+[ "$(grep -cxF "$expected" "$scratch/any.1.out")" = 2 ] ||
     die "both lines should print $expected; they printed: $(grep load_module "$scratch/any.1.out")"
 say "both build-for-nginx.sh lines print the page's $shown (with this checkout's path)"
 run_block any.2

@@ -354,28 +354,40 @@ impl ScriptedExample {
     }
 
     fn log(&self) -> String {
-        let read = |name: &str| fs::read_to_string(self.prefix.join(name)).unwrap_or_default();
-        format!(
-            "--- script output ---\n{}--- logs/error.log ---\n{}",
-            read("script.log"),
-            read("logs/error.log")
-        )
+        example_log(&self.prefix)
     }
 
     fn wait_listening(&mut self, port: u16) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("`{}` exited ({status}):\n{}", self.command, self.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "`{}` does not listen on {port} after 20 s:\n{}",
-                self.command,
-                self.log()
-            );
-            thread::sleep(Duration::from_millis(20));
+        let prefix = self.prefix.clone();
+        let what = format!("`{}`", self.command);
+        wait_listening(&mut self.child, port, &what, || example_log(&prefix));
+    }
+}
+
+/// What a scripted example said, and its nginx's error log, under its prefix.
+fn example_log(prefix: &Path) -> String {
+    let read = |name: &str| fs::read_to_string(prefix.join(name)).unwrap_or_default();
+    format!(
+        "--- script output ---\n{}--- logs/error.log ---\n{}",
+        read("script.log"),
+        read("logs/error.log")
+    )
+}
+
+/// Waits until something listens on 127.0.0.1:`port`; fails, naming `what` and its `log`,
+/// when `child` exits first or nothing listens after 20 s.
+fn wait_listening(child: &mut Child, port: u16, what: &str, log: impl Fn() -> String) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{what} exited ({status}):\n{}", log());
         }
+        assert!(
+            Instant::now() < deadline,
+            "{what} does not listen on {port} after 20 s:\n{}",
+            log()
+        );
+        thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -1173,21 +1185,12 @@ fn install_vendored_blocks_run_as_written() {
         .spawn()
         .unwrap_or_else(|e| panic!("cannot run bash: {e}"));
     let example_log = || fs::read_to_string(scratch.join("example.log")).unwrap_or_default();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Ok(Some(status)) = example.try_wait() {
-            panic!(
-                "{page}: the first block exited ({status}):\n{}",
-                example_log()
-            );
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{page}: not listening:\n{}",
-            example_log()
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    wait_listening(
+        &mut example,
+        port,
+        &format!("{page}: the first block"),
+        example_log,
+    );
     assert!(scratch.join("my.conf").is_file(), "{page}: no my.conf");
     // basic.conf: 5r/s with burst=10 nodelay, so 30 requests at once meet the limit.
     let statuses: Vec<u16> = (0..30).map(|_| common::get(port, "/").status).collect();

@@ -209,7 +209,6 @@ impl Browser {
     /// Clicks the first element matching `css`, found and clicked in one script of the page's:
     /// for an element the page's poll re-renders (a table row's button), which a separate find
     /// and click could meet between a render and the next (a stale element).
-    #[allow(dead_code)]
     pub fn click_on(&self, css: &str) {
         let script = json!({
             "script": "const e = document.querySelector(arguments[0]); if (!e) return false; e.click(); return true;",
